@@ -133,3 +133,20 @@ class PolicyAdapter(Protocol):
     def evaluate(self, prompts: list[dict]) -> list[Any]:
         """Deterministic (greedy / ODE) outputs for held-out prompts, one per prompt."""
         ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A prompt source with a held-out split and its own evaluation metric (synthetic tasks, user datasets).
+
+    Rows are dicts: the keys the adapter reads (``prompt``, ``image``...) plus ground truth columns that reach
+    the rewards (``answer``...).
+    """
+
+    def train_rows(self) -> list[dict]: ...
+
+    def eval_rows(self) -> list[dict]: ...
+
+    def score(self, outputs: list[Any], rows: list[dict]) -> dict[str, float]:
+        """Evaluation metrics (means over rows) of deterministic outputs, e.g. ``{"accuracy": 0.93}``."""
+        ...

@@ -1,0 +1,453 @@
+"""Training configuration: dataclasses with a docstring per field, YAML for values, dotted CLI overrides.
+
+``load_config(path, overrides)`` reads a YAML file, applies ``key.sub=value`` overrides (values parsed as YAML
+scalars/lists), builds the nested dataclasses and validates them. Every mistake raises :class:`ConfigError`
+with one line naming the field and what is allowed, never a traceback from deep inside the library.
+
+Adapter- and task-specific options live under ``model.args`` and ``task.args``; each builder validates them
+against its own dataclass with :func:`from_dict`, so they get the same errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the field and how to fix it."""
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train a LoRA adapter (peft) instead of the full model; the reference policy is the adapter disabled."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names (or suffixes) that get LoRA layers."""
+
+
+@dataclass
+class ModelConfig:
+    adapter: str = "vlm"
+    """Model family adapter (registry name in mmgrpo.plugins.ADAPTERS), e.g. vlm, flow."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Adapter options (model name or tiny builder, sampling settings...); validated by the adapter."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA options."""
+    dtype: str = "float32"
+    """Parameter dtype: float32 | bfloat16 | float16. Log-ratio math is always fp32."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "shapes"
+    """Prompt source (registry name in mmgrpo.plugins.TASKS)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Task options (split sizes, difficulty...); validated by the task."""
+
+
+@dataclass
+class RewardSpec:
+    name: str = ""
+    """Registry name, ``package.module:function``, or an entry point of group ``mmgrpo.rewards``."""
+    weight: float = 1.0
+    """Weight of this reward when rewards are combined."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments bound to the reward function (or passed to a reward class)."""
+    reward_types: list[str] | None = None
+    """Apply only to samples whose ``reward_type`` column is in this list (others: not applicable)."""
+
+
+@dataclass
+class RewardRuntimeConfig:
+    timeout_s: float = 60.0
+    """Seconds one reward call may take before it is abandoned."""
+    on_error: str = "raise"
+    """What a raising or hanging reward does: raise (stop with its name and the sample) | nan (score NaN, count it)."""
+    workers: int = 4
+    """Threads that run reward functions in parallel."""
+
+
+@dataclass
+class AlgorithmConfig:
+    group_size: int = 8
+    """G: samples per prompt."""
+    prompts_per_step: int = 4
+    """P: prompts per training step (per process)."""
+    estimator: str = "grpo"
+    """Group advantage estimator: grpo | dr_grpo | rloo."""
+    scale: str = "auto"
+    """Advantage scaling: auto (the estimator's paper default) | group | batch | none."""
+    std_unbiased: bool = True
+    """Unbiased (n-1) group std as torch's default and the GRPO anchors; false = population std."""
+    eps: float = 1e-4
+    """Added to the std before dividing."""
+    combine: str = "sum_then_normalize"
+    """Multi-reward combination: sum_then_normalize | normalize_then_sum (GDPO)."""
+    filter_zero_variance: bool = False
+    """Drop groups whose rewards are all equal from the update (DAPO dynamic sampling, without resampling)."""
+    shaping: str = "none"
+    """Per-unit advantage shaping (registry mmgrpo.shaping.SHAPERS): none | chunk | temporal | value_anchored..."""
+    shaping_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the shaper."""
+    ratio_level: str = "token"
+    """Importance-ratio level: token | sequence (GSPO) | sequence_token | chunk (Chunk-GRPO)."""
+    chunk_sizes: list[int] | None = None
+    """Unit counts of each chunk for ratio_level=chunk (must sum to T)."""
+    ratio_norm: bool = False
+    """GRPO-Guard RatioNorm: normalise per-step log-ratios before the surrogate (flow models)."""
+    surrogate: str = "ppo_clip"
+    """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce."""
+    clip_low: float = 0.2
+    """epsilon_low of the clipped ratio (1 - clip_low)."""
+    clip_high: float = 0.28
+    """epsilon_high of the clipped ratio (1 + clip_high); DAPO clip-higher default 0.28."""
+    dual_clip: float | None = None
+    """Dual-clip bound c > 1 for negative advantages; null disables."""
+    tau_pos: float = 1.0
+    """SAPO temperature for positive advantages."""
+    tau_neg: float = 1.05
+    """SAPO temperature for negative advantages."""
+    aggregation: str = "token_mean"
+    """Loss aggregation: token_mean | seq_mean_token_mean | seq_sum_const_norm (Dr.GRPO)."""
+    beta: float = 0.0
+    """KL coefficient to the reference policy; 0 loads no reference log-probs."""
+    kl: str = "k3"
+    """KL estimator: k1 | k2 | k3."""
+    epochs: int = 1
+    """mu: optimisation passes over each rollout batch."""
+    minibatch_size: int = 8
+    """Samples per forward/backward; the step accumulates gradients over all minibatches of an epoch."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping; 0 disables."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    schedule: str = "constant"
+    """Learning-rate schedule after warm-up: constant | cosine | linear."""
+
+
+@dataclass
+class WarmupConfig:
+    steps: int = 0
+    """Supervised warm-up steps before GRPO (0 = none). Reported as its own stage (eval/warmup/*)."""
+    lr: float = 1e-3
+    """Warm-up learning rate."""
+    batch_size: int = 16
+    """Rows per warm-up step."""
+
+
+@dataclass
+class EvalConfig:
+    before: bool = True
+    """Evaluate the held-out split before training."""
+    after: bool = True
+    """Evaluate the held-out split after training."""
+    every: int = 0
+    """Also evaluate every N steps (0 = never)."""
+    max_rows: int | None = None
+    """Evaluate at most this many held-out rows (None = all)."""
+    batch_size: int = 32
+    """Rows per evaluation batch."""
+
+
+@dataclass
+class LoggingConfig:
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """accelerate trackers: tensorboard | wandb | mlflow | comet_ml | aim | clearml | dvclive; [] for none."""
+    every: int = 1
+    """Log metrics every N steps."""
+    progress: bool = True
+    """Show a progress bar with step, reward and time left."""
+    plot: bool = True
+    """Write reward_curve.png in the run directory at the end."""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Save a resumable checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Checkpoints to keep (older ones are deleted after a new one is complete)."""
+    save_final: bool = True
+    """Save the final model in Hugging Face format under checkpoints/final."""
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, summary.json, checkpoints/."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    steps: int = 100
+    """GRPO training steps (one rollout batch each)."""
+    resume: str | None = None
+    """Resume from a checkpoint directory, or 'latest' for the newest one under output_dir/checkpoints."""
+    stop_after: int | None = None
+    """Stop (after checkpointing) once this step is reached; used to test interruption and resume."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy model."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """Prompts and held-out evaluation."""
+    rewards: list[RewardSpec] = field(default_factory=list)
+    """Reward functions, combined with their weights."""
+    reward_runtime: RewardRuntimeConfig = field(default_factory=RewardRuntimeConfig)
+    """How reward functions run."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage, surrogate, aggregation and KL choices."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    """Optional supervised warm-up."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics and trackers."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing."""
+
+
+# ---------------------------------------------------------------------------------- building & checking
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against annotation ``tp`` (after ``from __future__`` string resolution)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ConfigError(f"{where}: null is not allowed here")
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _coerce(value, opt, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0])
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of {_type_name(tp)} fields, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`.
+
+    ``where`` is the dotted path used in messages (e.g. ``model.args``).
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise ConfigError(f"unknown field {path!r}; allowed: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A plain-dict copy of a config dataclass (for YAML dumping)."""
+    return dataclasses.asdict(obj)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings of a config dataclass (the string literal after each field), for ``--help``-style output."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined]
+    return docs
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply one ``key.sub=value`` override to nested dict ``data`` in place (value parsed as YAML)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key.sub=value (e.g. algorithm.beta=0.04)")
+    key, raw = override.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: value is not valid YAML ({e.problem})") from None
+    parts = key.strip().split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+_CHOICES = {
+    "algorithm.scale": ["auto", "group", "batch", "none"],
+    "algorithm.combine": ["sum_then_normalize", "normalize_then_sum"],
+    "optim.schedule": ["constant", "cosine", "linear"],
+    "reward_runtime.on_error": ["raise", "nan"],
+    "model.dtype": ["float32", "bfloat16", "float16"],
+}
+
+
+def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Cross-field and registry checks that types alone cannot express."""
+    from mmgrpo import advantages, losses, shaping
+    from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+
+    load_builtins()
+    for path, allowed in _CHOICES.items():
+        section, name = path.split(".")
+        _check_choice(path, getattr(getattr(cfg, section), name), allowed)
+    a = cfg.algorithm
+    for path, value, reg in [
+        ("model.adapter", cfg.model.adapter, ADAPTERS),
+        ("task.name", cfg.task.name, TASKS),
+        ("algorithm.estimator", a.estimator, advantages.ESTIMATORS),
+        ("algorithm.surrogate", a.surrogate, losses.SURROGATES),
+        ("algorithm.aggregation", a.aggregation, losses.AGGREGATIONS),
+        ("algorithm.kl", a.kl, losses.KL_ESTIMATORS),
+        ("algorithm.ratio_level", a.ratio_level, losses.RATIO_LEVELS),
+        ("algorithm.shaping", a.shaping, shaping.SHAPERS),
+    ]:
+        _check_choice(path, value, reg.names())
+    positive = {
+        "steps": cfg.steps,
+        "algorithm.group_size": a.group_size,
+        "algorithm.prompts_per_step": a.prompts_per_step,
+        "algorithm.epochs": a.epochs,
+        "algorithm.minibatch_size": a.minibatch_size,
+        "logging.every": cfg.logging.every,
+        "eval.batch_size": cfg.eval.batch_size,
+        "warmup.batch_size": cfg.warmup.batch_size,
+    }
+    for path, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{path}: must be >= 1, got {value}")
+    if a.group_size < 2:
+        raise ConfigError("algorithm.group_size: group-relative advantages need at least 2 samples per prompt")
+    if a.estimator == "rloo" and a.group_size < 2:
+        raise ConfigError("algorithm.group_size: rloo needs group_size >= 2")
+    if not 0 <= a.clip_low < 1 or a.clip_high < 0:
+        raise ConfigError(f"algorithm.clip_low must be in [0, 1) and clip_high >= 0, got {a.clip_low}, {a.clip_high}")
+    if a.dual_clip is not None and a.dual_clip <= 1:
+        raise ConfigError(f"algorithm.dual_clip: must be > 1 (e.g. 3.0) or null, got {a.dual_clip}")
+    if a.beta < 0:
+        raise ConfigError(f"algorithm.beta: must be >= 0, got {a.beta}")
+    if a.ratio_level == "chunk" and not a.chunk_sizes:
+        raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
+    if a.surrogate == "reinforce" and a.epochs != 1:
+        raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
+    if not cfg.rewards:
+        raise ConfigError("rewards: list at least one reward, e.g. rewards: [{name: accuracy}]")
+    for i, spec in enumerate(cfg.rewards):
+        if not spec.name:
+            raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read ``path`` (YAML), apply ``key.sub=value`` overrides, build and validate a :class:`TrainConfig`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{p}:{line} is not valid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of config sections")
+    for ov in overrides:
+        apply_override(data, ov)
+    cfg = from_dict(TrainConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The resolved config as YAML (what ``--dry-run`` prints and the run directory keeps)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

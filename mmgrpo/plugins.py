@@ -1,0 +1,19 @@
+"""Registries of adapters and tasks, looked up by the names in a training config.
+
+``ADAPTERS`` entries are ``build(args: dict, *, seed: int) -> PolicyAdapter``; ``TASKS`` entries are
+``build(args: dict, *, seed: int) -> Task``. Each builder validates its own ``args`` with
+:func:`mmgrpo.config.from_dict` against a dataclass, so a typo names the field and the allowed ones.
+Built-in adapters and tasks register themselves when :mod:`mmgrpo.modalities` is imported.
+"""
+
+from __future__ import annotations
+
+from mmgrpo.registry import Registry
+
+ADAPTERS: Registry = Registry("adapter")
+TASKS: Registry = Registry("task")
+
+
+def load_builtins() -> None:
+    """Import the built-in modalities so their adapters and tasks register."""
+    import mmgrpo.modalities  # noqa: F401
