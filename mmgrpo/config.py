@@ -131,8 +131,11 @@ class AlgorithmConfig:
     """KL estimator: k1 | k2 | k3."""
     epochs: int = 1
     """mu: optimisation passes over each rollout batch."""
+    updates_per_epoch: int = 1
+    """Optimizer updates per epoch: the B samples are split into this many parts, each one update whose
+    gradient is accumulated over its minibatches (1 = one on-policy update per rollout when epochs=1)."""
     minibatch_size: int = 8
-    """Samples per forward/backward; the step accumulates gradients over all minibatches of an epoch."""
+    """Samples per forward/backward (gradient accumulation inside an update)."""
 
 
 @dataclass
@@ -394,6 +397,7 @@ def validate(cfg: TrainConfig) -> None:
         "algorithm.prompts_per_step": a.prompts_per_step,
         "algorithm.epochs": a.epochs,
         "algorithm.minibatch_size": a.minibatch_size,
+        "algorithm.updates_per_epoch": a.updates_per_epoch,
         "logging.every": cfg.logging.every,
         "eval.batch_size": cfg.eval.batch_size,
         "warmup.batch_size": cfg.warmup.batch_size,
@@ -415,6 +419,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
     if a.surrogate == "reinforce" and a.epochs != 1:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
+    if a.updates_per_epoch > a.group_size * a.prompts_per_step:
+        raise ConfigError("algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)")
+    if a.ratio_norm and not hasattr(shaping, "ratio_norm"):
+        raise ConfigError("algorithm.ratio_norm: this build has no RatioNorm (mmgrpo.shaping.ratio_norm)")
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
     if cfg.optim.lr <= 0:

@@ -1,0 +1,6 @@
+"""Modality adapters (one file per model family), tiny model builders and synthetic tasks.
+
+Importing this package registers the built-in adapters and tasks in :mod:`mmgrpo.plugins`.
+"""
+
+from . import shapes_task, vlm  # noqa: F401

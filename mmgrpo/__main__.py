@@ -1,0 +1,5 @@
+import sys
+
+from mmgrpo.cli import main
+
+sys.exit(main())

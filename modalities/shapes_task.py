@@ -1,0 +1,140 @@
+"""A procedurally generated visual question task: colour / shape / count questions on rendered images.
+
+Each row holds a freshly rendered PIL image (one or more filled shapes at random positions and sizes on a
+noisy background), a question, and the ``answer`` the ``accuracy`` reward compares against. Train and eval
+splits are drawn from different seeds, so the held-out images are never seen in training.
+
+Answers are one word inside ``<answer></answer>`` tags. ``warmup_rows`` gives format-only targets: the
+answer word is drawn uniformly from the question's answer set, *independent of the image*, so a supervised
+warm-up teaches the output format and vocabulary but not the visual skill — accuracy after warm-up stays at
+chance, and any gain beyond that comes from GRPO.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from PIL import Image, ImageDraw
+
+from mmgrpo.config import ConfigError, from_dict
+from mmgrpo.plugins import TASKS
+
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (50, 80, 230),
+    "yellow": (235, 215, 40),
+    "purple": (150, 60, 190),
+    "orange": (245, 140, 30),
+}
+SHAPES = ["circle", "square", "triangle"]
+COUNT_WORDS = ["one", "two", "three", "four"]
+
+QUESTIONS = {
+    "colour": "What colour is the shape? Answer with <answer>colour</answer>.",
+    "shape": "What shape is it? Answer with <answer>shape</answer>.",
+    "count": "How many shapes are there? Answer with <answer>number</answer>.",
+}
+ANSWERS = {"colour": list(COLOURS), "shape": SHAPES, "count": COUNT_WORDS}
+
+
+@dataclass
+class ShapesArgs:
+    """Options under ``task.args`` for ``task.name: shapes``."""
+
+    questions: list[str] = field(default_factory=lambda: ["colour"])
+    """Question types to mix: colour | shape | count."""
+    image_size: int = 56
+    """Square image side in pixels (multiples of 28 map to whole merged patches for Qwen2-VL)."""
+    train_size: int = 2000
+    """Rows in the train split."""
+    eval_size: int = 200
+    """Rows in the held-out split."""
+    seed: int = 1234
+    """Base seed of the generator (train and eval use different derived seeds)."""
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, int], colour: tuple) -> None:
+    x0, y0, x1, y1 = box
+    if kind == "circle":
+        draw.ellipse(box, fill=colour)
+    elif kind == "square":
+        draw.rectangle(box, fill=colour)
+    else:
+        draw.polygon([((x0 + x1) // 2, y0), (x1, y1), (x0, y1)], fill=colour)
+
+
+def render(rng: random.Random, size: int, n_shapes: int, kind: str, colour: str) -> Image.Image:
+    """One image with ``n_shapes`` shapes of one kind and colour on a dark noisy background."""
+    base = rng.randint(15, 60)
+    img = Image.new("RGB", (size, size), (base, base, base))
+    draw = ImageDraw.Draw(img)
+    for _ in range(size * size // 16):  # speckle noise so the background is not a constant
+        x, y, v = rng.randrange(size), rng.randrange(size), rng.randint(0, 70)
+        draw.point((x, y), fill=(v, v, v))
+    cells = size // 2 if n_shapes > 1 else size
+    slots = [(0, 0), (1, 0), (0, 1), (1, 1)] if n_shapes > 1 else [(0, 0)]
+    for cx, cy in rng.sample(slots, n_shapes):
+        side = rng.randint(int(cells * 0.5), int(cells * 0.85))
+        x0 = cx * cells + rng.randint(0, cells - side)
+        y0 = cy * cells + rng.randint(0, cells - side)
+        jitter = tuple(max(0, min(255, c + rng.randint(-20, 20))) for c in COLOURS[colour])
+        _draw_shape(draw, kind, (x0, y0, x0 + side, y0 + side), jitter)
+    return img
+
+
+class ShapesTask:
+    """See the module docstring."""
+
+    def __init__(self, args: ShapesArgs):
+        bad = [q for q in args.questions if q not in QUESTIONS]
+        if bad or not args.questions:
+            raise ConfigError(f"task.args.questions: {bad or '[]'} not allowed; choose from {', '.join(QUESTIONS)}")
+        if args.image_size < 28:
+            raise ConfigError(f"task.args.image_size: must be >= 28, got {args.image_size}")
+        self.args = args
+        self._train = self._make(args.train_size, args.seed * 2 + 1)
+        self._eval = self._make(args.eval_size, args.seed * 2 + 2)
+
+    def _make(self, n: int, seed: int) -> list[dict]:
+        rng = random.Random(seed)
+        rows = []
+        for i in range(n):
+            q = self.args.questions[i % len(self.args.questions)]
+            count = rng.randint(1, 4) if q == "count" else 1
+            kind, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+            image = render(rng, self.args.image_size, count, kind, colour)
+            answer = {"colour": colour, "shape": kind, "count": COUNT_WORDS[count - 1]}[q]
+            rows.append({"prompt": QUESTIONS[q], "image": image, "answer": answer, "question_type": q})
+        return rows
+
+    def train_rows(self) -> list[dict]:
+        return self._train
+
+    def eval_rows(self) -> list[dict]:
+        return self._eval
+
+    def warmup_rows(self, seed: int) -> list[dict]:
+        """Format-only supervised targets: a random answer word of the right type (image-independent)."""
+        rng = random.Random(seed)
+        return [dict(row, target=f"<answer>{rng.choice(ANSWERS[row['question_type']])}</answer>") for row in self._train]
+
+    def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
+        """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix."""
+        from mmgrpo.rewards import load_reward
+
+        prompts = [r["prompt"] for r in rows]
+        acc = load_reward("accuracy")(outputs, prompts=prompts, answer=[r["answer"] for r in rows])
+        fmt = load_reward("format", think=False)(outputs, prompts=prompts)
+        chance = sum(1 / len(ANSWERS[r["question_type"]]) for r in rows) / len(rows)
+        return {
+            "accuracy": sum(acc) / len(acc),
+            "format": sum(fmt) / len(fmt),
+            "chance": chance,
+        }
+
+
+@TASKS.register("shapes")
+def build_shapes_task(args: dict, *, seed: int = 0) -> ShapesTask:
+    return ShapesTask(from_dict(ShapesArgs, args, "task.args"))

@@ -1,0 +1,383 @@
+"""Vision-language (and text-only) policies: image + text → text, the action units are generated tokens.
+
+Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL and any ``AutoModelForImageTextToText`` whose processor takes
+``text=`` and ``images=``, plus text-only ``AutoModelForCausalLM`` models (rows without images).
+
+What this adapter guarantees (DESIGN.md §3, §6):
+- Media are decoded and run through the processor once per prompt; the G samples of a prompt reuse that
+  encoding (generation expands it G ways; training forwards reuse the cached ``pixel_values``).
+- Prompts are left-padded (a right-padded processor would shift multimodal positions, TRL #5785).
+- ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: log-softmax of
+  logits / temperature, in fp32. top-p / top-k truncation is applied when sampling but not in the
+  log-probs (like TRL and verl without rollout correction), so keep them off for an unbiased ratio.
+- A completion ends at the first EOS (included in the loss); tokens after it are masked. A completion that
+  used all ``max_new_tokens`` without EOS is ``truncated``; ``mask_truncated`` drops it from the loss (DAPO).
+- LoRA through peft; the reference policy is the same model with the adapter disabled, or a frozen copy
+  when training the full model with ``beta > 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.plugins import ADAPTERS
+from mmgrpo.types import Rollout, select_fields
+
+from .vlm_tiny import resolve_model_path
+
+
+@dataclass
+class VLMArgs:
+    """Options under ``model.args`` for ``model.adapter: vlm``."""
+
+    name_or_path: str = "tiny-qwen2.5-vl"
+    """Hub id or local directory of the model and its processor; ``tiny-qwen2.5-vl`` builds the built-in one."""
+    max_new_tokens: int = 32
+    """Completion budget T (tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are of logits / temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
+    top_k: int = 0
+    """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
+    mask_truncated: bool = False
+    """Exclude completions that hit max_new_tokens without EOS from the loss."""
+    system_prompt: str | None = None
+    """Optional system message put before every prompt."""
+    min_pixels: int | None = None
+    """Processor's minimum image area (pixels); None keeps the processor's setting."""
+    max_pixels: int | None = None
+    """Processor's maximum image area (pixels); None keeps the processor's setting."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub (only for families transformers does not ship)."""
+    freeze_vision: bool = False
+    """Do not train the vision tower (its parameters keep requires_grad=False)."""
+    forward_batch_size: int = 64
+    """Rows per no-grad forward when computing old/reference log-probs."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for from_pretrained."""
+
+
+class PromptCache:
+    """Per-prompt processor outputs, shared by the G samples of each prompt (not indexed by sample)."""
+
+    def __init__(self, encodings: list[dict[str, Tensor]]):
+        self.encodings = encodings  # P dicts, each with input_ids [1, Lp_i] and media tensors
+
+    def select(self, index: Tensor) -> "PromptCache":  # prompts are addressed through VLMState.prompt_of
+        return self
+
+
+@dataclass
+class VLMState:
+    """Adapter-private rollout state.
+
+    Shape:
+        completion_ids: [B, T] generated tokens (pad after EOS)
+        prompt_of: [B] row of ``cache.encodings`` each sample continues
+    """
+
+    completion_ids: Tensor  # [B, T]
+    prompt_of: Tensor  # [B]
+    cache: PromptCache
+
+    def select(self, index: Tensor) -> "VLMState":
+        return select_fields(self, index, self.completion_ids.shape[0])
+
+
+def _load_images(row: dict) -> list[Image.Image]:
+    images = row.get("images", row.get("image"))
+    if images is None:
+        return []
+    if not isinstance(images, (list, tuple)):
+        images = [images]
+    out = []
+    for img in images:
+        if isinstance(img, (str, Path)):
+            img = Image.open(img)
+        if not isinstance(img, Image.Image):
+            raise TypeError(f"row image must be a PIL image or a path, got {type(img).__name__}")
+        out.append(img.convert("RGB"))
+    return out
+
+
+class VLMAdapter:
+    """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.args = args
+        self.reference = reference
+        self.tokenizer.padding_side = "left"
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id
+        gen_eos = getattr(self._unwrapped().generation_config, "eos_token_id", None)
+        eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
+        self.is_multimodal = hasattr(processor, "image_processor")
+
+    # ------------------------------------------------------------------ prompts: processed once per prompt
+
+    def _unwrapped(self) -> torch.nn.Module:
+        model = self.model
+        while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):  # DDP / accelerate wrappers
+            model = model.module
+        return model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._unwrapped().parameters()).device
+
+    def _messages(self, row: dict, n_images: int) -> list[dict]:
+        prompt = row["prompt"]
+        if isinstance(prompt, list):  # already conversational
+            return prompt
+        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": str(prompt)}]
+        if not self.is_multimodal:
+            content = str(prompt)
+        messages = [{"role": "user", "content": content}]
+        if self.args.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.args.system_prompt})
+        return messages
+
+    def _encode_prompt(self, row: dict) -> dict[str, Tensor]:
+        if "prompt" not in row:
+            raise KeyError(f"prompt row has no 'prompt' key (keys: {sorted(row)}); the vlm adapter needs one")
+        images = _load_images(row) if self.is_multimodal else []
+        messages = self._messages(row, len(images))
+        if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            text = row["prompt"] if isinstance(row["prompt"], str) else str(messages)
+        if self.is_multimodal:
+            kwargs = {}
+            if self.args.min_pixels is not None:
+                kwargs["min_pixels"] = self.args.min_pixels
+            if self.args.max_pixels is not None:
+                kwargs["max_pixels"] = self.args.max_pixels
+            enc = self.processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
+        else:
+            enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
+        return dict(enc)
+
+    def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
+        """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
+
+        Sequence-aligned keys (shape [1, Lp]) are padded (input_ids with pad, others with 0) and extended
+        with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0.
+        """
+        lengths = [e["input_ids"].shape[1] for e in encodings]
+        L = max(lengths)
+        T = 0 if completions is None else completions.shape[1]
+        batch: dict[str, list[Tensor]] = {}
+        for e, n in zip(encodings, lengths):
+            for key, value in e.items():
+                if value.dim() == 2 and value.shape == (1, n):
+                    fill = self.pad_id if key == "input_ids" else 0
+                    value = torch.cat([value.new_full((1, L - n), fill), value], dim=1)
+                batch.setdefault(key, []).append(value)
+        out = {k: torch.cat(v, dim=0) for k, v in batch.items()}
+        if completions is not None:
+            comp_mask = self._completion_mask(completions)
+            out["input_ids"] = torch.cat([out["input_ids"], completions], dim=1)
+            for key in list(out):
+                if key != "input_ids" and out[key].dim() == 2 and out[key].shape[1] == L:
+                    extra = comp_mask.to(out[key].dtype) if key == "attention_mask" else out[key].new_zeros((len(encodings), T))
+                    out[key] = torch.cat([out[key], extra], dim=1)
+        device = self.device
+        return {k: v.to(device) for k, v in out.items()}
+
+    def _completion_mask(self, completion_ids: Tensor) -> Tensor:
+        """1 up to and including the first EOS, 0 after it. Shape: [n, T] -> [n, T]."""
+        is_eos = torch.isin(completion_ids, self.eos_ids.to(completion_ids.device))  # [n, T]
+        after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0  # [n, T] strictly after the first EOS
+        return (~after_eos).long()
+
+    # ---------------------------------------------------------------------------------------- sampling
+
+    @torch.no_grad()
+    def _generate(self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool) -> Tensor:
+        model = self._unwrapped()
+        batch = self._collate(encodings)
+        sampling = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(
+                **batch,
+                max_new_tokens=self.args.max_new_tokens,
+                num_return_sequences=num_return_sequences,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids.tolist(),
+                **sampling,
+            )
+        finally:
+            model.train(was_training)
+        completion = out[:, batch["input_ids"].shape[1] :].cpu()  # [P·G, ≤T]
+        if completion.shape[1] < self.args.max_new_tokens:  # all rows stopped early: pad to T
+            pad = completion.new_full((completion.shape[0], self.args.max_new_tokens - completion.shape[1]), self.pad_id)
+            completion = torch.cat([completion, pad], dim=1)
+        mask = self._completion_mask(completion)
+        return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id))  # [B, T]
+
+    def _decode(self, completion_ids: Tensor) -> list[str]:
+        mask = self._completion_mask(completion_ids).bool()
+        rows = [ids[m & ~torch.isin(ids, self.eos_ids)].tolist() for ids, m in zip(completion_ids, mask)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+        encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
+        completion_ids = self._generate(encodings, group_size, greedy=False)  # [B, T], group-major
+        B = completion_ids.shape[0]
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+        state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
+        mask = self._completion_mask(completion_ids).float()  # [B, T]
+        truncated = ~torch.isin(completion_ids, self.eos_ids).any(dim=1)  # [B]
+        if self.args.mask_truncated:
+            mask = mask * (~truncated).float()[:, None]
+        old = torch.zeros_like(mask)
+        rollout = Rollout(
+            outputs=self._decode(completion_ids),
+            old_logprobs=old,
+            mask=mask,
+            group_size=group_size,
+            prompt_index=prompt_of.clone(),
+            truncated=truncated,
+            state=state,
+        )
+        rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
+        return rollout
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[str]:
+        encodings = [self._encode_prompt(row) for row in prompts]
+        return self._decode(self._generate(encodings, 1, greedy=True))
+
+    # --------------------------------------------------------------------------------------- log-probs
+
+    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
+        comp = state.completion_ids[index]  # [n, T]
+        encodings = [state.cache.encodings[p] for p in state.prompt_of[index].tolist()]
+        batch = self._collate(encodings, comp)
+        T = comp.shape[1]
+        logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
+        logp = torch.log_softmax(logits.float() / self.args.temperature, dim=-1)  # [n, T, V] fp32
+        return logp.gather(-1, comp.to(logp.device)[..., None]).squeeze(-1)  # [n, T]
+
+    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        out = self._token_logprobs(self.model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    @torch.no_grad()
+    def _batched_no_grad(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
+        chunks = []
+        for start in range(0, rollout.batch_size, self.args.forward_batch_size):
+            idx = torch.arange(start, min(start + self.args.forward_batch_size, rollout.batch_size))
+            chunks.append(self._token_logprobs(model, rollout.state, idx).cpu())
+        return torch.cat(chunks)
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        model = self._unwrapped()
+        if self.reference is not None:
+            ctx, model = nullcontext(), self.reference
+        elif hasattr(model, "disable_adapter"):
+            ctx = model.disable_adapter()
+        else:
+            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
+        with ctx:
+            out = self._token_logprobs(model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    # ------------------------------------------------------------------------------- training plumbing
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+    def save_pretrained(self, directory: str) -> None:
+        self._unwrapped().save_pretrained(directory, safe_serialization=True)
+        self.processor.save_pretrained(directory)
+
+    def supervised_loss(self, rows: list[dict]) -> Tensor:
+        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
+        encodings = [self._encode_prompt(row) for row in rows]
+        eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
+        targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
+        T = max(len(t) for t in targets)
+        comp = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), T))
+        for i, t in enumerate(targets):
+            comp[i, : len(t)] = torch.tensor(t)
+            valid[i, : len(t)] = 1
+        state = VLMState(completion_ids=comp, prompt_of=torch.arange(len(rows)), cache=PromptCache(encodings))
+        logp = self._token_logprobs(self.model, state, torch.arange(len(rows)))  # [n, T]
+        valid = valid.to(logp.device)
+        return -(logp * valid).sum() / valid.sum()
+
+
+def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+    path = resolve_model_path(name_or_path, seed=seed)
+    kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
+    kwargs.update(args.extra)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    is_vlm = hasattr(config, "vision_config")
+    loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+    model = loader.from_pretrained(path, **kwargs)
+    processor = AutoProcessor.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    return model, processor
+
+
+def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules)
+    try:
+        return get_peft_model(model, peft_cfg)
+    except ValueError as e:
+        raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
+
+
+@ADAPTERS.register("vlm")
+def build_vlm_adapter(
+    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
+) -> VLMAdapter:
+    """Build the adapter from ``model.args`` (validated against :class:`VLMArgs`)."""
+    a: VLMArgs = from_dict(VLMArgs, args, "model.args")
+    if a.temperature <= 0:
+        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
+    if a.max_new_tokens < 1:
+        raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    model, processor = _load(a.name_or_path, a, torch_dtype, seed)
+    if a.freeze_vision:
+        for name, p in model.named_parameters():
+            if "visual" in name or "vision" in name:
+                p.requires_grad_(False)
+    reference = None
+    if lora is not None and lora.enabled:
+        model = _apply_lora(model, lora)
+    elif need_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model.train()
+    return VLMAdapter(model, processor, a, reference)

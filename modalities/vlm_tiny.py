@@ -1,0 +1,199 @@
+"""Tiny Qwen2.5-VL of the real architecture, with a local tokenizer and processor (no download).
+
+``build_tiny_qwen25_vl(directory)`` writes a complete Hugging Face model directory — config, randomly
+initialised weights, a byte-level BPE tokenizer trained on a small fixed corpus, and a
+``Qwen2_5_VLProcessor`` with a Qwen-style chat template — so the adapter loads it through exactly the
+``from_pretrained`` path a real checkpoint takes. The architecture is ``Qwen2_5_VLForConditionalGeneration``
+(window-attention ViT with 2×2 patch merging, mRoPE text decoder); only the sizes are small.
+
+``resolve_model_path(name)`` maps the built-in name ``tiny-qwen2.5-vl`` to a cached directory (built on first
+use, deterministic given the seed) and returns any other name unchanged (a hub id or a local path).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TINY_NAME = "tiny-qwen2.5-vl"
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+# Tags the tasks' answers use: single tokens, decoded verbatim (not special, so they survive decoding).
+TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+# Qwen2-VL-style chat template: images/videos become <|vision_start|><|image_pad|><|vision_end|>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' or 'video' in part %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Text the BPE merges are learnt from: the synthetic tasks' vocabulary plus plain English, so common words
+# are one or two tokens. Any other text still tokenizes (byte-level fallback).
+_CORPUS = """
+What colour is the shape? What shape is it? How many shapes are there? Which way does the object move?
+Answer with one word inside answer tags. red green blue yellow purple orange white black grey cyan
+circle square triangle one two three four five six left right up down start end seconds frame
+The quick brown fox jumps over the lazy dog. A picture of an object on a plain background.
+user assistant system You are a helpful assistant. Look at the image and answer the question.
+0 1 2 3 4 5 6 7 8 9 10 ( ) [ ] , . : ; ? ! - the a an of in on is are with and or to from
+"""
+
+
+@dataclass
+class TinySizes:
+    """Sizes of the tiny model (the architecture is the real Qwen2.5-VL)."""
+
+    text_hidden: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate: int = 128
+    vision_hidden: int = 32
+    vision_depth: int = 2
+    vision_heads: int = 2
+    vision_intermediate: int = 64
+    bpe_vocab: int = 512
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen's special tokens, trained on a fixed corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+    )
+    fast.add_tokens(TAG_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
+    """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``, atomically."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    s = sizes or TinySizes()
+    directory = Path(directory)
+    tokenizer = build_tokenizer(s.bpe_vocab)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    vocab = len(tokenizer)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=vocab,
+            hidden_size=s.text_hidden,
+            intermediate_size=s.text_intermediate,
+            num_hidden_layers=s.text_layers,
+            num_attention_heads=s.text_heads,
+            num_key_value_heads=s.text_kv_heads,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=s.vision_depth,
+            hidden_size=s.vision_hidden,
+            intermediate_size=s.vision_intermediate,
+            num_heads=s.vision_heads,
+            out_hidden_size=s.text_hidden,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[s.vision_depth - 1],
+            tokens_per_second=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2)
+    video_processor = Qwen2VLVideoProcessor(
+        min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    processor = Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    model.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process built it first: keep theirs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def cache_dir() -> Path:
+    """Where built-in tiny models are materialised (``MMGRPO_CACHE`` or ``~/.cache/mmgrpo``)."""
+    return Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo"))
+
+
+def resolve_model_path(name: str, seed: int = 0) -> str:
+    """The directory for built-in tiny model names (built on first use); other names pass through."""
+    if name != TINY_NAME:
+        return name
+    directory = cache_dir() / f"{TINY_NAME}-seed{seed}"
+    if not (directory / "config.json").is_file():
+        build_tiny_qwen25_vl(directory, seed=seed)
+    return str(directory)
