@@ -1,0 +1,277 @@
+"""Group-relative advantage estimators: rewards ``[P, G, K]`` → advantages ``[P, G]``.
+
+What is implemented (formulas: ``research/anchors_llm_vlm.md`` §2.2, ``research/anchors_video_speech_rewards.md`` §1):
+
+* ``grpo`` — group-mean baseline, A_i = (r_i − mean_G r) / (std_G r + eps)
+  (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, §4.1.2).
+* ``dr_grpo`` — the same group-mean baseline; Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+  arXiv 2503.20783, §3.1) drops the std division, so its paper default ``scale`` is ``"none"``. The estimator
+  itself is identical to ``grpo``: "Dr.GRPO is a config change, not a branch" (STYLE.md 3).
+* ``rloo`` — leave-one-out baseline, A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_G r)
+  (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization", arXiv 2402.14740).
+* ``scale`` (independent of the estimator): ``"group"`` divides by the group's std + eps, ``"batch"`` by the std
+  of all P·G rewards + eps (TRL ``scale_rewards="batch"``), ``"none"`` leaves the centred reward unscaled.
+  ``unbiased`` picks the (n−1) sample std (torch's default, as open-r1/Video-R1) or the population std (n, as
+  Flow-GRPO's ``np.std``).
+* ``compute_advantages(combine="sum_then_normalize")`` — weighted nansum over the K reward functions, then the
+  estimator (TRL's default ``multi_objective_aggregation``).
+* ``compute_advantages(combine="normalize_then_sum")`` — GDPO (Liu et al. 2026, "GDPO: Group reward-Decoupled
+  Normalization Policy Optimization", arXiv 2601.05242): the estimator runs on each reward k separately
+  (A_k, with the chosen ``scale``), the advantages are summed with the weights, A = Σ_k w_k A_k, and the sum is
+  z-scored over the batch: Â = (A − mean_B A) / (std_B A + eps), mean and std over the valid samples.
+* ``zero_variance_groups`` — the groups that DAPO's dynamic sampling drops (Yu et al. 2025, "DAPO",
+  arXiv 2503.14476, §3.2): all rewards of the prompt equal.
+
+Departures from the papers (all concern cases the papers do not treat):
+
+* NaN marks "reward not applicable" (TRL's ``None``). NaN samples are excluded from every mean and std, and get
+  advantage 0. In ``combine_rewards`` a sample is NaN only when all K rewards are NaN (TRL's rule); in GDPO a NaN
+  reward k simply contributes 0 to that sample's Σ_k w_k A_k.
+* A std over fewer than 2 valid samples (unbiased) or 0 samples (population) is taken as 0 instead of NaN, and a
+  divisor std + eps that is exactly 0 (eps = 0, constant group) is replaced by 1, so such a group's advantage is
+  its centred reward, 0, rather than NaN.
+* RLOO: a sample that is the only valid one in its group has no leave-one-out baseline and gets advantage 0.
+* The GDPO batch normalisation subtracts the batch mean as well as dividing by the batch std (the paper's
+  "batch-wise advantage normalization"). For the three estimators here the mean is 0 up to rounding, because each
+  A_k sums to zero over its group's valid samples; the subtraction is kept for estimators without that property.
+
+Everything runs in fp32, without host synchronisation (no ``.item()``, masks by ``torch.where``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mmgrpo.registry import Registry
+
+Estimator = Callable[..., Tensor]
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+"""``fn(rewards[P, G], *, scale, unbiased, eps) -> advantages[P, G]``; NaN rewards → advantage 0."""
+
+SCALES = ("group", "batch", "none")
+
+DEFAULT_SCALE: dict[str, str] = {"grpo": "group", "dr_grpo": "none", "rloo": "none"}
+"""Each estimator's paper default for ``scale`` (the config's ``scale: auto`` resolves through this)."""
+
+COMBINES = ("sum_then_normalize", "normalize_then_sum")
+
+
+def _check_scale(scale: str) -> None:
+    if scale not in SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}; valid: {', '.join(SCALES)}")
+
+
+def _check_group_rewards(rewards: Tensor) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"group rewards must be [P, G]; got shape {tuple(rewards.shape)}")
+
+
+def _nan_stats(x: Tensor, valid: Tensor, dim: int | None, unbiased: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean, std and count of ``x`` over its ``valid`` entries along ``dim`` (all entries if ``dim`` is None).
+
+    Shape:
+        x, valid: any shape (valid is bool); outputs keep ``dim`` (keepdim) or are scalars when ``dim`` is None.
+    A std over too few samples (count ≤ 1 unbiased, count 0 population) is 0, not NaN.
+    """
+    w = valid.float()
+    xz = torch.where(valid, x, torch.zeros_like(x))  # NaNs out before any arithmetic
+    if dim is None:
+        count = w.sum()
+        total = xz.sum()
+    else:
+        count = w.sum(dim, keepdim=True)
+        total = xz.sum(dim, keepdim=True)
+    mean = total / torch.where(count > 0, count, torch.ones_like(count))
+    sq = (xz - mean).square() * w
+    sq_sum = sq.sum() if dim is None else sq.sum(dim, keepdim=True)
+    dof = count - 1.0 if unbiased else count
+    var = torch.where(dof > 0, sq_sum / torch.where(dof > 0, dof, torch.ones_like(dof)), torch.zeros_like(dof))
+    return mean, var.sqrt(), count
+
+
+def _nonzero(x: Tensor) -> Tensor:
+    """``x`` with exact zeros replaced by 1: with eps = 0 a constant group divides 0 by 1, not 0 by 0."""
+    return torch.where(x != 0, x, torch.ones_like(x))
+
+
+def _scale(centred: Tensor, rewards: Tensor, valid: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
+    """Divide centred rewards by the group or batch std + eps (or not), and zero the NaN samples.
+
+    Shape:
+        centred, rewards, valid: [P, G] → [P, G]
+    """
+    _check_scale(scale)
+    if scale == "group":
+        _, std, _ = _nan_stats(rewards, valid, 1, unbiased)  # [P, 1]
+        centred = centred / _nonzero(std + eps)  # [P, G]
+    elif scale == "batch":
+        _, std, _ = _nan_stats(rewards, valid, None, unbiased)  # []
+        centred = centred / _nonzero(std + eps)  # [P, G]
+    return torch.where(valid, centred, torch.zeros_like(centred))  # [P, G]
+
+
+def _group_mean_baseline(rewards: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
+    """(r − mean_G r), then scaled; shared by ``grpo`` and ``dr_grpo``.
+
+    Shape:
+        rewards: [P, G] → advantages [P, G]
+    """
+    _check_group_rewards(rewards)
+    _check_scale(scale)
+    r = rewards.float()  # [P, G]
+    valid = ~torch.isnan(r)  # [P, G]
+    mean, _, _ = _nan_stats(r, valid, 1, unbiased)  # [P, 1]
+    return _scale(r - mean, r, valid, scale=scale, unbiased=unbiased, eps=eps)  # [P, G]
+
+
+@ESTIMATORS.register("grpo")
+def grpo(rewards: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath §4.1.2): A_i = (r_i − mean_G r) / (std_G r + eps).
+
+    With ``scale="group"`` this is the paper's form; other scales change only the divisor.
+
+    Shape:
+        rewards: [P, G] (NaN = not applicable) → advantages [P, G] (0 where the reward is NaN)
+    """
+    return _group_mean_baseline(rewards, scale=scale, unbiased=unbiased, eps=eps)
+
+
+@ESTIMATORS.register("dr_grpo")
+def dr_grpo(rewards: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
+    """Dr.GRPO advantage (Liu et al. 2025, arXiv 2503.20783 §3.1): A_i = r_i − mean_G r.
+
+    The paper removes the std division; that is ``scale="none"`` (``DEFAULT_SCALE["dr_grpo"]``). Other scales are
+    honoured, which makes this numerically identical to ``grpo`` with the same scale.
+
+    Shape:
+        rewards: [P, G] → advantages [P, G]
+    """
+    return _group_mean_baseline(rewards, scale=scale, unbiased=unbiased, eps=eps)
+
+
+@ESTIMATORS.register("rloo")
+def rloo(rewards: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
+    """RLOO leave-one-out advantage (Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i − mean_{j≠i} r_j.
+
+    Over the c valid samples of a group, mean_{j≠i} r_j = (Σ_j r_j − r_i) / (c − 1). A sample that is alone in its
+    group (c = 1) gets advantage 0. The optional ``scale`` divides by the reward std, as for ``grpo``.
+
+    Shape:
+        rewards: [P, G] with G ≥ 2 → advantages [P, G]
+    """
+    _check_group_rewards(rewards)
+    _check_scale(scale)
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rloo needs a group size G >= 2 for a leave-one-out baseline; got G={rewards.shape[1]}")
+    r = rewards.float()  # [P, G]
+    valid = ~torch.isnan(r)  # [P, G]
+    rz = torch.where(valid, r, torch.zeros_like(r))  # [P, G]
+    total = rz.sum(1, keepdim=True)  # [P, 1]
+    others = valid.float().sum(1, keepdim=True) - 1.0  # [P, 1] valid samples other than i
+    baseline = (total - rz) / torch.where(others > 0, others, torch.ones_like(others))  # [P, G]
+    centred = torch.where(others > 0, r - baseline, torch.zeros_like(r))  # [P, G]
+    return _scale(centred, r, valid, scale=scale, unbiased=unbiased, eps=eps)  # [P, G]
+
+
+def combine_rewards(rewards: Tensor, weights: Tensor) -> Tensor:
+    """Weighted sum over the K reward functions, ignoring NaN (= not applicable): r = Σ_k w_k r_k.
+
+    A sample whose K rewards are all NaN stays NaN (it is then excluded from the group statistics).
+
+    Shape:
+        rewards: [P, G, K], weights: [K] → [P, G]
+    """
+    if rewards.dim() != 3:
+        raise ValueError(f"rewards must be [P, G, K]; got shape {tuple(rewards.shape)}")
+    if weights.shape != (rewards.shape[2],):
+        raise ValueError(f"weights must be [K] = [{rewards.shape[2]}] (one per reward function); "
+                         f"got shape {tuple(weights.shape)}")
+    r = rewards.float()  # [P, G, K]
+    w = weights.to(device=r.device, dtype=torch.float32)  # [K]
+    valid = ~torch.isnan(r)  # [P, G, K]
+    total = torch.where(valid, r * w, torch.zeros_like(r)).sum(-1)  # [P, G]
+    any_valid = valid.any(-1)  # [P, G]
+    return torch.where(any_valid, total, torch.full_like(total, float("nan")))  # [P, G]
+
+
+def zero_variance_groups(rewards: Tensor, *, tol: float = 1e-6) -> Tensor:
+    """Groups without learning signal: max − min of the valid rewards ≤ ``tol`` (DAPO dynamic sampling, §3.2).
+
+    NaN rewards are ignored; a group with fewer than two valid rewards counts as zero-variance.
+
+    Shape:
+        rewards: [P, G] → [P] bool
+    """
+    _check_group_rewards(rewards)
+    r = rewards.float()  # [P, G]
+    valid = ~torch.isnan(r)  # [P, G]
+    hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(1)  # [P]
+    lo = torch.where(valid, r, torch.full_like(r, float("inf"))).amin(1)  # [P]
+    return (hi - lo) <= tol  # [P]; all-NaN: -inf - inf = -inf → True
+
+
+def compute_advantages(
+    rewards: Tensor,
+    weights: Tensor,
+    *,
+    combine: str,
+    estimator: str,
+    scale: str,
+    unbiased: bool,
+    eps: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Rewards of K functions → one advantage per sample, plus detached metrics.
+
+    ``combine="sum_then_normalize"``: r = Σ_k w_k r_k (NaN-aware, ``combine_rewards``), A = estimator(r).
+    ``combine="normalize_then_sum"`` (GDPO, arXiv 2601.05242): A_k = estimator(r_k) for each k (NaN samples of
+    reward k excluded from its group statistics, A_k = 0 there), A = Σ_k w_k A_k, then
+    Â = (A − mean_B A) / (std_B A + eps) over the samples with at least one valid reward (``unbiased`` applies).
+    Samples whose K rewards are all NaN get advantage 0 in both modes.
+
+    Metrics (scalars, detached; "valid" = at least one non-NaN reward; r is the weighted combined reward):
+        reward/mean                   mean of r over valid samples
+        reward/std                    std of r over valid samples (``unbiased`` as given)
+        reward/std_within_group       mean over groups with a valid sample of the group std of r
+        reward/nan_fraction           fraction of the P·G·K reward entries that are NaN
+        advantage/mean                mean of A over all P·G samples
+        advantage/abs_mean            mean of |A| over all P·G samples
+        advantage/zero_std_fraction   fraction of the P groups whose r has zero variance (``zero_variance_groups``)
+
+    Shape:
+        rewards: [P, G, K], weights: [K] → advantages [P, G]
+    """
+    if combine not in COMBINES:
+        raise ValueError(f"unknown reward combine {combine!r}; valid: {', '.join(COMBINES)}")
+    _check_scale(scale)
+    fn = ESTIMATORS.get(estimator)
+    combined = combine_rewards(rewards, weights)  # [P, G]; validates shapes
+    valid = ~torch.isnan(combined)  # [P, G]
+    if combine == "sum_then_normalize":
+        advantages = fn(combined, scale=scale, unbiased=unbiased, eps=eps)  # [P, G]
+    else:
+        r = rewards.float()  # [P, G, K]
+        w = weights.to(device=r.device, dtype=torch.float32)  # [K]
+        summed = torch.zeros_like(combined)  # [P, G]
+        for k in range(r.shape[2]):  # K is small; "batch" scale must see reward k alone
+            summed = summed + w[k] * fn(r[..., k], scale=scale, unbiased=unbiased, eps=eps)  # [P, G]
+        mean, std, _ = _nan_stats(summed, valid, None, unbiased)  # [], []
+        advantages = torch.where(valid, (summed - mean) / _nonzero(std + eps), torch.zeros_like(summed))  # [P, G]
+
+    with torch.no_grad():
+        r_mean, r_std, _ = _nan_stats(combined, valid, None, unbiased)  # [], []
+        _, g_std, g_count = _nan_stats(combined, valid, 1, unbiased)  # [P, 1], [P, 1]
+        has = (g_count > 0).float()  # [P, 1]
+        metrics = {
+            "reward/mean": r_mean,
+            "reward/std": r_std,
+            "reward/std_within_group": (g_std * has).sum() / has.sum().clamp_min(1.0),
+            "reward/nan_fraction": torch.isnan(rewards.float()).float().mean(),
+            "advantage/mean": advantages.mean(),
+            "advantage/abs_mean": advantages.abs().mean(),
+            "advantage/zero_std_fraction": zero_variance_groups(combined).float().mean(),
+        }
+    return advantages, {k: v.detach() for k, v in metrics.items()}

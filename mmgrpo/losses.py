@@ -1,0 +1,408 @@
+"""Per-unit policy losses: importance-ratio levels, surrogates, aggregations and KL estimators.
+
+Four registries, one signature each (STYLE.md 2); the trainer composes them as
+``loss = AGGREGATIONS[a](SURROGATES[s](RATIO_LEVELS[l](logprobs − old_logprobs, mask), advantages, mask)[0], mask)``
+plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs)`` aggregated the same way. Formulas: ``research/anchors_llm_vlm.md``
+§2.2 and ``research/anchors_generative.md`` §5.
+
+Ratio levels (``RATIO_LEVELS``), all one masked segment mean (``segment_mean``) over a different partition of units:
+  * ``token``          — each unit is its own segment: the PPO/GRPO per-token ratio.
+  * ``sequence``       — GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071):
+    s_i = (Π_t r_{i,t})^{1/|o_i|}, i.e. the masked mean of the log-ratio over the sequence.
+  * ``sequence_token`` — GSPO-token (same paper): s_{i,t} = sg[s_i]·π_θ(y_t)/sg[π_θ(y_t)], so in log space
+    ``sg(seq) + log_ratio − sg(log_ratio)``: the value of the sequence ratio, the gradient of each token's own ratio.
+  * ``chunk``          — Chunk-GRPO (Luo et al. 2025, arXiv 2510.21583): consecutive units grouped into chunks of
+    ``chunk_sizes``; r_c = (Π_{t∈c} r_t)^{1/|c|}, the chunk's masked mean log-ratio.
+
+Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
+  * ``ppo_clip``  — max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)) (Schulman et al. 2017; asymmetric "clip-higher" from
+    DAPO, Yu et al. 2025, arXiv 2503.14476 §3.1), optionally dual-clipped at −c·A for A<0 (Ye et al. 2020,
+    "Mastering Complex Control in MOBA Games with Deep RL", arXiv 1912.09729).
+  * ``sapo``      — −(4/τ)·σ(τ(r−1))·A with τ = τ_pos if A>0 else τ_neg (Gao et al. 2025, "Soft Adaptive Policy
+    Optimization", arXiv 2511.20347; as written in TRL, research note §2.2). At r=1 its gradient equals the
+    unclipped one (σ'(0)·4 = 1).
+  * ``gmpo``      — Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673).
+  * ``cispo``     — −sg(min(r, 1+ε_high))·A·log r (MiniMax-M1, arXiv 2506.13585).
+  * ``reinforce`` — −A·log r; for μ=1 (r ≡ 1) its gradient is the REINFORCE gradient −A·∇log π.
+
+Aggregations (``AGGREGATIONS``): ``token_mean`` (DAPO §3.3), ``seq_mean_token_mean`` (GRPO, DeepSeekMath eq. 3),
+``seq_sum_const_norm`` (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783 §3.1).
+KL (``KL_ESTIMATORS``): k1, k2, k3 of Schulman (2020), "Approximating KL Divergence", from samples of π.
+
+Departures from the papers:
+  * Ratio levels return 0 at units with mask 0 (so padding can never produce inf/NaN downstream), and surrogates
+    zero the log-ratio and advantage there before any exp; the per-unit loss is multiplied by ``mask``.
+  * A fully masked chunk or sequence gets log-ratio 0 (ratio 1).
+  * ``gmpo`` needs one advantage per sequence; it takes the masked mean of ``advantages`` over the sequence (equal
+    to the GRPO advantage when no per-unit shaping is applied). Its per-sequence loss is broadcast to every valid
+    unit of the sequence, so ``seq_mean_token_mean`` reproduces the paper's 1/G Σ_i; ``token_mean`` weights
+    sequences by length. ``clip_low``/``clip_high`` are log-space bounds for GMPO (paper default 0.4 each).
+  * ``cispo`` uses only the upper bound 1+ε_high on the IS weight, as MiniMax-M1 does in practice (ε_low unset), and
+    writes the loss with log r = log π − log π_old (same gradient as log π, value 0 on-policy).
+  * ``k3`` clamps (ref − logp) to [−20, 20] before the exp so that a far-off token cannot give inf.
+
+All math in fp32; masks enter as float multiplications or ``torch.where`` (no boolean indexing, no ``.item()``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mmgrpo.registry import Registry
+
+RATIO_LEVELS: Registry[Callable[..., Tensor]] = Registry("ratio level")
+"""``fn(log_ratio[n, T], mask[n, T], *, chunk_sizes) -> log_ratio[n, T]`` (0 where mask is 0)."""
+
+SURROGATES: Registry[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = Registry("surrogate")
+"""``fn(log_ratio, advantages, mask, *, clip_low, clip_high, dual_clip, tau_pos, tau_neg) -> (loss[n, T], metrics)``."""
+
+AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
+"""``fn(loss[n, T], mask[n, T], *, max_units) -> loss[]``."""
+
+KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
+"""``fn(logprobs[n, T], ref_logprobs[n, T]) -> kl[n, T]``, an estimate of KL(π‖π_ref) per unit."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _valid(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(bool valid, float weight) views of a 0/1 (or bool) mask. Shape: [n, T] → [n, T], [n, T]."""
+    m = mask.float()
+    return m > 0, m
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    """Σ x·m / Σ m over everything, 0 when Σ m = 0. Shape: [n, T] → []."""
+    count = m.sum()
+    return (x * m).sum() / torch.where(count > 0, count, torch.ones_like(count))
+
+
+def _ratio_metrics(ratio: Tensor, valid: Tensor, m: Tensor) -> dict[str, Tensor]:
+    """``loss/ratio_mean`` = masked mean of r; ``loss/ratio_max`` = max of r over valid units (0 if none)."""
+    r = ratio.detach()
+    return {
+        "loss/ratio_mean": _masked_mean(r, m),
+        "loss/ratio_max": torch.where(valid, r, torch.zeros_like(r)).amax() if r.numel() else r.sum(),
+    }
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if len(set(shapes.values())) != 1 or any(len(s) != 2 for s in shapes.values()):
+        raise ValueError(f"expected tensors of one shape [n, T]; got {shapes}")
+
+
+def segment_mean(x: Tensor, mask: Tensor, segment_ids: Tensor) -> Tensor:
+    """Masked mean of ``x`` over each segment of units, broadcast back to the segment's units.
+
+    out[i, t] = Σ_{u: seg(u)=seg(t)} x[i,u]·m[i,u] / Σ_{u: seg(u)=seg(t)} m[i,u] where m[i,t] > 0, else 0.
+    A segment with no valid unit gives 0. Segments need not be contiguous; ids must lie in [0, T). Sums are a 1-D
+    ``scatter_add`` (deterministic under ``torch.use_deterministic_algorithms``); no host synchronisation.
+
+    Shape:
+        x: [n, T], mask: [n, T], segment_ids: [T] (long) → [n, T]
+    """
+    _check_same_shape(x=x, mask=mask)
+    n, T = x.shape
+    if segment_ids.shape != (T,):
+        raise ValueError(f"segment_ids must be [T] = [{T}]; got shape {tuple(segment_ids.shape)}")
+    valid, m = _valid(mask)  # [n, T], [n, T]
+    xm = torch.where(valid, x.float(), torch.zeros_like(x, dtype=torch.float32)) * m  # [n, T]
+    seg = segment_ids.to(device=x.device, dtype=torch.long)  # [T]
+    flat = (torch.arange(n, device=x.device).unsqueeze(1) * T + seg).reshape(-1)  # [n·T] row-major slot per unit
+    sums = torch.zeros(n * T, device=x.device).scatter_add(0, flat, xm.reshape(-1))  # [n·T]
+    counts = torch.zeros(n * T, device=x.device).scatter_add(0, flat, m.reshape(-1))  # [n·T]
+    means = sums / torch.where(counts > 0, counts, torch.ones_like(counts))  # [n·T]
+    out = means.gather(0, flat).reshape(n, T)  # [n, T]
+    return torch.where(valid, out, torch.zeros_like(out))  # [n, T]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ratio levels
+
+
+@RATIO_LEVELS.register("token")
+def token_level(log_ratio: Tensor, mask: Tensor, *, chunk_sizes: list[int] | None) -> Tensor:
+    """Per-unit log-ratio log π_θ(y_t) − log π_old(y_t) (PPO/GRPO), 0 at masked units.
+
+    Shape:
+        log_ratio, mask: [n, T] → [n, T]
+    """
+    T = log_ratio.shape[-1]
+    return segment_mean(log_ratio, mask, torch.arange(T, device=log_ratio.device))  # [n, T]
+
+
+@RATIO_LEVELS.register("sequence")
+def sequence_level(log_ratio: Tensor, mask: Tensor, *, chunk_sizes: list[int] | None) -> Tensor:
+    """GSPO sequence log-ratio (arXiv 2507.18071): log s_i = (1/|o_i|) Σ_t log r_{i,t}, on every valid unit.
+
+    Shape:
+        log_ratio, mask: [n, T] → [n, T] (constant over each row's valid units)
+    """
+    T = log_ratio.shape[-1]
+    return segment_mean(log_ratio, mask, torch.zeros(T, dtype=torch.long, device=log_ratio.device))  # [n, T]
+
+
+@RATIO_LEVELS.register("sequence_token")
+def sequence_token_level(log_ratio: Tensor, mask: Tensor, *, chunk_sizes: list[int] | None) -> Tensor:
+    """GSPO-token (arXiv 2507.18071): log s_{i,t} = sg(log s_i) + log π_θ(y_t) − sg(log π_θ(y_t)).
+
+    Because log π_old is a constant, log π_θ − sg(log π_θ) = log_ratio − sg(log_ratio). The value equals the
+    sequence level; the gradient w.r.t. log π_θ(y_t) is 1 for unit t alone, so a per-unit advantage can steer each
+    unit while the ratio's value is shared. With one advantage per sequence and ``seq_mean_token_mean`` it equals
+    GSPO in value and gradient, as the paper notes.
+
+    Shape:
+        log_ratio, mask: [n, T] → [n, T]
+    """
+    valid, _ = _valid(mask)  # [n, T]
+    seq = sequence_level(log_ratio, mask, chunk_sizes=None)  # [n, T]
+    lr = torch.where(valid, log_ratio.float(), torch.zeros_like(log_ratio, dtype=torch.float32))  # [n, T]
+    return seq.detach() + lr - lr.detach()  # [n, T]
+
+
+@RATIO_LEVELS.register("chunk")
+def chunk_level(log_ratio: Tensor, mask: Tensor, *, chunk_sizes: list[int] | None) -> Tensor:
+    """Chunk-GRPO (arXiv 2510.21583): the geometric mean of the step ratios of each chunk of consecutive units.
+
+    Units [0, s_0) form chunk 0, [s_0, s_0+s_1) chunk 1, …; log r_c = masked mean of log_ratio over chunk c,
+    broadcast to the chunk's valid units. A fully masked chunk stays 0.
+
+    Shape:
+        log_ratio, mask: [n, T], chunk_sizes: list of positive ints summing to T → [n, T]
+    """
+    T = log_ratio.shape[-1]
+    if chunk_sizes is None:
+        raise ValueError("ratio level 'chunk' needs chunk_sizes: set chunk_sizes to a list of positive chunk "
+                         f"lengths that sums to the number of action units T={T} (e.g. [2, 3, 4, 7] for T=16)")
+    sizes = [int(s) for s in chunk_sizes]
+    if any(s <= 0 for s in sizes) or sum(sizes) != T:
+        raise ValueError(f"chunk_sizes={sizes} must be positive and sum to the number of action units T={T}; "
+                         f"they sum to {sum(sizes)}")
+    ids = [c for c, s in enumerate(sizes) for _ in range(s)]
+    return segment_mean(log_ratio, mask, torch.tensor(ids, dtype=torch.long, device=log_ratio.device))  # [n, T]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# surrogates
+
+
+def _prepare(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """fp32 log-ratio and advantages zeroed at masked units (before any exp), plus bool/float mask."""
+    _check_same_shape(log_ratio=log_ratio, advantages=advantages, mask=mask)
+    valid, m = _valid(mask)  # [n, T]
+    zero = torch.zeros_like(log_ratio, dtype=torch.float32)
+    lr = torch.where(valid, log_ratio.float(), zero)  # [n, T]
+    adv = torch.where(valid, advantages.float(), zero)  # [n, T]
+    return lr, adv, valid, m
+
+
+@SURROGATES.register("ppo_clip")
+def ppo_clip(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
+             dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with asymmetric bounds and optional dual clip.
+
+    ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)); with dual clip c > 1, for A < 0: ℓ = min(ℓ, −c·A)
+    (Ye et al. 2020), which bounds the loss of a negative-advantage unit whose ratio has exploded.
+
+    Metrics: ``loss/clip_fraction`` = share of valid units where the clipped term is strictly larger (gradient
+    cut); ``loss/dual_clip_fraction`` (only with dual clip) = share where −c·A is active; ratio mean/max.
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] → loss [n, T]
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0; got {clip_low}, {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (it bounds the loss at -dual_clip*A for A<0) or None; got {dual_clip}")
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    ratio = lr.exp()  # [n, T]
+    unclipped = -adv * ratio  # [n, T]
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [n, T]
+    loss = torch.maximum(unclipped, clipped)  # [n, T]
+    metrics = {"loss/clip_fraction": _masked_mean((clipped > unclipped).float(), m)}
+    if dual_clip is not None:
+        bound = -dual_clip * adv  # [n, T]
+        dual_active = (adv < 0) & (bound < loss)  # [n, T]
+        loss = torch.where(dual_active, bound, loss)  # [n, T]
+        metrics["loss/dual_clip_fraction"] = _masked_mean(dual_active.float(), m)
+    metrics.update(_ratio_metrics(ratio, valid, m))
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
+
+
+@SURROGATES.register("sapo")
+def sapo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
+         dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO soft gate (arXiv 2511.20347): ℓ = −(4/τ)·σ(τ(r − 1))·A, τ = τ_pos if A > 0 else τ_neg.
+
+    The gradient is −4σ(1−σ)·A·r·∇log π: equal to the plain policy gradient at r = 1 and decaying smoothly as r
+    leaves 1 (instead of PPO's hard cut). Clip parameters are ignored.
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] → loss [n, T]
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"SAPO temperatures must be > 0; got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    ratio = lr.exp()  # [n, T]
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))  # [n, T]
+    loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv  # [n, T]
+    return loss * m, {k: v.detach() for k, v in _ratio_metrics(ratio, valid, m).items()}
+
+
+@SURROGATES.register("gmpo")
+def gmpo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
+         dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673): maximise the geometric mean of clipped token ratios.
+
+    With Â_i the masked mean advantage of sequence i and s = sign(Â_i), each token's log-ratio is clipped in log
+    space, sign-aware: ℓ̃_t = s·min(s·log r_t, s·clip(log r_t, −ε_low, ε_high)) (the pessimistic side, as PPO's
+    min), and the sequence loss is −Â_i·exp((1/|o_i|) Σ_t ℓ̃_t), broadcast to every valid unit of the sequence.
+    ``clip_low``/``clip_high`` are therefore bounds on log r: r_t ∈ [e^−ε_low, e^ε_high] (paper: 0.4 each).
+
+    Metrics: ``loss/clip_fraction`` = share of valid units where the clipped side was taken (gradient cut); token
+    ratio mean/max; ``loss/seq_ratio_mean`` = mean over sequences with a valid unit of exp(mean_t ℓ̃_t).
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] → loss [n, T] (constant over each row's valid units)
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0; got {clip_low}, {clip_high}")
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    count = m.sum(-1, keepdim=True)  # [n, 1]
+    denom = torch.where(count > 0, count, torch.ones_like(count))  # [n, 1]
+    seq_adv = (adv * m).sum(-1, keepdim=True) / denom  # [n, 1]
+    sign = torch.sign(seq_adv)  # [n, 1]
+    lr_clip = lr.clamp(-clip_low, clip_high)  # [n, T]
+    lr_pess = sign * torch.minimum(sign * lr, sign * lr_clip)  # [n, T]
+    seq_ratio = ((lr_pess * m).sum(-1, keepdim=True) / denom).exp()  # [n, 1]
+    loss = (-seq_adv * seq_ratio).expand_as(lr)  # [n, T]
+    has = (count > 0).float()  # [n, 1]
+    metrics = {
+        "loss/clip_fraction": _masked_mean((sign * lr_clip < sign * lr).float(), m),
+        "loss/seq_ratio_mean": (seq_ratio.detach() * has).sum() / has.sum().clamp_min(1.0),
+        **_ratio_metrics(lr.exp(), valid, m),
+    }
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
+
+
+@SURROGATES.register("cispo")
+def cispo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
+          dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): ℓ = −sg(min(r, 1 + ε_high))·A·log r.
+
+    The IS weight is clipped and detached, never the token's gradient: ∇ℓ = −min(r, 1+ε_high)·A·∇log π_θ.
+
+    Metrics: ``loss/clip_fraction`` = share of valid units with r > 1 + ε_high; ratio mean/max.
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] → loss [n, T]
+    """
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0; got {clip_high}")
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    ratio = lr.exp()  # [n, T]
+    weight = ratio.clamp(max=1.0 + clip_high).detach()  # [n, T]
+    loss = -weight * adv * lr  # [n, T]
+    metrics = {"loss/clip_fraction": _masked_mean((ratio > 1.0 + clip_high).float(), m),
+               **_ratio_metrics(ratio, valid, m)}
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
+
+
+@SURROGATES.register("reinforce")
+def reinforce(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
+              dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """REINFORCE with a group baseline: ℓ = −A·log r, gradient −A·∇log π_θ (unweighted, even off-policy).
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] → loss [n, T]
+    """
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    loss = -adv * lr  # [n, T]
+    return loss * m, {k: v.detach() for k, v in _ratio_metrics(lr.exp(), valid, m).items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# aggregations
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+    """DAPO token-level mean (arXiv 2503.14476 §3.3): Σ_{i,t} ℓ·m / Σ_{i,t} m; 0 if nothing is valid.
+
+    Shape:
+        loss, mask: [n, T] → []
+    """
+    _check_same_shape(loss=loss, mask=mask)
+    return _masked_mean(loss.float(), mask.float())
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+    """GRPO (DeepSeekMath eq. 3): (1/n') Σ_i (1/|o_i|) Σ_t ℓ_{i,t} over the n' sequences with a valid unit.
+
+    Shape:
+        loss, mask: [n, T] → []
+    """
+    _check_same_shape(loss=loss, mask=mask)
+    m = mask.float()  # [n, T]
+    count = m.sum(-1)  # [n]
+    per_seq = (loss.float() * m).sum(-1) / torch.where(count > 0, count, torch.ones_like(count))  # [n]
+    has = (count > 0).float()  # [n]
+    n_seq = has.sum()  # []
+    return (per_seq * has).sum() / torch.where(n_seq > 0, n_seq, torch.ones_like(n_seq))
+
+
+@AGGREGATIONS.register("seq_sum_const_norm")
+def seq_sum_const_norm(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+    """Dr.GRPO (arXiv 2503.20783 §3.1): Σ_{i,t} ℓ·m / (n · max_units), a length-independent constant normaliser.
+
+    ``max_units`` is the largest possible number of units (e.g. max_completion_length), not this batch's T.
+
+    Shape:
+        loss, mask: [n, T] → []
+    """
+    _check_same_shape(loss=loss, mask=mask)
+    if max_units <= 0:
+        raise ValueError(f"seq_sum_const_norm needs max_units > 0 (the maximum number of action units); "
+                         f"got {max_units}")
+    n = max(loss.shape[0], 1)
+    return (loss.float() * mask.float()).sum() / float(n * max_units)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KL estimators (Schulman 2020, "Approximating KL Divergence"; samples y ~ π, x = log π_ref(y) − log π(y))
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = −x = log π − log π_ref: unbiased, high variance, can be negative. Shape: [n, T] → [n, T]."""
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return logprobs.float() - ref_logprobs.float()  # [n, T]
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = ½x²: biased, low variance, ≥ 0. Shape: [n, T] → [n, T]."""
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return 0.5 * (logprobs.float() - ref_logprobs.float()).square()  # [n, T]
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = eˣ − x − 1: unbiased, low variance, ≥ 0 (GRPO's KL, DeepSeekMath eq. 4).
+
+    x = ref − logp is clamped to [−20, 20] first (e²⁰ ≈ 4.9e8 stays finite in fp32); outside that range the value
+    saturates and the gradient is 0.
+
+    Shape:
+        logprobs, ref_logprobs: [n, T] → [n, T]
+    """
+    _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    x = (ref_logprobs.float() - logprobs.float()).clamp(-20.0, 20.0)  # [n, T]
+    return x.exp() - x - 1.0  # [n, T]
