@@ -1,0 +1,65 @@
+"""Rewards: plain functions ``f(completions, *, prompts, **columns) -> list[float | None]``, found by name.
+
+Public API:
+
+- :data:`REWARDS`, :func:`register_reward`, :func:`load_reward`, :func:`list_rewards` — the plug-in registry
+  (registry name, ``package.module:attr``, or the ``mmgrpo.rewards`` entry-point group);
+- :class:`RewardRunner`, :class:`RewardError` — weighted, routed, parallel evaluation with a timeout;
+- :mod:`~mmgrpo.rewards.parsing` — one parser for tags, boxes, points, numbers, choices and time spans;
+- the built-in rewards of :mod:`.text`, :mod:`.speech`, :mod:`.visual` and :mod:`.model_based`
+  (``mmgrpo rewards list`` prints them; ``docs/rewards.md`` has formulas and sources).
+"""
+
+from . import parsing
+from .registry import ENTRY_POINT_GROUP, REWARDS, UnknownRewardError, list_rewards, load_reward, register_reward
+from .runner import RewardError, RewardRunner
+from .text import (
+    accuracy,
+    bleu,
+    exact_match,
+    format_reward,
+    length_band,
+    length_cosine,
+    length_kimi,
+    math_accuracy,
+    multiple_choice,
+    multiple_choice_partial,
+    numeric,
+    regression,
+    repetition_penalty,
+    rouge,
+)
+from .speech import cer, wer
+from .visual import (
+    BoxSpace,
+    ImageGeometry,
+    box_giou,
+    box_iou,
+    convert_coords,
+    count_exact,
+    count_fuzzy,
+    detection_visual_rft,
+    detection_weighted,
+    giou,
+    gui_point_distance,
+    gui_point_in_box,
+    iou,
+    multi_span_iou,
+    span_iou,
+    temporal_iou,
+    to_normalized,
+    tracking_iou,
+)
+from .model_based import CLIPScore, PickScore
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "REWARDS", "UnknownRewardError", "list_rewards", "load_reward", "register_reward",
+    "RewardError", "RewardRunner", "parsing",
+    "accuracy", "bleu", "exact_match", "format_reward", "length_band", "length_cosine", "length_kimi",
+    "math_accuracy", "multiple_choice", "multiple_choice_partial", "numeric", "regression", "repetition_penalty",
+    "rouge", "cer", "wer",
+    "BoxSpace", "ImageGeometry", "box_giou", "box_iou", "convert_coords", "to_normalized", "count_exact",
+    "count_fuzzy", "detection_visual_rft", "detection_weighted", "giou", "gui_point_distance", "gui_point_in_box",
+    "iou", "multi_span_iou", "span_iou", "temporal_iou", "tracking_iou",
+    "CLIPScore", "PickScore",
+]

@@ -1,0 +1,405 @@
+"""Run K reward functions on a batch of B samples in parallel threads, with a timeout, routing and weights.
+
+``RewardRunner(specs)(completions, prompts, columns) -> (rewards [B, K] float32, metrics)``. NaN marks "not
+applicable" (the reward returned ``None``, the sample was routed away from it, or the reward failed with
+``on_error="nan"``); the advantage pipeline combines the K columns with :attr:`RewardRunner.weights` and
+``nansum``, as TRL does (research/anchors_video_speech_rewards.md §5).
+
+Calling convention (a superset of TRL's, so a TRL reward works unchanged): each reward gets
+``completions=`` (or positionally if it has no parameter of that name), ``prompts=`` and every column as a
+keyword. A function without ``**kwargs`` gets only the columns it names. TRL's extra arguments are passed only
+to functions that name them: ``completion_ids`` and ``trainer_state`` (the column of that name if the caller
+provides it, else ``None``), ``log_metric(name, value)`` (lands in the metrics as ``reward/<reward>/<name>``)
+and ``log_extra`` (ignored). ``async def`` rewards are awaited in their thread.
+
+A column named like one of a reward's options (a keyword-only parameter of a registered reward, or a kwarg
+bound in the spec) is not passed to it: options come from the config (a warning says so once).
+
+Timeouts: every reward call runs in its own daemon thread. One that is still running after ``timeout_s`` is
+**abandoned**: Python cannot kill a thread, so it keeps running in the background until it returns (and its
+result is dropped), but training goes on and the process can exit. A reward that hangs for ever leaks one
+thread per step; fix it or raise ``timeout_s``.
+
+Metrics (namespace ``reward/``): ``reward/<name>`` = mean over the samples where reward ``<name>`` is not NaN
+(NaN if there are none); ``reward/<name>_nan_fraction`` = fraction of the B samples where it is NaN;
+``reward/errors`` = number of reward calls that raised or timed out in this batch (``on_error="nan"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .registry import load_reward
+
+logger = logging.getLogger("mmgrpo.rewards")
+
+_TRL_EXTRAS = ("completion_ids", "trainer_state", "log_metric", "log_extra", "environments")
+
+
+class RewardError(RuntimeError):
+    """A reward failed: it raised, timed out, returned the wrong length or a non-number, or needs a column
+    the batch does not have. ``reward`` names it; ``index`` is the first failing sample (``None`` if unknown)."""
+
+    def __init__(self, message: str, *, reward: str | None = None, index: int | None = None):
+        super().__init__(message)
+        self.reward = reward
+        self.index = index
+
+
+def _short(x: Any, limit: int = 80) -> str:
+    """A short repr of a completion (text cut to ``limit`` characters; images as mode and size)."""
+    size = getattr(x, "size", None)
+    if getattr(x, "mode", None) is not None and isinstance(size, tuple):
+        return f"<image {x.mode} {size[0]}x{size[1]}>"
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 5] + "…" + r[-4:]
+
+
+class _Caller:
+    """How to call one reward: which keywords it takes, and how to pass ``completions``."""
+
+    def __init__(self, name: str, fn: Callable):
+        self.name, self.fn = name, fn
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+            self.var_kw = True
+        else:
+            self.var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        self.params = {n: p for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        self.completions_kw = "completions" in self.params and self.params["completions"].kind is not (
+            inspect.Parameter.POSITIONAL_ONLY
+        )
+        positional = [n for n, p in self.params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.first_positional = None if self.completions_kw or not positional else positional[0]
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        # A reward's options (keyword-only parameters of a registered reward, or kwargs bound from the config)
+        # are configuration: a dataset column with the same name (say "threshold") must not override them.
+        target = getattr(fn, "func", fn)
+        self.options = set(getattr(target, "reward_options", ())) | set(getattr(fn, "keywords", {}) or {})
+        self._warned: set[str] = set()
+
+    def __call__(self, completions: list, prompts: list, columns: dict[str, Any], log_metric: Callable) -> Any:
+        shadowed = self.options.intersection(columns)
+        if shadowed - self._warned:
+            self._warned |= shadowed
+            logger.warning(
+                "reward %r: column(s) %s have the names of its options and are not passed to it (options come "
+                "from the config)", self.name, sorted(shadowed),
+            )
+        kw: dict[str, Any] = {"prompts": prompts, **{k: v for k, v in columns.items() if k not in shadowed}}
+        if not self.var_kw:
+            kw = {k: v for k, v in kw.items() if k in self.params}
+        for extra in _TRL_EXTRAS:  # only to functions that name them
+            if extra in self.params and extra not in kw:
+                kw[extra] = log_metric if extra == "log_metric" else (lambda *a, **k: None) if extra == "log_extra" else None
+        skip = {"completions", self.first_positional}
+        missing = [
+            n
+            for n, p in self.params.items()
+            if n not in skip and n not in kw and p.default is p.empty and p.kind is not p.POSITIONAL_ONLY
+        ]
+        if missing:
+            raise RewardError(
+                f"reward {self.name!r} needs column(s) {missing} that this batch does not have; "
+                f"available: {sorted(columns)} (add them to the dataset, or give them defaults)",
+                reward=self.name,
+            )
+        if self.completions_kw:
+            kw["completions"] = completions
+            kw.pop(self.first_positional, None)
+            out = self.fn(**kw)
+        else:
+            kw.pop(self.first_positional, None)
+            out = self.fn(completions, **kw)
+        if self.is_async or inspect.isawaitable(out):
+            out = asyncio.run(_await(out))
+        return out
+
+
+async def _await(x: Any) -> Any:
+    return await x
+
+
+def _to_floats(out: Any, rows: list[int], name: str) -> list[float]:
+    """The reward's output as ``len(rows)`` floats (``None`` → NaN); a wrong length or a non-number raises."""
+    n = len(rows)
+    if isinstance(out, torch.Tensor):
+        out = out.detach().cpu().reshape(-1).tolist()
+    elif hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        raise RewardError(
+            f"reward {name!r} returned {type(out).__name__}; a reward returns a list of B={n} floats "
+            "(None = not applicable)",
+            reward=name,
+        )
+    if len(out) != n:
+        raise RewardError(f"reward {name!r} returned {len(out)} values for {n} samples; it must return one per sample", reward=name)
+    vals = []
+    for i, v in enumerate(out):
+        if v is None:
+            vals.append(math.nan)
+            continue
+        try:
+            vals.append(float(v))
+        except (TypeError, ValueError):
+            raise RewardError(
+                f"reward {name!r} returned {_short(v)} ({type(v).__name__}) at sample {rows[i]}; expected a float or None",
+                reward=name,
+                index=rows[i],
+            ) from None
+    return vals
+
+
+def _take(values: Any, rows: list[int]) -> Any:
+    if isinstance(values, torch.Tensor):
+        return values[torch.as_tensor(rows, dtype=torch.long)]
+    if hasattr(values, "shape") and hasattr(values, "__array__"):  # numpy
+        return values[rows]
+    return [values[i] for i in rows]
+
+
+@dataclass(eq=False)
+class _Job:
+    k: int
+    caller: _Caller
+    rows: list[int]  # global sample indices routed to this reward
+    completions: list
+    prompts: list
+    columns: dict[str, Any]
+    values: list[float] | None = None
+    exc: BaseException | None = None
+    where: str = ""  # "sample i (completion: ...)" once located
+    index: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    finished: threading.Event = field(default_factory=threading.Event)
+    timed_out: bool = False  # set by the main thread when it abandons the job
+
+
+class RewardRunner:
+    """Weighted, routed, parallel reward evaluation.
+
+    Args:
+        specs: ``(name_or_spec, weight, kwargs)`` per reward; the spec is anything :func:`load_reward` takes
+            (a registry name, ``"package.module:attr"``, an entry-point name, or a callable).
+        timeout_s: seconds one reward call may take before it is abandoned (see the module docstring).
+        on_error: ``"raise"`` stops with a :class:`RewardError` naming the reward and the first failing sample;
+            ``"nan"`` scores NaN for that reward on the whole batch, logs a warning and counts it in
+            ``reward/errors``.
+        max_workers: rewards running at once.
+        reward_types: per reward, ``None`` (every sample) or the list of ``reward_type`` column values it applies
+            to; other samples get NaN and the reward is called on the routed samples only.
+
+    Attributes:
+        names: metric names of the K rewards (registry name, attribute name of an import path, or function
+            name; repeated names get ``_2``, ``_3``...).
+        weights: ``Tensor[K]`` float32.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[tuple[Any, float, dict] | tuple[Any, float]],
+        *,
+        timeout_s: float = 60.0,
+        on_error: str = "raise",
+        max_workers: int = 4,
+        reward_types: list[list[str] | None] | None = None,
+    ):
+        if on_error not in ("raise", "nan"):
+            raise ValueError(f"on_error must be 'raise' or 'nan', got {on_error!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
+        if not specs:
+            raise ValueError("RewardRunner needs at least one reward spec (name_or_spec, weight, kwargs)")
+        self.timeout_s, self.on_error, self.max_workers = float(timeout_s), on_error, int(max_workers)
+        self.names: list[str] = []
+        self._rewards: list[Any] = []
+        self._callers: list[_Caller] = []
+        weights = []
+        for spec in specs:
+            if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+                raise ValueError(f"a reward spec is (name_or_spec, weight, kwargs), got {spec!r}")
+            target, weight, kwargs = spec[0], spec[1], (spec[2] if len(spec) == 3 else None) or {}
+            fn = load_reward(target, **kwargs)
+            name = self._unique(_metric_name(target))
+            self.names.append(name)
+            self._rewards.append(fn)
+            self._callers.append(_Caller(name, fn))
+            weights.append(float(weight))
+        self.weights = torch.tensor(weights, dtype=torch.float32)  # [K]
+        if reward_types is not None and len(reward_types) != len(self.names):
+            raise ValueError(f"reward_types has {len(reward_types)} entries for {len(self.names)} rewards {self.names}")
+        self.reward_types = [None if t is None else set(t) for t in (reward_types or [None] * len(self.names))]
+        self._closed = False
+
+    def _unique(self, name: str) -> str:
+        if name not in self.names:
+            return name
+        i = 2
+        while f"{name}_{i}" in self.names:
+            i += 1
+        return f"{name}_{i}"
+
+    def __call__(self, completions: list, prompts: list, columns: dict[str, list]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Score B samples. Returns ``(rewards [B, K] float32 with NaN = not applicable, metrics)``."""
+        if self._closed:
+            raise RuntimeError("RewardRunner is closed")
+        B = len(completions)
+        if len(prompts) != B:
+            raise RewardError(f"got {B} completions but {len(prompts)} prompts; pass one prompt per completion")
+        for key, values in columns.items():
+            if len(values) != B:
+                raise RewardError(f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample")
+        rewards = torch.full((B, len(self.names)), math.nan, dtype=torch.float32)  # [B, K]
+        jobs = []
+        for k, caller in enumerate(self._callers):
+            rows = self._route(k, B, columns)
+            if not rows:
+                continue
+            if len(rows) == B:
+                job = _Job(k, caller, rows, list(completions), list(prompts), dict(columns))
+            else:
+                job = _Job(k, caller, rows, _take(completions, rows), _take(prompts, rows), {c: _take(v, rows) for c, v in columns.items()})
+            jobs.append(job)
+        metrics: dict[str, float] = {}
+        errors = 0
+        for job in self._run(jobs):
+            name = job.caller.name
+            metrics.update(job.metrics)
+            if not job.timed_out and job.exc is None and job.values is not None:
+                rewards[job.rows, job.k] = torch.tensor(job.values, dtype=torch.float32)
+                continue
+            errors += 1
+            err = self._error(job)
+            if self.on_error == "raise":
+                self._raise(err, job)
+            logger.warning("%s; scoring NaN for this batch (on_error='nan')", err)
+        for k, name in enumerate(self.names):
+            col = rewards[:, k]  # [B]
+            ok = ~torch.isnan(col)
+            metrics[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
+            metrics[f"reward/{name}_nan_fraction"] = float((~ok).float().mean()) if B else 0.0
+        metrics["reward/errors"] = float(errors)
+        return rewards, metrics
+
+    def _route(self, k: int, B: int, columns: dict[str, list]) -> list[int]:
+        allowed = self.reward_types[k]
+        if allowed is None:
+            return list(range(B))
+        if "reward_type" not in columns:
+            raise RewardError(
+                f"reward {self.names[k]!r} is routed to reward_types {sorted(allowed)} but the batch has no "
+                f"'reward_type' column (columns: {sorted(columns)})",
+                reward=self.names[k],
+            )
+        return [i for i, t in enumerate(columns["reward_type"]) if t in allowed]
+
+    def _run(self, jobs: list[_Job]) -> list[_Job]:
+        """Run the jobs, at most ``max_workers`` at once, each in a daemon thread with its own deadline."""
+        done: queue.Queue = queue.Queue()
+        pending, running = deque(jobs), {}  # running: job -> deadline
+        while pending or running:
+            while pending and len(running) < self.max_workers:
+                job = pending.popleft()
+                threading.Thread(target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}").start()
+                running[job] = time.monotonic() + self.timeout_s
+            try:
+                running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            for job, deadline in list(running.items()):
+                if now >= deadline and not job.finished.is_set():
+                    running.pop(job)  # abandoned: the thread runs on; its late result is ignored
+                    job.timed_out = job.exc is None  # raised and still locating the sample: report the raise
+        return jobs
+
+    def _work(self, job: _Job, done: queue.Queue) -> None:
+        name = job.caller.name
+
+        def log_metric(key: str, value: float) -> None:
+            job.metrics[f"reward/{name}/{key}"] = float(value)
+
+        try:
+            out = job.caller(job.completions, job.prompts, job.columns, log_metric)
+            job.values = _to_floats(out, job.rows, name)
+        except RewardError as e:
+            job.exc = e
+            job.index = e.index
+        except BaseException as e:  # noqa: BLE001 - reported with the reward's name, raised in the main thread
+            job.exc = e
+            self._locate(job, log_metric)
+        finally:
+            job.finished.set()
+            done.put(job)
+
+    def _locate(self, job: _Job, log_metric: Callable) -> None:
+        """Re-run the reward one sample at a time to find the first that fails on its own."""
+        if len(job.rows) == 1:
+            job.index = job.rows[0]
+            return
+        for j, i in enumerate(job.rows):
+            cols = {c: _take(v, [j]) for c, v in job.columns.items()}
+            try:
+                job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
+            except Exception:  # noqa: BLE001
+                job.index = i
+                return
+        job.where = "no single sample fails on its own (the failure needs the whole batch)"
+
+    def _error(self, job: _Job) -> str:
+        name = job.caller.name
+        if job.timed_out or job.exc is None:
+            return (
+                f"reward {name!r} timed out after {self.timeout_s:g}s on a batch of {len(job.rows)} samples; its "
+                "thread was abandoned and keeps running in the background. Make the reward faster, raise "
+                "timeout_s, or set on_error='nan' to score NaN instead"
+            )
+        if isinstance(job.exc, RewardError):
+            return str(job.exc)
+        where = job.where
+        if job.index is not None:
+            j = job.rows.index(job.index)
+            where = f"first failing sample: index {job.index} (completion: {_short(job.completions[j])})"
+        return f"reward {name!r} raised {type(job.exc).__name__}: {job.exc}" + (f"; {where}" if where else "")
+
+    def _raise(self, message: str, job: _Job) -> None:
+        if isinstance(job.exc, RewardError):
+            raise job.exc
+        raise RewardError(message, reward=job.caller.name, index=job.index) from job.exc
+
+    def close(self) -> None:
+        """Release model-based rewards (calls their ``close()``); the runner cannot be called afterwards."""
+        for fn in self._rewards:
+            target = getattr(fn, "func", fn)  # functools.partial
+            close = getattr(target, "close", None)
+            if callable(close) and not inspect.isclass(target):
+                close()
+        self._closed = True
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _metric_name(spec: Any) -> str:
+    if isinstance(spec, str):
+        return spec.rpartition(":")[2].rpartition(".")[2] if ":" in spec else spec
+    return getattr(spec, "__name__", type(spec).__name__)

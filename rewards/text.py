@@ -1,0 +1,713 @@
+"""Text rewards: format, accuracy (exact, multiple choice, numeric, math), ROUGE, BLEU, length and repetition.
+
+Every reward has the signature ``f(completions, *, prompts=None, <options>, **columns) -> list[float | None]``.
+The ground truth is the column named by ``answer_key`` (default ``"answer"``); a sample whose ground truth is
+``None`` scores ``None`` (not applicable). The prediction is the content of the ``<answer>`` tag
+(``which="last"`` by default, ``"first"`` on request); with ``require_tags=False`` a completion without tags
+is scored on its whole text. A missing or unclosed tag with ``require_tags=True`` scores 0 (a wrong answer,
+not "not applicable").
+
+Formulas and sources: research/anchors_video_speech_rewards.md §2.1 (Video-R1), §2.2 (VideoChat-R1), §2.7
+(TW-GRPO), §3.4 (BLEU), §4.2 (VLM-R1 length/repetition) and the papers cited per function.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import operator
+import re
+import string
+import unicodedata
+from collections import defaultdict
+from typing import Any
+
+from ._common import column, group_ids, gt_number, lengths
+from .parsing import (
+    Which,
+    answer_or_text,
+    completion_text,
+    extract_tag,
+    is_think_answer_format,
+    parse_choice,
+    parse_choice_set,
+    parse_number,
+)
+from .registry import register_reward
+
+
+@register_reward("format", "1 if the completion is exactly <think>…</think><answer>…</answer> (think=False: <answer>…</answer>), else 0")
+def format_reward(completions: list, *, prompts: list | None = None, think: bool = True, **columns: Any) -> list[float]:
+    """Think/answer format reward.
+
+    ``r = 1`` if the completion is exactly ``<think>…</think><answer>…</answer>`` (``think=False``: exactly
+    ``<answer>…</answer>``), whitespace tolerated around and between the blocks; else ``0``.
+
+    Source: DeepSeek-R1's format reward as used by R1-V, Video-R1 and VideoChat-R1
+    (``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``) and R1-AQA's answer-only variant
+    (research §2.1, §3.1). Departure: a block may not contain another think/answer tag, so two ``<answer>``
+    blocks fail here while they pass the anchors' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
+    """
+    return [float(is_think_answer_format(completion_text(c), think=think)) for c in completions]
+
+
+def _casefold(s: str) -> str:
+    return s.strip().casefold()
+
+
+@register_reward("accuracy", "1 if the <answer> content equals the answer column (strip, casefold), else 0")
+def accuracy(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Exact-match accuracy on the ``<answer>`` content.
+
+    ``r = 1[norm(answer(completion)) == norm(gt)]`` with ``norm(s) = s.strip().casefold()``; ``answer`` is the
+    ``which`` (``"last"`` by default) ``<answer>…</answer>`` content, or the whole completion when it has no
+    tags and ``require_tags=False``. ``None`` when the sample's ground truth is ``None``.
+
+    Source: R1-AQA / R1-V exact-match fallback and VideoChat-R1's classification reward (research §3.1, §4.4,
+    §2.2); the explicit ``which`` fixes the anchors' silent first-vs-last divergence (§8.4).
+    """
+    answers = column(columns, answer_key, "accuracy", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        pred = answer_or_text(c, which, require_tags)
+        out.append(float(pred is not None and _casefold(pred) == _casefold(str(gt))))
+    return out
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
+_PUNCT = re.compile(rf"[{re.escape(string.punctuation)}]")
+
+
+def normalize_answer(text: str, mode: str = "basic") -> str:
+    """Normalise an answer for comparison.
+
+    ``"none"``: as is. ``"basic"``: Unicode NFKC, strip, casefold, collapse whitespace. ``"loose"``: basic,
+    then remove punctuation and the articles a/an/the (SQuAD's normalisation, Rajpurkar et al. 2016).
+    """
+    if mode == "none":
+        return text
+    if mode not in ("basic", "loose"):
+        raise ValueError(f"normalize must be 'none', 'basic' or 'loose', got {mode!r}")
+    text = unicodedata.normalize("NFKC", text).casefold()
+    if mode == "loose":
+        text = _ARTICLES.sub(" ", _PUNCT.sub(" ", text))
+    return " ".join(text.split())
+
+
+@register_reward("exact_match", "1 if the answer equals the ground truth (or any of a list) after normalisation")
+def exact_match(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    normalize: str = "basic",
+    **columns: Any,
+) -> list[float | None]:
+    """Exact match with a chosen normalisation and several acceptable answers.
+
+    ``r = 1[∃ g ∈ gts: normalize(answer) == normalize(g)]`` where ``gts`` is the ground truth, or the list of
+    ground truths when the column holds a list. ``normalize`` is one of ``"none"``, ``"basic"``, ``"loose"``
+    (:func:`normalize_answer`). ``None`` when the ground truth is ``None``.
+
+    Source: the exact-match accuracy of the anchors (research §2.2, §4.4) with SQuAD-style normalisation.
+    """
+    answers = column(columns, answer_key, "exact_match", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        pred = answer_or_text(c, which, require_tags)
+        gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
+        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(str(g), normalize) for g in gts}
+        out.append(float(ok))
+    return out
+
+
+@register_reward("multiple_choice", "1 if the chosen option letter equals the ground-truth letter")
+def multiple_choice(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    choices: str = "ABCDEFGH",
+    **columns: Any,
+) -> list[float | None]:
+    """Multiple-choice accuracy on the option letter.
+
+    ``r = 1[letter(answer) == letter(gt)]``, where ``letter`` is :func:`~mmgrpo.rewards.parsing.parse_choice`
+    (strips "The answer is", reads ``"B"``, ``"(B)"``, ``"B. text"``; the article "A" in prose is not a
+    choice). A ground truth without a letter raises ``ValueError`` (a data error).
+
+    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (research §2.1, §2.2).
+    """
+    answers = column(columns, answer_key, "multiple_choice", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        gt_letter = parse_choice(str(gt), choices)
+        if gt_letter is None:
+            raise ValueError(f"reward 'multiple_choice': ground truth {gt!r} has no option letter among {choices!r}")
+        pred = answer_or_text(c, which, require_tags)
+        out.append(float(pred is not None and parse_choice(pred, choices) == gt_letter))
+    return out
+
+
+@register_reward("multiple_choice_partial", "|pred|/|gt| if the chosen letters are a non-empty subset of the correct ones, else 0")
+def multiple_choice_partial(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    choices: str = "ABCDEFGH",
+    **columns: Any,
+) -> list[float | None]:
+    """Partial credit for multi-answer multiple choice.
+
+    With P the set of letters in the answer and G the correct set: ``r = |P|/|G|`` if ``∅ ≠ P ⊆ G``, else 0
+    (any wrong letter gives 0). An empty ground-truth set raises ``ValueError``.
+
+    Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; research §2.7).
+    """
+    answers = column(columns, answer_key, "multiple_choice_partial", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(str(gt), choices)
+        if not gt_set:
+            raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
+        pred = answer_or_text(c, which, require_tags)
+        p = parse_choice_set(pred, choices) if pred is not None else set()
+        out.append(len(p) / len(gt_set) if p and p <= gt_set else 0.0)
+    return out
+
+
+@register_reward("numeric", "1 if the answer's number is within tolerance of the ground truth: |p-g| <= max(abs_tol, rel_tol*|g|)")
+def numeric(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    abs_tol: float = 1e-9,
+    rel_tol: float = 1e-6,
+    **columns: Any,
+) -> list[float | None]:
+    """Numeric accuracy with a tolerance.
+
+    ``p`` = the last number in the answer (``"1,234.5"``, ``"3/4"`` and ``"-2e3"`` are numbers; a bare
+    ``"3/0"`` is not), ``g`` = the ground truth; ``r = 1[|p − g| ≤ max(abs_tol, rel_tol·|g|)]``. No number, or a
+    non-finite one, gives 0. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
+    ``abs_tol=0.005, rel_tol=0`` (research §2.1).
+
+    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; research §2.1), with an explicit tolerance
+    instead of its "exactly one side has a decimal point → 0" rule.
+    """
+    answers = column(columns, answer_key, "numeric", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        g = gt_number(gt, "numeric")
+        pred = answer_or_text(c, which, require_tags)
+        p = parse_number(pred, which="last") if pred is not None else None
+        ok = p is not None and math.isfinite(p) and abs(p - g) <= max(abs_tol, rel_tol * abs(g))
+        out.append(float(ok))
+    return out
+
+
+@register_reward("regression", "1 - clip(|p-g|/|g|, 0, 1): relative-error credit for a numeric answer")
+def regression(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Relative-error reward for numeric answers.
+
+    ``r = 1 − clip(|p − g| / |g|, 0, 1)``. When ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's
+    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (research §2.1), without its division by ~0 (§8.7). No number → 0.
+
+    Source: Video-R1's regression reward (arXiv 2503.21776; research §2.1).
+    """
+    answers = column(columns, answer_key, "regression", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        g = gt_number(gt, "regression")
+        pred = answer_or_text(c, which, require_tags)
+        p = parse_number(pred, which="last") if pred is not None else None
+        if p is None or not math.isfinite(p):
+            out.append(0.0)
+        elif g == 0:
+            out.append(float(p == 0))
+        else:
+            out.append(1.0 - min(1.0, abs(p - g) / abs(g)))
+    return out
+
+
+# --- math -------------------------------------------------------------------------------------------------
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{…}`` (or ``\\fbox{…}``) with balanced braces; ``None`` if there is none."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        return None
+    i = start = starts[-1]
+    depth = 1
+    while i < len(text):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i].strip()
+        i += 1
+    return None  # unbalanced: truncated
+
+
+def _strip_braced(expr: str, command: str, repl: str) -> str:
+    """Rewrite ``\\command{a}{b}`` (two groups) or ``\\command{a}`` (one) with ``repl`` formatted by the groups."""
+    pattern = re.compile(rf"\\{command}\s*\{{([^{{}}]*)\}}" + (r"\s*\{([^{}]*)\}" if "{1}" in repl else ""))
+    prev = None
+    while prev != expr:
+        prev, expr = expr, pattern.sub(lambda m: repl.format(*m.groups()), expr)
+    return expr
+
+
+def normalize_math(expr: str) -> str:
+    """A simple, robust normalisation of a math answer (no LaTeX parser).
+
+    Removes ``$``, ``\\left``/``\\right``, spacing commands, ``\\text{…}``/``\\mathrm{…}`` wrappers, degree and
+    percent signs, a leading ``x =``, a trailing period and all whitespace; maps ``\\dfrac``/``\\tfrac`` to
+    ``\\frac``, ``\\frac{a}{b}`` to ``(a)/(b)``, ``\\sqrt{a}`` to ``sqrt(a)``, ``\\cdot``/``\\times`` to ``*``,
+    ``^`` to ``**``, ``\\pi`` to ``pi``, and thousands separators ``1,000`` to ``1000``.
+    """
+    s = expr.strip()
+    s = s.replace("$", "").replace("\\left", "").replace("\\right", "")
+    for cmd in (r"\!", r"\,", r"\;", r"\:", r"\quad", r"\qquad", "\\ "):
+        s = s.replace(cmd, "")
+    s = re.sub(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}", r"\1", s)
+    s = s.replace("^\\circ", "").replace("^{\\circ}", "").replace("°", "").replace("\\%", "").replace("%", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _strip_braced(s, "frac", "({0})/({1})")
+    s = _strip_braced(s, "sqrt", "sqrt({0})")
+    s = s.replace("\\cdot", "*").replace("\\times", "*").replace("\\pi", "pi").replace("^", "**")
+    s = s.replace("{", "(").replace("}", ")")
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)
+    s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)
+    s = s.rstrip(".").strip()
+    return re.sub(r"\s+", "", s)
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.Pow: operator.pow}
+
+
+def safe_eval(expr: str) -> float | None:
+    """Evaluate a normalised arithmetic expression (numbers, + − * / **, unary ±, ``sqrt``, ``pi``, ``e``)
+    without ``eval``; ``None`` if it is anything else, too large, or divides by zero."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.Name) and node.id in ("pi", "e"):
+            return math.pi if node.id == "pi" else math.e
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            v = ev(node.operand)
+            return v if isinstance(node.op, ast.UAdd) else -v
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
+                raise OverflowError
+            return _BINOPS[type(node.op)](a, b)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sqrt" and len(node.args) == 1:
+            v = ev(node.args[0])
+            if v < 0:
+                raise ValueError
+            return math.sqrt(v)
+        raise ValueError
+
+    try:
+        value = ev(tree)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
+        return None
+    return value if isinstance(value, float) and math.isfinite(value) else None
+
+
+def _split_top(s: str) -> list[str]:
+    """Split on commas outside brackets; strip one pair of enclosing brackets first (tuples, intervals, sets)."""
+    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
+        depth = 0
+        for i, ch in enumerate(s):
+            depth += ch in "(["
+            depth -= ch in ")]"
+            if depth == 0 and i < len(s) - 1:
+                break
+        else:
+            s = s[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        depth += ch in "(["
+        depth -= ch in ")]"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return parts
+
+
+def math_equal(pred: str, gt: str, rel_tol: float = 1e-6) -> bool:
+    """True if two math answers agree: equal after :func:`normalize_math`, or equal as numbers (relative
+    tolerance ``rel_tol``), element-wise for comma-separated tuples."""
+    a, b = normalize_math(pred), normalize_math(gt)
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    pa, pb = _split_top(a), _split_top(b)
+    if len(pa) != len(pb):
+        return False
+    for x, y in zip(pa, pb):
+        if x == y:
+            continue
+        vx, vy = safe_eval(x), safe_eval(y)
+        if vx is None or vy is None or not math.isclose(vx, vy, rel_tol=rel_tol, abs_tol=1e-12):
+            return False
+    return True
+
+
+@register_reward("math_accuracy", "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth after normalisation or numerically")
+def math_accuracy(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = False,
+    rel_tol: float = 1e-6,
+    **columns: Any,
+) -> list[float | None]:
+    """Math answer accuracy without an external verifier.
+
+    The prediction is the last ``\\boxed{…}`` in the ``<answer>`` content, else the last one in the whole
+    completion, else the ``<answer>`` content, else (``require_tags=False``, the default here) the whole
+    completion. The ground truth may itself hold a ``\\boxed{}``. ``r = 1[math_equal(pred, gt)]``:
+    equal after :func:`normalize_math`, or numerically equal (``\\frac{1}{2}`` = ``0.5`` = ``1/2``,
+    ``2\\sqrt{2}`` is not parsed — write ``2*\\sqrt{2}``), element-wise for tuples.
+
+    Source: the anchors call HF ``math_verify`` first (R1-V, VLM-R1, R1-AQA; research §3.1, §4.4). This is a
+    dependency-free, eval-free fallback; it does not prove symbolic equivalence. For that, wrap
+    ``math_verify.verify`` in your own reward (its timeout uses signals, so pass ``timeout_seconds=None`` when
+    it runs in the runner's threads).
+    """
+    answers = column(columns, answer_key, "math_accuracy", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        text = completion_text(c)
+        tagged = extract_tag(text, "answer", which)
+        pred = (last_boxed(tagged) if tagged is not None else None) or last_boxed(text) or tagged
+        if pred is None and not require_tags:
+            pred = text.strip()
+        g = str(gt)
+        g = last_boxed(g) or g
+        out.append(float(pred is not None and math_equal(pred, g, rel_tol)))
+    return out
+
+
+# --- similarity to a reference ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _rouge_scorer(types: tuple[str, ...], use_stemmer: bool):
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(list(types), use_stemmer=use_stemmer)
+
+
+@register_reward("rouge", "mean F1 of ROUGE-1/2/L (rouge-score, Porter stemmer) against the reference, in [0, 1]")
+def rouge(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    rouge_types: tuple[str, ...] = ("rouge1", "rouge2", "rougeL"),
+    use_stemmer: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """ROUGE reward for free-form answers.
+
+    ``r = mean_{t ∈ rouge_types} F1_t(answer, reference)`` with Google's ``rouge-score`` (Lin 2004). An empty
+    answer or reference gives 0 (no n-grams to match).
+
+    Source: Video-R1's free-form reward ``clip(mean(F1 of ROUGE-1, ROUGE-2, ROUGE-L), 0, 1)`` with the stemmer
+    (research §2.1).
+    """
+    answers = column(columns, answer_key, "rouge", len(completions))
+    scorer = _rouge_scorer(tuple(rouge_types), use_stemmer)
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        pred = answer_or_text(c, which, require_tags)
+        if not pred or not str(gt).strip():
+            out.append(0.0)
+            continue
+        scores = scorer.score(str(gt), pred)
+        out.append(min(1.0, max(0.0, sum(scores[t].fmeasure for t in rouge_types) / len(rouge_types))))
+    return out
+
+
+@register_reward("bleu", "sentence BLEU (sacrebleu, exp smoothing) / 100 against one or more references, in [0, 1]")
+def bleu(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    smooth_method: str = "exp",
+    tokenize: str = "13a",
+    lowercase: bool = False,
+    **columns: Any,
+) -> list[float | None]:
+    """Sentence-level BLEU.
+
+    ``r = sacrebleu.sentence_bleu(answer, refs, smooth_method, tokenize, lowercase).score / 100`` (Papineni et
+    al. 2002; Post 2018). ``refs`` is the ground truth, or its items when the column holds a list. An empty
+    answer gives 0.
+
+    Source: BLEU as the GRPO reward for spoken QA and speech translation (IBM, arXiv 2509.16990; research §3.4),
+    "sentence BLEU with smoothing, scaled to [0, 1]".
+    """
+    import sacrebleu
+
+    answers = column(columns, answer_key, "bleu", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        pred = answer_or_text(c, which, require_tags)
+        refs = [str(g) for g in gt] if isinstance(gt, (list, tuple)) else [str(gt)]
+        if not pred:
+            out.append(0.0)
+            continue
+        score = sacrebleu.sentence_bleu(pred, refs, smooth_method=smooth_method, tokenize=tokenize, lowercase=lowercase)
+        out.append(score.score / 100.0)
+    return out
+
+
+# --- length and repetition --------------------------------------------------------------------------------
+
+
+def _correct(completions: list, columns: dict, which: Which, answer_key: str, require_tags: bool) -> list[float | None]:
+    return accuracy(completions, which=which, answer_key=answer_key, require_tags=require_tags, **columns)
+
+
+def cosine_interp(length: float, max_len: float, start: float, end: float) -> float:
+    """``end + (start − end)·(1 + cos(π·length/max_len))/2``: ``start`` at length 0, ``end`` at ``max_len``."""
+    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * length / max_len))
+
+
+@register_reward("length_cosine", "cosine length reward: short correct answers earn most, short wrong ones lose most (Yeo et al. 2025)")
+def length_cosine(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    max_len: int = 1000,
+    correct_start: float = 1.0,
+    correct_end: float = 0.5,
+    wrong_start: float = -1.0,
+    wrong_end: float = -0.5,
+    exceed: float | None = None,
+    unit: str = "tokens",
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Cosine length-scaled correctness reward.
+
+    With L the completion length (``unit``: ``"tokens"`` from the ``completion_ids`` column, ``"words"`` or
+    ``"chars"``) and ``c = 1[correct]`` as in :func:`accuracy`::
+
+        r = r_end + (r_start − r_end)·(1 + cos(π·L/max_len))/2,   (r_start, r_end) = correct ? (correct_start,
+        correct_end) : (wrong_start, wrong_end)
+
+    so a correct answer earns ``correct_start`` at L=0 falling to ``correct_end`` at ``max_len``, and a wrong one
+    loses most when short (``wrong_start``) and least when long (``wrong_end``). ``L > max_len`` gives ``exceed``
+    if set, else the end value. ``None`` when the ground truth is ``None``.
+
+    Source: the cosine reward of Yeo et al. 2025, "Demystifying Long Chain-of-Thought Reasoning in LLMs"
+    (arXiv 2502.03373, §4), whose defaults are ``correct 2→1, wrong −10→0, exceed −10``; the defaults here are
+    the smaller open-r1 / VLM-R1 values (``1→0.5``, ``−1→−0.5``, max 1000) that sit beside a 0/1 accuracy
+    reward (research §4.2).
+    """
+    if max_len <= 0:
+        raise ValueError(f"length_cosine: max_len must be > 0, got {max_len}")
+    correct = _correct(completions, columns, which, answer_key, require_tags)
+    lens = lengths(completions, columns, unit, "length_cosine")
+    out: list[float | None] = []
+    for c, L in zip(correct, lens):
+        if c is None:
+            out.append(None)
+        elif L > max_len and exceed is not None:
+            out.append(float(exceed))
+        else:
+            start, end = (correct_start, correct_end) if c else (wrong_start, wrong_end)
+            out.append(cosine_interp(min(L, max_len), max_len, start, end))
+    return out
+
+
+@register_reward("length_kimi", "Kimi k1.5 group length penalty: 0.5 - (len-min)/(max-min), wrong answers capped at 0")
+def length_kimi(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    unit: str = "tokens",
+    group_key: str = "group_id",
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Kimi k1.5 length penalty, relative to the group.
+
+    For the samples of one group (the ``group_key`` column if present, else equal prompts) with lengths
+    ``L_i`` (``unit`` as in :func:`length_cosine`)::
+
+        λ_i = 0.5 − (L_i − min_j L_j) / (max_j L_j − min_j L_j);   r_i = λ_i if correct else min(0, λ_i)
+
+    A group whose lengths are all equal has ``λ = 0`` (no division by zero). ``None`` when the ground truth
+    is ``None``; such samples do not count in their group's min/max.
+
+    Source: Kimi Team 2025, "Kimi k1.5: Scaling Reinforcement Learning with LLMs" (arXiv 2501.12599, §2.3.3).
+    """
+    n = len(completions)
+    correct = _correct(completions, columns, which, answer_key, require_tags)
+    lens = lengths(completions, columns, unit, "length_kimi")
+    groups = group_ids(prompts if prompts is not None else [None] * n, columns, group_key)
+    members: dict[Any, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        if correct[i] is not None:
+            members[g].append(i)
+    out: list[float | None] = [None] * n
+    for idx in members.values():
+        lo, hi = min(lens[i] for i in idx), max(lens[i] for i in idx)
+        for i in idx:
+            lam = 0.0 if hi == lo else 0.5 - (lens[i] - lo) / (hi - lo)
+            out[i] = lam if correct[i] else min(0.0, lam)
+    return out
+
+
+@register_reward("length_band", "Video-R1 length bonus: +bonus for correct answers with length in [lo, hi] when >= min_correct of the group are correct")
+def length_band(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    lo: int = 320,
+    hi: int = 512,
+    bonus: float = 0.2,
+    min_correct: int = 2,
+    unit: str = "tokens",
+    group_key: str = "group_id",
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Length-band bonus.
+
+    ``r_i = bonus`` if sample i is correct (as in :func:`accuracy`), ``lo ≤ L_i ≤ hi`` and at least
+    ``min_correct`` samples of its group (``group_key`` column, else equal prompts) are correct; else 0.
+    ``None`` when the ground truth is ``None``.
+
+    Source: Video-R1's length-control reward (arXiv 2503.21776; research §2.1): +0.2 for
+    ``r_acc > 0.1`` and 320–512 tokens when more than one sample of the group is correct. Video-R1 reads the
+    correctness from its first reward column; here it is recomputed with :func:`accuracy`.
+    """
+    n = len(completions)
+    correct = _correct(completions, columns, which, answer_key, require_tags)
+    lens = lengths(completions, columns, unit, "length_band")
+    groups = group_ids(prompts if prompts is not None else [None] * n, columns, group_key)
+    n_correct: dict[Any, int] = defaultdict(int)
+    for g, c in zip(groups, correct):
+        n_correct[g] += bool(c)
+    return [
+        None if c is None else float(bonus) if (c and lo <= L <= hi and n_correct[g] >= min_correct) else 0.0
+        for c, L, g in zip(correct, lens, groups)
+    ]
+
+
+@register_reward("repetition_penalty", "n-gram repetition penalty: max_penalty * (1 - unique n-grams / n-grams), in [max_penalty, 0]")
+def repetition_penalty(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    ngram_size: int = 3,
+    max_penalty: float = -1.0,
+    **columns: Any,
+) -> list[float]:
+    """N-gram repetition penalty on the whole completion.
+
+    With the lower-cased whitespace words of the completion and N its ``ngram_size``-grams:
+    ``r = max_penalty · (1 − |unique(N)| / |N|)`` (0 for no repetition, ``max_penalty`` in the limit of one
+    n-gram repeated). Fewer words than ``ngram_size`` (including the empty completion) gives 0.
+
+    Source: the n-gram repetition penalty of Yeo et al. 2025 (arXiv 2502.03373) as implemented in open-r1 and
+    VLM-R1 (``repetition``, max −1; research §4.2).
+    """
+    if ngram_size < 1:
+        raise ValueError(f"repetition_penalty: ngram_size must be >= 1, got {ngram_size}")
+    if max_penalty > 0:
+        raise ValueError(f"repetition_penalty: max_penalty must be <= 0, got {max_penalty}")
+    out = []
+    for c in completions:
+        words = completion_text(c).lower().split()
+        grams = [tuple(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
+        out.append(0.0 if not grams else max_penalty * (1.0 - len(set(grams)) / len(grams)))
+    return out
