@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 from .parsing import completion_text, parse_number
@@ -63,7 +62,3 @@ def group_ids(prompts: Sequence, columns: dict[str, Any], group_key: str) -> lis
         except TypeError:
             out.append(repr(p))
     return out
-
-
-def finite_or_nan(x: float) -> float:
-    return x if math.isfinite(x) else math.nan

@@ -19,7 +19,6 @@ Conventions:
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any, Iterable, Literal, Sequence
 
@@ -325,8 +324,3 @@ def parse_json(text: str) -> Any:
     for obj in _json_objects(repaired):  # else any inner value that parses
         return obj
     return None
-
-
-def is_finite(x: Any) -> bool:
-    """True for a real, finite number (bools excluded)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

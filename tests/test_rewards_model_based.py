@@ -158,3 +158,15 @@ def test_pickscore_through_registry(tiny_pickscore_dir):
     assert rewards.shape == (2, 1) and not torch.isnan(rewards).any()
     with pytest.raises(ValueError, match="scale must be one of"):
         PickScore(tiny_pickscore_dir, tiny_pickscore_dir, scale="hessel")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_model_rewards_on_cuda_match_cpu(tiny_open_clip, tiny_pickscore_dir):
+    images = _images(3)
+    for build in (
+        lambda device: CLIPScore(TINY_OPEN_CLIP, pretrained=tiny_open_clip, device=device),
+        lambda device: PickScore(tiny_pickscore_dir, tiny_pickscore_dir, device=device),
+    ):
+        gpu = build("cuda")
+        assert next(gpu.model.parameters()).is_cuda
+        assert gpu(images, prompts=TEXTS[:3]) == pytest.approx(build("cpu")(images, prompts=TEXTS[:3]), abs=1e-3)
