@@ -4,14 +4,27 @@ Pure math (torch only). Every shaper has one signature::
 
     shaper(advantages: Tensor[P, G], inputs: ShapingInputs, **params) -> Tensor[B, T]
 
-``none`` broadcasts the sample's advantage to all of its units (outcome-level GRPO). Other shapers
-(chunk-level, temporal, value-anchored) are registered below them; see their docstrings for sources.
+``none`` broadcasts the sample's advantage to all of its units (outcome-level GRPO). Also here:
+
+- ``temporal``: per-unit weights on the broadcast advantage, TempFlow-GRPO's noise-aware w_t ∝ sqrt(σ_t/(1−σ_t))
+  (He et al. 2025, arXiv 2508.04324 §3.2) or GRPO-Guard's 1/h_t step reweighting (arXiv 2510.22319).
+- ``value_anchored``: the VGPO family (Shao et al. 2025, arXiv 2512.12387): dense per-unit values → per-unit
+  advantages from value differences, mixed with an absolute (value-anchored, not group-normalised) term whose
+  weight grows as the group's reward std collapses. VGPO's equations were not available; what we implement is
+  written out in :func:`value_anchored` (research note §6).
+- :func:`ratio_norm`: GRPO-Guard RatioNorm of per-step log-ratios (applied by the trainer, not a shaper).
+- :func:`gaussian_kl`: the exact KL between two Gaussian transitions of equal std, and Flow-GRPO's variant.
+
+The chunk-level ratio of Chunk-GRPO is a ratio level (``mmgrpo.losses.RATIO_LEVELS["chunk"]``); chunk
+subsampling weighted by relative latent change is a step selector of the flow adapter
+(``mmgrpo.modalities.flow_steps``), because it needs the latents.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from mmgrpo.registry import Registry
@@ -56,4 +69,220 @@ def shape_advantages(name: str, advantages: Tensor, inputs: ShapingInputs, param
     return out * inputs.mask.float()  # [B, T]
 
 
-__all__ = ["SHAPERS", "ShapingInputs", "broadcast", "shape_advantages"]
+# ------------------------------------------------------------------------------------------- temporal
+
+
+def tempflow_weights(sigmas: Tensor) -> Tensor:
+    """TempFlow-GRPO noise-aware weights sqrt(σ̃/(1−σ̃)) per unit, unnormalised.
+
+    This is Flow-SDE's noise coefficient s_t/a, the factor that cancels the σ-dependence of the policy gradient
+    (research note §4: ∇_v ℓ ∝ sqrt(h(1−σ)/σ)). σ = 1 would divide by zero; as in Flow-GRPO's kernel it is
+    replaced by the largest σ < 1 of the same row (the schedule's second sigma), σ̃.
+
+    Shape:
+        sigmas: [B, T] -> [B, T]
+    """
+    s = sigmas.float()
+    below = torch.where(s < 1, s, torch.full_like(s, -1.0)).amax(dim=1, keepdim=True)  # [B, 1]
+    s = torch.where(s < 1, s, below.clamp_min(0.0).expand_as(s))  # [B, T]
+    return torch.sqrt(s.clamp_min(0.0) / (1 - s).clamp_min(1e-6))
+
+
+def step_sizes(sigmas: Tensor) -> Tensor:
+    """h_t = σ_t − σ_{t+1} for units that are consecutive steps of one schedule ending at σ_T = 0.
+
+    Shape:
+        sigmas: [B, T] -> [B, T]
+    """
+    s = sigmas.float()
+    nxt = torch.cat([s[:, 1:], torch.zeros_like(s[:, :1])], dim=1)  # [B, T]
+    return s - nxt
+
+
+@SHAPERS.register("temporal")
+def temporal(advantages: Tensor, inputs: ShapingInputs, weights: str = "tempflow", normalize: bool = True) -> Tensor:
+    """A_{b,t} = A_b · w_t: the sample's advantage re-weighted per denoising step.
+
+    - ``weights="tempflow"``: w_t = sqrt(σ̃_t/(1−σ̃_t)) (TempFlow-GRPO, arXiv 2508.04324 §3.2; the same formula as
+      GCPO's ``reweight loss from tempflow``, research note §4);
+    - ``weights="inv_dt"``: w_t = 1/h_t, GRPO-Guard's division of each step's loss by its step size
+      (arXiv 2510.22319; research note §1.7), used together with ``algorithm.ratio_norm``.
+
+    With ``normalize`` the weights are divided by their mean over all trained units of the batch, so the loss
+    keeps GRPO's overall scale and only the distribution over steps changes. **Departure:** the papers scale the
+    loss without this normalisation (TempFlow's exact normalisation was not retrievable); a constant factor
+    only rescales the step size under Adam. Scaling A by w_t equals scaling the unit's clipped loss by w_t.
+
+    Shape:
+        advantages: [P, G]; inputs.sigmas: [B, T] (required) -> [B, T]
+    """
+    if inputs.sigmas is None:
+        raise ValueError("shaping=temporal needs per-unit noise levels (Rollout.unit_sigmas); "
+                         "only flow/diffusion adapters provide them")
+    if weights == "tempflow":
+        w = tempflow_weights(inputs.sigmas)  # [B, T]
+    elif weights == "inv_dt":
+        w = 1.0 / step_sizes(inputs.sigmas).clamp_min(1e-6)  # [B, T]
+    else:
+        raise ValueError(f"weights must be tempflow | inv_dt, got {weights!r}")
+    m = inputs.mask.float()  # [B, T]
+    if normalize:
+        w = w / ((w * m).sum() / m.sum().clamp_min(1.0)).clamp_min(1e-12)
+    return advantages.reshape(-1, 1).float() * w * m  # [B, T]
+
+
+# ------------------------------------------------------------------------------------ value-anchored
+
+
+def lambda_returns(values: Tensor, rewards: Tensor, lam: float) -> Tensor:
+    """GAE(λ) advantages with γ = 1 and no intermediate reward, from per-unit state values and the outcome.
+
+    With V_t the value of the state before unit t and V_T := R (the outcome reward), δ_t = V_{t+1} − V_t and
+    Â_t = Σ_{k≥t} λ^{k−t} δ_k. λ = 1 gives R − V_t (value-baseline return), λ = 0 gives δ_t (one-step process
+    reward); Σ_t δ_t = R − V_0 telescopes.
+
+    Shape:
+        values: [B, T], rewards: [B] -> [B, T]
+    """
+    v_ext = torch.cat([values.float(), rewards.float().reshape(-1, 1)], dim=1)  # [B, T+1]
+    delta = v_ext[:, 1:] - v_ext[:, :-1]  # [B, T]
+    out = torch.zeros_like(delta)
+    running = torch.zeros_like(delta[:, 0])
+    for t in range(delta.shape[1] - 1, -1, -1):
+        running = delta[:, t] + lam * running  # [B]
+        out[:, t] = running
+    return out
+
+
+@SHAPERS.register("value_anchored")
+def value_anchored(
+    advantages: Tensor, inputs: ShapingInputs, lam: float = 1.0, tau: float = 0.05, abs_scale: float = 1.0,
+    relative: str = "per_step", eps: float = 1e-4,
+) -> Tensor:
+    """Value-anchored per-unit advantages (the VGPO family, arXiv 2512.12387; research note §6) — exactly:
+
+    1. Dense credit ("temporal cumulative reward"): from the per-unit values V[b, t] (for flow models, the reward
+       of the one-step prediction x̂₀(x_t) decoded, filled by the adapter) and the outcome R_b,
+       Â[b, t] = GAE_λ(V, R) (:func:`lambda_returns`; λ = 1: R_b − V[b, t]).
+    2. Relative term: ``per_step`` (default) z-scores Â over the G samples of the group at each unit t,
+       Ã_rel[b, t] = (Â[b, t] − mean_g Â[·, t]) / (std_g Â[·, t] + eps) (population std); ``estimator`` uses the
+       configured group estimator's outcome advantage A_b for every unit instead.
+    3. Absolute term (the anchor): Ã_abs[b, t] = Â[b, t] / ``abs_scale`` — measured against the sample's own value
+       estimate, in reward units, so it does not vanish when the group's rewards become identical.
+    4. Adaptive mix per group p: w_p = τ / (τ + std_g R_p) (population std of the group's rewards),
+       A[b, t] = (1 − w_p)·Ã_rel[b, t] + w_p·Ã_abs[b, t]. A diverse group (std ≫ τ) is plain group-relative;
+       a collapsed group (std → 0) keeps the absolute value-anchored signal. τ = 0 is purely relative.
+
+    Samples with a NaN (not applicable) reward get 0. These are our equations, not VGPO's (not available).
+
+    Shape:
+        advantages: [P, G]; inputs.values: [B, T] (required); inputs.rewards: [P, G] -> [B, T]
+    """
+    if inputs.values is None:
+        raise ValueError("shaping=value_anchored needs per-unit values (Rollout.unit_values); for the flow "
+                         "adapter set model.args.value_rewards to the reward(s) that score the x̂₀ predictions")
+    P, G = inputs.rewards.shape
+    r = inputs.rewards.float()  # [P, G]
+    valid = torch.isfinite(r)  # [P, G]
+    r0 = torch.where(valid, r, torch.zeros_like(r))
+    a_hat = lambda_returns(inputs.values, r0.reshape(-1), lam)  # [B, T]
+    T = a_hat.shape[1]
+    vg = valid.reshape(P, G, 1).float()  # [P, G, 1]
+    n = vg.sum(1, keepdim=True).clamp_min(1.0)  # [P, 1, 1]
+    if relative == "per_step":
+        ah = a_hat.reshape(P, G, T)
+        mean = (ah * vg).sum(1, keepdim=True) / n  # [P, 1, T]
+        std = (((ah - mean) ** 2 * vg).sum(1, keepdim=True) / n).sqrt()  # [P, 1, T]
+        rel = ((ah - mean) / (std + eps)).reshape(P * G, T)  # [B, T]
+    elif relative == "estimator":
+        rel = advantages.reshape(-1, 1).float().expand(P * G, T)  # [B, T]
+    else:
+        raise ValueError(f"relative must be per_step | estimator, got {relative!r}")
+    absolute = a_hat / abs_scale  # [B, T]
+    rm = (r0 * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp_min(1)  # [P, 1]
+    rstd = ((((r0 - rm) ** 2) * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp_min(1)).sqrt()
+    w = torch.zeros_like(rstd) if tau <= 0 else tau / (tau + rstd)  # [P, 1]
+    w = w.repeat_interleave(G, dim=0)  # [B, 1]
+    out = (1 - w) * rel + w * absolute  # [B, T]
+    return out * valid.reshape(-1, 1) * inputs.mask.float()
+
+
+# ------------------------------------------------------------------------------ RatioNorm and exact KL
+
+
+def ratio_norm(
+    log_ratio: Tensor, mask: Tensor, sigmas: Tensor | None = None, *, std: Tensor | None = None,
+    mean_sq_dist: Tensor | None = None,
+) -> Tensor:
+    """GRPO-Guard RatioNorm of per-step log-ratios (arXiv 2510.22319; research note §1.7).
+
+    For a Gaussian step with std s_t = s·sqrt(h) and the log-prob averaged over the D latent elements,
+    log r = mean_D[(x−μ_old)·Δμ]/s_t² − mean_D[Δμ²]/(2 s_t²) with Δμ = μ_θ − μ_old. RatioNorm adds back the
+    always-negative bias B = mean_D[Δμ²]/(2 s_t²) (``mean_sq_dist`` = mean_D[Δμ²]) and rescales by s_t:
+
+        log r̃ = (log r + B) · s_t = mean_D[z ⊙ Δμ],   z = (x − μ_old)/s_t,
+
+    so every step's log-ratio is unbiased at on-policy and on one noise-independent scale. Without
+    ``mean_sq_dist`` only the rescaling is applied. **Departure:** GRPO-Guard multiplies by the batch-mean
+    s̄·sqrt(h̄); in its loop all samples of a minibatch are at the same step, so that equals each unit's own s_t,
+    which is what we use (it stays correct when samples train different steps). Its 1/h̄ loss reweighting is
+    ``shaping: temporal`` with ``weights: inv_dt``. ``sigmas`` is accepted for the trainer's call signature and
+    unused: the std depends on the kernel, so the adapter supplies it (``FlowAdapter.ratio_norm_inputs``).
+
+    Shape:
+        log_ratio, mask: [n, T]; std, mean_sq_dist: [n, T] -> [n, T] (0 where mask is 0)
+    """
+    if std is None:
+        raise ValueError("ratio_norm needs the per-unit transition std: the trainer must pass "
+                         "**adapter.ratio_norm_inputs(rollout, index) (flow adapters provide it)")
+    s = std.float()
+    out = log_ratio.float()
+    if mean_sq_dist is not None:
+        out = out + mean_sq_dist.float() / (2 * s.clamp_min(1e-12) ** 2)
+    out = out * s  # [n, T]
+    return torch.where(mask > 0, out, torch.zeros_like(out))
+
+
+def gaussian_kl(
+    mean: Tensor, ref_mean: Tensor, std: Tensor, *, variant: str = "exact", dt: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """KL(N(μ_θ, s²I) ‖ N(μ_ref, s²I)) of one transition, reduced over the D latent elements like the log-prob.
+
+    - ``exact``: mean_D (μ_θ − μ_ref)² / (2 s²) with s the transition std (= s_t·sqrt(h) for Flow-SDE), i.e. the
+      exact Gaussian KL ‖Δμ‖²/(2s²) divided by D (``reduction="sum"`` gives the true KL).
+    - ``flow_grpo``: Flow-GRPO's code divides by 2·s_t² without the step size h, i.e. exact · h
+      (``scripts/train_sd3.py`` line 900; research note §1.4). Needs ``dt`` = h.
+
+    Units with std 0 (deterministic) have KL 0.
+
+    Shape:
+        mean, ref_mean: [n, *D]; std: [n]; dt: [n] -> [n]
+    """
+    dims = tuple(range(1, mean.dim()))
+    sq = (mean.float() - ref_mean.float()) ** 2
+    sq = sq.mean(dims) if reduction == "mean" else sq.sum(dims)  # [n]
+    s = std.float()
+    kl = sq / (2 * torch.where(s > 0, s, torch.ones_like(s)) ** 2)  # [n]
+    if variant == "flow_grpo":
+        if dt is None:
+            raise ValueError("gaussian_kl(variant='flow_grpo') needs dt (the step size h)")
+        kl = kl * dt.float()
+    elif variant != "exact":
+        raise ValueError(f"variant must be exact | flow_grpo, got {variant!r}")
+    return torch.where(s > 0, kl, torch.zeros_like(kl))
+
+
+__all__ = [
+    "SHAPERS",
+    "ShapingInputs",
+    "broadcast",
+    "gaussian_kl",
+    "lambda_returns",
+    "ratio_norm",
+    "shape_advantages",
+    "step_sizes",
+    "tempflow_weights",
+    "temporal",
+    "value_anchored",
+]

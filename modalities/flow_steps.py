@@ -1,0 +1,245 @@
+"""Step selectors: which denoising transitions of a rollout are stochastic (SDE) and which are trained.
+
+Every GRPO variant for flow/diffusion models differs in this rule only (research note §15.2), so it is one
+registry with one signature::
+
+    selector(num_steps: int, batch_size: int, group_size: int, *, generator, iteration, **params) -> StepPlan
+
+- ``fraction``       Flow-GRPO (Liu et al. 2025, §5.1; note §1.3): every step is SDE; the first ⌊f·T⌋ steps
+                     are trained (f = 0.99 trains 9 of 10: the last, near-clean step is skipped).
+- ``random_subset``  DanceGRPO (Xue et al. 2025; note §2) and DDPO: every step is SDE; each sample trains its own
+                     random ⌊f·T'⌋ steps (T' = T − 1 with ``exclude_last``).
+- ``sde_window``     Flow-GRPO-Fast (note §1.3): one window [s, s+w) per rollout, s ~ U{lo, …, hi − w}; SDE and
+                     trained inside, ODE outside. ``window=0`` is plain Flow-GRPO on [0, T−1).
+- ``sliding_window`` MixGRPO (Li et al. 2025, arXiv 2507.21802, §3.2; note §3): the window start moves by
+                     ``stride`` every ``every`` iterations (``progressive``, optionally rolling back to 0) or is drawn
+                     uniformly each iteration (``random``).
+- ``branching``      TempFlow-GRPO trajectory branching (He et al. 2025, arXiv 2508.04324, §3.1; note §4): all G
+                     samples of a group share the initial noise and the ODE prefix up to a branch step k; only
+                     the transition at k is stochastic and trained, so the group advantage is exactly the
+                     advantage "of the children that share (seed, k)". **Departure:** TempFlow branches every k
+                     for N seeds per prompt; we draw one k per group per rollout (uniform over [lo, hi)), so a
+                     prompt's steps are covered across iterations instead of within one.
+- ``chunks``         Chunk-GRPO (Luo et al. 2025, arXiv 2510.21583, §3.3; note §5): every step is SDE; after the
+                     rollout, each sample trains ⌊f·M⌋ of its M chunks, drawn without replacement uniformly or
+                     with probability ∝ the chunk's mean relative latent change ‖x_{t+1} − x_t‖₁/‖x_t‖₁.
+
+The adapter additionally masks out transitions whose kernel is deterministic (std 0: CPS and DDIM last steps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mmgrpo.registry import Registry
+
+STEP_SELECTORS: Registry = Registry("step selector")
+
+
+@dataclass
+class StepPlan:
+    """Which transitions of a rollout are stochastic and trained.
+
+    Shape:
+        sde: [B, T] bool, transition uses the stochastic kernel (else the ODE step)
+        train: [B, T] bool, transition is trained (a subset of ``sde``)
+    ``shared_noise``: the G samples of a group start from the same initial noise.
+    ``post``: optional rule that replaces ``train`` once the latents are known,
+    ``post(latents [B, T+1, *D], generator) -> train [B, T]`` (chunk sampling).
+    """
+
+    sde: Tensor
+    train: Tensor
+    shared_noise: bool = False
+    post: Callable[[Tensor, torch.Generator | None], Tensor] | None = None
+
+
+def _full(batch_size: int, num_steps: int, value: bool = True) -> Tensor:
+    return torch.full((batch_size, num_steps), value, dtype=torch.bool)
+
+
+def _window_plan(batch_size: int, num_steps: int, start: int, window: int) -> StepPlan:
+    sde = _full(batch_size, num_steps, False)
+    sde[:, start : start + window] = True
+    return StepPlan(sde=sde, train=sde.clone())
+
+
+def _randint(low: int, high: int, generator: torch.Generator | None) -> int:
+    """Uniform integer in [low, high] (inclusive)."""
+    return int(torch.randint(low, high + 1, (1,), generator=generator).item())
+
+
+@STEP_SELECTORS.register("fraction")
+def fraction(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0, fraction: float = 0.99
+) -> StepPlan:
+    """All steps SDE; the first ⌊fraction·T⌋ trained (Flow-GRPO ``timestep_fraction``, default 0.99)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"steps.fraction must be in (0, 1], got {fraction}")
+    train = _full(batch_size, num_steps, False)
+    train[:, : max(1, int(num_steps * fraction))] = True
+    return StepPlan(sde=_full(batch_size, num_steps), train=train)
+
+
+@STEP_SELECTORS.register("random_subset")
+def random_subset(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
+    fraction: float = 0.6, exclude_last: bool = True,
+) -> StepPlan:
+    """All steps SDE; each sample trains a random ⌊fraction·T'⌋ of its steps (DanceGRPO 0.6, last excluded)."""
+    usable = num_steps - 1 if exclude_last else num_steps
+    k = max(1, int(usable * fraction))
+    order = torch.rand(batch_size, usable, generator=generator).argsort(dim=1)[:, :k]  # [B, k]
+    train = _full(batch_size, num_steps, False)
+    train.scatter_(1, order, True)
+    return StepPlan(sde=_full(batch_size, num_steps), train=train)
+
+
+@STEP_SELECTORS.register("sde_window")
+def sde_window(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
+    window: int = 3, low: int = 0, high: int | None = None,
+) -> StepPlan:
+    """Flow-GRPO-Fast: one SDE+trained window [s, s+window), s ~ U{low, …, high − window}; high = T//2 by default."""
+    if window == 0:
+        return _window_plan(batch_size, num_steps, 0, num_steps - 1)
+    high = num_steps // 2 if high is None else high
+    if not 0 <= low <= high - window or high > num_steps:
+        raise ValueError(f"steps: sde_window needs 0 <= low <= high - window and high <= T={num_steps}; "
+                         f"got low={low}, high={high}, window={window}")
+    return _window_plan(batch_size, num_steps, _randint(low, high - window, generator), window)
+
+
+@STEP_SELECTORS.register("sliding_window")
+def sliding_window(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
+    window: int = 4, stride: int = 1, every: int = 25, strategy: str = "progressive", roll_back: bool = True,
+    max_steps: int | None = None,
+) -> StepPlan:
+    """MixGRPO window [c, c+window) with c = (iteration // every)·stride (``progressive``) or c ~ U (``random``).
+
+    The window lives inside the first ``max_steps`` = T − 1 steps by default (MixGRPO clips at S − 2, i.e. the
+    last transition is never stochastic); past the end it rolls back to 0 (``roll_back``) or stays at the end.
+    """
+    max_steps = num_steps - 1 if max_steps is None else max_steps
+    window = min(window, max_steps)
+    last_start = max_steps - window
+    if strategy == "random":
+        start = _randint(0, last_start, generator)
+    elif strategy == "progressive":
+        start = (iteration // max(every, 1)) * stride
+        if start > last_start:
+            start = start % (last_start + 1) if roll_back else last_start
+    else:
+        raise ValueError(f"steps.strategy must be progressive | random, got {strategy!r}")
+    return _window_plan(batch_size, num_steps, start, window)
+
+
+@STEP_SELECTORS.register("branching")
+def branching(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
+    low: int = 0, high: int | None = None,
+) -> StepPlan:
+    """TempFlow-GRPO branching: per group one branch step k ~ U{low, …, high − 1}; only k is SDE and trained.
+
+    ``high`` defaults to T − 1 (the last, near-clean step is not a branch point). Shared initial noise.
+    """
+    high = num_steps - 1 if high is None else high
+    if not 0 <= low < high <= num_steps:
+        raise ValueError(f"steps: branching needs 0 <= low < high <= T={num_steps}, got low={low}, high={high}")
+    groups = batch_size // group_size
+    k = torch.randint(low, high, (groups,), generator=generator).repeat_interleave(group_size)  # [B]
+    sde = torch.nn.functional.one_hot(k, num_steps).bool()  # [B, T]
+    return StepPlan(sde=sde, train=sde.clone(), shared_noise=True)
+
+
+def chunk_ids(chunk_sizes: list[int], num_steps: int) -> Tensor:
+    """Chunk index of every step, e.g. [2, 3] -> [0, 0, 1, 1, 1]. Shape: [T]."""
+    if sum(chunk_sizes) != num_steps or min(chunk_sizes) < 1:
+        raise ValueError(f"chunk_sizes {chunk_sizes} must be positive and sum to the number of steps T={num_steps}")
+    return torch.repeat_interleave(torch.arange(len(chunk_sizes)), torch.tensor(chunk_sizes))
+
+
+def relative_latent_change(latents: Tensor) -> Tensor:
+    """GCPO's temporal-dynamics profile ‖x_{t+1} − x_t‖₁ / ‖x_t‖₁ per sample and step.
+
+    Shape:
+        latents: [B, T+1, *D] -> [B, T]
+    """
+    x = latents.float().flatten(2)  # [B, T+1, D]
+    return (x[:, 1:] - x[:, :-1]).abs().sum(-1) / x[:, :-1].abs().sum(-1).clamp_min(1e-12)
+
+
+def sample_chunks(
+    latents: Tensor, chunk_sizes: list[int], fraction: float, weighting: str = "uniform", probs: str = "normalized",
+    exclude_last: bool = True, generator: torch.Generator | None = None,
+) -> Tensor:
+    """Chunk-GRPO chunk subsampling: per sample, ⌊fraction·M⌋ of the M chunks, drawn without replacement.
+
+    ``weighting="latent_change"`` draws chunk c with p_c ∝ w_c (``probs="normalized"``) or softmax(w)
+    (``"softmax"``), w_c = mean over the chunk's steps of :func:`relative_latent_change` (GCPO
+    ``--sample_weight``); ``"uniform"`` is a random permutation. ``exclude_last`` drops the last step from training.
+
+    Shape:
+        latents: [B, T+1, *D] -> train mask [B, T] bool
+    """
+    B, T = latents.shape[0], latents.shape[1] - 1
+    ids = chunk_ids(chunk_sizes, T)  # [T]
+    M = len(chunk_sizes)
+    k = max(1, int(math.floor(fraction * M)))
+    if weighting == "uniform":
+        w = torch.ones(B, M)
+    elif weighting == "latent_change":
+        change = relative_latent_change(latents).cpu()  # [B, T]
+        w = torch.zeros(B, M).index_add_(1, ids, change) / torch.bincount(ids, minlength=M).float()  # [B, M]
+    else:
+        raise ValueError(f"steps.weighting must be uniform | latent_change, got {weighting!r}")
+    p = torch.softmax(w, dim=1) if probs == "softmax" else w / w.sum(1, keepdim=True).clamp_min(1e-12)  # [B, M]
+    chosen = torch.multinomial(p, k, replacement=False, generator=generator)  # [B, k]
+    chunk_on = torch.zeros(B, M, dtype=torch.bool).scatter_(1, chosen, True)  # [B, M]
+    train = chunk_on[:, ids]  # [B, T]
+    if exclude_last:
+        train[:, -1] = False
+    return train
+
+
+@STEP_SELECTORS.register("chunks")
+def chunks(
+    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
+    chunk_sizes: list[int] | None = None, fraction: float = 1.0, weighting: str = "uniform",
+    probs: str = "normalized", exclude_last: bool = True,
+) -> StepPlan:
+    """All steps SDE; after the rollout each sample trains ⌊fraction·M⌋ chunks (see :func:`sample_chunks`).
+
+    ``chunk_sizes`` must equal ``algorithm.chunk_sizes`` (the chunk ratio); GCPO trains 50% of the chunks.
+    """
+    sizes = chunk_sizes or [num_steps]
+    chunk_ids(sizes, num_steps)  # validate early
+    train = _full(batch_size, num_steps)
+    if exclude_last:
+        train[:, -1] = False
+
+    def post(latents: Tensor, gen: torch.Generator | None) -> Tensor:
+        return sample_chunks(latents, sizes, fraction, weighting, probs, exclude_last, gen)
+
+    return StepPlan(sde=_full(batch_size, num_steps), train=train, post=None if fraction >= 1 else post)
+
+
+__all__ = [
+    "STEP_SELECTORS",
+    "StepPlan",
+    "branching",
+    "chunk_ids",
+    "chunks",
+    "fraction",
+    "random_subset",
+    "relative_latent_change",
+    "sample_chunks",
+    "sde_window",
+    "sliding_window",
+]
