@@ -287,6 +287,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: accept what float() accepts
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -391,6 +396,13 @@ def validate(cfg: TrainConfig) -> None:
         ("algorithm.shaping", a.shaping, shaping.SHAPERS),
     ]:
         _check_choice(path, value, reg.names())
+    for where, registry, name, args in [
+        ("model.args", ADAPTERS, cfg.model.adapter, cfg.model.args),
+        ("task.args", TASKS, cfg.task.name, cfg.task.args),
+    ]:
+        args_class = getattr(registry.get(name), "args_class", None)
+        if args_class is not None:  # builders declare their options dataclass: check it before building
+            from_dict(args_class, args, where)
     positive = {
         "steps": cfg.steps,
         "algorithm.group_size": a.group_size,

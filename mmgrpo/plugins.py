@@ -2,7 +2,10 @@
 
 ``ADAPTERS`` entries are ``build(args: dict, *, seed: int) -> PolicyAdapter``; ``TASKS`` entries are
 ``build(args: dict, *, seed: int) -> Task``. Each builder validates its own ``args`` with
-:func:`mmgrpo.config.from_dict` against a dataclass, so a typo names the field and the allowed ones.
+:func:`mmgrpo.config.from_dict` against a dataclass, so a typo names the field and the allowed ones, and
+declares that dataclass as ``build.args_class`` so ``load_config`` checks the options before anything is built.
+Adapter builders also take the keyword arguments ``lora`` (LoraConfig), ``dtype`` (str) and
+``need_reference`` (bool: β > 0 and no LoRA, so keep a frozen reference copy).
 Built-in adapters and tasks register themselves when :mod:`mmgrpo.modalities` is imported.
 """
 

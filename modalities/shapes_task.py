@@ -138,3 +138,6 @@ class ShapesTask:
 @TASKS.register("shapes")
 def build_shapes_task(args: dict, *, seed: int = 0) -> ShapesTask:
     return ShapesTask(from_dict(ShapesArgs, args, "task.args"))
+
+
+build_shapes_task.args_class = ShapesArgs

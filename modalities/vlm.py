@@ -129,6 +129,20 @@ class VLMAdapter:
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
         self.is_multimodal = hasattr(processor, "image_processor")
+        self.suppress_ids = self._media_token_ids()
+
+    def _media_token_ids(self) -> list[int]:
+        """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
+
+        A sampled ``<|image_pad|>`` would make the training forward see more image tokens than image features
+        (TRL #3847). They are suppressed when sampling and masked out of the log-softmax, so the log-probs stay
+        those of the sampling distribution.
+        """
+        names = ["image_token", "video_token", "vision_start_token", "vision_end_token", "audio_token", "boi_token"]
+        tokens = {getattr(self.processor, n, None) or getattr(self.tokenizer, n, None) for n in names}
+        tokens |= {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"}
+        vocab = self.tokenizer.get_vocab()
+        return sorted(vocab[t] for t in tokens if isinstance(t, str) and t in vocab)
 
     # ------------------------------------------------------------------ prompts: processed once per prompt
 
@@ -227,6 +241,7 @@ class VLMAdapter:
                 num_return_sequences=num_return_sequences,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids.tolist(),
+                suppress_tokens=self.suppress_ids or None,
                 **sampling,
             )
         finally:
@@ -278,8 +293,10 @@ class VLMAdapter:
         encodings = [state.cache.encodings[p] for p in state.prompt_of[index].tolist()]
         batch = self._collate(encodings, comp)
         T = comp.shape[1]
-        logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
-        logp = torch.log_softmax(logits.float() / self.args.temperature, dim=-1)  # [n, T, V] fp32
+        logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1].float()  # [n, T, V]
+        if self.suppress_ids:
+            logits[..., self.suppress_ids] = float("-inf")  # never sampled: not part of the distribution
+        logp = torch.log_softmax(logits / self.args.temperature, dim=-1)  # [n, T, V] fp32
         return logp.gather(-1, comp.to(logp.device)[..., None]).squeeze(-1)  # [n, T]
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
@@ -381,3 +398,6 @@ def build_vlm_adapter(
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     model.train()
     return VLMAdapter(model, processor, a, reference)
+
+
+build_vlm_adapter.args_class = VLMArgs

@@ -50,6 +50,7 @@ def test_logprobs_match_the_sampling_distribution(tiny_vlm_path):
     out = model.generate(
         **batch, max_new_tokens=5, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, num_return_sequences=2,
         output_scores=True, return_dict_in_generate=True, pad_token_id=adapter.pad_id, eos_token_id=adapter.eos_ids.tolist(),
+        suppress_tokens=adapter.suppress_ids,
     )  # fmt: skip
     seq = out.sequences[:, batch["input_ids"].shape[1] :]
     scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # [B, T, V] processed = logits / temperature
@@ -100,3 +101,15 @@ def test_frozen_reference_without_lora(tiny_vlm_path):
     rollout = adapter.rollout(_rows(1), group_size=2)
     idx = torch.arange(2)
     torch.testing.assert_close(adapter.ref_logprobs(rollout, idx), rollout.old_logprobs, atol=1e-6, rtol=0)
+
+
+def test_media_placeholder_tokens_are_never_sampled(tiny_vlm_path):
+    """A sampled <|image_pad|> would break the training forward (image tokens != features, TRL #3847)."""
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 8})
+    tok = adapter.tokenizer
+    assert set(tok.convert_ids_to_tokens(adapter.suppress_ids)) >= {"<|image_pad|>", "<|vision_start|>"}
+    with torch.no_grad():  # make the placeholders the most likely tokens by far
+        adapter._unwrapped().lm_head.weight[adapter.suppress_ids] *= 50
+    rollout = adapter.rollout(_rows(2), group_size=4)
+    assert not torch.isin(rollout.state.completion_ids, torch.tensor(adapter.suppress_ids)).any()
+    assert torch.isfinite(adapter.logprobs(rollout, torch.arange(8))).all()

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite: set up .venv, then run pytest (slow learning tests included; pass -m "not slow" to skip).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+exec .venv/bin/python -m pytest tests -q "$@"
