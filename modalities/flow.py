@@ -1,0 +1,684 @@
+"""Flow-matching and diffusion text-to-image policies over diffusers: the action units are denoising transitions.
+
+Covers SD3 / SD3.5 (``StableDiffusion3Pipeline`` components), FLUX.1 (``FluxPipeline``, guidance-distilled or not)
+and DDIM UNets (``StableDiffusionPipeline`` components, DDPO). One rollout of T steps gives T units per sample:
+unit i is the transition x_i → x_{i+1}, with the Gaussian log-density of the stochastic kernel
+(:mod:`.flow_kernels`; **averaged over the D latent elements**) and ``mask`` 1 only where the transition was
+stochastic *and* selected for training (:mod:`.flow_steps`). Deterministic (ODE) transitions have mask 0.
+
+What this adapter guarantees (DESIGN.md §3, §6; research note §15):
+- Prompts are encoded once per prompt (text encoders frozen, no grad); the G samples of a group index them.
+- Rollout and training use the same velocity function: with ``cfg: guided`` the log-prob is of the guided
+  velocity v_u + w(v_c − v_u), both branches in one batched forward and both differentiable (Flow-GRPO after
+  commit a482878); ``cfg: none`` samples and trains the conditional velocity only (CFG-free / "nocfg").
+  FLUX.1-dev's distilled guidance is the ``flux_guidance`` embedding, not CFG.
+- ``logprobs`` recomputes only the trained transitions (all (sample, step) pairs of a minibatch in one batch,
+  split into ``forward_batch_size`` rows), in fp32 kernel math; the ratio is exactly 1 before the first update.
+- Rollout steps (``num_steps``, SDE) and evaluation steps (``eval_num_steps``, ODE) are separate (Flow-GRPO's
+  "denoising reduction"); evaluation noise is seeded per row (its ``seed`` column, else the prompt text), so
+  before/after evaluations compare images from the same noise.
+- LoRA (peft, injected with diffusers' ``add_adapter``) on the denoiser; the reference policy is the same
+  denoiser with the adapter disabled, or a frozen copy for full fine-tuning with ``need_reference``.
+- Rewards receive decoded PIL images. ``unit_sigmas`` holds each transition's σ_i (DDIM: the VP state mapped to
+  the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
+  ``value_rewards`` is set (value-anchored shaping).
+- Optional trainer hooks: ``exact_kl(rollout, index)`` (Gaussian KL to the reference per unit, for
+  ``algorithm.kl: gaussian_exact``) and ``ratio_norm_inputs(rollout, index)`` (std and mean_D(μθ − μ_old)² for
+  GRPO-Guard RatioNorm); both reuse the means of the preceding ``logprobs`` call on the same rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.plugins import ADAPTERS
+from mmgrpo.shaping import gaussian_kl
+from mmgrpo.types import Rollout, select_fields
+
+from . import flow_kernels as K
+from .flow_steps import STEP_SELECTORS, StepPlan
+from .flow_tiny import TINY_NAMES, resolve_pipeline
+
+FLOW_LORA_TARGETS = [
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+]  # fmt: skip
+"""Flow-GRPO's LoRA targets for SD3/FLUX (``scripts/train_sd3.py`` line 430). UNets: to_q, to_k, to_v, to_out.0."""
+
+
+@dataclass
+class FlowArgs:
+    """Options under ``model.args`` for ``model.adapter: flow``."""
+
+    name_or_path: str = "tiny-sd3"
+    """Diffusers pipeline directory or hub id (SD3/SD3.5, FLUX.1, SD1.x), or tiny-sd3 | tiny-flux | tiny-unet."""
+    kernel: str = "flow_sde"
+    """Stochastic transition: flow_sde (Flow-GRPO) | dance_sde (DanceGRPO) | cps | ddim (UNets; DDPO)."""
+    noise_level: float = 0.7
+    """Kernel noise: a of flow_sde (0.7 SD3, 0.9 FLUX) and cps (0.8); η of dance_sde (0.3) and ddim (1.0)."""
+    cps_logprob: str = "gaussian"
+    """CPS log-prob: gaussian (exact density) | flow_grpo (−mean_D (x'−μ)², no constants)."""
+    num_steps: int = 10
+    """Rollout denoising steps T (= action units per sample)."""
+    eval_num_steps: int = 40
+    """Evaluation (ODE) steps."""
+    resolution: int = 512
+    """Image height and width in pixels."""
+    cfg: str = "guided"
+    """guided (v_u + w(v_c − v_u) in rollout and training, gradient through both) | none (conditional only)."""
+    guidance_scale: float = 4.5
+    """CFG weight w for cfg=guided (Flow-GRPO SD3.5: 4.5)."""
+    eval_guidance_scale: float | None = None
+    """CFG weight at evaluation (None = guidance_scale); with cfg=none evaluation is unguided too."""
+    flux_guidance: float = 3.5
+    """FLUX.1-dev distilled guidance embedding (ignored by models without guidance_embeds)."""
+    negative_prompt: str = ""
+    """Unconditional prompt for CFG."""
+    max_sequence_length: int | None = None
+    """T5 tokens (None = min(256, the T5 tokenizer's model_max_length))."""
+    steps: str = "fraction"
+    """Step selector (flow_steps.STEP_SELECTORS): fraction | random_subset | sde_window | sliding_window | branching | chunks."""
+    step_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the step selector, e.g. {fraction: 0.99} or {window: 3, high: 5}."""
+    same_noise: bool = False
+    """The G samples of a prompt start from the same initial noise (Flow-GRPO same_latent, DanceGRPO init_same_noise)."""
+    value_rewards: list[dict[str, Any]] = field(default_factory=list)
+    """Rewards that score x̂₀(x_i) at every step for dense values (value_anchored shaping): [{name, weight, kwargs}]."""
+    kl_variant: str = "exact"
+    """exact_kl(): exact (‖Δμ‖²/(2s²h), mean over D) | flow_grpo (Flow-GRPO's ‖Δμ‖²/(2s²), = exact·h)."""
+    forward_batch_size: int = 64
+    """Rows per denoiser forward (CFG doubles them)."""
+    eval_seed: int = 1234
+    """Seed of the per-prompt evaluation noise."""
+    device: str = "auto"
+    """auto (cuda if available) | cpu | cuda[:i]; the trainer's accelerate device wins once it prepares the model."""
+
+
+# ------------------------------------------------------------------------------------------ backends
+
+
+@dataclass
+class Cond:
+    """Per-prompt text conditioning (not indexed by sample; ``prompt_of`` maps samples to rows).
+
+    Shape:
+        tensors: each [P, ...] (prompt embeddings, pooled embeddings)
+        uncond: each [1, ...] or None (no CFG)
+    """
+
+    tensors: dict[str, Tensor]
+    uncond: dict[str, Tensor] | None = None
+
+    def select(self, index: Tensor) -> "Cond":
+        return self
+
+
+class _Backend:
+    """The model-family plumbing: text encoding, schedule, one denoiser forward, decoding."""
+
+    is_flow = True
+
+    def __init__(self, pipe, args: FlowArgs):
+        self.pipe, self.args = pipe, args
+        vae = pipe.vae
+        self.vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.height = self.width = args.resolution
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipe.vae.device
+
+    def latent_shape(self) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def encode(self, texts: list[str]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def forward(self, model, x: Tensor, t_model: Tensor, cond: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def schedule(self, num_steps: int) -> dict[str, Tensor]:
+        """Per-step tensors [T]: t_model (model timestep), coef/coef_next (kernel inputs), sigma (flow σ axis)."""
+        raise NotImplementedError
+
+    def x0(self, out: Tensor, x: Tensor, sched: dict[str, Tensor], i: int) -> Tensor:
+        return K.x0_from_velocity(out, x, sched["coef"][i])
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> list:
+        vae = self.pipe.vae
+        z = latents.to(vae.dtype) / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+        images = vae.decode(z, return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
+class _SD3Backend(_Backend):
+    def latent_shape(self):
+        c = self.pipe.transformer.config.in_channels
+        return c, self.height // self.vae_scale, self.width // self.vae_scale
+
+    def _max_len(self) -> int:
+        tok = self.pipe.tokenizer_3
+        return self.args.max_sequence_length or min(256, tok.model_max_length if tok is not None else 256)
+
+    @torch.no_grad()
+    def encode(self, texts):
+        pe, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=texts, prompt_2=texts, prompt_3=texts, device=self.device, do_classifier_free_guidance=False,
+            max_sequence_length=self._max_len(),
+        )  # fmt: skip
+        return {"prompt_embeds": pe, "pooled": pooled}
+
+    def forward(self, model, x, t_model, cond):
+        dtype = self.pipe.vae.dtype
+        return model(
+            hidden_states=x.to(dtype), timestep=t_model.to(dtype), encoder_hidden_states=cond["prompt_embeds"],
+            pooled_projections=cond["pooled"], return_dict=False,
+        )[0].float()  # fmt: skip
+
+    def schedule(self, num_steps):
+        sch = copy.deepcopy(self.pipe.scheduler)
+        if sch.config.get("use_dynamic_shifting", False):
+            from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+            c, h, w = self.latent_shape()
+            seq = (h // 2) * (w // 2)
+            mu = calculate_shift(seq, sch.config.get("base_image_seq_len", 256), sch.config.get("max_image_seq_len", 4096),
+                                 sch.config.get("base_shift", 0.5), sch.config.get("max_shift", 1.15))  # fmt: skip
+            sch.set_timesteps(sigmas=list(torch.linspace(1.0, 1.0 / num_steps, num_steps).numpy()), mu=mu)
+        else:
+            sch.set_timesteps(num_steps)
+        sig = sch.sigmas.float().cpu()  # [T+1]
+        return {"t_model": sch.timesteps.float().cpu(), "coef": sig[:-1], "coef_next": sig[1:], "sigma": sig[:-1]}
+
+
+class _FluxBackend(_SD3Backend):
+    def latent_shape(self):
+        c = self.pipe.transformer.config.in_channels // 4
+        h = 2 * (self.height // (self.vae_scale * 2))
+        w = 2 * (self.width // (self.vae_scale * 2))
+        return c, h, w
+
+    def _max_len(self) -> int:
+        return self.args.max_sequence_length or min(256, self.pipe.tokenizer_2.model_max_length)
+
+    @torch.no_grad()
+    def encode(self, texts):
+        pe, pooled, text_ids = self.pipe.encode_prompt(
+            prompt=texts, prompt_2=texts, device=self.device, max_sequence_length=self._max_len()
+        )
+        return {"prompt_embeds": pe, "pooled": pooled, "text_ids": text_ids.unsqueeze(0).expand(len(texts), -1, -1)}
+
+    def forward(self, model, x, t_model, cond):
+        n, c, h, w = x.shape
+        dtype = self.pipe.vae.dtype
+        packed = self.pipe._pack_latents(x.to(dtype), n, c, h, w)  # [n, hw/4, 4c]
+        img_ids = self.pipe._prepare_latent_image_ids(n, h // 2, w // 2, x.device, dtype)
+        guidance = None
+        if self.pipe.transformer.config.guidance_embeds:
+            guidance = torch.full((n,), self.args.flux_guidance, device=x.device, dtype=torch.float32)
+        out = model(
+            hidden_states=packed, timestep=t_model.to(dtype), guidance=guidance, pooled_projections=cond["pooled"],
+            encoder_hidden_states=cond["prompt_embeds"], txt_ids=cond["text_ids"][0], img_ids=img_ids,
+            return_dict=False,
+        )[0]  # fmt: skip
+        out = out.view(n, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w)
+        return out.float()
+
+    def schedule(self, num_steps):
+        s = super().schedule(num_steps)
+        s["t_model"] = s["t_model"] / 1000.0  # FluxPipeline calls the transformer with timestep / 1000
+        return s
+
+
+class _UNetBackend(_Backend):
+    is_flow = False
+
+    def latent_shape(self):
+        c = self.pipe.unet.config.in_channels
+        return c, self.height // self.vae_scale, self.width // self.vae_scale
+
+    @torch.no_grad()
+    def encode(self, texts):
+        pe, _ = self.pipe.encode_prompt(texts, self.device, 1, False)
+        return {"prompt_embeds": pe}
+
+    def forward(self, model, x, t_model, cond):
+        dtype = self.pipe.vae.dtype
+        return model(x.to(dtype), t_model.long(), encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0].float()
+
+    def schedule(self, num_steps):
+        sch = copy.deepcopy(self.pipe.scheduler)
+        sch.set_timesteps(num_steps)
+        t = sch.timesteps.long().cpu()  # [T]
+        prev = t - sch.config.num_train_timesteps // num_steps
+        ac = sch.alphas_cumprod.float().cpu()
+        a = ac[t]
+        a_prev = torch.where(prev >= 0, ac[prev.clamp_min(0)], torch.as_tensor(float(sch.final_alpha_cumprod)))
+        return {"t_model": t.float(), "coef": a, "coef_next": a_prev, "sigma": K.vp_to_flow_sigma(a)}
+
+    def x0(self, out, x, sched, i):
+        a = sched["coef"][i]
+        pt = self.pipe.scheduler.config.prediction_type
+        if pt == "epsilon":
+            return (x - (1 - a).sqrt() * out) / a.sqrt()
+        if pt == "v_prediction":
+            return a.sqrt() * x - (1 - a).sqrt() * out
+        return out
+
+
+def _backend_for(pipe, args: FlowArgs) -> _Backend:
+    name = type(pipe).__name__
+    if hasattr(pipe, "unet"):
+        return _UNetBackend(pipe, args)
+    if "Flux" in name:
+        return _FluxBackend(pipe, args)
+    if "StableDiffusion3" in name:
+        return _SD3Backend(pipe, args)
+    raise ConfigError(f"model.args.name_or_path: pipeline {name} is not supported; use an SD3/SD3.5, FLUX.1 or "
+                      "Stable Diffusion (UNet + DDIM) pipeline")
+
+
+# -------------------------------------------------------------------------------------------- rollout
+
+
+@dataclass
+class FlowState:
+    """Adapter-private rollout state.
+
+    Shape:
+        latents: [B, T+1, C, H, W] x_0 … x_T (fp32)
+        old_means: [B, T, C, H, W] μ_old of each transition (RatioNorm)
+        std: [B, T] transition std (0 = deterministic)
+        t_model, coef, coef_next: [B, T] model timestep and kernel coefficients (σ_i, σ_{i+1} or ᾱ_t, ᾱ_prev)
+        prompt_of: [B] row of ``cond`` for each sample
+    """
+
+    latents: Tensor
+    old_means: Tensor
+    std: Tensor
+    t_model: Tensor
+    coef: Tensor
+    coef_next: Tensor
+    prompt_of: Tensor
+    cond: Cond
+
+    def select(self, index: Tensor) -> "FlowState":
+        return select_fields(self, index, self.latents.shape[0])
+
+
+@dataclass
+class _Forward:
+    """Means of the trained units from the last ``logprobs`` call (reused by exact_kl / ratio_norm_inputs)."""
+
+    key: tuple
+    rows: Tensor  # [N] row within the minibatch
+    steps: Tensor  # [N]
+    mean: Tensor  # [N, C, H, W] with grad
+    std: Tensor  # [N]
+
+
+class FlowAdapter:
+    """``PolicyAdapter`` for flow-matching / diffusion text-to-image models. See the module docstring."""
+
+    def __init__(self, pipe, args: FlowArgs, *, seed: int = 0, lora: bool = False, reference=None):
+        self.pipe, self.args = pipe, args
+        self.backend = _backend_for(pipe, args)
+        self.model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+        self.lora, self.reference = lora, reference
+        if args.kernel == "ddim" and self.backend.is_flow:
+            raise ConfigError("model.args.kernel: ddim is for UNet (DDIM-scheduler) pipelines; use flow_sde | dance_sde | cps")
+        if args.kernel != "ddim" and not self.backend.is_flow:
+            raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
+        self.selector = STEP_SELECTORS.get(args.steps)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.iteration = 0
+        self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
+        self._last: _Forward | None = None
+
+    # ---- plumbing
+
+    def _unwrapped(self):
+        return getattr(self.model, "module", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._unwrapped().parameters()).device
+
+    def _sync_devices(self) -> None:
+        """Move the frozen components to the denoiser's device (the trainer may have moved it)."""
+        dev = self.device
+        if self.pipe.vae.device != dev:
+            for name, comp in self.pipe.components.items():
+                if isinstance(comp, torch.nn.Module) and comp is not self._unwrapped():
+                    comp.to(dev)
+            if self.reference is not None:
+                self.reference.to(dev)
+
+    def _kernel(self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float, *, stochastic=True,
+                **kw) -> K.KernelOutput:  # fmt: skip
+        a = self.args
+        if not self.backend.is_flow:
+            return K.ddim(out, x, coef, coef_next, eta=a.noise_level if stochastic else 0.0,
+                          prediction_type=self.pipe.scheduler.config.prediction_type, **kw)  # fmt: skip
+        if not stochastic:
+            return K.ode(out, x, coef, coef_next, **kw)
+        fn = K.FLOW_KERNELS[a.kernel]
+        return fn(out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob, **kw)
+
+    def _velocity(self, model, x: Tensor, t_model: Tensor, cond: Cond, prompt_of: Tensor, guidance: float | None) -> Tensor:
+        """The (guided) model output for rows x, in chunks of ``forward_batch_size``; grad if enabled.
+
+        Shape:
+            x: [N, C, H, W], t_model: [N], prompt_of: [N] -> [N, C, H, W]
+        """
+        outs = []
+        step = max(1, self.args.forward_batch_size)
+        for s in range(0, x.shape[0], step):
+            xs, ts, ps = x[s : s + step], t_model[s : s + step], prompt_of[s : s + step]
+            rows = {k: v[ps] for k, v in cond.tensors.items()}
+            if guidance is None or cond.uncond is None:
+                outs.append(self.backend.forward(model, xs, ts, rows))
+                continue
+            n = xs.shape[0]
+            both = {k: torch.cat([cond.uncond[k].expand(n, *v.shape[1:]), v]) for k, v in rows.items()}
+            o = self.backend.forward(model, torch.cat([xs, xs]), torch.cat([ts, ts]), both)
+            o_u, o_c = o.chunk(2)
+            outs.append(o_u + guidance * (o_c - o_u))
+        return torch.cat(outs)
+
+    def _encode(self, texts: list[str], guided: bool) -> Cond:
+        tensors = self.backend.encode(texts)
+        uncond = self.backend.encode([self.args.negative_prompt]) if guided else None
+        return Cond(tensors, uncond)
+
+    # ---- PolicyAdapter
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+        """Sample G images per prompt with the selected SDE steps; B = P·G samples, T = ``num_steps`` units."""
+        a, dev = self.args, self.device
+        self._sync_devices()
+        model = self._unwrapped()
+        P, G, T = len(prompts), group_size, a.num_steps
+        B = P * G
+        guided = a.cfg == "guided"
+        cond = self._encode([str(r["prompt"]) for r in prompts], guided)
+        prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
+        plan: StepPlan = self.selector(T, B, G, generator=self.generator, iteration=self.iteration, **a.step_args)
+        self.iteration += 1
+        sched = self.backend.schedule(T)
+        sigma_max = float(sched["coef"][1]) if T > 1 else None
+        shape = self.backend.latent_shape()
+        if plan.shared_noise or a.same_noise:
+            x = torch.randn(P, *shape, generator=self.generator).repeat_interleave(G, 0)
+        else:
+            x = torch.randn(B, *shape, generator=self.generator)
+        x = x.to(dev)  # [B, C, H, W]
+        latents, means = [x], []
+        logp = torch.zeros(B, T)
+        std = torch.zeros(B, T)
+        values = torch.zeros(B, T) if self._value_fns else None
+        for i in range(T):
+            t_i = sched["t_model"][i].expand(B).to(dev)
+            out = self._velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
+            c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
+            noise = torch.randn(x.shape, generator=self.generator).to(dev)
+            sde = self._kernel(out, x, c, cn, sigma_max, noise=noise)
+            det = self._kernel(out, x, c, cn, sigma_max, stochastic=False)
+            on = plan.sde[:, i].to(dev)  # [B]
+            on_d = on.view(-1, *([1] * (x.dim() - 1)))
+            x_next = torch.where(on_d, sde.prev_sample, det.prev_sample)
+            means.append(torch.where(on_d, sde.mean, det.mean).cpu())
+            logp[:, i] = torch.where(on, sde.logprob, torch.zeros_like(sde.logprob)).cpu()
+            std[:, i] = torch.where(on, sde.std, torch.zeros_like(sde.std)).cpu()
+            if values is not None:
+                values[:, i] = self._value(self.backend.x0(out, x, sched, i), prompts, G)
+            x = x_next
+            latents.append(x)
+        lat = torch.stack(latents, 1).cpu()  # [B, T+1, C, H, W]
+        train = plan.train if plan.post is None else plan.post(lat, self.generator)
+        mask = (train & plan.sde & (std > 0)).float()  # [B, T]
+        outputs = self.backend.decode(x)
+        state = FlowState(
+            latents=lat, old_means=torch.stack(means, 1), std=std,
+            t_model=sched["t_model"].expand(B, T).clone(), coef=sched["coef"].expand(B, T).clone(),
+            coef_next=sched["coef_next"].expand(B, T).clone(), prompt_of=prompt_of, cond=cond,
+        )  # fmt: skip
+        return Rollout(
+            outputs=outputs, old_logprobs=logp * mask, mask=mask, group_size=G, prompt_index=prompt_of,
+            truncated=torch.zeros(B, dtype=torch.bool), state=state,
+            unit_sigmas=sched["sigma"].expand(B, T).clone(), unit_values=values,
+        )  # fmt: skip
+
+    def _value(self, x0: Tensor, prompts: list[dict], G: int) -> Tensor:
+        """Σ_k w_k·reward_k(decode(x̂₀)) for every sample (dense value of the state). Shape: [B, C, H, W] -> [B]."""
+        images = self.backend.decode(x0)
+        texts = [str(r["prompt"]) for r in prompts for _ in range(G)]
+        keys = [k for k in prompts[0] if k != "prompt"]
+        columns = {k: [r.get(k) for r in prompts for _ in range(G)] for k in keys}
+        total = torch.zeros(len(images))
+        for fn, weight in self._value_fns:
+            scores = fn(images, prompts=texts, **columns)
+            total += weight * torch.tensor([float("nan") if s is None else float(s) for s in scores])
+        return total
+
+    def _forward_units(self, model, rollout: Rollout, index: Tensor) -> tuple[Tensor, K.KernelOutput, Tensor, Tensor]:
+        """Kernel outputs of the trained units of rows ``index`` under ``model`` (grad if enabled)."""
+        st: FlowState = rollout.state
+        idx = index.cpu()
+        m = rollout.mask[idx]  # [n, T]
+        rows, steps = m.nonzero(as_tuple=True)  # [N], [N]
+        b = idx[rows]
+        dev = self.device
+        x = st.latents[b, steps].to(dev)  # [N, C, H, W]
+        x_next = st.latents[b, steps + 1].to(dev)
+        guided = self.args.cfg == "guided"
+        out = self._velocity(model, x, st.t_model[b, steps].to(dev), st.cond, st.prompt_of[b].to(dev),
+                             self.args.guidance_scale if guided else None)  # fmt: skip
+        sigma_max = float(st.coef[0, 1]) if st.coef.shape[1] > 1 else None
+        k = self._kernel(out, x, st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev), sigma_max, prev_sample=x_next)
+        return m, k, rows, steps
+
+    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """log π_θ of the trained transitions of rows ``index``, 0 elsewhere; differentiable, fp32. Shape: [n, T]."""
+        m, k, rows, steps = self._forward_units(self.model, rollout, index)
+        dev = k.logprob.device
+        out = torch.zeros(m.shape, device=dev).index_put((rows.to(dev), steps.to(dev)), k.logprob)
+        self._last = _Forward(_key(rollout, index), rows, steps, k.mean, k.std)
+        return out
+
+    @contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module]:
+        if self.reference is not None:
+            yield self.reference
+            return
+        if not self.lora:
+            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
+        model = self._unwrapped()
+        model.disable_adapters()
+        try:
+            yield model
+        finally:
+            model.enable_adapters()
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """log π_ref (LoRA disabled or the frozen copy) of the trained transitions. Shape: [n, T]."""
+        with self._reference() as ref:
+            m, k, rows, steps = self._forward_units(ref, rollout, index)
+        return torch.zeros(m.shape).index_put((rows, steps), k.logprob.cpu()).to(self.device)
+
+    def _current(self, rollout: Rollout, index: Tensor) -> _Forward:
+        if self._last is None or self._last.key != _key(rollout, index):
+            self.logprobs(rollout, index)
+        return self._last
+
+    def exact_kl(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """Per-unit Gaussian KL(π_θ ‖ π_ref) of the trained transitions (``shaping.gaussian_kl``). Shape: [n, T].
+
+        Differentiable through μ_θ (reuses the preceding ``logprobs`` forward); ``kl_variant`` picks the exact KL
+        or Flow-GRPO's (× h).
+        """
+        cur = self._current(rollout, index)
+        with torch.no_grad(), self._reference() as ref:
+            _, k_ref, _, _ = self._forward_units(ref, rollout, index)
+        st: FlowState = rollout.state
+        b = index.cpu()[cur.rows]
+        dt = (st.coef[b, cur.steps] - st.coef_next[b, cur.steps]).to(cur.std.device)
+        kl = gaussian_kl(cur.mean, k_ref.mean.detach(), cur.std, variant=self.args.kl_variant, dt=dt)  # [N]
+        n, T = len(index), st.std.shape[1]
+        dev = kl.device
+        return torch.zeros(n, T, device=dev).index_put((cur.rows.to(dev), cur.steps.to(dev)), kl)
+
+    def ratio_norm_inputs(self, rollout: Rollout, index: Tensor) -> dict[str, Tensor]:
+        """``std`` [n, T] and ``mean_sq_dist`` [n, T] = mean_D (μ_θ − μ_old)² (with grad) for ``shaping.ratio_norm``."""
+        cur = self._current(rollout, index)
+        st: FlowState = rollout.state
+        b = index.cpu()[cur.rows]
+        dev = cur.mean.device
+        old = st.old_means[b, cur.steps].to(dev)
+        msd = ((cur.mean - old) ** 2).flatten(1).mean(1)  # [N]
+        n, T = len(index), st.std.shape[1]
+        r, s = cur.rows.to(dev), cur.steps.to(dev)
+        std = torch.zeros(n, T, device=dev).index_put((r, s), st.std[b, cur.steps].to(dev))
+        return {"std": std, "mean_sq_dist": torch.zeros(n, T, device=dev).index_put((r, s), msd)}
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+    def save_pretrained(self, directory: str) -> None:
+        """LoRA: diffusers-format ``pytorch_lora_weights.safetensors`` (``pipe.load_lora_weights(directory)``);
+        full fine-tuning: the whole pipeline (``DiffusionPipeline.from_pretrained(directory)``)."""
+        model = self._unwrapped()
+        if self.lora:
+            from peft.utils import get_peft_model_state_dict
+
+            layers = get_peft_model_state_dict(model)
+            meta = model.peft_config["default"].to_dict()  # keeps lora_alpha: the scale survives loading
+            key = "unet" if hasattr(self.pipe, "unet") else "transformer"
+            type(self.pipe).save_lora_weights(
+                directory, **{f"{key}_lora_layers": layers, f"{key}_lora_adapter_metadata": meta}, safe_serialization=True
+            )
+        else:
+            self.pipe.save_pretrained(directory, safe_serialization=True)
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list:
+        """Deterministic images: ODE (DDIM η=0) with ``eval_num_steps``; the initial noise is seeded by the row's
+        ``seed`` column if present, else by the prompt text (plus ``eval_seed``)."""
+        a, dev = self.args, self.device
+        self._sync_devices()
+        model = self._unwrapped()
+        texts = [str(r["prompt"]) for r in prompts]
+        guided = a.cfg == "guided"
+        scale = a.guidance_scale if a.eval_guidance_scale is None else a.eval_guidance_scale
+        cond = self._encode(texts, guided and scale != 1.0)
+        sched = self.backend.schedule(a.eval_num_steps)
+        shape = self.backend.latent_shape()
+        seeds = [int(r["seed"]) + a.eval_seed if r.get("seed") is not None else _text_seed(t, a.eval_seed)
+                 for r, t in zip(prompts, texts)]  # fmt: skip
+        x = torch.stack([torch.randn(*shape, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(dev)
+        rows = torch.arange(len(texts), device=dev)
+        for i in range(a.eval_num_steps):
+            n = len(texts)
+            out = self._velocity(model, x, sched["t_model"][i].expand(n).to(dev), cond, rows,
+                                 scale if cond.uncond is not None else None)  # fmt: skip
+            c, cn = sched["coef"][i].expand(n).to(dev), sched["coef_next"][i].expand(n).to(dev)
+            x = self._kernel(out, x, c, cn, None, stochastic=False).prev_sample
+        return self.backend.decode(x)
+
+
+def _key(rollout: Rollout, index: Tensor) -> tuple:
+    return (id(rollout), tuple(index.tolist()))
+
+
+def _text_seed(text: str, seed: int) -> int:
+    return (int(hashlib.sha256(text.encode()).hexdigest()[:12], 16) + seed * 1_000_003) % (2**63)
+
+
+def _load_value_reward(spec: dict[str, Any], i: int):
+    """(callable, weight) from a ``value_rewards`` entry {name, weight, kwargs}."""
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ConfigError(f"model.args.value_rewards[{i}]: expected {{name: ..., weight: 1.0, kwargs: {{}}}}, got {spec!r}")
+    unknown = set(spec) - {"name", "weight", "kwargs"}
+    if unknown:
+        raise ConfigError(f"model.args.value_rewards[{i}]: unknown keys {sorted(unknown)}; allowed: name, weight, kwargs")
+    from mmgrpo.rewards.registry import load_reward
+
+    try:
+        fn = load_reward(spec["name"], **spec.get("kwargs", {}))
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"model.args.value_rewards[{i}]: {e}") from None
+    return fn, float(spec.get("weight", 1.0))
+
+
+def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> None:
+    """Inject a LoRA adapter (peft, Gaussian init as Flow-GRPO) with diffusers' ``add_adapter``; freeze the rest."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    model.requires_grad_(False)
+    cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, init_lora_weights="gaussian",
+                         target_modules=list(lora.target_modules))  # fmt: skip
+    try:
+        model.add_adapter(cfg)
+    except ValueError as e:
+        raise ConfigError(
+            f"model.lora.target_modules {lora.target_modules}: {e}. For SD3/FLUX use {FLOW_LORA_TARGETS}; "
+            "for UNets [to_q, to_k, to_v, to_out.0]"
+        ) from None
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@ADAPTERS.register("flow")
+def build_flow_adapter(
+    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
+) -> FlowAdapter:
+    """Build the adapter from ``model.args`` (validated against :class:`FlowArgs`)."""
+    a: FlowArgs = from_dict(FlowArgs, args, "model.args")
+    if a.kernel not in K.KERNEL_NAMES or a.kernel == "ode":
+        raise ConfigError(f"model.args.kernel: {a.kernel!r} is not allowed; choose one of: flow_sde, dance_sde, cps, ddim")
+    if a.cfg not in ("guided", "none"):
+        raise ConfigError(f"model.args.cfg: {a.cfg!r} is not allowed; choose one of: guided, none")
+    if a.kl_variant not in ("exact", "flow_grpo"):
+        raise ConfigError(f"model.args.kl_variant: {a.kl_variant!r} is not allowed; choose one of: exact, flow_grpo")
+    if a.steps not in STEP_SELECTORS:
+        raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {', '.join(STEP_SELECTORS.names())}")
+    if a.num_steps < 1 or a.eval_num_steps < 1:
+        raise ConfigError("model.args.num_steps and eval_num_steps must be >= 1")
+    try:
+        STEP_SELECTORS.get(a.steps)(a.num_steps, 2, 2, generator=torch.Generator().manual_seed(0), **a.step_args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model.args.step_args for steps={a.steps}: {e}") from None
+    pipe = resolve_pipeline(a.name_or_path, seed=seed, torch_dtype=_DTYPES[dtype])
+    pipe.set_progress_bar_config(disable=True)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
+    pipe.to(device)
+    for name, comp in pipe.components.items():
+        if isinstance(comp, torch.nn.Module):
+            comp.requires_grad_(False).eval()
+    model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+    reference = None
+    use_lora = lora is not None and lora.enabled
+    if use_lora:
+        _apply_lora(model, lora)
+    else:
+        model.requires_grad_(True)
+        if need_reference:
+            reference = copy.deepcopy(model).requires_grad_(False).eval()
+    model.train()
+    return FlowAdapter(pipe, a, seed=seed, lora=use_lora, reference=reference)
+
+
+__all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]
