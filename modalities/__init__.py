@@ -5,4 +5,3 @@ Importing this package registers the built-in adapters and tasks in :mod:`mmgrpo
 
 from . import shapes_task, vlm  # noqa: F401
 from . import flow, flow_task  # noqa: F401  (flow/diffusion adapter, flow_shapes task)
-from . import video, video_task  # noqa: F401  (video adapter, video_motion task)
