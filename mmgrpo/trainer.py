@@ -249,7 +249,9 @@ class Trainer:
                         log_ratio = logp - rollout.old_logprobs[idx].to(device)  # [n, T]
                         if a.ratio_norm:
                             sig = None if rollout.unit_sigmas is None else rollout.unit_sigmas[idx].to(device)
-                            log_ratio = shaping.ratio_norm(log_ratio, m, sig)
+                            hook = getattr(self.adapter, "ratio_norm_inputs", None)  # flow: std, mean_D Δμ²
+                            extra = hook(rollout, idx) if hook is not None else {}
+                            log_ratio = shaping.ratio_norm(log_ratio, m, sig, **extra)
                         log_ratio = ratio_level(log_ratio, m, chunk_sizes=a.chunk_sizes)
                         per_unit, mets = surrogate(
                             log_ratio, unit_adv[idx].to(device), m, clip_low=a.clip_low, clip_high=a.clip_high,
