@@ -197,3 +197,33 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     if not (directory / "config.json").is_file():
         build_tiny_qwen25_vl(directory, seed=seed)
     return str(directory)
+
+
+def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
+    """A tiny text-only ``Qwen2ForCausalLM`` with the same local tokenizer (for text-only GRPO and tests)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = sizes or TinySizes()
+    directory = Path(directory)
+    tokenizer = build_tokenizer(s.bpe_vocab)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=s.text_hidden,
+        intermediate_size=s.text_intermediate,
+        num_hidden_layers=s.text_layers,
+        num_attention_heads=s.text_heads,
+        num_key_value_heads=s.text_kv_heads,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

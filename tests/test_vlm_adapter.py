@@ -113,3 +113,19 @@ def test_media_placeholder_tokens_are_never_sampled(tiny_vlm_path):
     rollout = adapter.rollout(_rows(2), group_size=4)
     assert not torch.isin(rollout.state.completion_ids, torch.tensor(adapter.suppress_ids)).any()
     assert torch.isfinite(adapter.logprobs(rollout, torch.arange(8))).all()
+
+
+def test_text_only_causal_lm(tmp_path):
+    """Rows without images go through a text-only AutoModelForCausalLM with its tokenizer."""
+    from mmgrpo.modalities.vlm_tiny import build_tiny_causal_lm
+
+    path = build_tiny_causal_lm(tmp_path / "lm")
+    adapter = build_vlm_adapter({"name_or_path": str(path), "max_new_tokens": 5})
+    assert not adapter.is_multimodal
+    rows = [{"prompt": "What colour is the sky?", "answer": "blue"}, {"prompt": "Count to three.", "answer": "3"}]
+    rollout = adapter.rollout(rows, group_size=3)
+    assert rollout.old_logprobs.shape == (6, 5) and len(rollout.outputs) == 6
+    logp = adapter.logprobs(rollout, torch.arange(6))
+    m = rollout.mask.bool()
+    torch.testing.assert_close(torch.exp(logp - rollout.old_logprobs)[m], torch.ones(int(m.sum())), atol=1e-5, rtol=0)
+    assert len(adapter.evaluate(rows)) == 2
