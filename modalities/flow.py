@@ -681,4 +681,7 @@ def build_flow_adapter(
     return FlowAdapter(pipe, a, seed=seed, lora=use_lora, reference=reference)
 
 
+build_flow_adapter.args_class = FlowArgs
+
+
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

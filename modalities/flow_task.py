@@ -219,6 +219,9 @@ def build_flow_shapes(args: dict, *, seed: int = 0) -> FlowShapesTask:
     return FlowShapesTask(a, seed)
 
 
+build_flow_shapes.args_class = FlowShapesArgs
+
+
 def _register_reward() -> None:
     try:
         from mmgrpo.rewards.registry import register_reward
