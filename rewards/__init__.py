@@ -51,6 +51,7 @@ from .visual import (
     tracking_iou,
 )
 from .model_based import CLIPScore, PickScore
+from .video import temporal_contrast, temporal_iou_frames  # noqa: F401  (T-GRPO contrast; frame-number IoU)
 
 __all__ = [
     "ENTRY_POINT_GROUP", "REWARDS", "UnknownRewardError", "list_rewards", "load_reward", "register_reward",
