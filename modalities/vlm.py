@@ -5,7 +5,9 @@ Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL and any ``AutoModelForImageTextToText`` wh
 
 What this adapter guarantees (DESIGN.md §3, §6):
 - Media are decoded and run through the processor once per prompt; the G samples of a prompt reuse that
-  encoding (generation expands it G ways; training forwards reuse the cached ``pixel_values``).
+  encoding. With ``kv_expand_rollout`` and ``prefix_sharing`` (default on; ``prefix_sharing.py``) the vision
+  encoder and the prompt forward also run once per prompt: sampling prefills each prompt once and expands its
+  KV cache G ways, and log-prob forwards encode each prompt once with its completions attending to it.
 - Prompts are left-padded (a right-padded processor would shift multimodal positions, TRL #5785).
 - ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: log-softmax of
   logits / temperature, in fp32. top-p / top-k truncation is applied when sampling but not in the
@@ -32,6 +34,7 @@ from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout, select_fields
 
+from . import prefix_sharing
 from .vlm_tiny import resolve_model_path
 
 
@@ -65,6 +68,18 @@ class VLMArgs:
     """Do not train the vision tower (its parameters keep requires_grad=False)."""
     forward_batch_size: int = 64
     """Rows per no-grad forward when computing old/reference log-probs."""
+    min_new_tokens: int = 0
+    """EOS is banned for the first N completion tokens (also in the log-probs); N = max_new_tokens fixes the length."""
+    prefix_sharing: bool = True
+    """Log-prob forwards encode each prompt once and let its completions attend to it (split attention,
+    modalities/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall back."""
+    kv_expand_rollout: bool = True
+    """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
+    HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
+    old_logprobs: str = "recompute"
+    """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
+    KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
+    float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -223,21 +238,46 @@ class VLMAdapter:
 
     # ---------------------------------------------------------------------------------------- sampling
 
+    def _shares_prefix(self, model: torch.nn.Module, what: str, enabled: bool) -> bool:
+        """Whether ``what`` takes the prompt-sharing path (modalities/prefix_sharing.py); warns once if not covered."""
+        if not enabled:
+            return False
+        reason = prefix_sharing.unsupported_reason(model)
+        if reason is not None:
+            prefix_sharing.warn_fallback_once(what, reason)
+        return reason is None
+
     @torch.no_grad()
     def _generate(self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool) -> Tensor:
+        return self._sample(encodings, num_return_sequences, greedy)[0]
+
+    @torch.no_grad()
+    def _sample(
+        self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler, their log-probs [B, T] (else None)."""
         model = self._unwrapped()
         batch = self._collate(encodings)
-        sampling = (
-            dict(do_sample=False)
-            if greedy
-            else dict(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
-        )
         was_training = model.training
         model.eval()
         try:
+            if self._shares_prefix(model, "sampling", self.args.kv_expand_rollout):
+                spec = prefix_sharing.SamplingSpec(
+                    max_new_tokens=self.args.max_new_tokens, eos_ids=self.eos_ids.tolist(), pad_id=self.pad_id,
+                    temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p,
+                    min_new_tokens=self.args.min_new_tokens, suppress_ids=tuple(self.suppress_ids), greedy=greedy,
+                )  # fmt: skip
+                completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
+                return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
+            sampling = (
+                dict(do_sample=False)
+                if greedy
+                else dict(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
+            )
             out = model.generate(
                 **batch,
                 max_new_tokens=self.args.max_new_tokens,
+                min_new_tokens=self.args.min_new_tokens or None,
                 num_return_sequences=num_return_sequences,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids.tolist(),
@@ -251,7 +291,7 @@ class VLMAdapter:
             pad = completion.new_full((completion.shape[0], self.args.max_new_tokens - completion.shape[1]), self.pad_id)
             completion = torch.cat([completion, pad], dim=1)
         mask = self._completion_mask(completion)
-        return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id))  # [B, T]
+        return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id)), None  # [B, T]
 
     def _decode(self, completion_ids: Tensor) -> list[str]:
         mask = self._completion_mask(completion_ids).bool()
@@ -260,7 +300,7 @@ class VLMAdapter:
 
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
         encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
-        completion_ids = self._generate(encodings, group_size, greedy=False)  # [B, T], group-major
+        completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
         B = completion_ids.shape[0]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
@@ -278,7 +318,12 @@ class VLMAdapter:
             truncated=truncated,
             state=state,
         )
-        rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
+        if self.args.old_logprobs == "sampler" and sampler_logprobs is not None:
+            rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
+        else:
+            if self.args.old_logprobs == "sampler":
+                prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
+            rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
         return rollout
 
     @torch.no_grad()
@@ -290,12 +335,22 @@ class VLMAdapter:
 
     def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
         comp = state.completion_ids[index]  # [n, T]
-        encodings = [state.cache.encodings[p] for p in state.prompt_of[index].tolist()]
-        batch = self._collate(encodings, comp)
+        prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
-        logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1].float()  # [n, T, V]
+        if self._shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
+            unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
+            batch = self._collate([state.cache.encodings[p] for p in unique.tolist()])
+            comp = comp.to(self.device)
+            logits = prefix_sharing.completion_logits(
+                model, batch, rows.to(self.device), comp, self._completion_mask(comp)
+            ).float()  # [n, T, V]
+        else:
+            batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
+            logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1].float()  # [n, T, V]
         if self.suppress_ids:
             logits[..., self.suppress_ids] = float("-inf")  # never sampled: not part of the distribution
+        if self.args.min_new_tokens > 0:
+            logits[:, : self.args.min_new_tokens, self.eos_ids.tolist()] = float("-inf")  # EOS banned there too
         logp = torch.log_softmax(logits / self.args.temperature, dim=-1)  # [n, T, V] fp32
         return logp.gather(-1, comp.to(logp.device)[..., None]).squeeze(-1)  # [n, T]
 
@@ -385,6 +440,10 @@ def build_vlm_adapter(
         raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
     if a.max_new_tokens < 1:
         raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
+    if not 0 <= a.min_new_tokens <= a.max_new_tokens:
+        raise ConfigError(f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}")
+    if a.old_logprobs not in ("recompute", "sampler"):
+        raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     model, processor = _load(a.name_or_path, a, torch_dtype, seed)
     if a.freeze_vision:

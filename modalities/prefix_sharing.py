@@ -1,0 +1,297 @@
+"""Share the prompt across the group: one prefill per prompt when sampling, split attention when training.
+
+In VLM GRPO the prompt (hundreds of image tokens and the question) is far longer than the completion, and the G
+samples of a prompt share it. The naive path — and TRL's ``GRPOTrainer``, which repeats every row G times
+(``research/anchors_llm_vlm.md`` §2.3) — runs the vision encoder and the prompt forward G times per prompt, when
+sampling and again in every training forward. This module does that work once per prompt:
+
+* **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
+  prompt KV cache and the last-position logits are expanded G ways along the batch, and a small decoding loop
+  draws the G continuations. The logits processing is that of HF ``generate`` in its order — min-new-tokens EOS
+  ban, suppressed tokens, temperature, top-k, top-p — followed by one ``torch.multinomial`` over the softmax per
+  step, the same random draws as ``generate(num_return_sequences=G)``: a fixed seed gives the same tokens unless
+  float rounding moves a draw across a boundary of the cumulative distribution. The loop also returns each
+  token's log-probability under the sampling distribution (before top-k/top-p truncation, as the training
+  forward computes it). Only the arguments given here shape the distribution; a checkpoint's
+  ``generation_config`` extras (repetition penalty...) do not silently change it.
+* **Split-attention training forward** (:func:`completion_logits`), the idea of Prefix Grouper (verl PR #4368;
+  anchors_llm_vlm.md §1, §3.3 and §5 item 14). The U distinct prompts of a minibatch are encoded once — vision
+  encoder, prompt self-attention, MLPs — *with* autograd, keeping their per-layer keys/values; each of the n
+  completions then runs over its own tokens only, its queries attending to [its prompt's K/V ; its own causal
+  K/V]. The prompt K/V reach the completions through ``index_select``, so a prompt's hidden states receive the
+  summed gradient of every completion that attends to them: the gradient of the naive path's G copies.
+  verl patches the attention functions and needs FSDP without remove-padding; here the split is expressed
+  through the model's own KV-cache interface (prefill, then continue with ``past_key_values``), so the model's
+  layers, attention kernels (sdpa/eager), LoRA layers and left-padded prompt batches are used unchanged.
+
+Positions. Qwen2/2.5-VL use 3-D mRoPE: image tokens get (t, h, w) positions, and text after the image continues
+from the rope index reached at the end of the prompt. That continuation is read from the model's
+``get_rope_index`` on each prompt followed by one text token, so completion positions are exactly those of the
+naive [prompt ; completion] forward. (For a video whose temporal index outruns its spatial index, HF ``generate``
+continues from max+1 instead; sampling here follows the training forward's rule, so old and new log-probs agree.)
+
+Work per prompt, prompt length L and completion length T: the naive training forward runs G·(L+T) tokens
+through every projection and MLP and G vision encoders; the shared one L + G·T tokens and one vision encoder;
+attention scores G·(L+T)²/2 → L²/2 + G·T·(L + T/2). The cost is the expanded prompt K/V, G·L keys and values
+per layer (2·L·d_kv each, small beside the G·L hidden states of the naive path).
+
+Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE) and text-only Qwen2 (1-D RoPE) — model types whose cache is a plain
+``DynamicCache`` and whose positions are computed here. Any other family, sliding-window attention, or gradient
+checkpointing (which drops the cache) falls back to the naive path with a one-time warning that names the
+reason (:func:`unsupported_reason`).
+
+Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
+of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
+(3 for mRoPE, 1 for 1-D RoPE).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+TEXT_MODEL_TYPES = frozenset({"qwen2"})
+_warned: set[str] = set()
+
+
+def core_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DDP/accelerate (``.module``) and peft (``get_base_model()``) wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when prompt sharing covers ``model``; otherwise why it falls back to the naive path."""
+    core = core_model(model)
+    config = getattr(core, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MROPE_MODEL_TYPES | TEXT_MODEL_TYPES:
+        covered = ", ".join(sorted(MROPE_MODEL_TYPES | TEXT_MODEL_TYPES))
+        return f"model type {model_type!r} is not covered (covered: {covered})"
+    text = config.get_text_config()
+    if getattr(text, "use_sliding_window", False) or "sliding_attention" in (getattr(text, "layer_types", None) or []):
+        return "sliding-window attention layers keep a different cache"
+    if core.training and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules()):
+        return "gradient checkpointing drops the KV cache"
+    if model_type in MROPE_MODEL_TYPES and not hasattr(getattr(core, "model", core), "get_rope_index"):
+        return f"{type(core).__name__} has no get_rope_index"
+    return None
+
+
+def warn_fallback_once(what: str, reason: str) -> None:
+    """Log once per (what, reason) that a shortcut falls back to the naive path."""
+    key = f"{what}: {reason}"
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("prefix sharing: %s uses the naive path because %s", what, reason)
+
+
+# ------------------------------------------------------------------------------------------------- prefill
+
+
+@dataclass
+class PromptPrefix:
+    """U prompts prefilled once: their KV cache, the logits that predict the first completion token, positions.
+
+    Shape:
+        cache: DynamicCache, per layer keys/values [U, H_kv, L, d]
+        last_logits: [U, V] logits at the last prompt position
+        attention_mask: [U, L] left-padded prompt mask
+        next_position: [R, U] rope position of the first token after each prompt
+    """
+
+    cache: object
+    last_logits: Tensor  # [U, V]
+    attention_mask: Tensor  # [U, L]
+    next_position: Tensor  # [R, U]
+
+    def select(self, rows: Tensor) -> "PromptPrefix":
+        """Row ``rows[i]`` of every field for each i (differentiable; the cache is re-indexed in place)."""
+        self.cache.reorder_cache(rows)
+        return PromptPrefix(self.cache, self.last_logits[rows], self.attention_mask[rows], self.next_position[:, rows])
+
+
+def prompt_positions(model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Rope positions of left-padded prompts and of the first token after each prompt.
+
+    mRoPE: the model's ``get_rope_index`` on [prompt ; one text token], so the continuation follows the rule of
+    the full-sequence forward. 1-D RoPE: the count of real tokens before each one.
+
+    Shape:
+        batch["input_ids"], batch["attention_mask"]: [U, L]
+        returns positions [R, U, L], next_position [R, U]
+    """
+    core = core_model(model)
+    ids, mask = batch["input_ids"], batch["attention_mask"]  # [U, L]
+    U, L = ids.shape
+    if core.config.model_type in TEXT_MODEL_TYPES:
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [U, L]
+        return positions[None], mask.long().sum(-1)[None]  # [1, U, L], [1, U]
+    mm = batch.get("mm_token_type_ids")
+    if mm is None:  # processors before transformers 5 did not return it: derive it from the placeholders
+        cfg = core.config
+        mm = (ids == cfg.image_token_id).long() + 2 * (ids == getattr(cfg, "video_token_id", -1)).long()
+    extra = {k: batch[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in batch}
+    positions, _ = getattr(core, "model", core).get_rope_index(
+        torch.cat([ids, ids[:, -1:]], dim=1),  # [U, L+1], one more text token
+        mm_token_type_ids=torch.cat([mm, mm.new_zeros((U, 1))], dim=1),
+        attention_mask=torch.cat([mask, mask.new_ones((U, 1))], dim=1),
+        **extra,
+    )  # [3, U, L+1]
+    return positions[..., :L], positions[..., L]  # [3, U, L], [3, U]
+
+
+def _position_arg(positions: Tensor) -> Tensor:
+    """[R, n, t] → what the model's forward takes: [3, n, t] for mRoPE, [n, t] for 1-D RoPE."""
+    return positions[0] if positions.shape[0] == 1 else positions
+
+
+def prefill(model: torch.nn.Module, batch: dict[str, Tensor]) -> PromptPrefix:
+    """Run the U prompts of ``batch`` (media included) once, keeping the KV cache (with grad if enabled)."""
+    positions, next_position = prompt_positions(model, batch)
+    out = model(**batch, position_ids=_position_arg(positions), use_cache=True, logits_to_keep=1)
+    return PromptPrefix(out.past_key_values, out.logits[:, -1], batch["attention_mask"], next_position)
+
+
+def continue_prefix(
+    model: torch.nn.Module, prefix: PromptPrefix, tokens: Tensor, attention_mask: Tensor, offset: int
+) -> Tensor:
+    """Logits of ``tokens`` continuing ``prefix`` (rows already selected); appends their K/V to the cache.
+
+    Shape:
+        tokens: [n, t], the tokens at completion positions offset .. offset+t-1
+        attention_mask: [n, L + offset + t] (prompt mask, then 1/0 for every completion position so far)
+        returns logits [n, t, V]
+    """
+    t = tokens.shape[1]
+    steps = torch.arange(offset, offset + t, device=tokens.device)  # [t]
+    positions = prefix.next_position[..., None] + steps  # [R, n, t]
+    out = model(
+        input_ids=tokens,
+        attention_mask=attention_mask,
+        position_ids=_position_arg(positions),
+        past_key_values=prefix.cache,
+        use_cache=True,
+    )
+    return out.logits  # [n, t, V]
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def completion_logits(
+    model: torch.nn.Module, batch: dict[str, Tensor], rows: Tensor, completions: Tensor, completion_mask: Tensor
+) -> Tensor:
+    """Logits that score ``completions``: the split-attention equivalent of the naive [prompt ; completion] forward.
+
+    The U prompts in ``batch`` are encoded once; completion i continues prompt ``rows[i]``. The logit at the last
+    prompt position predicts token 0; completion tokens 0..T-2 (attending to their prompt and causally to each
+    other) predict tokens 1..T-1, so token T-1 is never fed.
+
+    Shape:
+        batch: left-padded prompts, input_ids/attention_mask [U, L] (+ media tensors)
+        rows: [n] prompt row of each completion; completions, completion_mask: [n, T]
+        returns logits [n, T, V] (the model's dtype)
+    """
+    prefix = prefill(model, batch).select(rows)
+    first = prefix.last_logits[:, None]  # [n, 1, V]
+    T = completions.shape[1]
+    if T == 1:
+        return first
+    mask = torch.cat([prefix.attention_mask, completion_mask[:, : T - 1].to(prefix.attention_mask.dtype)], dim=1)
+    rest = continue_prefix(model, prefix, completions[:, : T - 1], mask, offset=0)  # [n, T-1, V]
+    return torch.cat([first, rest], dim=1)  # [n, T, V]
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class SamplingSpec:
+    """How tokens are drawn; the log-probs returned are those of ``log_softmax(scores)`` before top-k/top-p."""
+
+    max_new_tokens: int
+    eos_ids: list[int]
+    pad_id: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_new_tokens: int = 0
+    suppress_ids: tuple[int, ...] = ()
+    greedy: bool = False
+
+
+def sampling_scores(logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
+    """fp32 scores of the sampling distribution at completion step ``step`` (before top-k/top-p). [n, V] → [n, V]."""
+    scores = logits.float()
+    banned = list(spec.suppress_ids) + (spec.eos_ids if step < spec.min_new_tokens else [])
+    if banned:
+        scores[:, banned] = float("-inf")
+    if not spec.greedy and spec.temperature != 1.0:
+        scores = scores / spec.temperature
+    return scores
+
+
+def truncate(scores: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Top-k then nucleus truncation (HF's rules: keep ties at the k-th score; keep at least one token). [n, V]."""
+    if top_k > 0:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]  # [n, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)  # [n, V]
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= 1 - top_p
+        drop[:, -1] = False
+        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return scores
+
+
+@torch.no_grad()
+def sample(model: torch.nn.Module, batch: dict[str, Tensor], group_size: int, spec: SamplingSpec) -> tuple[Tensor, Tensor]:
+    """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache.
+
+    Rows are group-major (completion b continues prompt b // G). Tokens after a row's first EOS are
+    ``spec.pad_id`` with log-prob 0; the loop stops when every row has finished or T tokens were drawn.
+
+    Shape:
+        batch: left-padded prompts, input_ids [P, L] (+ media)
+        returns completion_ids [B, T] (long, on the model's device), logprobs [B, T] fp32
+    """
+    prefix = prefill(model, batch)
+    P = prefix.last_logits.shape[0]
+    rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
+    prefix = prefix.select(rows)
+    B, T = rows.shape[0], spec.max_new_tokens
+    device = rows.device
+    eos = torch.tensor(spec.eos_ids, device=device)
+    ids = torch.full((B, T), spec.pad_id, dtype=torch.long, device=device)  # [B, T]
+    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)  # [B, T]
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+    mask = prefix.attention_mask  # [B, L + t]
+    logits = prefix.last_logits  # [B, V]
+    for t in range(T):
+        scores = sampling_scores(logits, t, spec)  # [B, V]
+        warped = truncate(scores, spec.top_k, spec.top_p) if not spec.greedy else scores
+        if spec.greedy:
+            token = warped.argmax(dim=-1)  # [B]
+        else:
+            token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
+        token = torch.where(done, torch.full_like(token, spec.pad_id), token)
+        step_logp = scores.log_softmax(dim=-1).gather(1, token[:, None]).squeeze(1)  # [B]
+        ids[:, t] = token
+        logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
+        done = done | torch.isin(token, eos)
+        if t == T - 1 or bool(done.all()):
+            break
+        mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
+        logits = continue_prefix(model, prefix, token[:, None], mask, offset=t)[:, -1]  # [B, V]
+    return ids, logprobs

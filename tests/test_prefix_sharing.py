@@ -1,0 +1,190 @@
+"""Prompt sharing (modalities/prefix_sharing.py) against the naive path, fp32, on tiny real architectures.
+
+Tolerances (fp32): per-token log-probs |Δ| ≤ 1e-5; parameter gradients |Δ| ≤ 1e-5 + 1e-4·|g_naive|. The two paths
+run the same layers on differently shaped batches, so they differ by float rounding only (observed ≤ 1e-6).
+"""
+
+import logging
+
+import pytest
+import torch
+
+from mmgrpo.modalities import prefix_sharing
+from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
+from mmgrpo.modalities.vlm import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
+
+LOGP_ATOL = 1e-5
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5
+
+
+def _rows():
+    """Two prompts of different lengths (a padded prompt batch) with different image sizes."""
+    colour = ShapesTask(ShapesArgs(train_size=1, eval_size=1, image_size=56)).train_rows()[0]
+    shape = ShapesTask(ShapesArgs(questions=["shape"], train_size=1, eval_size=1, image_size=84)).train_rows()[0]
+    return [colour, dict(shape, prompt="Look at the image and answer the question. " + shape["prompt"])]
+
+
+def _state(adapter, rows, G, T, seed=0, encodings=None):
+    """Random completions with EOS at different positions (uneven lengths), pad after EOS, group-major."""
+    encodings = encodings or [adapter._encode_prompt(r) for r in rows]
+    assert len({e["input_ids"].shape[1] for e in encodings}) == len(encodings), "prompts should differ in length"
+    P = len(encodings)
+    g = torch.Generator().manual_seed(seed)
+    comp = torch.randint(10, 300, (P * G, T), generator=g)
+    eos = int(adapter.eos_ids[0])
+    for b, pos in enumerate(torch.randint(0, T + 2, (P * G,), generator=g).tolist()):
+        if pos < T:  # pos ≥ T: no EOS (truncated)
+            comp[b, pos] = eos
+    comp = torch.where(adapter._completion_mask(comp).bool(), comp, torch.full_like(comp, adapter.pad_id))
+    prompt_of = torch.arange(P).repeat_interleave(G)
+    return VLMState(completion_ids=comp, prompt_of=prompt_of, cache=PromptCache(encodings))
+
+
+def _logp_and_grads(adapter, state, index, shared: bool):
+    adapter.args.prefix_sharing = shared
+    model = adapter._unwrapped()
+    model.zero_grad(set_to_none=True)
+    logp = adapter._token_logprobs(model, state, index)  # [n, T]
+    mask = adapter._completion_mask(state.completion_ids[index]).float()
+    weights = torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    (logp * weights * mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach() * mask, grads
+
+
+def _assert_same(adapter, state, index):
+    logp_naive, g_naive = _logp_and_grads(adapter, state, index, shared=False)
+    logp_shared, g_shared = _logp_and_grads(adapter, state, index, shared=True)
+    torch.testing.assert_close(logp_shared, logp_naive, atol=LOGP_ATOL, rtol=0)
+    assert g_naive.keys() == g_shared.keys() and len(g_naive) > 0
+    for name in g_naive:
+        torch.testing.assert_close(g_shared[name], g_naive[name], rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
+    return logp_naive
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_forward_equals_naive_logprobs_and_gradients(tiny_vlm_path, lora):
+    from mmgrpo.config import LoraConfig
+
+    adapter = build_vlm_adapter(
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 7, "temperature": 0.8},
+        lora=LoraConfig(enabled=True, r=4, alpha=8) if lora else None,
+    )
+    if lora:  # LoRA B starts at zero; make the adapter matter
+        with torch.no_grad():
+            for n, p in adapter._unwrapped().named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+    assert prefix_sharing.unsupported_reason(adapter._unwrapped()) is None
+    state = _state(adapter, _rows(), G=3, T=7)
+    lengths = adapter._completion_mask(state.completion_ids).sum(1)
+    assert len(set(lengths.tolist())) > 2, "completions should end at different positions"
+    logp = _assert_same(adapter, state, torch.arange(6))  # whole groups
+    assert logp.abs().sum() > 0
+    _assert_same(adapter, state, torch.tensor([5, 0, 3, 4]))  # a minibatch cutting across groups, unordered
+
+
+def test_shared_forward_runs_vision_encoder_once_per_prompt(tiny_vlm_path):
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
+    model = adapter._unwrapped()
+    patches = []
+    handle = model.model.visual.register_forward_hook(lambda m, args, out: patches.append(args[0].shape[0]))
+    state = _state(adapter, _rows(), G=4, T=4)
+    per_prompt = [e["pixel_values"].shape[0] for e in state.cache.encodings]
+    adapter._token_logprobs(model, state, torch.arange(8))
+    assert patches == [sum(per_prompt)]  # one encoder call over the 2 prompts' patches, not 8 samples'
+    patches.clear()
+    adapter.args.prefix_sharing = False
+    adapter._token_logprobs(model, state, torch.arange(8))
+    assert patches == [4 * sum(per_prompt)]
+    handle.remove()
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.3, top_k=50, top_p=0.9)])
+def test_kv_expanded_rollout_draws_the_same_tokens_as_generate(tiny_vlm_path, sampling):
+    """Same seed → same tokens as generate(num_return_sequences=G); old log-probs equal the naive forward's."""
+    rows, G = _rows(), 4
+    args = {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "min_new_tokens": 2, **sampling}
+    naive = build_vlm_adapter({**args, "kv_expand_rollout": False, "prefix_sharing": False})
+    shared = build_vlm_adapter({**args, "old_logprobs": "sampler"})
+    patches = []
+    shared._unwrapped().model.visual.register_forward_hook(lambda m, a, out: patches.append(a[0].shape[0]))
+    torch.manual_seed(3)
+    r_naive = naive.rollout(rows, G)
+    torch.manual_seed(3)
+    r_shared = shared.rollout(rows, G)
+    assert patches == [sum(e["pixel_values"].shape[0] for e in r_shared.state.cache.encodings)]  # one prefill
+    assert torch.equal(r_shared.state.completion_ids, r_naive.state.completion_ids)
+    assert (r_shared.mask.sum(1) >= 2).all()  # min_new_tokens held
+    assert r_shared.outputs == r_naive.outputs
+    # The sampler's log-probs (old_logprobs="sampler") are those of the naive training forward.
+    torch.testing.assert_close(r_shared.old_logprobs, r_naive.old_logprobs, atol=LOGP_ATOL, rtol=0)
+    # ... and greedy evaluation agrees too.
+    assert shared.evaluate(rows) == naive.evaluate(rows)
+
+
+def test_ratio_is_one_with_sampler_logprobs(tiny_vlm_path):
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 5, "old_logprobs": "sampler"})
+    rollout = adapter.rollout(_rows(), group_size=3)
+    logp = adapter.logprobs(rollout, torch.arange(6))
+    m = rollout.mask.bool()
+    torch.testing.assert_close(logp[m].detach(), rollout.old_logprobs[m], atol=LOGP_ATOL, rtol=0)
+
+
+def _text_adapter(model_type: str):
+    """A tiny text-only causal LM of ``model_type`` with the tiny VLM's tokenizer (no processor)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mmgrpo.modalities.vlm_tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
+    return VLMAdapter(model, tok, VLMArgs(max_new_tokens=5), reference=None)
+
+
+def test_text_only_qwen2_is_covered(tiny_vlm_path):
+    adapter = _text_adapter("qwen2")
+    assert prefix_sharing.unsupported_reason(adapter.model) is None
+    rows = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Which way?"}]
+    _assert_same(adapter, _state(adapter, rows, G=2, T=5), torch.arange(4))
+
+
+def test_uncovered_family_falls_back_with_one_warning(caplog):
+    adapter = _text_adapter("llama")
+    assert "not covered" in prefix_sharing.unsupported_reason(adapter.model)
+    rows = [{"prompt": "What colour is the shape?"}, {"prompt": "Which way does the object move?"}]
+    prefix_sharing._warned.clear()
+    with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
+        torch.manual_seed(0)
+        rollout = adapter.rollout(rows, group_size=2)  # sampling and log-prob forward both fall back
+        adapter.logprobs(rollout, torch.arange(4))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("naive path" in m and "'llama'" in m for m in messages)
+    assert rollout.old_logprobs.shape == (4, 5)
+
+
+def test_video_prompt_continues_the_naive_rope_index(tiny_vlm_path):
+    """A video whose temporal rope index outruns its spatial one (slow frame rate): the shared forward and the
+    KV-expanded sampler place completion tokens where the naive full-sequence forward does."""
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 5, "old_logprobs": "sampler"})
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Which way does it move?"}]}]
+    text = adapter.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 255, (8, 3, 56, 56), dtype=torch.uint8, generator=g)
+    video = dict(adapter.processor(text=[text], videos=[frames], return_tensors="pt"))
+    video["second_per_grid_ts"] = torch.tensor([4.0])  # temporal positions 0, 8, 16, 24 ≫ spatial extent 2
+    image = adapter._encode_prompt(_rows()[0])
+    state = _state(adapter, None, G=3, T=5, encodings=[video, image])
+    _assert_same(adapter, state, torch.arange(6))
+    # Sampling from the same encodings: the sampler's log-probs equal the naive forward's of the drawn tokens.
+    completion, sampler_logp = adapter._sample(state.cache.encodings, 3, greedy=False)
+    sampled = VLMState(completion_ids=completion, prompt_of=state.prompt_of, cache=state.cache)
+    adapter.args.prefix_sharing = False
+    naive = adapter._token_logprobs(adapter._unwrapped(), sampled, torch.arange(6)).detach()
+    m = adapter._completion_mask(completion).bool()
+    torch.testing.assert_close(sampler_logp[m], naive[m], atol=LOGP_ATOL, rtol=0)
