@@ -47,7 +47,7 @@ video).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
-from .vlm import VLMAdapter, VLMArgs, _apply_lora, _load, _load_images
+from .vlm import VLMAdapter, VLMArgs, _load_images, build_vlm_adapter
 
 
 @dataclass
@@ -137,7 +137,7 @@ class Clip:
     def metadata(self) -> Any:
         from transformers.video_utils import VideoMetadata
 
-        F, _, H, W = self.frames.shape
+        _, _, H, W = self.frames.shape
         return VideoMetadata(
             total_num_frames=self.total_frames, fps=self.video_fps, width=W, height=H,
             duration=self.duration, frames_indices=list(self.frame_indices),
@@ -354,14 +354,12 @@ class VideoAdapter(VLMAdapter):
 def build_video_adapter(
     args: dict, *, seed: int = 0, lora: Any = None, dtype: str = "float32", need_reference: bool = False
 ) -> VideoAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`VideoArgs`)."""
-    import copy
+    """Build the adapter from ``model.args`` (validated against :class:`VideoArgs`).
 
+    The video options are checked first; the model, processor, LoRA and reference come from the ``vlm`` builder
+    (with the options it knows), so both adapters load and validate the shared options the same way.
+    """
     a: VideoArgs = from_dict(VideoArgs, args, "model.args")
-    if a.temperature <= 0:
-        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
-    if a.max_new_tokens < 1:
-        raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
     v = a.video
     if v.nframes is None and (v.fps is None or v.fps <= 0):
         raise ConfigError(f"model.args.video.fps: must be > 0 when nframes is not set, got {v.fps}")
@@ -374,19 +372,12 @@ def build_video_adapter(
     n = a.temporal_contrast.num_shuffled
     if n is not None and n < 1:
         raise ConfigError(f"model.args.temporal_contrast.num_shuffled: must be >= 1 or null (G // 2), got {n}")
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    model, processor = _load(a.name_or_path, a, torch_dtype, seed)
-    if a.freeze_vision:
-        for name, p in model.named_parameters():
-            if "visual" in name or "vision" in name:
-                p.requires_grad_(False)
-    reference = None
-    if lora is not None and lora.enabled:
-        model = _apply_lora(model, lora)
-    elif need_reference:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    model.train()
-    return VideoAdapter(model, processor, a, reference, seed=seed)
+    shared = {f.name for f in fields(VLMArgs)}
+    base = build_vlm_adapter(
+        {k: val for k, val in (args or {}).items() if k in shared}, seed=seed, lora=lora, dtype=dtype,
+        need_reference=need_reference,
+    )  # fmt: skip
+    return VideoAdapter(base.model, base.processor, a, base.reference, seed=seed)
 
 
 build_video_adapter.args_class = VideoArgs

@@ -8,11 +8,11 @@ the order tells, so a policy that ignores order is at chance on the sign (≤ 50
 is what T-GRPO's shuffled-frame contrast tests for. (A small square moving half-way across from a random start
 was not learnt by the tiny model within 300 steps; the edge-to-edge sweep is learnt in about 200.)
 
-``when`` — "When is the square visible?": a static square is visible during a run of 0.5-second segments of the
-clip and absent otherwise; the answer is a time span in seconds (``<answer>0.5 to 1.5</answer>``), scored with
-``temporal_iou`` against the ground truth in seconds of the file's own time base. The segments are chosen so
-that frames sampled at 2 fps land one per segment; the span in seconds follows from the real timestamps of the
-frames the model saw (which the adapter also passes on as the ``frame_timestamps`` column).
+``when`` — "When is the square visible?": a large static square is visible during one or two 0.5-second segments
+of the clip and absent otherwise; the answer is a time span in seconds (``<answer>0.5 to 1.5</answer>``), scored
+with ``temporal_iou`` against the ground truth in seconds of the file's own time base (the adapter also passes
+the real ``frame_timestamps`` of the frames the model saw). The tiny model does not learn this one on CPU: in
+300–500 GRPO steps it settles on one constant span (docs/video.md), so the shipped configs ask ``direction``.
 
 Files are written once with PyAV (H.264, lossless ``crf=0``, ``yuv420p``; decord, torchcodec and torchvision
 read them) under ``video_dir`` (default ``$MMGRPO_CACHE/video_motion/<hash of the options>``), never into the
@@ -49,7 +49,7 @@ QUESTIONS = {
     "when": "When is the square visible? Answer with <answer>start to end</answer> in seconds.",
 }
 SEGMENT_S = 0.5  # the "when" events start and end on multiples of half a second
-RENDER_VERSION = 2  # part of the cache key: bump when the drawing changes, so stale clips are not reused
+RENDER_VERSION = 4  # part of the cache key: bump when the drawing changes, so stale clips are not reused
 
 
 @dataclass
@@ -118,14 +118,14 @@ def direction_frames(rng: random.Random, size: int, n: int, direction: str) -> l
 
 
 def when_frames(rng: random.Random, size: int, n: int, fps: float) -> tuple[list[np.ndarray], tuple[float, float]]:
-    """Frames of a static square visible during whole 0.5 s segments [i, j], and that span in seconds."""
+    """Frames of a static square visible during one or two whole 0.5 s segments [i, j], and that span in seconds."""
     duration = n / fps
     segments = max(1, int(round(duration / SEGMENT_S)))
     i = rng.randrange(segments)
-    j = rng.randrange(i, segments)
+    j = min(segments - 1, i + rng.randrange(2))
     start, end = i * SEGMENT_S, (j + 1) * SEGMENT_S
     bg = _background(rng, size)
-    side = rng.randint(size // 4, size // 3)
+    side = rng.randint(size * 2 // 3, size * 5 // 6)
     x, y = rng.randint(0, size - side), rng.randint(0, size - side)
     colour = rng.choice(COLOURS)
     frames = []
@@ -241,7 +241,7 @@ class VideoMotionTask:
                 target = rng.choice(self.args.directions)
             else:
                 i = rng.randrange(segments)
-                j = rng.randrange(i, segments)
+                j = min(segments - 1, i + rng.randrange(2))
                 target = f"{i * SEGMENT_S:g} to {(j + 1) * SEGMENT_S:g}"
             rows.append(dict(row, target=f"<answer>{target}</answer>"))
         return rows
