@@ -45,6 +45,8 @@ class ShapesArgs:
 
     questions: list[str] = field(default_factory=lambda: ["colour"])
     """Question types to mix: colour | shape | count."""
+    colours: list[str] = field(default_factory=lambda: list(COLOURS))
+    """Colours drawn (and the answer set of colour questions), a subset of: red, green, blue, yellow, purple, orange."""
     image_size: int = 56
     """Square image side in pixels (multiples of 28 map to whole merged patches for Qwen2-VL)."""
     train_size: int = 2000
@@ -91,6 +93,9 @@ class ShapesTask:
         bad = [q for q in args.questions if q not in QUESTIONS]
         if bad or not args.questions:
             raise ConfigError(f"task.args.questions: {bad or '[]'} not allowed; choose from {', '.join(QUESTIONS)}")
+        unknown = [c for c in args.colours if c not in COLOURS]
+        if unknown or len(args.colours) < 2:
+            raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
         if args.image_size < 28:
             raise ConfigError(f"task.args.image_size: must be >= 28, got {args.image_size}")
         self.args = args
@@ -103,7 +108,7 @@ class ShapesTask:
         for i in range(n):
             q = self.args.questions[i % len(self.args.questions)]
             count = rng.randint(1, 4) if q == "count" else 1
-            kind, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+            kind, colour = rng.choice(SHAPES), rng.choice(self.args.colours)
             image = render(rng, self.args.image_size, count, kind, colour)
             answer = {"colour": colour, "shape": kind, "count": COUNT_WORDS[count - 1]}[q]
             rows.append({"prompt": QUESTIONS[q], "image": image, "answer": answer, "question_type": q})
@@ -115,10 +120,14 @@ class ShapesTask:
     def eval_rows(self) -> list[dict]:
         return self._eval
 
+    def answers(self, question_type: str) -> list[str]:
+        """The answer set of a question type."""
+        return self.args.colours if question_type == "colour" else ANSWERS[question_type]
+
     def warmup_rows(self, seed: int) -> list[dict]:
         """Format-only supervised targets: a random answer word of the right type (image-independent)."""
         rng = random.Random(seed)
-        return [dict(row, target=f"<answer>{rng.choice(ANSWERS[row['question_type']])}</answer>") for row in self._train]
+        return [dict(row, target=f"<answer>{rng.choice(self.answers(row['question_type']))}</answer>") for row in self._train]
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix."""
@@ -127,7 +136,7 @@ class ShapesTask:
         prompts = [r["prompt"] for r in rows]
         acc = load_reward("accuracy")(outputs, prompts=prompts, answer=[r["answer"] for r in rows])
         fmt = load_reward("format", think=False)(outputs, prompts=prompts)
-        chance = sum(1 / len(ANSWERS[r["question_type"]]) for r in rows) / len(rows)
+        chance = sum(1 / len(self.answers(r["question_type"])) for r in rows) / len(rows)
         return {
             "accuracy": sum(acc) / len(acc),
             "format": sum(fmt) / len(fmt),
