@@ -22,6 +22,9 @@ What this adapter guarantees (DESIGN.md §3, §6; research note §15):
 - Rewards receive decoded PIL images. ``unit_sigmas`` holds each transition's σ_i (DDIM: the VP state mapped to
   the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
   ``value_rewards`` is set (value-anchored shaping).
+- Sampling noise and step plans come from torch's global CPU RNG, which the trainer seeds per process and
+  accelerate checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
+  counter is the adapter's own and restarts at 0 on resume).
 - Optional trainer hooks: ``exact_kl(rollout, index)`` (Gaussian KL to the reference per unit, for
   ``algorithm.kl: gaussian_exact``) and ``ratio_norm_inputs(rollout, index)`` (std and mean_D(μθ − μ_old)² for
   GRPO-Guard RatioNorm); both reuse the means of the preceding ``logprobs`` call on the same rows.
@@ -340,7 +343,7 @@ class FlowAdapter:
         if args.kernel != "ddim" and not self.backend.is_flow:
             raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
         self.selector = STEP_SELECTORS.get(args.steps)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = None  # sampling noise and step plans use torch's global CPU RNG: accelerate checkpoints it
         self.iteration = 0
         self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
         self._last: _Forward | None = None
@@ -434,7 +437,7 @@ class FlowAdapter:
             c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
             noise = torch.randn(x.shape, generator=self.generator).to(dev)
             sde = self._kernel(out, x, c, cn, sigma_max, noise=noise)
-            det = self._kernel(out, x, c, cn, sigma_max, stochastic=False)
+            det = self._kernel(out, x, c, cn, sigma_max, stochastic=False, noise=torch.zeros_like(x))
             on = plan.sde[:, i].to(dev)  # [B]
             on_d = on.view(-1, *([1] * (x.dim() - 1)))
             x_next = torch.where(on_d, sde.prev_sample, det.prev_sample)
