@@ -25,7 +25,7 @@ ignored when frames are not re-sampled, leaving the processor's 24 fps default (
 
 Decoding happens once per prompt per rollout (the G samples, the old/reference log-prob forwards and the
 training forwards reuse one encoding) and decoded clips of file videos are kept in an LRU cache across steps
-(``decode_cache_size``).
+(``decode_cache_mb``).
 
 T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; research §2.1). With
 ``temporal_contrast.enabled``, every video prompt also gets ``num_shuffled`` (default G/2) completions sampled on
@@ -102,8 +102,8 @@ class VideoArgs(VLMArgs):
     """Frame sampling and resizing."""
     temporal_contrast: TemporalContrastArgs = field(default_factory=TemporalContrastArgs)
     """T-GRPO shuffled-frame rollouts (statistics only)."""
-    decode_cache_size: int = 4096
-    """Decoded file clips kept in memory across steps (LRU; 0 = decode every step)."""
+    decode_cache_mb: float = 1024.0
+    """Memory for decoded file clips kept across steps (LRU, uint8 frames; 0 = decode every step)."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Clip:
     """Frames sampled from one video, with where they came from.
 
     Shape:
-        frames: [F, C, H, W] float32 in [0, 255], resized (F even)
+        frames: [F, C, H, W] uint8 (or float32 in [0, 255] if the resize produced non-integers), F even
     """
 
     frames: Tensor  # [F, C, H, W]
@@ -154,6 +154,15 @@ def fetch_video(ele: dict, image_patch_size: int) -> tuple[Tensor, dict, float]:
     return frames, meta, sample_fps
 
 
+def _compact(frames: Tensor) -> Tensor:
+    """uint8 when lossless: qwen-vl-utils resizes uint8 frames (whole numbers in [0, 255]) and returns floats."""
+    if frames.dtype == torch.uint8:
+        return frames
+    if bool((frames == frames.round()).all()) and frames.min() >= 0 and frames.max() <= 255:
+        return frames.to(torch.uint8)
+    return frames.float()
+
+
 def decode_clip(video: Any, sampling: VideoSampling, *, image_patch_size: int = 14, start: float | None = None,
                 end: float | None = None, frames_fps: float = 2.0) -> Clip:  # fmt: skip
     """Decode and sample one video (a path, or a list of PIL images / HWC arrays at ``frames_fps``)."""
@@ -175,12 +184,12 @@ def decode_clip(video: Any, sampling: VideoSampling, *, image_patch_size: int = 
             ele["video_end"] = float(end)
         frames, meta, sample_fps = fetch_video(ele, image_patch_size)
         indices = tuple(int(i) for i in meta["frames_indices"])
-        clip = Clip(frames.float(), float(meta["fps"]), indices, int(meta["total_num_frames"]))
+        clip = Clip(_compact(frames), float(meta["fps"]), indices, int(meta["total_num_frames"]))
     elif isinstance(video, (list, tuple)) and len(video) > 0:
         ele.update(video=list(video), sample_fps=float(frames_fps))
         frames, _, sample_fps = fetch_video(ele, image_patch_size)  # pads to an even count
         n = frames.shape[0]
-        clip = Clip(frames.float(), float(frames_fps), tuple(range(n)), n)
+        clip = Clip(_compact(frames), float(frames_fps), tuple(range(n)), n)
     else:
         raise TypeError(f"row 'video' must be a file path or a non-empty list of frames, got {type(video).__name__}")
     if abs(clip.sample_fps - sample_fps) > 1e-6 * max(1.0, sample_fps):
@@ -220,6 +229,7 @@ class VideoAdapter(VLMAdapter):
         if "cap_pixels_per_frame" in getattr(getattr(vp, "valid_kwargs", None), "__annotations__", {}):
             self._video_kwargs["cap_pixels_per_frame"] = True  # frames already obey qwen-vl-utils' per-frame cap
         self._lru: OrderedDict[tuple, Clip] = OrderedDict()
+        self._lru_bytes = 0
         self._pinned: dict[Any, Clip] = {}  # clips of the current rollout: decoded once, whatever the LRU size
         self._shuffle_gen = torch.Generator().manual_seed(seed * 1_000_003 + args.temporal_contrast.seed)
         self.decode_count = 0  # clips decoded so far (not served from a cache)
@@ -244,10 +254,14 @@ class VideoAdapter(VLMAdapter):
                 end=row.get("video_end"), frames_fps=float(row.get("video_fps", 2.0)),
             )  # fmt: skip
             self.decode_count += 1
-            if key[0] != "frames" and self.args.decode_cache_size > 0:
+            budget = self.args.decode_cache_mb * 2**20
+            size = clip.frames.numel() * clip.frames.element_size()
+            if key[0] != "frames" and size <= budget:
                 self._lru[key] = clip
-                while len(self._lru) > self.args.decode_cache_size:
-                    self._lru.popitem(last=False)
+                self._lru_bytes += size
+                while self._lru_bytes > budget:
+                    old = self._lru.popitem(last=False)[1].frames
+                    self._lru_bytes -= old.numel() * old.element_size()
         self._pinned[key] = clip
         return clip
 

@@ -46,7 +46,7 @@ class _ForwardSpy:
 
 def test_decode_clip_sampling_matches_qwen_vl_utils(task):
     clip = decode_clip(task.train_rows()[0]["video"], VideoSampling(**SAMPLING))
-    assert clip.frames.shape == (6, 3, 56, 56)
+    assert clip.frames.shape == (6, 3, 56, 56) and clip.frames.dtype == torch.uint8  # lossless, 4x smaller
     assert clip.frame_indices == (0, 3, 6, 9, 12, 15)  # linspace(0, 15, 6).round()
     assert clip.total_frames == 16 and clip.video_fps == 8.0
     assert clip.sample_fps == pytest.approx(3.0)
@@ -92,6 +92,14 @@ def test_sampled_fps_reaches_the_processor_and_both_forwards(task, tiny_vlm_path
     assert rollout.extras["group_id"] == [0, 0, 1, 1]
 
 
+def test_uint8_frames_encode_like_float_frames(task, tiny_vlm_path):
+    adapter = _adapter(tiny_vlm_path)
+    row = task.train_rows()[0]
+    a = adapter._encode_prompt(row)
+    b = adapter._encode_prompt(row, frames=adapter._clip(row).frames.float())
+    torch.testing.assert_close(a["pixel_values_videos"], b["pixel_values_videos"], atol=0, rtol=0)
+
+
 def test_second_per_grid_ts_moves_the_logits(task, tiny_vlm_path):
     """The time axis is live in the model, so a dropped or defaulted second_per_grid_ts would change log-probs."""
     adapter = _adapter(tiny_vlm_path)
@@ -129,7 +137,7 @@ def test_clip_is_decoded_once_and_serves_all_group_samples(task, tiny_vlm_path, 
     calls = []
     original = video_mod.fetch_video
     monkeypatch.setattr(video_mod, "fetch_video", lambda ele, ps: calls.append(ele["video"]) or original(ele, ps))
-    adapter = _adapter(tiny_vlm_path, decode_cache_size=0)  # no cross-step cache: once per prompt per rollout
+    adapter = _adapter(tiny_vlm_path, decode_cache_mb=0)  # no cross-step cache: once per prompt per rollout
     rows = task.train_rows()[:3]
     rollout = adapter.rollout(rows, group_size=4)
     assert sorted(calls) == sorted(r["video"] for r in rows)  # 3 decodes for 12 samples (and their log-probs)
@@ -146,6 +154,11 @@ def test_clip_is_decoded_once_and_serves_all_group_samples(task, tiny_vlm_path, 
     cached.evaluate(rows)
     assert len(calls) == 3 and cached.decode_count == 3
 
+    clip_mb = 6 * 3 * 56 * 56 / 2**20  # one uint8 clip
+    small = _adapter(tiny_vlm_path, decode_cache_mb=clip_mb * 2.5)  # room for two clips: LRU evicts the third
+    small.rollout(rows, group_size=2)
+    assert list(k[0] for k in small._lru) == [r["video"] for r in rows[1:]]
+    assert small._lru_bytes == 2 * 6 * 3 * 56 * 56
 
 def test_shuffle_frames_is_a_non_identity_permutation():
     frames = torch.arange(6.0).view(6, 1, 1, 1).expand(6, 3, 2, 2)
