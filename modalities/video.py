@@ -29,8 +29,9 @@ training forwards reuse one encoding) and decoded clips of file videos are kept 
 
 T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; research §2.1). With
 ``temporal_contrast.enabled``, every video prompt also gets ``num_shuffled`` (default G/2) completions sampled on
-its frames permuted along time (a uniformly random permutation, redrawn if it is the identity; the timestamps and
-``second_per_grid_ts`` stay those of the ordered clip, as in Video-R1, which re-processes the permuted tensor).
+its frames permuted along time (a uniformly random permutation from torch's global RNG, redrawn if it is the
+identity; the timestamps and ``second_per_grid_ts`` stay those of the ordered clip, as in Video-R1, which
+re-processes the permuted tensor).
 They are sampled without gradient and are *not* part of the rollout: they have no log-probs, no mask, no
 advantage. Only their decoded text reaches the rewards, in the ``shuffled_completions`` column, where the
 ``temporal_contrast`` reward (:mod:`mmgrpo.rewards.video`) scores them with the target reward and turns the two
@@ -90,8 +91,6 @@ class TemporalContrastArgs:
     """Sample completions on frame-shuffled clips and put their text in the shuffled_completions column."""
     num_shuffled: int | None = None
     """Shuffled completions per video prompt; None = G // 2 (Video-R1)."""
-    seed: int = 0
-    """Seed of the frame permutations (combined with the run seed)."""
 
 
 @dataclass
@@ -193,12 +192,17 @@ def decode_clip(video: Any, sampling: VideoSampling, *, image_patch_size: int = 
     else:
         raise TypeError(f"row 'video' must be a file path or a non-empty list of frames, got {type(video).__name__}")
     if abs(clip.sample_fps - sample_fps) > 1e-6 * max(1.0, sample_fps):
-        raise RuntimeError(f"sampled fps disagree: qwen-vl-utils says {sample_fps}, the frame indices give {clip.sample_fps}")
+        raise RuntimeError(
+            f"sampled fps disagree: qwen-vl-utils says {sample_fps}, the frame indices give {clip.sample_fps}"
+        )
     return clip
 
 
-def shuffle_frames(frames: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def shuffle_frames(frames: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Frames permuted along time by a uniformly random permutation that is not the identity (F > 1).
+
+    The permutation comes from ``generator``, by default torch's global RNG, which the trainer seeds per process
+    and accelerate checkpoints, so a resumed run draws the permutations an uninterrupted one would.
 
     Shape: frames [F, C, H, W] → ([F, C, H, W], order [F]).
     """
@@ -214,8 +218,7 @@ class VideoAdapter(VLMAdapter):
 
     args: VideoArgs
 
-    def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None,
-                 seed: int = 0):  # fmt: skip
+    def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None):
         super().__init__(model, processor, args, reference)
         vp = getattr(processor, "video_processor", None)
         if vp is None:
@@ -231,7 +234,6 @@ class VideoAdapter(VLMAdapter):
         self._lru: OrderedDict[tuple, Clip] = OrderedDict()
         self._lru_bytes = 0
         self._pinned: dict[Any, Clip] = {}  # clips of the current rollout: decoded once, whatever the LRU size
-        self._shuffle_gen = torch.Generator().manual_seed(seed * 1_000_003 + args.temporal_contrast.seed)
         self.decode_count = 0  # clips decoded so far (not served from a cache)
 
     # ------------------------------------------------------------------------------------------ frames
@@ -341,7 +343,7 @@ class VideoAdapter(VLMAdapter):
             return out
         encodings = []
         for i in video_rows:
-            shuffled, _ = shuffle_frames(clips[i].frames, self._shuffle_gen)
+            shuffled, _ = shuffle_frames(clips[i].frames)
             encodings.append(self._encode_prompt(prompts[i], frames=shuffled))
         texts = self._decode(self._generate(encodings, n, greedy=False))  # [len(video_rows)·n]
         for j, i in enumerate(video_rows):
@@ -391,7 +393,7 @@ def build_video_adapter(
         {k: val for k, val in (args or {}).items() if k in shared}, seed=seed, lora=lora, dtype=dtype,
         need_reference=need_reference,
     )  # fmt: skip
-    return VideoAdapter(base.model, base.processor, a, base.reference, seed=seed)
+    return VideoAdapter(base.model, base.processor, a, base.reference)
 
 
 build_video_adapter.args_class = VideoArgs

@@ -202,7 +202,8 @@ class VideoMotionTask:
                 perm = list(range(len(frames)))
                 while perm == sorted(perm):
                     row_rng.shuffle(perm)
-                srow = dict(row, question_type="direction_shuffled", video=str(self.video_dir / f"{split}_{k:05d}_shuffled.mp4"))
+                path = str(self.video_dir / f"{split}_{k:05d}_shuffled.mp4")
+                srow = dict(row, question_type="direction_shuffled", video=path)
                 out.append((srow, [frames[i] for i in perm]))
         return out
 

@@ -98,7 +98,10 @@ def temporal_contrast(
         if texts is None:
             continue
         if not isinstance(texts, (list, tuple)):
-            raise ValueError(f"reward 'temporal_contrast': column {shuffled_key!r} must hold a list of completions per sample, got {type(texts).__name__}")
+            raise ValueError(
+                f"reward 'temporal_contrast': column {shuffled_key!r} must hold a list of completions per sample, "
+                f"got {type(texts).__name__}"
+            )
         i0 = idx[0]
         cols = {k: [v[i0]] * len(texts) for k, v in columns.items()}
         shuf_r = _call(fn, list(texts), [prompts[i0]] * len(texts), cols) if texts else []
