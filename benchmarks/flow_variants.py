@@ -29,9 +29,11 @@ VARIANTS = {
     "value_anchored": ("configs/flow_value_anchored.yaml", []),
 }
 EXTRA = {
-    "grpo_guard": ("configs/flow_temporal.yaml", ["algorithm.ratio_norm=true", "algorithm.shaping_args.weights=inv_dt"]),
+    "grpo_guard": ("configs/flow_temporal.yaml", ["algorithm.ratio_norm=true",
+                                                  "algorithm.shaping_args.weights=inv_dt"]),
     "tempflow_branching": ("configs/flow_temporal.yaml", ["model.args.steps=branching", "model.args.step_args={}"]),
-    "fast_window": ("configs/flow_grpo.yaml", ["model.args.steps=sde_window", "model.args.step_args={window: 2, high: 4}"]),
+    "fast_window": ("configs/flow_grpo.yaml", ["model.args.steps=sde_window",
+                                               "model.args.step_args={window: 2, high: 4}"]),
     "dance_sde": ("configs/flow_grpo.yaml", ["model.args.kernel=dance_sde", "model.args.noise_level=0.3"]),
     "cps": ("configs/flow_grpo.yaml", ["model.args.kernel=cps", "model.args.noise_level=0.8"]),
 }
@@ -69,7 +71,8 @@ def first_runs(results: dict[str, list[dict]]) -> list[dict]:
 def table(results: dict[str, list[dict]]) -> str:
     first = next(iter(results.values()))[0]
     lines = [
-        "| variant | held-out reward after | Δ reward vs base | realism after | template RMSE after | CPU time ÷ grpo |",
+        "| variant | held-out reward after | Δ reward vs base | realism after | template RMSE after "
+        "| CPU time ÷ grpo |",
         "|---|---|---|---|---|---|",
         f"| base (before) | {first['before/reward']:.3f} | — | {first['before/realism']:.3f} | "
         f"{first['before/template_rmse']:.4f} | — |",

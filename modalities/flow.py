@@ -89,11 +89,12 @@ class FlowArgs:
     max_sequence_length: int | None = None
     """T5 tokens (None = min(256, the T5 tokenizer's model_max_length))."""
     steps: str = "fraction"
-    """Step selector (flow_steps.STEP_SELECTORS): fraction | random_subset | sde_window | sliding_window | branching | chunks."""
+    """Step selector (flow_steps.STEP_SELECTORS): fraction | random_subset | sde_window | sliding_window |
+    branching | chunks."""
     step_args: dict[str, Any] = field(default_factory=dict)
     """Options of the step selector, e.g. {fraction: 0.99} or {window: 3, high: 5}."""
     same_noise: bool = False
-    """The G samples of a prompt start from the same initial noise (Flow-GRPO same_latent, DanceGRPO init_same_noise)."""
+    """The G samples of a prompt share the initial noise (Flow-GRPO same_latent, DanceGRPO init_same_noise)."""
     value_rewards: list[dict[str, Any]] = field(default_factory=list)
     """Rewards that score x̂₀(x_i) at every step for dense values (value_anchored shaping): [{name, weight, kwargs}]."""
     kl_variant: str = "exact"
@@ -195,8 +196,9 @@ class _SD3Backend(_Backend):
 
             c, h, w = self.latent_shape()
             seq = (h // 2) * (w // 2)
-            mu = calculate_shift(seq, sch.config.get("base_image_seq_len", 256), sch.config.get("max_image_seq_len", 4096),
-                                 sch.config.get("base_shift", 0.5), sch.config.get("max_shift", 1.15))  # fmt: skip
+            cfg = sch.config
+            mu = calculate_shift(seq, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                                 cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))  # fmt: skip
             sch.set_timesteps(sigmas=list(torch.linspace(1.0, 1.0 / num_steps, num_steps).numpy()), mu=mu)
         else:
             sch.set_timesteps(num_steps)
@@ -257,7 +259,8 @@ class _UNetBackend(_Backend):
 
     def forward(self, model, x, t_model, cond):
         dtype = self.pipe.vae.dtype
-        return model(x.to(dtype), t_model.long(), encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0].float()
+        out = model(x.to(dtype), t_model.long(), encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
+        return out.float()
 
     def schedule(self, num_steps):
         sch = copy.deepcopy(self.pipe.scheduler)
@@ -339,7 +342,8 @@ class FlowAdapter:
         self.model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
         self.lora, self.reference = lora, reference
         if args.kernel == "ddim" and self.backend.is_flow:
-            raise ConfigError("model.args.kernel: ddim is for UNet (DDIM-scheduler) pipelines; use flow_sde | dance_sde | cps")
+            raise ConfigError("model.args.kernel: ddim is for UNet (DDIM-scheduler) pipelines; "
+                              "use flow_sde | dance_sde | cps")
         if args.kernel != "ddim" and not self.backend.is_flow:
             raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
         self.selector = STEP_SELECTORS.get(args.steps)
@@ -376,9 +380,12 @@ class FlowAdapter:
         if not stochastic:
             return K.ode(out, x, coef, coef_next, **kw)
         fn = K.FLOW_KERNELS[a.kernel]
-        return fn(out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob, **kw)
+        return fn(out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob,
+                  **kw)  # fmt: skip
 
-    def _velocity(self, model, x: Tensor, t_model: Tensor, cond: Cond, prompt_of: Tensor, guidance: float | None) -> Tensor:
+    def _velocity(
+        self, model, x: Tensor, t_model: Tensor, cond: Cond, prompt_of: Tensor, guidance: float | None
+    ) -> Tensor:
         """The (guided) model output for rows x, in chunks of ``forward_batch_size``; grad if enabled.
 
         Shape:
@@ -489,7 +496,8 @@ class FlowAdapter:
         out = self._velocity(model, x, st.t_model[b, steps].to(dev), st.cond, st.prompt_of[b].to(dev),
                              self.args.guidance_scale if guided else None)  # fmt: skip
         sigma_max = float(st.coef[0, 1]) if st.coef.shape[1] > 1 else None
-        k = self._kernel(out, x, st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev), sigma_max, prev_sample=x_next)
+        coef, coef_next = st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev)
+        k = self._kernel(out, x, coef, coef_next, sigma_max, prev_sample=x_next)
         return m, k, rows, steps
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
@@ -569,9 +577,8 @@ class FlowAdapter:
             layers = get_peft_model_state_dict(model)
             meta = model.peft_config["default"].to_dict()  # keeps lora_alpha: the scale survives loading
             key = "unet" if hasattr(self.pipe, "unet") else "transformer"
-            type(self.pipe).save_lora_weights(
-                directory, **{f"{key}_lora_layers": layers, f"{key}_lora_adapter_metadata": meta}, safe_serialization=True
-            )
+            kwargs = {f"{key}_lora_layers": layers, f"{key}_lora_adapter_metadata": meta}
+            type(self.pipe).save_lora_weights(directory, **kwargs, safe_serialization=True)
         else:
             self.pipe.save_pretrained(directory, safe_serialization=True)
 
@@ -612,10 +619,14 @@ def _text_seed(text: str, seed: int) -> int:
 def _load_value_reward(spec: dict[str, Any], i: int):
     """(callable, weight) from a ``value_rewards`` entry {name, weight, kwargs}."""
     if not isinstance(spec, dict) or "name" not in spec:
-        raise ConfigError(f"model.args.value_rewards[{i}]: expected {{name: ..., weight: 1.0, kwargs: {{}}}}, got {spec!r}")
+        raise ConfigError(
+            f"model.args.value_rewards[{i}]: expected {{name: ..., weight: 1.0, kwargs: {{}}}}, got {spec!r}"
+        )
     unknown = set(spec) - {"name", "weight", "kwargs"}
     if unknown:
-        raise ConfigError(f"model.args.value_rewards[{i}]: unknown keys {sorted(unknown)}; allowed: name, weight, kwargs")
+        raise ConfigError(
+            f"model.args.value_rewards[{i}]: unknown keys {sorted(unknown)}; allowed: name, weight, kwargs"
+        )
     from mmgrpo.rewards.registry import load_reward
 
     try:
@@ -651,13 +662,16 @@ def build_flow_adapter(
     """Build the adapter from ``model.args`` (validated against :class:`FlowArgs`)."""
     a: FlowArgs = from_dict(FlowArgs, args, "model.args")
     if a.kernel not in K.KERNEL_NAMES or a.kernel == "ode":
-        raise ConfigError(f"model.args.kernel: {a.kernel!r} is not allowed; choose one of: flow_sde, dance_sde, cps, ddim")
+        raise ConfigError(
+            f"model.args.kernel: {a.kernel!r} is not allowed; choose one of: flow_sde, dance_sde, cps, ddim"
+        )
     if a.cfg not in ("guided", "none"):
         raise ConfigError(f"model.args.cfg: {a.cfg!r} is not allowed; choose one of: guided, none")
     if a.kl_variant not in ("exact", "flow_grpo"):
         raise ConfigError(f"model.args.kl_variant: {a.kl_variant!r} is not allowed; choose one of: exact, flow_grpo")
     if a.steps not in STEP_SELECTORS:
-        raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {', '.join(STEP_SELECTORS.names())}")
+        allowed = ", ".join(STEP_SELECTORS.names())
+        raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {allowed}")
     if a.num_steps < 1 or a.eval_num_steps < 1:
         raise ConfigError("model.args.num_steps and eval_num_steps must be >= 1")
     try:

@@ -2,7 +2,7 @@
 
 Implements, from the equations in ``research/anchors_generative.md`` (§1.1, §1.2, §2, §9):
 
-- ``ode``       the Euler step of the probability-flow ODE, x' = x + v·Δ (diffusers ``FlowMatchEulerDiscreteScheduler``);
+- ``ode``       the Euler step of the probability-flow ODE, x' = x + v·Δ (``FlowMatchEulerDiscreteScheduler``);
                 deterministic, no density.
 - ``flow_sde``  Flow-GRPO's Euler–Maruyama step of the marginal-preserving reverse SDE (Liu et al. 2025,
                 arXiv 2505.05470, §4.2 "ODE-to-SDE"), noise s_i = a·sqrt(σ_i / (1 − σ̃_i)).

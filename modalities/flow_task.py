@@ -46,7 +46,9 @@ RESOLUTION = 32
 BACKGROUND = (40, 40, 40)
 COLOURS = {"red": (220, 40, 40), "green": (40, 190, 70), "blue": (60, 90, 235), "yellow": (235, 215, 40)}
 SHAPES = ("circle", "square")
-POSITIONS = {"top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75), "bottom right": (0.75, 0.75)}
+POSITIONS = {
+    "top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75), "bottom right": (0.75, 0.75),
+}  # fmt: skip
 HELD_OUT = (
     ("red", "circle", "top right"), ("red", "square", "bottom left"),
     ("green", "circle", "bottom right"), ("green", "square", "top left"),
@@ -184,7 +186,9 @@ class FlowShapesTask:
         self.args = args
         held = set(HELD_OUT)
         self._train = [{"prompt": prompt_of(*c)} for c in all_combos() if c not in held] * args.train_repeats
-        eval_combos = list(HELD_OUT) + ([c for c in all_combos() if c not in held] if args.include_train_prompts_in_eval else [])
+        eval_combos = list(HELD_OUT)
+        if args.include_train_prompts_in_eval:
+            eval_combos += [c for c in all_combos() if c not in held]
         self._eval = [
             {"prompt": prompt_of(*c), "seed": 10_000 + 97 * i + k, "held_out": c in held}
             for i, c in enumerate(eval_combos) for k in range(args.eval_seeds)
@@ -299,14 +303,17 @@ def pretrain(directory: str | os.PathLike, settings: PretrainSettings | None = N
         missing = [p for p in set(prompts) if p not in cache]
         if missing:
             with torch.no_grad():
-                pe, _, pooled, _ = pipe.encode_prompt(missing, missing, missing, do_classifier_free_guidance=False,
-                                                      max_sequence_length=pipe.tokenizer_3.model_max_length)  # fmt: skip
+                pe, _, pooled, _ = pipe.encode_prompt(
+                    missing, missing, missing, do_classifier_free_guidance=False,
+                    max_sequence_length=pipe.tokenizer_3.model_max_length,
+                )  # fmt: skip
             for i, p in enumerate(missing):
                 cache[p] = (pe[i], pooled[i])
         return torch.stack([cache[p][0] for p in prompts]), torch.stack([cache[p][1] for p in prompts])
 
     opt = torch.optim.AdamW(tr.parameters(), lr=s.flow_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 100) * 0.5 * (1 + math.cos(math.pi * k / s.flow_steps)))
+    warm_cosine = lambda k: min(1.0, (k + 1) / 100) * 0.5 * (1 + math.cos(math.pi * k / s.flow_steps))  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warm_cosine)
     t1 = time.perf_counter()
     for step in range(s.flow_steps):
         x, prompts = _image_batch(rng, s.batch_size)
@@ -334,7 +341,7 @@ def pretrain(directory: str | os.PathLike, settings: PretrainSettings | None = N
 
 
 BASE_DIR = Path(__file__).parent / "flow_assets" / "tiny-sd3-flow-shapes"
-"""The shipped base pipeline made by ``examples/pretrain_tiny_flow.py`` (``model.args.name_or_path: tiny-sd3-flow-shapes``)."""
+"""The shipped base pipeline made by ``examples/pretrain_tiny_flow.py`` (name_or_path ``tiny-sd3-flow-shapes``)."""
 
 
 __all__ = [

@@ -6,9 +6,10 @@
   + dynamic-shift ``FlowMatchEulerDiscreteScheduler`` + ``CLIPTextModel`` + ``T5EncoderModel``.
 - ``tiny-unet``: ``StableDiffusionPipeline`` = ``UNet2DConditionModel`` + ``DDIMScheduler`` + ``CLIPTextModel``.
 
-Tokenizers are word-level ``PreTrainedTokenizerFast`` objects built locally (CLIP-style ``<|startoftext|> … <|endoftext|>``
-and T5-style ``… </s>``), with a short ``model_max_length`` so text sequences stay tiny. Words outside the
-vocabulary map to ``[UNK]``; the vocabulary covers the synthetic task (``flow_task``) and common filler words.
+Tokenizers are word-level ``PreTrainedTokenizerFast`` objects built locally (CLIP-style
+``<|startoftext|> … <|endoftext|>`` and T5-style ``… </s>``), with a short ``model_max_length`` so text
+sequences stay tiny. Words outside the vocabulary map to ``[UNK]``; the vocabulary covers the synthetic task
+(``flow_task``) and common filler words.
 
 ``resolve_pipeline(name)`` builds (and caches under ``MMGRPO_CACHE``) the tiny random pipelines, loads the
 shipped pre-trained ``tiny-sd3-flow-shapes`` (the base model of the ``flow_shapes`` task), and passes any other

@@ -50,7 +50,8 @@ def test_recipes_carry_flow_grpo_defaults():
     assert (sd3.model.lora.r, sd3.model.lora.alpha) == (32, 64)
     flux = load_config(CONFIGS[0].parent / "flow_flux_dev_recipe.yaml")
     f = flux.model.args
-    assert (f["num_steps"], f["eval_num_steps"], f["noise_level"], f["flux_guidance"], f["cfg"]) == (6, 28, 0.9, 3.5, "none")
+    got = (f["num_steps"], f["eval_num_steps"], f["noise_level"], f["flux_guidance"], f["cfg"])
+    assert got == (6, 28, 0.9, 3.5, "none")
     assert flux.algorithm.beta == 0 and flux.model.dtype == "bfloat16"
 
 

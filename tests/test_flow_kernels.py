@@ -71,7 +71,8 @@ def test_logprob_is_independent_gaussian_density(name, level):
         assert torch.all(out.std > 0)
         torch.testing.assert_close(out.logprob, _normal_logprob(out.prev_sample, out.mean, out.std), atol=1e-5, rtol=0)
         # scoring the same sample again (training) gives the same log-prob: ratio == 1
-        again = K.FLOW_KERNELS[name](v, x, s, sn, noise_level=level, sigma_max=float(sig[1]), prev_sample=out.prev_sample)
+        again = K.FLOW_KERNELS[name](v, x, s, sn, noise_level=level, sigma_max=float(sig[1]),
+                                     prev_sample=out.prev_sample)  # fmt: skip
         assert torch.equal(again.logprob, out.logprob)
         # sum reduction is the full log-density
         full = K.gaussian_logprob(out.prev_sample, out.mean, out.std, reduction="sum")

@@ -3,10 +3,14 @@
 The same settings as ``benchmarks/flow_variants.py`` (the docs/flow.md table), shortened to 60 steps and one seed.
 """
 
+from pathlib import Path
+
 import pytest
 
 from mmgrpo.config import load_config
 from mmgrpo.trainer import train
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 VARIANTS = ["grpo", "chunk", "temporal", "value_anchored"]
 
@@ -15,7 +19,7 @@ VARIANTS = ["grpo", "chunk", "temporal", "value_anchored"]
 def test_flow_variants_beat_the_base_model(tmp_path):
     results = {}
     for name in VARIANTS:
-        cfg = load_config(f"configs/flow_{name}.yaml", [f"output_dir={tmp_path / name}", "steps=60", "seed=0"])
+        cfg = load_config(CONFIGS / f"flow_{name}.yaml", [f"output_dir={tmp_path / name}", "steps=60", "seed=0"])
         s = train(cfg)
         results[name] = s
         before, after = s["eval/before/reward"], s["eval/after/reward"]

@@ -32,7 +32,8 @@ def test_reward_is_registered():
 
     fn = load_reward("flow_shape_match")
     img = ft.render("green", "square", "top right")
-    assert fn([img], prompts=["a green square top right"]) == [pytest.approx(ft.shape_match(img, "a green square top right"))]
+    expected = ft.shape_match(img, "a green square top right")
+    assert fn([img], prompts=["a green square top right"]) == [pytest.approx(expected)]
 
 
 def test_quality_proxy_zero_on_clean_renderings_and_high_on_noise():
@@ -66,7 +67,8 @@ def test_shipped_base_is_a_sensible_model():
 
 
 def test_pretrain_smoke(tmp_path):
-    out = ft.pretrain(tmp_path / "base", ft.PretrainSettings(vae_steps=2, flow_steps=2, batch_size=4), log=lambda s: None)
+    settings = ft.PretrainSettings(vae_steps=2, flow_steps=2, batch_size=4)
+    out = ft.pretrain(tmp_path / "base", settings, log=lambda s: None)
     ad = build_flow_adapter({"name_or_path": str(out), "resolution": 32, "cfg": "none", "eval_num_steps": 2,
                              "device": "cpu"})  # fmt: skip
     img = ad.evaluate([{"prompt": "a red circle top left"}])[0]

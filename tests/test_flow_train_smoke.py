@@ -2,11 +2,14 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from mmgrpo.config import load_config
 from mmgrpo.trainer import train
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 SMALL = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=2",
          "model.args.num_steps=4", "model.args.eval_num_steps=2", "eval.before=false", "eval.after=true",
@@ -25,7 +28,7 @@ SMALL = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "a
     ids=["grpo", "chunk", "temporal", "value_anchored", "grpo_guard"],
 )
 def test_flow_variant_trains(config, extra, tmp_path):
-    cfg = load_config(f"configs/{config}.yaml", [f"output_dir={tmp_path}", *SMALL, *extra])
+    cfg = load_config(CONFIGS / f"{config}.yaml", [f"output_dir={tmp_path}", *SMALL, *extra])
     summary = train(cfg)
     assert 0 <= summary["eval/after/reward"] <= 1
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
