@@ -128,6 +128,8 @@ class Trainer:
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         self.state = TrainerState()
         self.acc.register_for_checkpointing(self.scheduler, self.state)
+        if getattr(self.adapter, "reference", None) is not None:  # a frozen copy, synced after warm-up: save it
+            self.acc.register_for_checkpointing(self.adapter.reference)
         self.sampler = PromptSampler(
             len(self.task.train_rows()), cfg.algorithm.prompts_per_step, self.acc.num_processes,
             self.acc.process_index, cfg.seed,
@@ -306,6 +308,8 @@ class Trainer:
             bar.set_postfix(loss=f"{loss.item():.3f}")
         bar.close()
         self.state.warmup_done = True
+        if hasattr(self.adapter, "sync_reference"):  # the KL anchors to the warmed-up policy
+            self.adapter.sync_reference()
         self._evaluate("warmup")
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:

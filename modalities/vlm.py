@@ -381,6 +381,13 @@ class VLMAdapter:
 
     # ------------------------------------------------------------------------------- training plumbing
 
+    def sync_reference(self) -> None:
+        """Make the frozen reference equal to the current policy (called after a supervised warm-up, so the KL
+        anchors to the warmed-up model as RLHF anchors to its SFT model). With LoRA the reference stays the
+        adapter-disabled base model."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self._unwrapped().state_dict())
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._unwrapped().parameters() if p.requires_grad]
 
