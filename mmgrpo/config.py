@@ -128,7 +128,8 @@ class AlgorithmConfig:
     beta: float = 0.0
     """KL coefficient to the reference policy; 0 loads no reference log-probs."""
     kl: str = "k3"
-    """KL estimator: k1 | k2 | k3."""
+    """KL estimator: k1 | k2 | k3 (sample-based, from log-probs) | gaussian_exact (closed form from the
+    transition means, flow/diffusion adapters)."""
     epochs: int = 1
     """mu: optimisation passes over each rollout batch."""
     updates_per_epoch: int = 1
@@ -391,11 +392,12 @@ def validate(cfg: TrainConfig) -> None:
         ("algorithm.estimator", a.estimator, advantages.ESTIMATORS),
         ("algorithm.surrogate", a.surrogate, losses.SURROGATES),
         ("algorithm.aggregation", a.aggregation, losses.AGGREGATIONS),
-        ("algorithm.kl", a.kl, losses.KL_ESTIMATORS),
+
         ("algorithm.ratio_level", a.ratio_level, losses.RATIO_LEVELS),
         ("algorithm.shaping", a.shaping, shaping.SHAPERS),
     ]:
         _check_choice(path, value, reg.names())
+    _check_choice("algorithm.kl", a.kl, losses.KL_ESTIMATORS.names() + ["gaussian_exact"])
     for where, registry, name, args in [
         ("model.args", ADAPTERS, cfg.model.adapter, cfg.model.args),
         ("task.args", TASKS, cfg.task.name, cfg.task.args),

@@ -29,7 +29,7 @@ from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import losses, shaping
-from mmgrpo.config import TrainConfig, dump_config
+from mmgrpo.config import ConfigError, TrainConfig, dump_config
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 
 
@@ -118,6 +118,11 @@ class Trainer:
             max_workers=rt.workers,
             reward_types=[r.reward_types for r in cfg.rewards],
         )
+        if cfg.algorithm.kl == "gaussian_exact" and not hasattr(self.adapter, "exact_kl"):
+            raise ConfigError(
+                f"algorithm.kl: gaussian_exact needs an adapter with Gaussian transitions (flow); "
+                f"{cfg.model.adapter!r} has none, use k1, k2 or k3"
+            )
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -204,7 +209,7 @@ class Trainer:
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
         unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
         ref = None
-        if a.beta > 0:
+        if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
         update_metrics = self._update(rollout, unit_adv, mask, ref)
@@ -235,7 +240,7 @@ class Trainer:
         surrogate = losses.SURROGATES.get(a.surrogate)
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
-        kl_fn = losses.KL_ESTIMATORS.get(a.kl)
+        kl_fn = None if a.kl == "gaussian_exact" else losses.KL_ESTIMATORS.get(a.kl)
         sums: dict[str, torch.Tensor] = {}
         count = 0
         device = self.acc.device
@@ -261,8 +266,11 @@ class Trainer:
                         )  # [n, T]  # fmt: skip
                         policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
                         loss = policy_loss
-                        if ref is not None:
-                            kl = kl_fn(logp, ref[idx].to(device)) * m  # [n, T]
+                        if a.beta > 0:
+                            if a.kl == "gaussian_exact":  # closed form from the adapter's transition means
+                                kl = self.adapter.exact_kl(rollout, idx).to(device) * m  # [n, T]
+                            else:
+                                kl = kl_fn(logp, ref[idx].to(device)) * m  # [n, T]
                             kl_loss = aggregate(kl, m, max_units=m.shape[1])
                             loss = loss + a.beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
