@@ -137,7 +137,13 @@ def shape_match(image: Any, prompt: str) -> float:
 
 
 def flow_shape_match(completions: list, *, prompts: list, **_: Any) -> list[float]:
-    """Soft IoU between the prompt's colour and its canonical shape in the decoded image (flow_shapes task)."""
+    """Soft IoU between the prompt's colour and its canonical shape in the decoded image (flow_shapes task).
+
+    r = Σ min(m, s) / Σ max(m, s), with m the soft mask of pixels close to the prompt's colour and s the
+    shape's target mask at its canonical position (see ``shape_match``).
+
+    Source: ours, the reward of mmgrpo's synthetic flow_shapes task (no paper).
+    """
     return [shape_match(img, p) for img, p in zip(completions, prompts)]
 
 
