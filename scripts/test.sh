@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export HF_HUB_OFFLINE=1  # tests build every model locally; never wait on a hub
 exec .venv/bin/python -m pytest tests -q "$@"
