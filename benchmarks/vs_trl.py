@@ -19,9 +19,9 @@ prompt length both toolkits actually feed (checked equal in every run).
 How it is measured. A driver launches one subprocess per (toolkit, ratio, repeat), alternating which toolkit runs
 first, so both see the same machine load. Each subprocess imports the same libraries (torch, transformers, trl,
 datasets, mmgrpo) before loading anything, so import overhead does not differ; it runs ``--warmup`` untimed steps,
-then ``--steps`` timed ones, then (first repeat only) one more under ``torch.utils.flop_counter.FlopCounterMode`` to count the FLOPs
-of a step. It reports per step: ``step`` (wall time of the whole optimizer step), ``rollout`` (the sampling call:
-TRL ``_generate_single_turn``, mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step − rollout: processor,
+then ``--steps`` timed ones, then (first repeat only) one more under ``torch.utils.flop_counter.FlopCounterMode``
+to count the FLOPs of a step. It reports per step: ``step`` (wall time of the whole optimizer step), ``rollout``
+(the sampling call: TRL ``_generate_single_turn``, mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step − rollout: processor,
 rewards, advantages, log-prob forwards, backward, optimizer), plus peak resident memory (``ru_maxrss``, before the
 FLOP-counting step; ``working set`` = that peak minus the RSS after imports). A plain fp32 matmul benchmark runs in
 its own subprocess after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step
@@ -134,7 +134,8 @@ def _rows(spec: RunSpec) -> list[dict]:
     from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
 
     n = max(16, 4 * spec.prompts * (spec.warmup + spec.steps + 1))
-    return ShapesTask(ShapesArgs(questions=QUESTIONS, image_size=spec.image_size, train_size=n, eval_size=1)).train_rows()
+    task = ShapesTask(ShapesArgs(questions=QUESTIONS, image_size=spec.image_size, train_size=n, eval_size=1))
+    return task.train_rows()
 
 
 def bench_reward(completions, **kwargs) -> list[float]:
@@ -147,7 +148,8 @@ def bench_reward(completions, **kwargs) -> list[float]:
 
 def _suppressed_ids(tokenizer) -> list[int]:
     vocab = tokenizer.get_vocab()
-    return sorted(vocab[t] for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>") if t in vocab)
+    media = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+    return sorted(vocab[t] for t in media if t in vocab)
 
 
 class _Clock:
@@ -380,7 +382,8 @@ def matmul_worker(threads: int, result: str, n: int = 1024, reps: int = 20) -> N
         t = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t)
-    Path(result).write_text(json.dumps({"flops_per_s": 2 * n**3 / statistics.median(times), "n": n, "threads": threads}))
+    flops_per_s = 2 * n**3 / statistics.median(times)
+    Path(result).write_text(json.dumps({"flops_per_s": flops_per_s, "n": n, "threads": threads}))
 
 
 # ----------------------------------------------------------------------------------------------- driver
@@ -452,14 +455,17 @@ def plot(table: list[dict], toolkits: list[str], path: Path) -> None:
             ax1.plot(x, [r[f"trl_over_{tk}"][metric] for r in table], style, marker="o", label=f"{label} ({tk})")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.axhline(2.0, color="grey", lw=0.8, ls="--")
-    ax1.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel="TRL / mmgrpo", title="TRL ÷ mmgrpo (>1: mmgrpo better)")
+    ax1.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel="TRL / mmgrpo",
+            title="TRL ÷ mmgrpo (>1: mmgrpo better)")  # fmt: skip
     ax1.set_xticks(x, [f"{v:.0f}:1" for v in x])
+    ax1.minorticks_off()
     ax1.legend(fontsize=7)
     for tk in toolkits:
         ax2.plot(x, [r[tk]["fraction_of_matmul"] for r in table], marker="o", label=tk)
     ax2.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel="achieved FLOP/s ÷ matmul FLOP/s",
             title="hardware efficiency (counted FLOPs / step time)")  # fmt: skip
     ax2.set_xticks(x, [f"{v:.0f}:1" for v in x])
+    ax2.minorticks_off()
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -490,7 +496,9 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="runs/bench", help="output directory (vs_trl.json, vs_trl.png, vs_trl.md)")
     p.add_argument("--ratios", default="2,4,8,16,32", help="target prefix:completion ratios L/T")
     p.add_argument("--completion-tokens", type=int, default=16, help="T (fixed: min_new_tokens = max_new_tokens)")
@@ -503,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--naive", action="store_true", help="also run mmgrpo with prefix_sharing/kv_expand_rollout off")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker run")
+    p.add_argument("--replot", action="store_true", help="only redraw vs_trl.png/.md from --out/vs_trl.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -515,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     out = Path(a.out)
+    if a.replot:
+        report = json.loads((out / "vs_trl.json").read_text())
+        toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
+        (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
+        plot(report["table"], toolkits, out / "vs_trl.png")
+        return 0
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     model_dir = build_model(out / "model", a.seed)
@@ -543,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[rep {rep}] {tk:13s} L:T={L}/{T} step {_median(r['step_s']):.2f}s "
                       f"rollout {_median(r['rollout_s']):.2f}s peak {r['peak_rss_mb']:.0f}MB", flush=True)  # fmt: skip
             mm = raw / f"matmul_rep{rep}_{i}.json"
-            _launch(["--worker", "matmul", "--spec", json.dumps({"threads": a.threads, "result": str(mm)})], a.threads, 600)
+            mm_spec = json.dumps({"threads": a.threads, "result": str(mm)})
+            _launch(["--worker", "matmul", "--spec", mm_spec], a.threads, 600)
             matmul.append(json.loads(mm.read_text())["flops_per_s"])
     for r in runs:
         r["key"] = tuple(r["key"])

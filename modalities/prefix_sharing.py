@@ -256,7 +256,9 @@ def truncate(scores: Tensor, top_k: int, top_p: float) -> Tensor:
 
 
 @torch.no_grad()
-def sample(model: torch.nn.Module, batch: dict[str, Tensor], group_size: int, spec: SamplingSpec) -> tuple[Tensor, Tensor]:
+def sample(
+    model: torch.nn.Module, batch: dict[str, Tensor], group_size: int, spec: SamplingSpec
+) -> tuple[Tensor, Tensor]:
     """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache.
 
     Rows are group-major (completion b continues prompt b // G). Tokens after a row's first EOS are

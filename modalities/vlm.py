@@ -255,7 +255,7 @@ class VLMAdapter:
     def _sample(
         self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler, their log-probs [B, T] (else None)."""
+        """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler, their log-probs [B, T]."""
         model = self._unwrapped()
         batch = self._collate(encodings)
         was_training = model.training
@@ -269,11 +269,10 @@ class VLMAdapter:
                 )  # fmt: skip
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
-            sampling = (
-                dict(do_sample=False)
-                if greedy
-                else dict(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p, top_k=self.args.top_k)
-            )
+            a = self.args
+            sampling = dict(do_sample=True, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+            if greedy:
+                sampling = dict(do_sample=False)
             out = model.generate(
                 **batch,
                 max_new_tokens=self.args.max_new_tokens,
@@ -448,7 +447,9 @@ def build_vlm_adapter(
     if a.max_new_tokens < 1:
         raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
     if not 0 <= a.min_new_tokens <= a.max_new_tokens:
-        raise ConfigError(f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}")
+        raise ConfigError(
+            f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
+        )
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]

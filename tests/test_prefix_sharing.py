@@ -147,10 +147,10 @@ def _text_adapter(model_type: str):
     return VLMAdapter(model, tok, VLMArgs(max_new_tokens=5), reference=None)
 
 
-def test_text_only_qwen2_is_covered(tiny_vlm_path):
+def test_text_only_qwen2_is_covered():
     adapter = _text_adapter("qwen2")
     assert prefix_sharing.unsupported_reason(adapter.model) is None
-    rows = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Which way?"}]
+    rows = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Why?"}]
     _assert_same(adapter, _state(adapter, rows, G=2, T=5), torch.arange(4))
 
 
@@ -188,3 +188,36 @@ def test_video_prompt_continues_the_naive_rope_index(tiny_vlm_path):
     naive = adapter._token_logprobs(adapter._unwrapped(), sampled, torch.arange(6)).detach()
     m = adapter._completion_mask(completion).bool()
     torch.testing.assert_close(sampler_logp[m], naive[m], atol=LOGP_ATOL, rtol=0)
+
+
+def test_qwen2_vl_is_covered(tiny_vlm_path):
+    """Qwen2-VL (the other mRoPE family): a tiny random one with the tiny Qwen2.5-VL's processor and token ids."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoProcessor, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    c = json.loads((Path(tiny_vlm_path) / "config.json").read_text())
+    t = c["text_config"]
+    config = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=t["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, pad_token_id=t["pad_token_id"],
+            bos_token_id=t["pad_token_id"], eos_token_id=t["eos_token_id"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        ),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        **{k: c[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).train()
+    adapter = VLMAdapter(model, AutoProcessor.from_pretrained(tiny_vlm_path), VLMArgs(max_new_tokens=5), None)
+    assert prefix_sharing.unsupported_reason(model) is None
+    _assert_same(adapter, _state(adapter, _rows(), G=2, T=5), torch.arange(4))
+    ids = {}
+    for kv in (True, False):
+        adapter.args.kv_expand_rollout = kv
+        torch.manual_seed(4)
+        ids[kv] = adapter._sample([adapter._encode_prompt(r) for r in _rows()], 3, greedy=False)[0]
+    assert torch.equal(ids[True], ids[False])
