@@ -19,6 +19,7 @@ import math
 import os
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,7 +218,7 @@ class Trainer:
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics}.items()}
         metrics.update(reward_metrics)
-        metrics.update(_reward_summary(combined, rollout, mask))
+        metrics.update(_completion_summary(rollout, mask))
         metrics.update(
             {
                 "perf/rollout_s": t1 - t0,
@@ -250,7 +251,7 @@ class Trainer:
                 minibatches = update.split(a.minibatch_size)
                 for i, idx in enumerate(minibatches):
                     sync = i == len(minibatches) - 1
-                    with (self.acc.no_sync(self.adapter.model) if not sync else _null()):
+                    with self.acc.no_sync(self.adapter.model) if not sync else nullcontext():
                         logp = self.adapter.logprobs(rollout, idx)  # [n, T] with grad
                         m = mask[idx].to(device)  # [n, T]
                         log_ratio = logp - rollout.old_logprobs[idx].to(device)  # [n, T]
@@ -375,20 +376,10 @@ class Trainer:
         acc.end_training()
 
 
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()
-
-
-def _reward_summary(combined: torch.Tensor, rollout, mask: torch.Tensor) -> dict[str, float]:
-    """reward/mean, reward/std (over samples with a reward), completion/* length statistics."""
-    valid = ~torch.isnan(combined)
-    r = combined[valid]
+def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
+    """completion/* statistics (reward/* come from ``compute_advantages``)."""
     lengths = rollout.mask.sum(dim=1)  # [B]
     return {
-        "reward/mean": float(r.mean()) if r.numel() else float("nan"),
-        "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
         "completion/units_mean": float(lengths.mean()),
         "completion/truncated_fraction": float(rollout.truncated.float().mean()),
         "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
