@@ -80,7 +80,7 @@ def build_model(directory: Path, seed: int) -> Path:
     processor that keeps images up to 1024 merged tokens (the tiny default caps them at 112×112 pixels)."""
     from transformers import AutoProcessor
 
-    from mmgrpo.modalities.vlm_tiny import TinySizes, build_tiny_qwen25_vl
+    from mmgrpo.modalities.vlm.tiny import TinySizes, build_tiny_qwen25_vl
 
     if (directory / "config.json").is_file():
         return directory
@@ -106,8 +106,8 @@ def prompt_length(model_dir: Path, image_size: int) -> int:
     """Tokens of the longest benchmark prompt at this image size (as both toolkits encode it)."""
     from transformers import AutoProcessor
 
-    from mmgrpo.modalities.shapes_task import QUESTIONS as TEXT
-    from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
+    from mmgrpo.tasks.shapes import QUESTIONS as TEXT
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
     processor = AutoProcessor.from_pretrained(model_dir)
     row = ShapesTask(ShapesArgs(questions=QUESTIONS, image_size=image_size, train_size=1, eval_size=1)).train_rows()[0]
@@ -131,7 +131,7 @@ def image_side_for(model_dir: Path, ratio: float, completion_tokens: int) -> tup
 
 
 def _rows(spec: RunSpec) -> list[dict]:
-    from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
     n = max(16, 4 * spec.prompts * (spec.warmup + spec.steps + 1))
     task = ShapesTask(ShapesArgs(questions=QUESTIONS, image_size=spec.image_size, train_size=n, eval_size=1))
@@ -188,7 +188,7 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     B, T = spec.prompts * spec.group_size, spec.completion_tokens
     model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32, attn_implementation="sdpa")
     processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
-    from mmgrpo.modalities.shapes_task import QUESTIONS as TEXT
+    from mmgrpo.tasks.shapes import QUESTIONS as TEXT
 
     rows = [
         {

@@ -6,7 +6,7 @@
 declares that dataclass as ``build.args_class`` so ``load_config`` checks the options before anything is built.
 Adapter builders also take the keyword arguments ``lora`` (LoraConfig), ``dtype`` (str) and
 ``need_reference`` (bool: β > 0 and no LoRA, so keep a frozen reference copy).
-Built-in adapters and tasks register themselves when :mod:`mmgrpo.modalities` is imported.
+Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is.
 """
 
 from __future__ import annotations
@@ -18,5 +18,6 @@ TASKS: Registry = Registry("task")
 
 
 def load_builtins() -> None:
-    """Import the built-in modalities so their adapters and tasks register."""
+    """Import the built-in adapters and tasks so they register."""
     import mmgrpo.modalities  # noqa: F401
+    import mmgrpo.tasks  # noqa: F401

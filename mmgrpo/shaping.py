@@ -17,7 +17,7 @@ Pure math (torch only). Every shaper has one signature::
 
 The chunk-level ratio of Chunk-GRPO is a ratio level (``mmgrpo.losses.RATIO_LEVELS["chunk"]``); chunk
 subsampling weighted by relative latent change is a step selector of the flow adapter
-(``mmgrpo.modalities.flow_steps``), because it needs the latents.
+(``mmgrpo.modalities.flow.steps``), because it needs the latents.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Modality adapters (one file per model family), tiny model builders and synthetic tasks.
+"""Modality adapters, one subpackage per model family (adapter + tiny-model builder).
 
-Importing this package registers the built-in adapters and tasks in :mod:`mmgrpo.plugins`.
+Importing this package registers the built-in adapters in :mod:`mmgrpo.plugins`. Shared token-policy
+machinery (KV-expanded sampling, prefix sharing) lives in :mod:`mmgrpo.modalities.tokens`.
 """
 
-from . import shapes_task, vlm  # noqa: F401
-from . import flow, flow_prompts, flow_task  # noqa: F401  (flow/diffusion adapter, t2i_prompts and flow_shapes tasks)
-from . import video, video_task  # noqa: F401  (video adapter, video_motion task)
+from .vlm import adapter as _vlm  # noqa: F401
+from .video import adapter as _video  # noqa: F401
+from .flow import adapter as _flow  # noqa: F401

@@ -22,6 +22,6 @@ def mmgrpo_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_vlm_path(mmgrpo_cache):
-    from mmgrpo.modalities.vlm_tiny import resolve_model_path
+    from mmgrpo.modalities.vlm.tiny import resolve_model_path
 
     return resolve_model_path("tiny-qwen2.5-vl")

@@ -5,8 +5,8 @@ import torch
 
 from mmgrpo import losses, shaping
 from mmgrpo.config import ConfigError, LoraConfig
-from mmgrpo.modalities import flow_kernels as K
-from mmgrpo.modalities.flow import FLOW_LORA_TARGETS, build_flow_adapter
+from mmgrpo.modalities.flow import kernels as K
+from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS, build_flow_adapter
 
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 PROMPTS = [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
@@ -219,7 +219,7 @@ def test_evaluate_is_deterministic_and_seeded(adapter):
 
 
 def test_save_pretrained_lora_roundtrip(mmgrpo_cache, tmp_path):
-    from mmgrpo.modalities.flow_tiny import resolve_pipeline
+    from mmgrpo.modalities.flow.tiny import resolve_pipeline
 
     ad = make("sd3")
     _perturb(ad)

@@ -7,7 +7,7 @@ import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 from torch.distributions import Normal
 
-from mmgrpo.modalities import flow_kernels as K
+from mmgrpo.modalities.flow import kernels as K
 
 torch.manual_seed(0)
 SHAPE = (3, 4, 5, 5)  # [B, C, H, W]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmgrpo.modalities.flow_steps import (
+from mmgrpo.modalities.flow.steps import (
     STEP_SELECTORS,
     chunk_ids,
     relative_latent_change,

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgrpo.modalities import flow_task as ft
-from mmgrpo.modalities.flow import build_flow_adapter
-from mmgrpo.modalities.flow_prompts import build_t2i_prompts
+from mmgrpo.tasks import flow_shapes as ft
+from mmgrpo.modalities.flow.adapter import build_flow_adapter
+from mmgrpo.tasks.t2i_prompts import build_t2i_prompts
 from mmgrpo.plugins import TASKS
 
 
@@ -67,8 +67,12 @@ def test_shipped_base_is_a_sensible_model():
 
 
 def test_pretrain_smoke(tmp_path):
-    settings = ft.PretrainSettings(vae_steps=2, flow_steps=2, batch_size=4)
-    out = ft.pretrain(tmp_path / "base", settings, log=lambda s: None)
+    import runpy
+    from pathlib import Path
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "pretrain_tiny_flow.py"))
+    settings = script["PretrainSettings"](vae_steps=2, flow_steps=2, batch_size=4)
+    out = script["pretrain"](tmp_path / "base", settings, log=lambda s: None)
     ad = build_flow_adapter({"name_or_path": str(out), "resolution": 32, "cfg": "none", "eval_num_steps": 2,
                              "device": "cpu"})  # fmt: skip
     img = ad.evaluate([{"prompt": "a red circle top left"}])[0]

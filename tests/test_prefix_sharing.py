@@ -1,4 +1,4 @@
-"""Prompt sharing (modalities/prefix_sharing.py) against the naive path, fp32, on tiny real architectures.
+"""Prompt sharing (modalities/tokens/prefix_sharing.py) against the naive path, fp32, on tiny real architectures.
 
 Tolerances (fp32): per-token log-probs |Δ| ≤ 1e-5; parameter gradients |Δ| ≤ 1e-5 + 1e-4·|g_naive|. The two paths
 run the same layers on differently shaped batches, so they differ by float rounding only (observed ≤ 1e-6).
@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from mmgrpo.modalities import prefix_sharing
-from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
-from mmgrpo.modalities.vlm import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
+from mmgrpo.modalities.tokens import prefix_sharing
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+from mmgrpo.modalities.vlm.adapter import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
 
 LOGP_ATOL = 1e-5
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5
@@ -135,7 +135,7 @@ def _text_adapter(model_type: str):
     """A tiny text-only causal LM of ``model_type`` with the tiny VLM's tokenizer (no processor)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mmgrpo.modalities.vlm_tiny import build_tokenizer
+    from mmgrpo.modalities.vlm.tiny import build_tokenizer
 
     tok = build_tokenizer()
     config = AutoConfig.for_model(

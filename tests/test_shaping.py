@@ -7,7 +7,7 @@ import torch
 from torch.distributions import Normal, kl_divergence
 
 from mmgrpo import shaping
-from mmgrpo.modalities import flow_kernels as K
+from mmgrpo.modalities.flow import kernels as K
 from mmgrpo.shaping import ShapingInputs
 
 

@@ -5,9 +5,9 @@ import torch
 
 from mmgrpo import losses
 from mmgrpo.config import ConfigError
-from mmgrpo.modalities import video as video_mod
-from mmgrpo.modalities.video import Clip, build_video_adapter, decode_clip, shuffle_frames, VideoSampling
-from mmgrpo.modalities.video_task import VideoMotionArgs, VideoMotionTask
+from mmgrpo.modalities.video import adapter as video_mod
+from mmgrpo.modalities.video.adapter import Clip, build_video_adapter, decode_clip, shuffle_frames, VideoSampling
+from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
 
 # 16 frames at 8 fps sampled at 3 fps: n = 16/8·3 = 6 frames, sample_fps = 6/16·8 = 3, second_per_grid_ts = 2/3
 # (neither the 2 fps nor the processor's 24 fps default, so a dropped or default rate shows).

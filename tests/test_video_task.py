@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mmgrpo.config import ConfigError
-from mmgrpo.modalities.video_task import VideoMotionArgs, VideoMotionTask, direction_frames, when_frames
+from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask, direction_frames, when_frames
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_files_are_real_videos_at_the_written_rate(task):
     vr = decord.VideoReader(rows[0]["video"])
     assert len(vr) == 16 and vr.get_avg_fps() == pytest.approx(8.0)
     assert vr[0].asnumpy().shape == (56, 56, 3)
-    assert str(task.video_dir).startswith(str(__import__("mmgrpo.modalities.vlm_tiny", fromlist=["x"]).cache_dir()))
+    assert str(task.video_dir).startswith(str(__import__("mmgrpo.cache", fromlist=["x"]).cache_dir()))
 
 
 def test_eval_split_adds_order_destroyed_copies(task):

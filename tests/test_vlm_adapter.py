@@ -4,8 +4,8 @@ import torch
 
 from mmgrpo import losses
 from mmgrpo.config import LoraConfig
-from mmgrpo.modalities.shapes_task import ShapesArgs, ShapesTask
-from mmgrpo.modalities.vlm import build_vlm_adapter
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 
 
 def _rows(n=3):
@@ -117,7 +117,7 @@ def test_media_placeholder_tokens_are_never_sampled(tiny_vlm_path):
 
 def test_text_only_causal_lm(tmp_path):
     """Rows without images go through a text-only AutoModelForCausalLM with its tokenizer."""
-    from mmgrpo.modalities.vlm_tiny import build_tiny_causal_lm
+    from mmgrpo.modalities.vlm.tiny import build_tiny_causal_lm
 
     path = build_tiny_causal_lm(tmp_path / "lm")
     adapter = build_vlm_adapter({"name_or_path": str(path), "max_new_tokens": 5})

@@ -34,8 +34,8 @@ from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout, select_fields
 
-from . import prefix_sharing
-from .vlm_tiny import resolve_model_path
+from ..tokens import prefix_sharing
+from .tiny import resolve_model_path
 
 
 @dataclass
@@ -72,7 +72,7 @@ class VLMArgs:
     """EOS is banned for the first N completion tokens (also in the log-probs); N = max_new_tokens fixes the length."""
     prefix_sharing: bool = True
     """Log-prob forwards encode each prompt once and let its completions attend to it (split attention,
-    modalities/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall back."""
+    modalities/tokens/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall back."""
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
     HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
@@ -239,7 +239,7 @@ class VLMAdapter:
     # ---------------------------------------------------------------------------------------- sampling
 
     def _shares_prefix(self, model: torch.nn.Module, what: str, enabled: bool) -> bool:
-        """Whether ``what`` takes the prompt-sharing path (modalities/prefix_sharing.py); warns once if not covered."""
+        """Whether ``what`` takes the prompt-sharing path (modalities/tokens/prefix_sharing.py); warns once if not covered."""
         if not enabled:
             return False
         reason = prefix_sharing.unsupported_reason(model)

@@ -47,9 +47,9 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout, select_fields
 
-from . import flow_kernels as K
-from .flow_steps import STEP_SELECTORS, StepPlan
-from .flow_tiny import TINY_NAMES, resolve_pipeline
+from . import kernels as K
+from .steps import STEP_SELECTORS, StepPlan
+from .tiny import TINY_NAMES, resolve_pipeline
 
 FLOW_LORA_TARGETS = [
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",

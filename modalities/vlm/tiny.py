@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.cache import cache_dir
+
 TINY_NAME = "tiny-qwen2.5-vl"
 
 SPECIAL_TOKENS = [
@@ -182,11 +184,6 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
 
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
-
-
-def cache_dir() -> Path:
-    """Where built-in tiny models are materialised (``MMGRPO_CACHE`` or ``~/.cache/mmgrpo``)."""
-    return Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo"))
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:

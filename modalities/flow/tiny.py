@@ -210,7 +210,7 @@ def build_tiny_unet(seed: int = 0, sizes: TinyFlowSizes | None = None, set_alpha
 
 BUILDERS = {"tiny-sd3": build_tiny_sd3, "tiny-flux": build_tiny_flux, "tiny-unet": build_tiny_unet}
 
-SHIPPED = {"tiny-sd3-flow-shapes": Path(__file__).parent / "flow_assets" / "tiny-sd3-flow-shapes"}
+SHIPPED = {"tiny-sd3-flow-shapes": Path(__file__).parent / "assets" / "tiny-sd3-flow-shapes"}
 """Pre-trained tiny pipelines shipped with the package (made by ``examples/pretrain_tiny_flow.py``, ~1.5 MB)."""
 
 

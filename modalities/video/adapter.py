@@ -59,7 +59,7 @@ from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
-from .vlm import VLMAdapter, VLMArgs, _load_images, build_vlm_adapter
+from ..vlm.adapter import VLMAdapter, VLMArgs, _load_images, build_vlm_adapter
 
 
 @dataclass

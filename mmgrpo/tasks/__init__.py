@@ -1,0 +1,7 @@
+"""Prompt sources: synthetic tasks with a held-out split (and user datasets).
+
+Importing this package registers the built-in tasks in :mod:`mmgrpo.plugins`. Dependency rule: tasks import
+rewards and the core, never :mod:`mmgrpo.modalities`.
+"""
+
+from . import flow_shapes, shapes, t2i_prompts, video_motion  # noqa: F401
