@@ -8,6 +8,7 @@ exits with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
-    if evals:
+    if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))
     return 0
 

@@ -375,6 +375,26 @@ def seq_sum_const_norm(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
     return (loss.float() * mask.float()).sum() / float(n * max_units)
 
 
+def aggregation_units(aggregation: str, mask: Tensor) -> Tensor:
+    """The count an aggregation divides by, so that a loss split into minibatches equals the whole-update loss.
+
+    Each aggregation is Σ(minibatch) / D(minibatch); the whole update's value is Σ_mb Σ(mb) / D(update), so
+    minibatch ``mb`` is weighted by D(mb) / D(update): valid units for ``token_mean`` (DAPO §3.3, TRL's ``dapo``
+    loss type normalises by the global count of active tokens), sequences with a valid unit for
+    ``seq_mean_token_mean``, sequences for ``seq_sum_const_norm``. An aggregation registered elsewhere is
+    weighted by its sequence count.
+
+    Shape:
+        mask: [n, T] → []
+    """
+    m = mask.float()  # [n, T]
+    if aggregation == "token_mean":
+        return m.sum()
+    if aggregation == "seq_mean_token_mean":
+        return (m.sum(-1) > 0).float().sum()
+    return torch.tensor(float(mask.shape[0]), device=mask.device)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # KL estimators (Schulman 2020, "Approximating KL Divergence"; samples y ~ π, x = log π_ref(y) − log π(y))
 

@@ -96,19 +96,21 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.acc = Accelerator(
+            cpu=_cpu_only_multiprocess(),
             log_with=cfg.logging.trackers or None,
             project_config=ProjectConfiguration(project_dir=str(self.out), logging_dir=str(self.out / "logs")),
         )
         load_builtins()
         set_seed(cfg.seed)
-        self.task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
-        self.adapter = ADAPTERS.get(cfg.model.adapter)(
-            cfg.model.args,
-            seed=cfg.seed,
-            lora=cfg.model.lora,
-            dtype=cfg.model.dtype,
-            need_reference=cfg.algorithm.beta > 0,
-        )
+        with self.acc.main_process_first():  # tiny models and data are built into a shared cache: once
+            self.task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
+            self.adapter = ADAPTERS.get(cfg.model.adapter)(
+                cfg.model.args,
+                seed=cfg.seed,
+                lora=cfg.model.lora,
+                dtype=cfg.model.dtype,
+                need_reference=cfg.algorithm.beta > 0,
+            )
         from mmgrpo.rewards import RewardRunner
 
         rt = cfg.reward_runtime
@@ -141,7 +143,7 @@ class Trainer:
             self.acc.process_index, cfg.seed,
         )  # fmt: skip
         set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
-        self.summary: dict[str, float] = {}
+        self.summary: dict[str, float] = {"train/processes": self.acc.num_processes}
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -229,14 +231,57 @@ class Trainer:
             }
         )
         self.scheduler.step()
+        if self.acc.num_processes > 1:
+            metrics = self._reduce_metrics(metrics, rewards)
         return metrics
+
+    def _reduce_metrics(self, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
+        """Every process's metrics → one set for the whole step (identical on all processes).
+
+        Each process holds the same number of samples (P·G) and, after ``_update``'s weighting, loss terms
+        that sum to the whole-update value over processes, so a plain mean over processes is the mean over
+        all samples. Exceptions: counts (``reward/errors``) are summed, wall times (``perf/*``) take the
+        slowest process, and the reward statistics whose weights differ per process (``reward/mean``,
+        ``reward/std``, ``reward/<name>`` over applicable samples) are recomputed from all processes' rewards.
+        """
+        a = self.cfg.algorithm
+        per_process = gather_object([metrics])  # W dicts
+        out: dict[str, float] = {}
+        for key in metrics:
+            values = [m[key] for m in per_process if key in m]
+            if key in SUMMED_METRICS:
+                out[key] = float(sum(values))
+            elif key.startswith("perf/"):
+                out[key] = float(max(values))
+            else:
+                finite = [v for v in values if not math.isnan(v)]  # a reward not applicable on one process
+                out[key] = float(sum(finite) / len(finite)) if finite else math.nan
+        everything = self.acc.gather(rewards.to(self.acc.device)[None]).cpu()  # [W, P, G, K]
+        everything = everything.flatten(0, 1)  # [W·P, G, K]
+        combined = adv_lib.combine_rewards(everything, self.rewards.weights).flatten()  # [W·P·G]
+        valid = combined[~torch.isnan(combined)]  # [n]
+        if valid.numel() > 0:
+            out["reward/mean"] = float(valid.mean())
+            out["reward/std"] = float(valid.std(unbiased=a.std_unbiased)) if valid.numel() > 1 else 0.0
+        for k, name in enumerate(self.rewards.names):
+            col = everything[..., k].flatten()  # [W·P·G]
+            ok = ~torch.isnan(col)
+            if f"reward/{name}" in out:
+                out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
+        return out
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:
         order = torch.randperm(n) if shuffle else torch.arange(n)
         return list(order.split(self.cfg.algorithm.minibatch_size))
 
     def _update(self, rollout, unit_adv: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor | None) -> dict:
-        """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates."""
+        """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates.
+
+        An update's gradient is that of one loss over all its samples on all processes: minibatch ``mb`` is
+        weighted by its share D(mb) / D(update) of the units its aggregation divides by
+        (``losses.aggregation_units``, summed over processes), times W because DDP averages gradients over
+        the W processes. Logged loss terms are weighted the same way, so they are whole-update values.
+        """
         a = self.cfg.algorithm
         surrogate = losses.SURROGATES.get(a.surrogate)
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
@@ -245,11 +290,17 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         count = 0
         device = self.acc.device
+        world = self.acc.num_processes
         for _ in range(a.epochs):
             order = torch.randperm(rollout.batch_size) if a.epochs > 1 else torch.arange(rollout.batch_size)
             for update in order.tensor_split(a.updates_per_epoch):
                 minibatches = update.split(a.minibatch_size)
+                total = losses.aggregation_units(a.aggregation, mask[update]).to(device)  # [] this process
+                if world > 1:
+                    total = self.acc.reduce(total, reduction="sum")  # [] all processes
                 for i, idx in enumerate(minibatches):
+                    units = losses.aggregation_units(a.aggregation, mask[idx]).to(device)  # []
+                    share = float(world * units / total) if float(total) > 0 else 0.0
                     sync = i == len(minibatches) - 1
                     with self.acc.no_sync(self.adapter.model) if not sync else nullcontext():
                         logp = self.adapter.logprobs(rollout, idx)  # [n, T] with grad
@@ -275,13 +326,13 @@ class Trainer:
                             kl_loss = aggregate(kl, m, max_units=m.shape[1])
                             loss = loss + a.beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
-                        self.acc.backward(loss * (len(idx) / len(update)))
+                        self.acc.backward(loss * share)
                     mets["loss/policy"] = policy_loss.detach()
                     for k, v in mets.items():
-                        sums[k] = sums.get(k, 0.0) + v.detach().float()
-                    count += 1
+                        sums[k] = sums.get(k, 0.0) + share * v.detach().float().cpu()
                 grad_norm = self._optimizer_step()
-                sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + grad_norm * len(minibatches)
+                sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + grad_norm
+                count += 1
         return {k: v / count for k, v in sums.items()}
 
     def _optimizer_step(self) -> torch.Tensor:
@@ -374,6 +425,20 @@ class Trainer:
 
                 plot_reward_curve(history, self.out / "reward_curve.png", title=cfg.output_dir)
         acc.end_training()
+
+
+SUMMED_METRICS = {"reward/errors", "optim/skipped_steps"}
+"""Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``)."""
+
+
+def _cpu_only_multiprocess() -> bool:
+    """True when launched as several processes on a machine without an accelerator.
+
+    accelerate sets up gloo on CPU only when asked to (``Accelerator(cpu=True)``); ``accelerate launch
+    --multi_gpu`` and ``torchrun`` start the processes but do not ask, so each would train alone.
+    """
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
 
 
 def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:

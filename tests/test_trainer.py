@@ -131,15 +131,22 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path, mmgrpo_cache):
 @pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tmp_path, mmgrpo_cache):
     out = tmp_path / "ddp"
+    """The shipped CPU launch recipe starts two processes that train together (not two copies of one run)."""
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--num_processes", "2", "--cpu", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "-m", "mmgrpo", "train", str(QUICK), *SMALL, "steps=3", f"output_dir={out}"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+           "-m", "mmgrpo", "train", str(QUICK), *SMALL, "steps=3", f"output_dir={out}"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2, 3]
-    assert (out / "checkpoints/final/COMPLETE").is_file()
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["train/processes"] == 2  # the world size the trainer saw
+    final = out / "checkpoints/final"
+    assert (final / "COMPLETE").is_file()
+    assert len(list(final.glob("random_states_*"))) == 2  # one RNG state per process
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2, 3]  # written once, not once per process
+    assert sum(1 for r in records if "eval/after/accuracy" in r) == 1
+    assert proc.stdout.count("mmgrpo: eval/") == 1  # the final message printed once
     assert "eval/after/accuracy" in summary
 
 
