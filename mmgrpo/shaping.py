@@ -73,19 +73,20 @@ def shape_advantages(name: str, advantages: Tensor, inputs: ShapingInputs, param
 
 
 def tempflow_weights(sigmas: Tensor) -> Tensor:
-    """TempFlow-GRPO noise-aware weights sqrt(σ̃/(1−σ̃)) per unit, unnormalised.
+    """TempFlow-GRPO noise-aware weights sqrt(σ/(1−σ̃)) per unit, unnormalised.
 
-    This is Flow-SDE's noise coefficient s_t/a, the factor that cancels the σ-dependence of the policy gradient
-    (research note §4: ∇_v ℓ ∝ sqrt(h(1−σ)/σ)). σ = 1 would divide by zero; as in Flow-GRPO's kernel it is
-    replaced by the largest σ < 1 of the same row (the schedule's second sigma), σ̃.
+    This is Flow-SDE's noise coefficient s_t/a (Flow-GRPO, arXiv 2505.05470 §4.1), the factor that cancels the
+    σ-dependence of the policy gradient (TempFlow-GRPO, arXiv 2508.04324 §3). σ = 1 would divide by zero; as in
+    Flow-GRPO's kernel (yifan123/flow_grpo, ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``) it is
+    replaced in the denominator only by the largest σ < 1 of the same row (the schedule's second sigma), σ̃.
 
     Shape:
         sigmas: [B, T] -> [B, T]
     """
-    s = sigmas.float()
+    s = sigmas.float()  # [B, T]
     below = torch.where(s < 1, s, torch.full_like(s, -1.0)).amax(dim=1, keepdim=True)  # [B, 1]
-    s = torch.where(s < 1, s, below.clamp_min(0.0).expand_as(s))  # [B, T]
-    return torch.sqrt(s.clamp_min(0.0) / (1 - s).clamp_min(1e-6))
+    s_den = torch.where(s < 1, s, below.clamp_min(0.0).expand_as(s))  # [B, T]
+    return torch.sqrt(s.clamp_min(0.0) / (1 - s_den).clamp_min(1e-6))
 
 
 def step_sizes(sigmas: Tensor) -> Tensor:
@@ -103,7 +104,7 @@ def step_sizes(sigmas: Tensor) -> Tensor:
 def temporal(advantages: Tensor, inputs: ShapingInputs, weights: str = "tempflow", normalize: bool = True) -> Tensor:
     """A_{b,t} = A_b · w_t: the sample's advantage re-weighted per denoising step.
 
-    - ``weights="tempflow"``: w_t = sqrt(σ̃_t/(1−σ̃_t)) (TempFlow-GRPO, arXiv 2508.04324 §3.2; the same formula as
+    - ``weights="tempflow"``: w_t = sqrt(σ_t/(1−σ̃_t)) (TempFlow-GRPO, arXiv 2508.04324 §3.2; the same formula as
       GCPO's ``reweight loss from tempflow``, research note §4);
     - ``weights="inv_dt"``: w_t = 1/h_t, GRPO-Guard's division of each step's loss by its step size
       (arXiv 2510.22319; research note §1.7), used together with ``algorithm.ratio_norm``.

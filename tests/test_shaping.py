@@ -19,16 +19,21 @@ def test_none_broadcasts():
 
 
 def test_temporal_tempflow_weights_by_hand():
-    # σ = 1 is replaced by the row's largest σ < 1 (0.8): sqrt(σ/(1−σ)) = [2, 2, 1, 0.5]
+    # σ = 1 is replaced by the row's largest σ < 1 (0.8) in the denominator only: sqrt(1/0.2) = √5, then
+    # sqrt(σ/(1−σ)) = [2, 1, 0.5]
     sig = torch.tensor([[1.0, 0.8, 0.5, 0.2]])
-    torch.testing.assert_close(shaping.tempflow_weights(sig), torch.tensor([[2.0, 2.0, 1.0, 0.5]]))
+    torch.testing.assert_close(shaping.tempflow_weights(sig), torch.tensor([[5.0**0.5, 2.0, 1.0, 0.5]]))
+    # sigmas [1, 0.96, 0.5, 0.1]: first weight sqrt(1/(1−0.96)) = 5 (not sqrt(0.96/0.04) = 4.899)
+    w = shaping.tempflow_weights(torch.tensor([[1.0, 0.96, 0.5, 0.1]]))
+    torch.testing.assert_close(w, torch.tensor([[5.0, 0.96**0.5 / 0.04**0.5, 1.0, (0.1 / 0.9) ** 0.5]]))
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     inputs = ShapingInputs(mask, torch.zeros(1, 1), sigmas=sig)
     out = shaping.shape_advantages("temporal", torch.tensor([[2.0]]), inputs, {})
-    # mean of the trained weights (2+2+1)/3 = 5/3 -> weights [1.2, 1.2, 0.6]
-    torch.testing.assert_close(out, torch.tensor([[2.4, 2.4, 1.2, 0.0]]))
+    # mean of the trained weights (√5+2+1)/3 -> A·w/mean = 2·[√5, 2, 1]·3/(√5+3)
+    r5 = 5.0**0.5
+    torch.testing.assert_close(out, torch.tensor([[6 * r5 / (r5 + 3), 12 / (r5 + 3), 6 / (r5 + 3), 0.0]]))
     raw = shaping.shape_advantages("temporal", torch.tensor([[2.0]]), inputs, {"normalize": False})
-    torch.testing.assert_close(raw, torch.tensor([[4.0, 4.0, 2.0, 0.0]]))
+    torch.testing.assert_close(raw, torch.tensor([[2 * r5, 4.0, 2.0, 0.0]]))
 
 
 def test_temporal_inv_dt_by_hand_and_batch_normalisation():
