@@ -11,17 +11,41 @@ against its own dataclass with :func:`from_dict`, so they get the same errors.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a numeric option, checked by :func:`from_dict`: ``x: Annotated[float, Range(gt=0)] = 1.0``."""
+
+    gt: float | None = None
+    """Exclusive lower bound."""
+    ge: float | None = None
+    """Inclusive lower bound."""
+    lt: float | None = None
+    """Exclusive upper bound."""
+    le: float | None = None
+    """Inclusive upper bound."""
+
+    def check(self, value: float, where: str) -> None:
+        bounds = [(">", self.gt, value > (self.gt or 0)), (">=", self.ge, value >= (self.ge or 0)),
+                  ("<", self.lt, value < (self.lt or 0)), ("<=", self.le, value <= (self.le or 0))]  # fmt: skip
+        failed = [f"{op} {bound}" for op, bound, ok in bounds if bound is not None and not ok]
+        if failed:
+            wanted = " and ".join(f"{op} {bound}" for op, bound, _ in bounds if bound is not None)
+            raise ConfigError(f"{where}: must be {wanted}, got {value}")
 
 
 # --------------------------------------------------------------------------------------------- sections
@@ -95,8 +119,8 @@ class AlgorithmConfig:
     """Advantage scaling: auto (the estimator's paper default) | group | batch | none."""
     std_unbiased: bool = True
     """Unbiased (n-1) group std as torch's default and the GRPO anchors; false = population std."""
-    eps: float = 1e-4
-    """Added to the std before dividing."""
+    eps: Annotated[float, Range(ge=0)] = 1e-4
+    """Added to the std before dividing (>= 0)."""
     combine: str = "sum_then_normalize"
     """Multi-reward combination: sum_then_normalize | normalize_then_sum (GDPO)."""
     filter_zero_variance: bool = False
@@ -125,7 +149,7 @@ class AlgorithmConfig:
     """SAPO temperature for negative advantages."""
     aggregation: str = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | seq_sum_const_norm (Dr.GRPO)."""
-    beta: float = 0.0
+    beta: Annotated[float, Range(ge=0)] = 0.0
     """KL coefficient to the reference policy; 0 loads no reference log-probs."""
     kl: str = "k3"
     """KL estimator: k1 | k2 | k3 (sample-based, from log-probs) | gaussian_exact (closed form from the
@@ -171,7 +195,7 @@ class EvalConfig:
     """Evaluate the held-out split before training."""
     after: bool = True
     """Evaluate the held-out split after training."""
-    every: int = 0
+    every: Annotated[int, Range(ge=0)] = 0
     """Also evaluate every N steps (0 = never)."""
     max_rows: int | None = None
     """Evaluate at most this many held-out rows (None = all)."""
@@ -193,7 +217,7 @@ class LoggingConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0
+    every: Annotated[int, Range(ge=0)] = 0
     """Save a resumable checkpoint every N steps (0 = only at the end)."""
     keep_last: int = 2
     """Checkpoints to keep (older ones are deleted after a new one is complete)."""
@@ -247,6 +271,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
+    if origin is Annotated:
+        inner, *extras = typing.get_args(tp)
+        value = _coerce(value, inner, where)
+        for extra in extras:
+            if isinstance(extra, Range) and value is not None:
+                extra.check(value, where)
+        return value
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+        return value
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None:
@@ -286,14 +322,19 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: accept what float() accepts
+            number = float(value)
+        elif isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: accept what float() accepts
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if math.isnan(number):
+            raise ConfigError(f"{where}: is NaN; give a number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -310,7 +351,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -319,6 +360,27 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
             raise ConfigError(f"unknown field {path!r}; allowed: {', '.join(names)}")
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
+
+
+def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: int = 0) -> dict[str, Any]:
+    """Check ``kwargs`` against the keyword parameters of ``fn`` (after its first ``skip`` positional ones).
+
+    Unknown names and values that do not fit the parameter's annotation (types, ``Literal``, ``Range``) raise
+    :class:`ConfigError` naming ``where``; returns the coerced values.
+    """
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # unresolvable annotations: check names only
+        hints = {}
+    out = {}
+    for key, value in (kwargs or {}).items():
+        if key not in names and not takes_any:
+            raise ConfigError(f"unknown field {f'{where}.{key}'!r}; allowed: {', '.join(names) or '(none)'}")
+        out[key] = _coerce(value, hints.get(key, Any), f"{where}.{key}")
+    return out
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
@@ -435,8 +497,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:
         raise ConfigError("algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)")
-    if a.ratio_norm and not hasattr(shaping, "ratio_norm"):
-        raise ConfigError("algorithm.ratio_norm: this build has no RatioNorm (mmgrpo.shaping.ratio_norm)")
+    check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
+    if a.ratio_norm and not getattr(ADAPTERS.get(cfg.model.adapter), "supports_ratio_norm", False):
+        raise ConfigError(f"algorithm.ratio_norm: needs per-step Gaussian transitions (model.adapter: flow); "
+                          f"{cfg.model.adapter!r} has none, set ratio_norm=false")  # fmt: skip
+    _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
     if cfg.optim.lr <= 0:
@@ -446,6 +511,21 @@ def validate(cfg: TrainConfig) -> None:
     for i, spec in enumerate(cfg.rewards):
         if not spec.name:
             raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
+
+
+_TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
+                    "aim": "aim", "clearml": "clearml", "dvclive": "dvclive"}  # fmt: skip
+
+
+def _check_trackers(trackers: list[str]) -> None:
+    """Every requested tracker is known and installed (accelerate would otherwise drop it with a warning)."""
+    import importlib.util
+
+    for name in trackers:
+        _check_choice("logging.trackers", name, list(_TRACKER_MODULES))
+        if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
+            raise ConfigError(f"logging.trackers: {name!r} is not installed; pip install {name} "
+                              f"or remove it (logging.trackers=[] for none)")  # fmt: skip
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

@@ -23,6 +23,7 @@ subsampling weighted by relative latent change is a step selector of the flow ad
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -101,7 +102,9 @@ def step_sizes(sigmas: Tensor) -> Tensor:
 
 
 @SHAPERS.register("temporal")
-def temporal(advantages: Tensor, inputs: ShapingInputs, weights: str = "tempflow", normalize: bool = True) -> Tensor:
+def temporal(
+    advantages: Tensor, inputs: ShapingInputs, weights: Literal["tempflow", "inv_dt"] = "tempflow", normalize: bool = True
+) -> Tensor:
     """A_{b,t} = A_b · w_t: the sample's advantage re-weighted per denoising step.
 
     - ``weights="tempflow"``: w_t = sqrt(σ_t/(1−σ̃_t)) (TempFlow-GRPO, arXiv 2508.04324 §3.2; the same formula as
@@ -158,7 +161,7 @@ def lambda_returns(values: Tensor, rewards: Tensor, lam: float) -> Tensor:
 @SHAPERS.register("value_anchored")
 def value_anchored(
     advantages: Tensor, inputs: ShapingInputs, lam: float = 1.0, tau: float = 0.05, abs_scale: float = 1.0,
-    relative: str = "per_step", eps: float = 1e-4,
+    relative: Literal["per_step", "estimator"] = "per_step", eps: float = 1e-4,
 ) -> Tensor:
     """Value-anchored per-unit advantages (the VGPO family, arXiv 2512.12387; research note §6) — exactly:
 

@@ -153,7 +153,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
         resumed = self._maybe_resume()
-        acc.init_trackers("mmgrpo", config=_flat_hparams(cfg))
+        acc.init_trackers("mmgrpo", config=_flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
                 self._evaluate("before")

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from PIL import Image, ImageDraw
 
-from mmgrpo.config import ConfigError, from_dict
+from mmgrpo.config import ConfigError, Range, from_dict
 from mmgrpo.plugins import TASKS
 
 COLOURS = {
@@ -49,9 +50,9 @@ class ShapesArgs:
     """Colours drawn (and the answer set of colour questions), a subset of: red, green, blue, yellow, purple, orange."""
     image_size: int = 56
     """Square image side in pixels (multiples of 28 map to whole merged patches for Qwen2-VL)."""
-    train_size: int = 2000
+    train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split."""
-    eval_size: int = 200
+    eval_size: Annotated[int, Range(ge=1)] = 200
     """Rows in the held-out split."""
     seed: int = 1234
     """Base seed of the generator (train and eval use different derived seeds)."""

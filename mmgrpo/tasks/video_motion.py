@@ -34,10 +34,11 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
-from mmgrpo.config import ConfigError, from_dict
+from mmgrpo.config import ConfigError, Range, from_dict
 from mmgrpo.plugins import TASKS
 
 from mmgrpo.cache import cache_dir
@@ -66,9 +67,9 @@ class VideoMotionArgs:
     """Frames written to each file."""
     fps: float = 8.0
     """Frame rate of the written files (the adapter samples from them at its own model.args.video.fps)."""
-    train_size: int = 1000
+    train_size: Annotated[int, Range(ge=1)] = 1000
     """Rows in the train split."""
-    eval_size: int = 200
+    eval_size: Annotated[int, Range(ge=1)] = 200
     """Rows in the held-out split."""
     eval_shuffled: bool = True
     """Also evaluate the held-out direction clips with their frames permuted (question direction_shuffled)."""

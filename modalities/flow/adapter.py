@@ -37,12 +37,12 @@ import hashlib
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator, Literal
 
 import torch
 from torch import Tensor
 
-from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout, select_fields
@@ -64,19 +64,19 @@ class FlowArgs:
 
     name_or_path: str = "tiny-sd3"
     """Diffusers pipeline directory or hub id (SD3/SD3.5, FLUX.1, SD1.x), or tiny-sd3 | tiny-flux | tiny-unet."""
-    kernel: str = "flow_sde"
+    kernel: Literal["flow_sde", "dance_sde", "cps", "ddim"] = "flow_sde"
     """Stochastic transition: flow_sde (Flow-GRPO) | dance_sde (DanceGRPO) | cps | ddim (UNets; DDPO)."""
-    noise_level: float = 0.7
+    noise_level: Annotated[float, Range(ge=0)] = 0.7
     """Kernel noise: a of flow_sde (0.7 SD3, 0.9 FLUX) and cps (0.8); η of dance_sde (0.3) and ddim (1.0)."""
-    cps_logprob: str = "gaussian"
+    cps_logprob: Literal["gaussian", "flow_grpo"] = "gaussian"
     """CPS log-prob: gaussian (exact density) | flow_grpo (−mean_D (x'−μ)², no constants)."""
-    num_steps: int = 10
+    num_steps: Annotated[int, Range(ge=1)] = 10
     """Rollout denoising steps T (= action units per sample)."""
-    eval_num_steps: int = 40
+    eval_num_steps: Annotated[int, Range(ge=1)] = 40
     """Evaluation (ODE) steps."""
-    resolution: int = 512
+    resolution: Annotated[int, Range(ge=1)] = 512
     """Image height and width in pixels."""
-    cfg: str = "guided"
+    cfg: Literal["guided", "none"] = "guided"
     """guided (v_u + w(v_c − v_u) in rollout and training, gradient through both) | none (conditional only)."""
     guidance_scale: float = 4.5
     """CFG weight w for cfg=guided (Flow-GRPO SD3.5: 4.5)."""
@@ -97,7 +97,7 @@ class FlowArgs:
     """The G samples of a prompt share the initial noise (Flow-GRPO same_latent, DanceGRPO init_same_noise)."""
     value_rewards: list[dict[str, Any]] = field(default_factory=list)
     """Rewards that score x̂₀(x_i) at every step for dense values (value_anchored shaping): [{name, weight, kwargs}]."""
-    kl_variant: str = "exact"
+    kl_variant: Literal["exact", "flow_grpo"] = "exact"
     """exact_kl(): exact (‖Δμ‖²/(2s²h), mean over D) | flow_grpo (Flow-GRPO's ‖Δμ‖²/(2s²), = exact·h)."""
     forward_batch_size: int = 64
     """Rows per denoiser forward (CFG doubles them)."""
@@ -699,6 +699,7 @@ def build_flow_adapter(
 
 
 build_flow_adapter.args_class = FlowArgs
+build_flow_adapter.supports_ratio_norm = True  # FlowAdapter.ratio_norm_inputs: Gaussian step std
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

@@ -24,13 +24,13 @@ import copy
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 from PIL import Image
 from torch import Tensor
 
-from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout, select_fields
 
@@ -44,13 +44,13 @@ class VLMArgs:
 
     name_or_path: str = "tiny-qwen2.5-vl"
     """Hub id or local directory of the model and its processor; ``tiny-qwen2.5-vl`` builds the built-in one."""
-    max_new_tokens: int = 32
+    max_new_tokens: Annotated[int, Range(ge=1)] = 32
     """Completion budget T (tokens)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature; log-probs are of logits / temperature."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
-    top_k: int = 0
+    top_k: Annotated[int, Range(ge=0)] = 0
     """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
     mask_truncated: bool = False
     """Exclude completions that hit max_new_tokens without EOS from the loss."""
@@ -66,9 +66,9 @@ class VLMArgs:
     """Allow model code from the hub (only for families transformers does not ship)."""
     freeze_vision: bool = False
     """Do not train the vision tower (its parameters keep requires_grad=False)."""
-    forward_batch_size: int = 64
+    forward_batch_size: Annotated[int, Range(ge=1)] = 64
     """Rows per no-grad forward when computing old/reference log-probs."""
-    min_new_tokens: int = 0
+    min_new_tokens: Annotated[int, Range(ge=0)] = 0
     """EOS is banned for the first N completion tokens (also in the log-probs); N = max_new_tokens fixes the length."""
     prefix_sharing: bool = True
     """Log-prob forwards encode each prompt once and let its completions attend to it (split attention,
@@ -76,7 +76,7 @@ class VLMArgs:
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
     HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
     KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
     float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
