@@ -1,0 +1,46 @@
+"""Two processes whose rewards differ: the logged metrics are those of all samples, not of process 0."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_trainer import QUICK, ROOT, SMALL
+
+REWARD = '''
+import os
+
+
+def rank_reward(completions, **kwargs):
+    """Process r scores every sample r: 0 on process 0, 1 on process 1."""
+    return [float(os.environ["RANK"])] * len(completions)
+'''
+
+
+@pytest.mark.slow
+def test_two_processes_log_the_global_reward_mean(tmp_path, mmgrpo_cache):
+    (tmp_path / "rank_rewards.py").write_text(REWARD)
+    out = tmp_path / "run"
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+           "-m", "mmgrpo", "train", str(QUICK), *SMALL, "steps=2", "warmup.steps=0", "eval.before=false",
+           "eval.after=false", "checkpoint.save_final=false", "logging.plot=false",
+           "rewards=[{name: 'rank_rewards:rank_reward'}]", f"output_dir={out}"]  # fmt: skip
+    pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    B = 2 * 4  # prompts_per_step · group_size per process: B zeros and B ones
+    for r in steps:
+        assert r["reward/mean"] == pytest.approx(0.5)  # process 0 alone would log 0.0
+        assert r["reward/rank_reward"] == pytest.approx(0.5)
+        assert r["reward/std"] == pytest.approx((2 * B * 0.25 / (2 * B - 1)) ** 0.5)  # unbiased, over 2B samples
+        assert r["reward/errors"] == 0.0
+        assert r["advantage/zero_std_fraction"] == 1.0  # every group is constant on its own process
+    assert json.loads((out / "summary.json").read_text())["train/processes"] == 2
