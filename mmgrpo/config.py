@@ -501,6 +501,9 @@ def validate(cfg: TrainConfig) -> None:
     if a.ratio_norm and not getattr(ADAPTERS.get(cfg.model.adapter), "supports_ratio_norm", False):
         raise ConfigError(f"algorithm.ratio_norm: needs per-step Gaussian transitions (model.adapter: flow); "
                           f"{cfg.model.adapter!r} has none, set ratio_norm=false")  # fmt: skip
+    if a.kl == "gaussian_exact" and not getattr(ADAPTERS.get(cfg.model.adapter), "supports_exact_kl", False):
+        raise ConfigError(f"algorithm.kl: gaussian_exact needs an adapter with Gaussian transitions (flow); "
+                          f"{cfg.model.adapter!r} has none, use k1, k2 or k3")  # fmt: skip
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")

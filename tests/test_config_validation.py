@@ -24,6 +24,7 @@ BAD = [
     (QUICK, "checkpoint.every=-1", "checkpoint.every: must be >= 0"),
     (QUICK, "task.args.train_size=0", "task.args.train_size: must be >= 1"),
     (QUICK, "algorithm.ratio_norm=true", "algorithm.ratio_norm: needs per-step Gaussian transitions"),
+    (QUICK, "algorithm.beta=0.1 algorithm.kl=gaussian_exact", "algorithm.kl: gaussian_exact needs an adapter"),
     (QUICK, "algorithm.shaping_args.lam=0.5", "unknown field 'algorithm.shaping_args.lam'"),
     (FLOW, "algorithm.shaping=temporal algorithm.shaping_args.weights=foo", "algorithm.shaping_args.weights: 'foo'"),
     (FLOW, "algorithm.shaping=value_anchored algorithm.shaping_args.lamda=1", "'algorithm.shaping_args.lamda'"),

@@ -700,6 +700,7 @@ def build_flow_adapter(
 
 build_flow_adapter.args_class = FlowArgs
 build_flow_adapter.supports_ratio_norm = True  # FlowAdapter.ratio_norm_inputs: Gaussian step std
+build_flow_adapter.supports_exact_kl = True  # FlowAdapter.exact_kl: closed-form Gaussian KL
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]
