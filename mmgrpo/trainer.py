@@ -240,9 +240,10 @@ class Trainer:
 
         Each process holds the same number of samples (P·G) and, after ``_update``'s weighting, loss terms
         that sum to the whole-update value over processes, so a plain mean over processes is the mean over
-        all samples. Exceptions: counts (``reward/errors``) are summed, wall times (``perf/*``) take the
-        slowest process, and the reward statistics whose weights differ per process (``reward/mean``,
-        ``reward/std``, ``reward/<name>`` over applicable samples) are recomputed from all processes' rewards.
+        all samples. Exceptions: counts (``reward/errors``) are summed, wall times (``perf/*``) and maxima
+        (``*_max``) take the largest process value, and the reward statistics whose weights differ per
+        process (``reward/mean``, ``reward/std``, ``reward/<name>`` over applicable samples) are recomputed
+        from all processes' rewards.
         """
         a = self.cfg.algorithm
         per_process = gather_object([metrics])  # W dicts
@@ -251,7 +252,7 @@ class Trainer:
             values = [m[key] for m in per_process if key in m]
             if key in SUMMED_METRICS:
                 out[key] = float(sum(values))
-            elif key.startswith("perf/"):
+            elif key.startswith("perf/") or key.endswith("_max"):
                 out[key] = float(max(values))
             else:
                 finite = [v for v in values if not math.isnan(v)]  # a reward not applicable on one process
@@ -288,6 +289,7 @@ class Trainer:
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
         kl_fn = None if a.kl == "gaussian_exact" else losses.KL_ESTIMATORS.get(a.kl)
         sums: dict[str, torch.Tensor] = {}
+        maxima: dict[str, torch.Tensor] = {}
         count = 0
         device = self.acc.device
         world = self.acc.num_processes
@@ -329,11 +331,15 @@ class Trainer:
                         self.acc.backward(loss * share)
                     mets["loss/policy"] = policy_loss.detach()
                     for k, v in mets.items():
-                        sums[k] = sums.get(k, 0.0) + share * v.detach().float().cpu()
+                        v = v.detach().float().cpu()
+                        if k.endswith("_max"):  # a maximum, not a mean: the largest over minibatches
+                            maxima[k] = torch.maximum(maxima[k], v) if k in maxima else v
+                        else:
+                            sums[k] = sums.get(k, 0.0) + share * v
                 grad_norm = self._optimizer_step()
                 sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + grad_norm
                 count += 1
-        return {k: v / count for k, v in sums.items()}
+        return {**{k: v / count for k, v in sums.items()}, **maxima}
 
     def _optimizer_step(self) -> torch.Tensor:
         max_norm = self.cfg.optim.max_grad_norm
