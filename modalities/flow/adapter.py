@@ -583,6 +583,27 @@ class FlowAdapter:
             self.pipe.save_pretrained(directory, safe_serialization=True)
 
     @torch.no_grad()
+    def sampling_settings(self) -> dict:
+        """Pipeline-call arguments that reproduce :meth:`evaluate` in plain diffusers (written next to saved weights).
+
+        ``max_sequence_length`` is the effective T5 length used to encode prompts (diffusers' default is 256; a
+        model trained with another length gives different images with the default).
+        """
+        a = self.args
+        scale = a.guidance_scale if a.eval_guidance_scale is None else a.eval_guidance_scale
+        out = {
+            "num_inference_steps": a.eval_num_steps,
+            "guidance_scale": scale if a.cfg == "guided" else 1.0,
+            "height": a.resolution,
+            "width": a.resolution,
+        }
+        if a.negative_prompt:
+            out["negative_prompt"] = a.negative_prompt
+        max_len = getattr(self.backend, "_max_len", None)  # T5-encoding backends (SD3, FLUX)
+        if max_len is not None:
+            out["max_sequence_length"] = int(max_len())
+        return out
+
     def evaluate(self, prompts: list[dict]) -> list:
         """Deterministic images: ODE (DDIM η=0) with ``eval_num_steps``; the initial noise is seeded by the row's
         ``seed`` column if present, else by the prompt text (plus ``eval_seed``)."""
