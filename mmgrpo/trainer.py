@@ -43,7 +43,7 @@ RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fie
 
 @dataclass
 class TrainerState:
-    """What resume needs beyond model/optimizer/RNG: registered with accelerate for checkpointing."""
+    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
 
     step: int = 0  # GRPO steps completed
     warmup_done: bool = False

@@ -23,7 +23,7 @@ What this adapter guarantees (DESIGN.md §3, §6; research note §15):
   the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
   ``value_rewards`` is set (value-anchored shaping).
 - Sampling noise and step plans come from torch's global CPU RNG, which the trainer seeds per process and
-  accelerate checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
+  the trainer checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
   counter is the adapter's own and restarts at 0 on resume).
 - Optional trainer hooks: ``exact_kl(rollout, index)`` (Gaussian KL to the reference per unit, for
   ``algorithm.kl: gaussian_exact``) and ``ratio_norm_inputs(rollout, index)`` (std and mean_D(μθ − μ_old)² for
@@ -347,7 +347,7 @@ class FlowAdapter:
         if args.kernel != "ddim" and not self.backend.is_flow:
             raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
         self.selector = STEP_SELECTORS.get(args.steps)
-        self.generator = None  # sampling noise and step plans use torch's global CPU RNG: accelerate checkpoints it
+        self.generator = None  # sampling noise and step plans use torch's global CPU RNG: checkpoints save it
         self.iteration = 0
         self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
         self._last: _Forward | None = None
