@@ -1,25 +1,48 @@
-"""Checkpoints: resumable state (accelerate) plus the model in Hugging Face format, written atomically.
+"""Checkpoints: resumable state without pickle, plus the model in Hugging Face format, written atomically.
 
 Layout under ``<output_dir>/checkpoints/``::
 
-    step-000010/            accelerate state (model, optimizer, scheduler, trainer state, RNG per process)
-        model/              the policy in Hugging Face format (full model or PEFT adapter) + processor
-        COMPLETE            written last; a directory without it is ignored by resume
-    final/                  the final model (same layout)
+    step-000010/
+        state/model.safetensors       every tensor of the (unwrapped) policy, ``safetensors.torch.save_model``
+        state/reference.safetensors   the frozen reference copy, when the run has one
+        state/optimizer.safetensors   optimizer tensors (``state.<param>.<name>``)
+        state/optimizer.json          optimizer scalars and param_groups
+        state/trainer.json            step, warm-up flag, scheduler state
+        state/rng-<rank>.json         Python and NumPy RNG of process <rank> (one file per process)
+        state/rng-<rank>.safetensors  torch CPU (and CUDA) RNG of process <rank>
+        model/                        the policy in Hugging Face format (full model or PEFT adapter) + README.md
+        config.yaml                   the run's resolved config
+        COMPLETE                      written last; a directory without it is ignored by resume
+    final/                            the final model (same layout)
 
-Each checkpoint is first written to ``.tmp-step-000010`` and renamed when complete, so a crash mid-save never
-corrupts the last good checkpoint; old checkpoints are deleted only after the new one is in place.
+Nothing is unpickled on resume: tensors are read with ``safetensors`` and everything else is JSON, so a
+crafted file in a checkpoint cannot run code (unlike ``torch.load(weights_only=False)`` / ``pickle.load``).
+Each checkpoint is first written to ``.tmp-step-000010``, verified (every tensor finite, every file present),
+and renamed; old checkpoints are deleted only after the new one is in place, so a crash or a bad save never
+removes the last good checkpoint. A policy with a non-finite weight is never saved.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, load_model, save_file, save_model
+
 _STEP = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written (non-finite weights) or read (missing or malformed files)."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -33,18 +56,98 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save(accelerator, adapter, output_dir: Path, step: int, *, keep_last: int, final: bool = False) -> Path:
-    """Save a resumable checkpoint of ``step`` (all processes must call this)."""
+# ------------------------------------------------------------------------------------- output directory
+
+
+def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool) -> Path | None:
+    """Refuse to write a new run into a non-empty ``output_dir`` (read-only check, every process may call it).
+
+    Returns the directory the old run will be moved to when ``overwrite`` is set (``<dir>.old-<time>``; nothing
+    is deleted), else ``None``. Raises :class:`ValueError` with one line when the directory is in use.
+    """
+    out = Path(output_dir)
+    if resume or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if not out.is_dir():
+        raise ValueError(f"output_dir={out} is a file, not a directory; choose another output_dir")
+    if not overwrite:
+        raise ValueError(
+            f"output_dir={out} already holds a run; pass resume=latest to continue it, overwrite=true to move it "
+            "aside (nothing is deleted), or another output_dir"
+        )
+    return out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def move_aside(output_dir: Path, target: Path) -> None:
+    """Rename the old run out of the way (main process only)."""
+    n, dest = 0, target
+    while dest.exists():
+        n += 1
+        dest = target.with_name(f"{target.name}-{n}")
+    os.replace(output_dir, dest)
+
+
+# ------------------------------------------------------------------------------------------ saving
+
+
+def non_finite_parameters(module: torch.nn.Module) -> list[str]:
+    """Names of the parameters and buffers of ``module`` holding NaN or ±inf."""
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    return [n for n, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def save(
+    accelerator,
+    adapter,
+    output_dir: Path,
+    step: int,
+    *,
+    keep_last: int,
+    final: bool = False,
+    optimizer=None,
+    scheduler=None,
+    trainer_state: dict | None = None,
+    config_text: str | None = None,
+    model_files: dict[str, str] | None = None,
+) -> Path:
+    """Save a resumable checkpoint of ``step`` (all processes must call this).
+
+    Raises :class:`CheckpointError` (on every process, before anything is written) when a weight is non-finite.
+    """
     root = Path(output_dir) / "checkpoints"
     name = "final" if final else f"step-{step:06d}"
     target, tmp = root / name, root / f".tmp-{name}"
+    model = accelerator.unwrap_model(adapter.model)
+    bad = non_finite_parameters(model)
+    if bad:
+        raise CheckpointError(
+            f"refusing to save {name}: {len(bad)} non-finite weight tensor(s) (first: {bad[0]}); "
+            f"the last good checkpoint under {root} is kept"
+        )
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "state").mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    state = tmp / "state"
+    _save_rng(state, accelerator.process_index)
     if accelerator.is_main_process:
+        save_model(model, str(state / "model.safetensors"))
+        reference = getattr(adapter, "reference", None)
+        if isinstance(reference, torch.nn.Module):
+            save_model(reference, str(state / "reference.safetensors"))
+        if optimizer is not None:
+            _save_optimizer(state, optimizer.state_dict())
+        sched = None if scheduler is None else {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+        atomic_write_text(state / "trainer.json", json.dumps({"trainer": trainer_state or {}, "scheduler": sched}))
         adapter.save_pretrained(str(tmp / "model"))
+        for file_name, text in (model_files or {}).items():  # model card, sampling settings
+            atomic_write_text(tmp / "model" / file_name, text)
+        if config_text is not None:
+            atomic_write_text(tmp / "config.yaml", config_text)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        verify(tmp, num_processes=accelerator.num_processes)
         atomic_write_text(tmp / "COMPLETE", f"{step}\n")
         if target.exists():  # re-saving the same step: move the old one aside before replacing it
             old = root / f".old-{name}"
@@ -60,25 +163,149 @@ def save(accelerator, adapter, output_dir: Path, step: int, *, keep_last: int, f
     return target
 
 
-def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete step checkpoints under ``output_dir/checkpoints``, oldest first."""
-    root = Path(output_dir) / "checkpoints"
+def verify(directory: Path, *, num_processes: int = 1) -> None:
+    """Check a written checkpoint before it is published: files present, every saved tensor finite."""
+    state = Path(directory) / "state"
+    needed = ["model.safetensors", "trainer.json"] + [f"rng-{r}.json" for r in range(num_processes)]
+    missing = [n for n in needed if not (state / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {directory} is missing {', '.join(missing)}")
+    for path in state.glob("*.safetensors"):
+        if path.name.startswith("rng-"):
+            continue
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                t = f.get_tensor(key)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise CheckpointError(f"checkpoint {directory}: {path.name}[{key}] is not finite")
+
+
+def _save_optimizer(state: Path, sd: dict) -> None:
+    """Tensors to safetensors, everything else (scalars, param_groups) to JSON."""
+    tensors, scalars = {}, {}
+    for pid, entry in sd["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{pid}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{key}"] = value
+    save_file(tensors, str(state / "optimizer.safetensors"))
+    atomic_write_text(state / "optimizer.json", json.dumps({"scalars": scalars, "param_groups": sd["param_groups"]}))
+
+
+def _save_rng(state: Path, rank: int) -> None:
+    """Python, NumPy and torch RNG of this process, without pickle."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    atomic_write_text(
+        state / f"rng-{rank}.json",
+        json.dumps({
+            "python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        }),
+    )  # fmt: skip
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    save_file(tensors, str(state / f"rng-{rank}.safetensors"))
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict:
+    """Restore a checkpoint written by :func:`save` into the live objects; returns the trainer state dict.
+
+    Only ``safetensors`` and JSON are read; any ``*.pkl`` / ``*.bin`` in the directory is ignored.
+    """
+    state = Path(directory) / "state"
+    if not (state / "model.safetensors").is_file():
+        raise CheckpointError(
+            f"{directory} has no state/model.safetensors (written by an older mmgrpo or not a checkpoint); "
+            "start a new run or resume from a checkpoint written by this version"
+        )
+    device = accelerator.device
+    load_model(accelerator.unwrap_model(adapter.model), str(state / "model.safetensors"), device=str(device))
+    reference = getattr(adapter, "reference", None)
+    if isinstance(reference, torch.nn.Module) and (state / "reference.safetensors").is_file():
+        load_model(reference, str(state / "reference.safetensors"), device=str(next(reference.parameters()).device))
+    if (state / "optimizer.json").is_file():
+        optimizer.load_state_dict(_load_optimizer(state))
+    saved = json.loads((state / "trainer.json").read_text())
+    if scheduler is not None and saved.get("scheduler") is not None:
+        scheduler.load_state_dict({**saved["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+    _load_rng(state, accelerator.process_index)
+    return saved["trainer"]
+
+
+def _load_optimizer(state: Path) -> dict:
+    meta = json.loads((state / "optimizer.json").read_text())
+    entries: dict[int, dict] = {}
+    for key, value in load_file(str(state / "optimizer.safetensors")).items():
+        _, pid, name = key.split(".", 2)
+        entries.setdefault(int(pid), {})[name] = value
+    for key, value in meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        entries.setdefault(int(pid), {})[name] = value
+    return {"state": entries, "param_groups": meta["param_groups"]}
+
+
+def _load_rng(state: Path, rank: int) -> None:
+    path = state / f"rng-{rank}.json"
+    if not path.is_file():
+        raise CheckpointError(f"{state.parent} has no RNG state for process {rank} (saved with fewer processes?)")
+    saved = json.loads(path.read_text())
+    version, internal, gauss = saved["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = saved["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    tensors = load_file(str(state / f"rng-{rank}.safetensors"))
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+# ------------------------------------------------------------------------------------------ finding
+
+
+def _complete(root: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file()]
-    return [p for _, p in sorted(found)]
+    return [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and (p / "COMPLETE").is_file()]
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete step checkpoints under ``output_dir/checkpoints``, oldest first."""
+    return [p for _, p in sorted(_complete(Path(output_dir) / "checkpoints"))]
+
+
+def saved_step(directory: Path) -> int:
+    """The step recorded in a checkpoint's COMPLETE marker."""
+    return int((Path(directory) / "COMPLETE").read_text().split()[0])
 
 
 def find(output_dir: Path, resume: str) -> Path:
-    """The checkpoint to resume from: ``latest`` (newest complete under output_dir) or an explicit path."""
+    """The checkpoint to resume from: ``latest`` or an explicit path (raises ``FileNotFoundError``, one line).
+
+    ``latest`` is the complete checkpoint with the highest step among ``step-*`` and ``final/`` (a run saved only
+    at the end resumes from ``final/``, whose state is that of its last step, e.g. to train for more ``steps``).
+    """
+    root = Path(output_dir) / "checkpoints"
     if resume == "latest":
-        found = complete_checkpoints(output_dir)
+        found = _complete(root)
+        final = root / "final"
+        if (final / "COMPLETE").is_file() and (final / "state").is_dir():
+            found.append((saved_step(final), final))
         if not found:
+            there = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+            what = f"{root} holds only {', '.join(there)} (incomplete)" if there else f"{root} does not exist"
             raise FileNotFoundError(
-                f"resume=latest: no complete checkpoint under {Path(output_dir) / 'checkpoints'}; "
-                "set checkpoint.every to save some, or pass resume=PATH"
+                f"resume=latest: no complete checkpoint, {what}; set checkpoint.every=N to save some, "
+                "or start a new run (drop resume; overwrite=true moves the old one aside)"
             )
-        return found[-1]
+        return max(found, key=lambda t: (t[0], t[1].name != "final"))[1]
     path = Path(resume)
     if not (path / "COMPLETE").is_file():
         raise FileNotFoundError(f"resume={resume}: not a complete mmgrpo checkpoint (no COMPLETE marker)")

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(dump_config(cfg), end="")
         return 0
+    from mmgrpo.checkpoint import CheckpointError
     from mmgrpo.trainer import train
 
     try:
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # adapter/task/reward options are validated when they are built
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
+    except (FloatingPointError, CheckpointError) as e:  # non-finite training: the last good checkpoint is kept
+        print(f"mmgrpo: error: {e}", file=sys.stderr)
+        return 1
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))

@@ -177,6 +177,9 @@ class OptimConfig:
     """Linear learning-rate warm-up steps."""
     schedule: str = "constant"
     """Learning-rate schedule after warm-up: constant | cosine | linear."""
+    max_skipped_steps: int = 3
+    """Optimizer updates whose gradients hold NaN/inf are skipped (counted in ``optim/skipped_steps``); stop with
+    an error once this many in a row were skipped (the weights are never updated with non-finite gradients)."""
 
 
 @dataclass
@@ -234,7 +237,11 @@ class TrainConfig:
     steps: int = 100
     """GRPO training steps (one rollout batch each)."""
     resume: str | None = None
-    """Resume from a checkpoint directory, or 'latest' for the newest one under output_dir/checkpoints."""
+    """Resume from a checkpoint directory, or 'latest' for the newest one under output_dir/checkpoints (step-* or
+    final/). The config must equal the saved one except for ``steps`` (and resume/stop_after/overwrite)."""
+    overwrite: bool = False
+    """Start a new run in a non-empty output_dir by first moving the old run to ``<output_dir>.old-<time>``
+    (nothing is deleted); without it (or ``resume``) a used output_dir is refused."""
     stop_after: int | None = None
     """Stop (after checkpointing) once this step is reached; used to test interruption and resume."""
     model: ModelConfig = field(default_factory=ModelConfig)

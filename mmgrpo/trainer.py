@@ -15,9 +15,13 @@ Each process holds whole groups (P prompts per process), so group statistics nev
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
+import signal
+import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -30,13 +34,16 @@ from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import losses, shaping
-from mmgrpo.config import ConfigError, TrainConfig, dump_config
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+
+logger = logging.getLogger(__name__)
+RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
 
 
 @dataclass
 class TrainerState:
-    """What resume needs beyond model/optimizer/RNG: registered with accelerate for checkpointing."""
+    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
 
     step: int = 0  # GRPO steps completed
     warmup_done: bool = False
@@ -100,6 +107,7 @@ class Trainer:
             log_with=cfg.logging.trackers or None,
             project_config=ProjectConfiguration(project_dir=str(self.out), logging_dir=str(self.out / "logs")),
         )
+        self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
         load_builtins()
         set_seed(cfg.seed)
         with self.acc.main_process_first():  # tiny models and data are built into a shared cache: once
@@ -134,10 +142,7 @@ class Trainer:
             self.optimizer, lambda s: lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
-        self.state = TrainerState()
-        self.acc.register_for_checkpointing(self.scheduler, self.state)
-        if getattr(self.adapter, "reference", None) is not None:  # a frozen copy, synced after warm-up: save it
-            self.acc.register_for_checkpointing(self.adapter.reference)
+        self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = PromptSampler(
             len(self.task.train_rows()), cfg.algorithm.prompts_per_step, self.acc.num_processes,
             self.acc.process_index, cfg.seed,
@@ -149,10 +154,10 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, acc = self.cfg, self.acc
+        resumed = self._maybe_resume()
         if acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
-        resumed = self._maybe_resume()
         acc.init_trackers("mmgrpo", config=_flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
@@ -161,28 +166,63 @@ class Trainer:
                 self._warmup()
         bar = _progress(cfg, acc, initial=self.state.step)
         t_start = time.perf_counter()
-        while self.state.step < cfg.steps:
-            metrics = self.train_step(self.state.step)
-            self.state.step += 1
-            step = self.state.step
-            if step % cfg.logging.every == 0 or step == cfg.steps:
-                self._log(metrics, step)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
-            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
-                self._evaluate(f"step{step}", step=step)
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.stop_after:
-                ckpt.save(acc, self.adapter, self.out, step, keep_last=cfg.checkpoint.keep_last)
-            if cfg.stop_after is not None and step >= cfg.stop_after:
-                bar.close()
-                acc.end_training()
-                return self.summary
+        stop = _StopSignal()  # SIGTERM / Ctrl-C: finish the step, checkpoint, return
+        try:
+            while self.state.step < cfg.steps:
+                skipped_before = self._skipped_total
+                metrics = self.train_step(self.state.step)
+                metrics["optim/skipped_steps"] = float(self._skipped_total - skipped_before)
+                self.state.step += 1
+                step = self.state.step
+                self._warn_if_no_signal(metrics, step)
+                if step % cfg.logging.every == 0 or step == cfg.steps:
+                    self._log(metrics, step)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}")
+                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
+                    self._evaluate(f"step{step}", step=step)
+                signalled = stop.received_anywhere(acc)
+                if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.stop_after or signalled:
+                    saved = self._save(step)
+                if signalled and step < cfg.steps:
+                    if acc.is_main_process:
+                        print(f"mmgrpo: {stop.received or 'signal'} received: saved {saved} at step {step}; "
+                              "continue with resume=latest", file=sys.stderr)  # fmt: skip
+                    bar.close()
+                    acc.end_training()
+                    return self.summary
+                if cfg.stop_after is not None and step >= cfg.stop_after:
+                    bar.close()
+                    acc.end_training()
+                    return self.summary
+        finally:
+            stop.restore()
         bar.close()
         self.summary["train/wall_s"] = time.perf_counter() - t_start
         if cfg.eval.after:
             self._evaluate("after")
         self._finish()
         return self.summary
+
+    def _warn_if_no_signal(self, metrics: dict[str, float], step: int) -> None:
+        """Warn (first time per cause; all counted in summary ``train/no_signal_steps``) when a step cannot learn."""
+        causes = []
+        if metrics.get("advantage/zero_std_fraction", 0.0) >= 1.0:
+            causes.append("every group has zero reward variance (all advantages 0)")
+        if metrics.get("completion/trained_fraction", 1.0) == 0.0:
+            causes.append("every sample is masked out")
+        if metrics.get("completion/truncated_fraction", 0.0) >= 1.0:
+            causes.append("every completion was truncated (raise the adapter's length limit)")
+        if not causes:
+            return
+        self.summary["train/no_signal_steps"] = self.summary.get("train/no_signal_steps", 0) + 1
+        new = [c for c in causes if c not in self._no_signal_warned]
+        if new and self.acc.is_main_process:
+            logger.warning("step %d has no learning signal: %s (later steps like this are only counted in "
+                           "summary.json train/no_signal_steps)", step, "; ".join(new))  # fmt: skip
+        self._no_signal_warned = self._no_signal_warned | set(new)
+
+    _no_signal_warned: frozenset = frozenset()
 
     # ------------------------------------------------------------------------------------- one step
 
@@ -341,7 +381,15 @@ class Trainer:
                 count += 1
         return {**{k: v / count for k, v in sums.items()}, **maxima}
 
+    _skipped_total = 0  # optimizer updates skipped for non-finite gradients (this process, this run)
+    _skipped_in_a_row = 0
+
     def _optimizer_step(self) -> torch.Tensor:
+        """Clip and step; an update whose gradient norm is NaN/inf is skipped (gradients dropped, weights kept).
+
+        The norm is computed after DDP's gradient all-reduce, so every process takes the same decision.
+        ``optim.max_skipped_steps`` skipped updates in a row stop the run with an error.
+        """
         max_norm = self.cfg.optim.max_grad_norm
         params = self.adapter.trainable_parameters()
         if max_norm > 0:
@@ -349,9 +397,25 @@ class Trainer:
         else:
             grads = [p.grad.norm() for p in params if p.grad is not None]
             norm = torch.stack(grads).norm() if grads else torch.zeros(())
+        norm = torch.as_tensor(norm).detach().float().cpu()
+        if not bool(torch.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._skipped_total += 1
+            self._skipped_in_a_row += 1
+            limit = self.cfg.optim.max_skipped_steps
+            if self._skipped_in_a_row >= limit:
+                raise FloatingPointError(
+                    f"{limit} optimizer updates in a row had non-finite gradients (norm {float(norm)}), stopping; "
+                    "check the rewards for NaN/inf and lower optim.lr (checkpoints hold the last finite weights)"
+                )
+            if self.acc.is_main_process:
+                logger.warning("optimizer update skipped: gradient norm is %s (%d in a row, limit %d)",
+                               float(norm), self._skipped_in_a_row, limit)  # fmt: skip
+            return norm
+        self._skipped_in_a_row = 0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return torch.as_tensor(norm).detach().float().cpu()
+        return norm
 
     # ----------------------------------------------------------------------------- warm-up & evaluation
 
@@ -403,20 +467,67 @@ class Trainer:
         if self.acc.is_main_process:
             _append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
+    def _check_run_dir(self) -> Path | None:
+        """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
+        refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
+        checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads."""
+        cfg, acc = self.cfg, self.acc
+        if cfg.optim.max_skipped_steps < 1:
+            raise ConfigError(f"optim.max_skipped_steps: must be >= 1, got {cfg.optim.max_skipped_steps}")
+        if not cfg.resume:
+            try:
+                aside = ckpt.prepare_output_dir(self.out, resume=None, overwrite=cfg.overwrite)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            acc.wait_for_everyone()  # every process has checked before the main one moves anything
+            if aside is not None and acc.is_main_process:
+                ckpt.move_aside(self.out, aside)
+                logger.warning("overwrite=true: moved the previous run in %s to %s", self.out, aside)
+            acc.wait_for_everyone()
+            return None
+        try:
+            directory = ckpt.find(self.out, cfg.resume)
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
+        saved = directory / "config.yaml"
+        saved = saved if saved.is_file() else self.out / "config.yaml"
+        if saved.is_file():
+            diffs = config_differences(load_config(saved), cfg)
+            if diffs:
+                raise ConfigError(
+                    f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
+                    "steps may change on resume (use the saved values, or start a new run in another output_dir)"
+                )
+        return directory
+
     def _maybe_resume(self) -> bool:
-        if not self.cfg.resume:
+        """Load the checkpoint found by :meth:`_check_run_dir` (safetensors + JSON, no pickle) and cut
+        ``metrics.jsonl`` back to its step, so that re-run steps replace their old records."""
+        if self._resume_dir is None:
             return False
-        directory = ckpt.find(self.out, self.cfg.resume)
-        self.acc.load_state(str(directory))
+        saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.state.load_state_dict(saved)
+        if self.acc.is_main_process:
+            _truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
+        self.acc.wait_for_everyone()
         summary_path = self.out / "summary.json"
         if summary_path.is_file():
             self.summary.update(json.loads(summary_path.read_text()))
         return True
 
+    def _save(self, step: int, final: bool = False) -> Path:
+        """Checkpoint with the optimizer, scheduler, trainer state, config and model card (all processes)."""
+        cfg = self.cfg
+        return ckpt.save(
+            self.acc, self.adapter, self.out, step, keep_last=cfg.checkpoint.keep_last, final=final,
+            optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=self.state.state_dict(),
+            config_text=dump_config(cfg), model_files=_model_files(cfg, self.adapter, step),
+        )  # fmt: skip
+
     def _finish(self) -> None:
         acc, cfg = self.acc, self.cfg
         if cfg.checkpoint.save_final:
-            ckpt.save(acc, self.adapter, self.out, self.state.step, keep_last=cfg.checkpoint.keep_last, final=True)
+            self._save(self.state.step, final=True)
         if acc.is_main_process:
             history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
             rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
@@ -433,8 +544,11 @@ class Trainer:
         acc.end_training()
 
 
-SUMMED_METRICS = {"reward/errors", "optim/skipped_steps"}
-"""Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``)."""
+SUMMED_METRICS = {"reward/errors"}
+"""Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``).
+
+``optim/skipped_steps`` is not one: every process takes the same skip decision (the norm is taken after the
+gradient all-reduce), so its count is the same everywhere and is added after the reduction."""
 
 
 def _cpu_only_multiprocess() -> bool:
@@ -445,6 +559,105 @@ def _cpu_only_multiprocess() -> bool:
     """
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
+
+
+class _StopSignal:
+    """SIGTERM and SIGINT (Ctrl-C) ask the run to stop at the end of the current step, after a checkpoint.
+
+    A second SIGINT interrupts at once. Handlers are installed only from the main thread and restored after.
+    """
+
+    def __init__(self):
+        self.received: str | None = None
+        self._old: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def received_anywhere(self, acc: Accelerator) -> bool:
+        """True on every process when any process was signalled (all must join the checkpoint)."""
+        if acc.num_processes == 1:
+            return self.received is not None
+        flag = torch.tensor([1.0 if self.received else 0.0], device=acc.device)
+        return bool(acc.reduce(flag, reduction="sum").item() > 0)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """``field: saved -> new`` for every config value that differs, except those a resume may change."""
+    flat_saved, flat_new = _flatten(to_dict(saved)), _flatten(to_dict(new))
+    out = []
+    for key in sorted(set(flat_saved) | set(flat_new)):
+        if key.split(".")[0] in RESUMABLE_CHANGES + ("output_dir",):
+            continue
+        a, b = flat_saved.get(key, "<unset>"), flat_new.get(key, "<unset>")
+        if a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and node:
+        flat = {}
+        for k, v in node.items():
+            flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return flat
+    return {prefix: node}
+
+
+def _truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the records of steps <= ``step`` (a resumed run re-runs the later ones and writes them again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
+    """``README.md`` (model card) and ``mmgrpo_sampling.json`` written next to the saved weights.
+
+    The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
+    them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
+    ``max_sequence_length``; the plain library defaults may differ.
+    """
+    report = getattr(adapter, "sampling_settings", None)
+    settings = report() if callable(report) else {}
+    model = to_dict(cfg)["model"]
+    sampling = {"adapter": cfg.model.adapter, "model_args": model.get("args", {}), "lora": model.get("lora"),
+                "dtype": cfg.model.dtype, "sampling_settings": settings, "step": step}  # fmt: skip
+    base = model.get("args", {}).get("name_or_path", "(the adapter default)")
+    call = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    card = f"""# mmgrpo policy: {cfg.task.name}, {step} steps
+
+Trained with mmgrpo (group-relative policy optimisation) from the config below.
+
+- **Base model**: `{base}` (adapter `{cfg.model.adapter}`{", LoRA weights only" if cfg.model.lora else ""})
+- **Algorithm**: estimator `{cfg.algorithm.estimator}`, surrogate `{cfg.algorithm.surrogate}`, \
+group size {cfg.algorithm.group_size}, β = {cfg.algorithm.beta}
+- **Rewards**: {", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards)}
+
+## Sampling
+
+Sample with the settings the policy was trained with (also in `mmgrpo_sampling.json`); the library defaults
+can differ and then give different (worse) outputs.
+
+{f"Call the pipeline / generate with: `{call}`" if call else "Use the adapter options in `model.args` below."}
+
+## Training config
+
+```yaml
+{dump_config(cfg).rstrip()}
+```
+"""
+    return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
 
 
 def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:

@@ -23,7 +23,7 @@ What this adapter guarantees (DESIGN.md §3, §6; research note §15):
   the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
   ``value_rewards`` is set (value-anchored shaping).
 - Sampling noise and step plans come from torch's global CPU RNG, which the trainer seeds per process and
-  accelerate checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
+  the trainer checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
   counter is the adapter's own and restarts at 0 on resume).
 - Optional trainer hooks: ``exact_kl(rollout, index)`` (Gaussian KL to the reference per unit, for
   ``algorithm.kl: gaussian_exact``) and ``ratio_norm_inputs(rollout, index)`` (std and mean_D(μθ − μ_old)² for
@@ -347,7 +347,7 @@ class FlowAdapter:
         if args.kernel != "ddim" and not self.backend.is_flow:
             raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
         self.selector = STEP_SELECTORS.get(args.steps)
-        self.generator = None  # sampling noise and step plans use torch's global CPU RNG: accelerate checkpoints it
+        self.generator = None  # sampling noise and step plans use torch's global CPU RNG: checkpoints save it
         self.iteration = 0
         self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
         self._last: _Forward | None = None
@@ -583,6 +583,27 @@ class FlowAdapter:
             self.pipe.save_pretrained(directory, safe_serialization=True)
 
     @torch.no_grad()
+    def sampling_settings(self) -> dict:
+        """Pipeline-call arguments that reproduce :meth:`evaluate` in plain diffusers (written next to saved weights).
+
+        ``max_sequence_length`` is the effective T5 length used to encode prompts (diffusers' default is 256; a
+        model trained with another length gives different images with the default).
+        """
+        a = self.args
+        scale = a.guidance_scale if a.eval_guidance_scale is None else a.eval_guidance_scale
+        out = {
+            "num_inference_steps": a.eval_num_steps,
+            "guidance_scale": scale if a.cfg == "guided" else 1.0,
+            "height": a.resolution,
+            "width": a.resolution,
+        }
+        if a.negative_prompt:
+            out["negative_prompt"] = a.negative_prompt
+        max_len = getattr(self.backend, "_max_len", None)  # T5-encoding backends (SD3, FLUX)
+        if max_len is not None:
+            out["max_sequence_length"] = int(max_len())
+        return out
+
     def evaluate(self, prompts: list[dict]) -> list:
         """Deterministic images: ODE (DDIM η=0) with ``eval_num_steps``; the initial noise is seeded by the row's
         ``seed`` column if present, else by the prompt text (plus ``eval_seed``)."""

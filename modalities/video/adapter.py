@@ -202,7 +202,7 @@ def shuffle_frames(frames: Tensor, generator: torch.Generator | None = None) -> 
     """Frames permuted along time by a uniformly random permutation that is not the identity (F > 1).
 
     The permutation comes from ``generator``, by default torch's global RNG, which the trainer seeds per process
-    and accelerate checkpoints, so a resumed run draws the permutations an uninterrupted one would.
+    and saves in its checkpoints, so a resumed run draws the permutations an uninterrupted one would.
 
     Shape: frames [F, C, H, W] → ([F, C, H, W], order [F]).
     """
