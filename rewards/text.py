@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import logging
 import math
 import operator
 import re
@@ -29,6 +30,7 @@ from .parsing import (
     answer_or_text,
     completion_text,
     extract_tag,
+    ground_truth_text,
     is_think_answer_format,
     parse_choice,
     parse_choice_set,
@@ -82,7 +84,7 @@ def accuracy(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        out.append(float(pred is not None and _casefold(pred) == _casefold(str(gt))))
+        out.append(float(pred is not None and _casefold(pred) == _casefold(ground_truth_text(gt, which))))
     return out
 
 
@@ -133,7 +135,7 @@ def exact_match(
             continue
         pred = answer_or_text(c, which, require_tags)
         gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
-        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(str(g), normalize) for g in gts}
+        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(ground_truth_text(g, which), normalize) for g in gts}
         out.append(float(ok))
     return out
 
@@ -163,7 +165,7 @@ def multiple_choice(
         if gt is None:
             out.append(None)
             continue
-        gt_letter = parse_choice(str(gt), choices)
+        gt_letter = parse_choice(ground_truth_text(gt, which), choices)
         if gt_letter is None:
             raise ValueError(f"reward 'multiple_choice': ground truth {gt!r} has no option letter among {choices!r}")
         pred = answer_or_text(c, which, require_tags)
@@ -195,7 +197,7 @@ def multiple_choice_partial(
         if gt is None:
             out.append(None)
             continue
-        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(str(gt), choices)
+        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
         if not gt_set:
             raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
         pred = answer_or_text(c, which, require_tags)
@@ -232,7 +234,7 @@ def numeric(
         if gt is None:
             out.append(None)
             continue
-        g = gt_number(gt, "numeric")
+        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "numeric")
         pred = answer_or_text(c, which, require_tags)
         p = parse_number(pred, which="last") if pred is not None else None
         ok = p is not None and math.isfinite(p) and abs(p - g) <= max(abs_tol, rel_tol * abs(g))
@@ -263,7 +265,7 @@ def regression(
         if gt is None:
             out.append(None)
             continue
-        g = gt_number(gt, "regression")
+        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "regression")
         pred = answer_or_text(c, which, require_tags)
         p = parse_number(pred, which="last") if pred is not None else None
         if p is None or not math.isfinite(p):
@@ -333,12 +335,20 @@ def normalize_math(expr: str) -> str:
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.Pow: operator.pow}
 
 
+MAX_MATH_CHARS = 256
+"""Longest answer (characters) the math checks look at; longer ones score 0. Final answers are short, and
+parsing unbounded model output (``"(1," * 200``) can exhaust the parser's memory or take seconds."""
+
+
 def safe_eval(expr: str) -> float | None:
     """Evaluate a normalised arithmetic expression (numbers, + − * / **, unary ±, ``sqrt``, ``pi``, ``e``)
-    without ``eval``; ``None`` if it is anything else, too large, or divides by zero."""
+    without ``eval``; ``None`` if it is anything else, too large, longer than :data:`MAX_MATH_CHARS`, nested
+    deeper than 32 brackets, or divides by zero."""
+    if len(expr) > MAX_MATH_CHARS or _depth(expr) > 32:
+        return None
     try:
         tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
     def ev(node: ast.AST) -> float:
@@ -370,6 +380,15 @@ def safe_eval(expr: str) -> float | None:
     return value if isinstance(value, float) and math.isfinite(value) else None
 
 
+def _depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        depth += ch in "(["
+        depth -= ch in ")]"
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _split_top(s: str) -> list[str]:
     """Split on commas outside brackets; strip one pair of enclosing brackets first (tuples, intervals, sets)."""
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
@@ -394,9 +413,53 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def math_equal(pred: str, gt: str, rel_tol: float = 1e-6) -> bool:
-    """True if two math answers agree: equal after :func:`normalize_math`, or equal as numbers (relative
-    tolerance ``rel_tol``), element-wise for comma-separated tuples."""
+def _math_verify(pred: str, gt: str) -> bool | None:
+    """``math_verify.verify`` of the two answers (each parsed as LaTeX between ``$``, then as is); ``None`` when
+    the library is not installed or cannot parse one of them. Its signal-based timeouts are off
+    (``parsing_timeout=None``, ``timeout_seconds=None``): they only work in the main thread, and the reward
+    runner's own timeout (or process isolation) bounds the call instead."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call that timeouts are off
+    try:
+        parsed = []
+        for text in (gt, pred):
+            found = parse(f"${text}$", parsing_timeout=None) or parse(text, parsing_timeout=None)
+            if not found:
+                return None
+            parsed.append(found)
+        return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - a parser failure on model output is "cannot tell", not an error
+        return None
+
+
+def math_equal(pred: str, gt: str, rel_tol: float = 1e-6, verifier: str = "auto") -> bool:
+    """True if two math answers agree.
+
+    ``verifier="auto"`` (default): ``math-verify`` says equal (symbolic: ``\\frac12`` = ``0.5``,
+    ``2\\sqrt{2}`` = ``\\sqrt{8}``, sets, ``50\\%`` = ``0.5``), or the hand-written check below does.
+    ``"math_verify"``: the library only (``ImportError`` when it is missing). ``"simple"``: the hand-written
+    check only: equal after :func:`normalize_math`, or equal as numbers (relative tolerance ``rel_tol``),
+    element-wise for comma-separated tuples. Answers longer than :data:`MAX_MATH_CHARS` are not equal.
+    """
+    if verifier not in ("auto", "math_verify", "simple"):
+        raise ValueError(f"verifier must be 'auto', 'math_verify' or 'simple', got {verifier!r}")
+    if len(pred) > MAX_MATH_CHARS or len(gt) > MAX_MATH_CHARS:
+        return False
+    if verifier != "simple":
+        verdict = _math_verify(pred, gt)
+        if verifier == "math_verify":
+            if verdict is None:
+                import math_verify  # noqa: F401  (raises ImportError with the package name when it is missing)
+            return bool(verdict)
+        if verdict:
+            return True
+    return _simple_math_equal(pred, gt, rel_tol)
+
+
+def _simple_math_equal(pred: str, gt: str, rel_tol: float) -> bool:
     a, b = normalize_math(pred), normalize_math(gt)
     if not a or not b:
         return False
@@ -423,9 +486,10 @@ def math_accuracy(
     answer_key: str = "answer",
     require_tags: bool = False,
     rel_tol: float = 1e-6,
+    verifier: str = "auto",
     **columns: Any,
 ) -> list[float | None]:
-    """Math answer accuracy without an external verifier.
+    """Math answer accuracy: ``math-verify`` (symbolic), then a numeric check.
 
     The prediction is the last ``\\boxed{…}`` in the ``<answer>`` content, else the last one in the whole
     completion, else the ``<answer>`` content, else (``require_tags=False``, the default here) the whole
@@ -433,10 +497,14 @@ def math_accuracy(
     equal after :func:`normalize_math`, or numerically equal (``\\frac{1}{2}`` = ``0.5`` = ``1/2``,
     ``2\\sqrt{2}`` is not parsed — write ``2*\\sqrt{2}``), element-wise for tuples.
 
-    Source: the anchors call HF ``math_verify`` first (R1-V, VLM-R1, R1-AQA; research §3.1, §4.4). This is a
-    dependency-free, eval-free fallback; it does not prove symbolic equivalence. For that, wrap
-    ``math_verify.verify`` in your own reward (its timeout uses signals, so pass ``timeout_seconds=None`` when
-    it runs in the runner's threads).
+    The ground truth is read with the same rules (``"<answer> \\frac{1}{2} </answer>"`` and ``"\\boxed{3}"``
+    are answers, not text). ``verifier`` is :func:`math_equal`'s: ``"auto"`` accepts what ``math-verify``
+    accepts and, in addition, what the hand-written check accepts (a numeric tolerance ``rel_tol`` and
+    comma-separated tuples compared element-wise, which math-verify may leave unparsed).
+
+    Source: HF ``math-verify`` (github.com/huggingface/Math-Verify), the checker of TRL's ``accuracy_reward``
+    (trl/rewards/accuracy_rewards.py) and of R1-V (github.com/Deep-Agent/R1-V, ``src/open_r1/grpo.py``) and
+    VLM-R1 (github.com/om-ai-lab/VLM-R1, ``src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
     answers = column(columns, answer_key, "math_accuracy", len(completions))
     out: list[float | None] = []
@@ -449,9 +517,10 @@ def math_accuracy(
         pred = (last_boxed(tagged) if tagged is not None else None) or last_boxed(text) or tagged
         if pred is None and not require_tags:
             pred = text.strip()
-        g = str(gt)
-        g = last_boxed(g) or g
-        out.append(float(pred is not None and math_equal(pred, g, rel_tol)))
+        g_text = completion_text(gt) if not isinstance(gt, (int, float)) else str(gt)
+        g_tag = extract_tag(g_text, "answer", which)
+        g = (last_boxed(g_tag) if g_tag is not None else None) or last_boxed(g_text) or (g_tag if g_tag is not None else g_text.strip())
+        out.append(float(pred is not None and math_equal(pred, g, rel_tol, verifier=verifier)))
     return out
 
 
@@ -493,10 +562,11 @@ def rouge(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        if not pred or not str(gt).strip():
+        ref = ground_truth_text(gt, which)
+        if not pred or not ref:
             out.append(0.0)
             continue
-        scores = scorer.score(str(gt), pred)
+        scores = scorer.score(ref, pred)
         out.append(min(1.0, max(0.0, sum(scores[t].fmeasure for t in rouge_types) / len(rouge_types))))
     return out
 
@@ -532,7 +602,7 @@ def bleu(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        refs = [str(g) for g in gt] if isinstance(gt, (list, tuple)) else [str(gt)]
+        refs = [ground_truth_text(g, which) for g in (gt if isinstance(gt, (list, tuple)) else [gt])]
         if not pred:
             out.append(0.0)
             continue
