@@ -7,8 +7,9 @@ The ground truth is the column named by ``answer_key`` (default ``"answer"``); a
 is scored on its whole text. A missing or unclosed tag with ``require_tags=True`` scores 0 (a wrong answer,
 not "not applicable").
 
-Formulas and sources: research/anchors_video_speech_rewards.md §2.1 (Video-R1), §2.2 (VideoChat-R1), §2.7
-(TW-GRPO), §3.4 (BLEU), §4.2 (VLM-R1 length/repetition) and the papers cited per function.
+Formulas and sources: Video-R1 (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``, arXiv 2503.21776),
+VideoChat-R1 (OpenGVLab/VideoChat-R1, arXiv 2504.06958), TW-GRPO (arXiv 2505.24718), BLEU (arXiv 2509.16990),
+VLM-R1 length/repetition (om-ai-lab/VLM-R1) and the papers cited per function.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def format_reward(completions: list, *, prompts: list | None = None, think: bool
 
     Source: DeepSeek-R1's format reward as used by R1-V, Video-R1 and VideoChat-R1
     (``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``) and R1-AQA's answer-only variant
-    (research §2.1, §3.1). Departure: a block may not contain another think/answer tag, so two ``<answer>``
+    (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; xiaomi-research/r1-aqa, arXiv 2503.11197).
+    Departure: a block may not contain another think/answer tag, so two ``<answer>``
     blocks fail here while they pass the anchors' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
     """
     return [float(is_think_answer_format(completion_text(c), think=think)) for c in completions]
@@ -74,8 +76,10 @@ def accuracy(
     ``which`` (``"last"`` by default) ``<answer>…</answer>`` content, or the whole completion when it has no
     tags and ``require_tags=False``. ``None`` when the sample's ground truth is ``None``.
 
-    Source: R1-AQA / R1-V exact-match fallback and VideoChat-R1's classification reward (research §3.1, §4.4,
-    §2.2); the explicit ``which`` fixes the anchors' silent first-vs-last divergence (§8.4).
+    Source: R1-AQA / R1-V exact-match fallback and VideoChat-R1's classification reward
+    (xiaomi-research/r1-aqa, arXiv 2503.11197; Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``;
+    OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``); the explicit ``which`` fixes their silent
+    first-vs-last ``<answer>`` divergence.
     """
     answers = column(columns, answer_key, "accuracy", len(completions))
     out: list[float | None] = []
@@ -125,7 +129,7 @@ def exact_match(
     ground truths when the column holds a list. ``normalize`` is one of ``"none"``, ``"basic"``, ``"loose"``
     (:func:`normalize_answer`). ``None`` when the ground truth is ``None``.
 
-    Source: the exact-match accuracy of the anchors (research §2.2, §4.4) with SQuAD-style normalisation.
+    Source: the exact-match accuracy of the anchors (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``; Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``) with SQuAD-style normalisation.
     """
     answers = column(columns, answer_key, "exact_match", len(completions))
     out: list[float | None] = []
@@ -157,7 +161,7 @@ def multiple_choice(
     (strips "The answer is", reads ``"B"``, ``"(B)"``, ``"B. text"``; the article "A" in prose is not a
     choice). A ground truth without a letter raises ``ValueError`` (a data error).
 
-    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (research §2.1, §2.2).
+    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
     answers = column(columns, answer_key, "multiple_choice", len(completions))
     out: list[float | None] = []
@@ -189,7 +193,7 @@ def multiple_choice_partial(
     With P the set of letters in the answer and G the correct set: ``r = |P|/|G|`` if ``∅ ≠ P ⊆ G``, else 0
     (any wrong letter gives 0). An empty ground-truth set raises ``ValueError``.
 
-    Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; research §2.7).
+    Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; longmalongma/TW-GRPO, arXiv 2505.24718).
     """
     answers = column(columns, answer_key, "multiple_choice_partial", len(completions))
     out: list[float | None] = []
@@ -223,9 +227,9 @@ def numeric(
     ``p`` = the last number in the answer (``"1,234.5"``, ``"3/4"`` and ``"-2e3"`` are numbers; a bare
     ``"3/0"`` is not), ``g`` = the ground truth; ``r = 1[|p − g| ≤ max(abs_tol, rel_tol·|g|)]``. No number, or a
     non-finite one, gives 0. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
-    ``abs_tol=0.005, rel_tol=0`` (research §2.1).
+    ``abs_tol=0.005, rel_tol=0`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
 
-    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; research §2.1), with an explicit tolerance
+    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance
     instead of its "exactly one side has a decimal point → 0" rule.
     """
     answers = column(columns, answer_key, "numeric", len(completions))
@@ -255,9 +259,9 @@ def regression(
     """Relative-error reward for numeric answers.
 
     ``r = 1 − clip(|p − g| / |g|, 0, 1)``. When ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's
-    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (research §2.1), without its division by ~0 (§8.7). No number → 0.
+    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0 (an unguarded division in the original). No number → 0.
 
-    Source: Video-R1's regression reward (arXiv 2503.21776; research §2.1).
+    Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
     answers = column(columns, answer_key, "regression", len(completions))
     out: list[float | None] = []
@@ -552,7 +556,7 @@ def rouge(
     answer or reference gives 0 (no n-grams to match).
 
     Source: Video-R1's free-form reward ``clip(mean(F1 of ROUGE-1, ROUGE-2, ROUGE-L), 0, 1)`` with the stemmer
-    (research §2.1).
+    (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
     answers = column(columns, answer_key, "rouge", len(completions))
     scorer = _rouge_scorer(tuple(rouge_types), use_stemmer)
@@ -590,7 +594,7 @@ def bleu(
     al. 2002; Post 2018). ``refs`` is the ground truth, or its items when the column holds a list. An empty
     answer gives 0.
 
-    Source: BLEU as the GRPO reward for spoken QA and speech translation (IBM, arXiv 2509.16990; research §3.4),
+    Source: BLEU as the GRPO reward for spoken QA and speech translation (IBM, arXiv 2509.16990; arXiv 2509.16990),
     "sentence BLEU with smoothing, scaled to [0, 1]".
     """
     import sacrebleu
@@ -655,7 +659,7 @@ def length_cosine(
     Source: the cosine reward of Yeo et al. 2025, "Demystifying Long Chain-of-Thought Reasoning in LLMs"
     (arXiv 2502.03373, §4), whose defaults are ``correct 2→1, wrong −10→0, exceed −10``; the defaults here are
     the smaller open-r1 / VLM-R1 values (``1→0.5``, ``−1→−0.5``, max 1000) that sit beside a 0/1 accuracy
-    reward (research §4.2).
+    reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     if max_len <= 0:
         raise ValueError(f"length_cosine: max_len must be > 0, got {max_len}")
@@ -736,7 +740,7 @@ def length_band(
     ``min_correct`` samples of its group (``group_key`` column, else equal prompts) are correct; else 0.
     ``None`` when the ground truth is ``None``.
 
-    Source: Video-R1's length-control reward (arXiv 2503.21776; research §2.1): +0.2 for
+    Source: Video-R1's length-control reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``): +0.2 for
     ``r_acc > 0.1`` and 320–512 tokens when more than one sample of the group is correct. Video-R1 reads the
     correctness from its first reward column; here it is recomputed with :func:`accuracy`.
     """
@@ -769,7 +773,7 @@ def repetition_penalty(
     n-gram repeated). Fewer words than ``ngram_size`` (including the empty completion) gives 0.
 
     Source: the n-gram repetition penalty of Yeo et al. 2025 (arXiv 2502.03373) as implemented in open-r1 and
-    VLM-R1 (``repetition``, max −1; research §4.2).
+    VLM-R1 (``repetition``, max −1; om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     if ngram_size < 1:
         raise ValueError(f"repetition_penalty: ngram_size must be >= 1, got {ngram_size}")
