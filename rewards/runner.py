@@ -106,6 +106,8 @@ class _Caller:
         )
         positional = [n for n, p in self.params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.first_positional = None if self.completions_kw or not positional else positional[0]
+        if self.var_kw and self.first_positional in ("prompts", *_TRL_EXTRAS):  # e.g. TRL's f(completion_ids, **kw)
+            self.completions_kw, self.first_positional = True, None  # as TRL calls it: everything by keyword
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
         # A reward's options (keyword-only parameters of a registered reward, or kwargs bound from the config)
         # are configuration: a dataset column with the same name (say "threshold") must not override them.

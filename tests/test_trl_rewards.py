@@ -74,3 +74,13 @@ def test_trl_rewards_run_unchanged_in_a_training_step(tmp_path, mmgrpo_cache):
     assert step["reward/errors"] == 0.0
     for name in ("think_format_reward", "accuracy_reward"):  # the tiny model is untrained: it scores 0, but scores
         assert step[f"reward/{name}"] == 0.0 and step[f"reward/{name}_nan_fraction"] == 0.0
+
+
+def test_reward_factory_is_called_once_with_its_kwargs():
+    """`module:factory()` builds the reward from kwargs, as TRL's get_soft_overlong_punishment(...) is used."""
+    runner = RewardRunner(
+        [("trl.rewards:get_soft_overlong_punishment()", 1.0, {"max_completion_len": 10, "soft_punish_cache": 5})]
+    )
+    ids = [[0] * 4, [0] * 8, [0] * 12]  # within, inside the soft cache, over the limit
+    rewards, _ = runner(["a", "b", "c"], ["p", "p", "p"], {"completion_ids": ids})
+    assert rewards[:, 0].tolist() == [0.0, pytest.approx(-0.6), -1.0]
