@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m mmgrpo` does: rewards in ./my_rewards.py
+        sys.path.insert(0, os.getcwd())
     from mmgrpo.config import ConfigError, dump_config, load_config
 
     if args.command == "rewards":

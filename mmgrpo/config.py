@@ -104,7 +104,10 @@ class RewardRuntimeConfig:
     on_error: str = "raise"
     """What a raising or hanging reward does: raise (stop with its name and the sample) | nan (score NaN, count it)."""
     workers: int = 4
-    """Threads that run reward functions in parallel."""
+    """Reward calls that run in parallel (threads or worker processes)."""
+    isolation: str = "auto"
+    """Where reward calls run: auto (worker processes for rewards given by import path or entry point, threads
+    for registry names) | thread | process (killed on timeout, so a reward holding the GIL cannot hang the run)."""
 
 
 @dataclass
@@ -436,6 +439,7 @@ _CHOICES = {
     "algorithm.combine": ["sum_then_normalize", "normalize_then_sum"],
     "optim.schedule": ["constant", "cosine", "linear"],
     "reward_runtime.on_error": ["raise", "nan"],
+    "reward_runtime.isolation": ["auto", "thread", "process"],
     "model.dtype": ["float32", "bfloat16", "float16"],
 }
 
@@ -521,6 +525,23 @@ def validate(cfg: TrainConfig) -> None:
     for i, spec in enumerate(cfg.rewards):
         if not spec.name:
             raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
+    _validate_rewards(cfg)
+
+
+def _validate_rewards(cfg: TrainConfig) -> None:
+    """Reward names, kwargs and weights resolve at load (``mmgrpo.rewards.check_reward_spec``); runtime ranges."""
+    from mmgrpo.rewards import check_reward_spec
+
+    rt = cfg.reward_runtime
+    if not rt.timeout_s > 0:
+        raise ConfigError(f"reward_runtime.timeout_s: must be > 0 seconds, got {rt.timeout_s}")
+    if rt.workers < 1:
+        raise ConfigError(f"reward_runtime.workers: must be >= 1, got {rt.workers}")
+    for i, spec in enumerate(cfg.rewards):
+        try:
+            check_reward_spec(spec.name, spec.kwargs, spec.weight)
+        except ValueError as e:
+            raise ConfigError(f"rewards[{i}] ({spec.name}): {e}") from None
 
 
 _TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",

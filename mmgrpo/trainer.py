@@ -88,9 +88,12 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
 
 
 def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
-    """Prompts and dataset columns repeated G times (group-major), as the reward functions receive them."""
+    """Prompts and dataset columns repeated G times (group-major), as the reward functions receive them.
+
+    The columns are the union of the keys of all rows, in first-seen order (a mixed dataset routed by
+    ``reward_type`` has different columns per row); a row without a key gives ``None`` there."""
     prompts = [row["prompt"] for row in rows for _ in range(group_size)]
-    keys = [k for k in rows[0] if k != "prompt"]
+    keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
     columns = {k: [row.get(k) for row in rows for _ in range(group_size)] for k in keys}
     columns.update(extras)
     return prompts, columns

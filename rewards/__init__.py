@@ -4,14 +4,24 @@ Public API:
 
 - :data:`REWARDS`, :func:`register_reward`, :func:`load_reward`, :func:`list_rewards` — the plug-in registry
   (registry name, ``package.module:attr``, or the ``mmgrpo.rewards`` entry-point group);
-- :class:`RewardRunner`, :class:`RewardError` — weighted, routed, parallel evaluation with a timeout;
+- :func:`check_reward_spec` — the load-time check of a reward's name, kwargs and weight;
+- :class:`RewardRunner`, :class:`RewardError` — weighted, routed, parallel evaluation with a timeout (threads, or
+  worker processes that are killed at the deadline);
 - :mod:`~mmgrpo.rewards.parsing` — one parser for tags, boxes, points, numbers, choices and time spans;
 - the built-in rewards of :mod:`.text`, :mod:`.speech`, :mod:`.visual` and :mod:`.model_based`
   (``mmgrpo rewards list`` prints them; ``docs/rewards.md`` has formulas and sources).
 """
 
 from . import parsing
-from .registry import ENTRY_POINT_GROUP, REWARDS, UnknownRewardError, list_rewards, load_reward, register_reward
+from .registry import (
+    ENTRY_POINT_GROUP,
+    REWARDS,
+    UnknownRewardError,
+    check_reward_spec,
+    list_rewards,
+    load_reward,
+    register_reward,
+)
 from .runner import RewardError, RewardRunner
 from .text import (
     accuracy,
@@ -54,7 +64,7 @@ from .model_based import CLIPScore, PickScore
 from .video import temporal_contrast, temporal_iou_frames  # noqa: F401  (T-GRPO contrast; frame-number IoU)
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "REWARDS", "UnknownRewardError", "list_rewards", "load_reward", "register_reward",
+    "ENTRY_POINT_GROUP", "REWARDS", "UnknownRewardError", "check_reward_spec", "list_rewards", "load_reward", "register_reward",
     "RewardError", "RewardRunner", "parsing",
     "accuracy", "bleu", "exact_match", "format_reward", "length_band", "length_cosine", "length_kimi",
     "math_accuracy", "multiple_choice", "multiple_choice_partial", "numeric", "regression", "repetition_penalty",

@@ -2,7 +2,7 @@
 
 Every anchor re-implements these with its own regex and its own silent choice (the first vs the last
 ``<answer>``, integer-only boxes, ``"12.5 to 17.8"`` but not ``"12.5 - 17.8"``); see
-``research/anchors_video_speech_rewards.md`` §4 and §8.4. Here the choice is an explicit argument and the
+R1-V, VLM-R1 and VideoChat-R1 (Deep-Agent/R1-V, om-ai-lab/VLM-R1, OpenGVLab/VideoChat-R1). Here the choice is an explicit argument and the
 parsers never raise on malformed model output: they return ``None`` (or an empty list), and the reward decides
 what that scores.
 
@@ -86,8 +86,22 @@ def _pick(items: Sequence, which: Which):
 
 
 def extract_tags(text: str, tag: str) -> list[str]:
-    """Contents of every closed ``<tag>…</tag>`` in ``text``, in order (non-greedy, across lines)."""
-    return re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
+    """Contents of every closed ``<tag>…</tag>`` in ``text``, in order (non-greedy, across lines).
+
+    A linear scan (``str.find``), not a regex: ``re.findall(r"<a>(.*?)</a>")`` rescans the rest of the text
+    from every unclosed ``<a>``, which is quadratic in their number (64k characters of ``<answer>`` took
+    seconds). Same result as that regex: after a match the scan resumes behind its closing tag.
+    """
+    open_, close = f"<{tag}>", f"</{tag}>"
+    out: list[str] = []
+    start = text.find(open_)
+    while start != -1:
+        end = text.find(close, start + len(open_))
+        if end == -1:  # no closing tag after this opening one: none after any later one either
+            break
+        out.append(text[start + len(open_) : end])
+        start = text.find(open_, end + len(close))
+    return out
 
 
 def extract_tag(text: str, tag: str, which: Which = "last") -> str | None:
@@ -116,6 +130,15 @@ def answer_or_text(completion: Any, which: Which = "last", require_tags: bool = 
     if ans is None and not require_tags:
         ans = text.strip()
     return ans
+
+
+def ground_truth_text(gt: Any, which: Which = "last") -> str:
+    """The answer a ground truth states, read with the completion's rules: the ``<answer>`` content when the
+    text has one (R1-V, VLM-R1 and Video-R1 store ``solution`` as ``"<answer> 3 </answer>"``), else the text.
+    """
+    text = completion_text(gt)
+    ans = extract_answer(text, which)
+    return text.strip() if ans is None else ans
 
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -172,7 +195,7 @@ def parse_boxes(text: str) -> list[list[float]]:
     """Every box in ``text`` as ``[x1, y1, x2, y2]`` floats, in order.
 
     Accepts ``[x1, y1, x2, y2]`` / ``(x1, y1, x2, y2)`` with ints or floats (VLM-R1's regex accepts only ints,
-    research §8.4), JSON such as ``{"bbox_2d": [..]}``, and Qwen2-VL's ``(x1,y1),(x2,y2)`` with or without the
+    the R1-style repositories disagree on the first vs the last ``<answer>``), JSON such as ``{"bbox_2d": [..]}``, and Qwen2-VL's ``(x1,y1),(x2,y2)`` with or without the
     ``<|box_start|>``/``<|box_end|>`` tokens. The coordinate space is the caller's business
     (:mod:`mmgrpo.rewards.visual`); nothing is reordered or clipped here.
     """

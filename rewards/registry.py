@@ -10,12 +10,18 @@ Three ways to provide one, looked up in this order by :func:`load_reward`:
 2. an **import path** ``"package.module:function"`` or ``"package.module:Class"``;
 3. an **entry point** in the group ``mmgrpo.rewards`` of any installed distribution, e.g. in the user's
    ``pyproject.toml``: ``[project.entry-points."mmgrpo.rewards"] my_reward = "my_pkg.rewards:my_reward"``.
+
+**Factories**: a spec ending in ``()`` names a function that *returns* the reward (TRL's
+``get_cosine_scaled_reward(min_value_wrong=..., ...)`` style); it is called once with the spec's ``kwargs``
+and the function it returns is the reward, e.g. ``{name: "trl.rewards:get_soft_overlong_punishment()",
+kwargs: {max_completion_len: 512, soft_punish_cache: 64}}``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import math
 import importlib.metadata
 import inspect
 from typing import Any, Callable
@@ -135,6 +141,8 @@ def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
     class is instantiated with ``kwargs``. A callable ``spec`` is accepted too (bound the same way). Keyword
     arguments the function does not accept raise ``TypeError`` naming them and the accepted ones.
     """
+    if isinstance(spec, str) and spec.endswith("()"):
+        return _build_from_factory(spec, kwargs)
     obj = spec if callable(spec) and not isinstance(spec, str) else resolve_reward(spec)
     name = spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
     if inspect.isclass(obj):
@@ -150,6 +158,53 @@ def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
     bound = functools.partial(obj, **kwargs)
     functools.update_wrapper(bound, obj)  # keeps __name__/__doc__ for messages and listings
     return bound
+
+
+def _build_from_factory(spec: str, kwargs: dict) -> Callable[..., list]:
+    factory = resolve_reward(spec[:-2])
+    if not callable(factory):
+        raise TypeError(f"reward {spec!r}: {spec[:-2]!r} is not callable, so it cannot be a factory")
+    _check_kwargs(spec, factory, kwargs)
+    try:
+        fn = factory(**kwargs)
+    except Exception as e:
+        raise TypeError(f"reward {spec!r}: the factory raised {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise TypeError(f"reward {spec!r}: the factory returned {type(fn).__name__}, not a reward function")
+    return fn
+
+
+def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) -> None:
+    """Check a reward spec without calling the reward: the name resolves (the module imports, the attribute
+    exists), ``kwargs`` are arguments it accepts, the weight is a finite number ``>= 0``. Raises ``ValueError``
+    with one line naming what is wrong; the config loader calls this so ``--dry-run`` catches typos."""
+    kwargs = kwargs or {}
+    try:
+        w = float(weight)
+    except (TypeError, ValueError):
+        raise ValueError(f"weight: must be a number, got {weight!r}") from None
+    if not math.isfinite(w) or w < 0:
+        raise ValueError(
+            f"weight: must be a finite number >= 0, got {weight!r} (to penalise something, use a reward that "
+            "returns negative values)"
+        )
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"kwargs: must be a mapping of argument names to values, got {kwargs!r}")
+    factory = isinstance(name, str) and name.endswith("()")
+    try:
+        obj = resolve_reward(name[:-2] if factory else name)
+    except (UnknownRewardError, TypeError) as e:
+        raise ValueError(str(e).split(". Provide a reward")[0]) from None
+    except Exception as e:  # the user's module raised while importing
+        raise ValueError(f"reward {name!r}: importing it raised {type(e).__name__}: {e}") from None
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    if inspect.isclass(obj) and not kwargs:
+        return
+    if kwargs or factory:
+        try:
+            _check_kwargs(name, target, kwargs)
+        except TypeError as e:
+            raise ValueError(f"kwargs: {e}") from None
 
 
 def _check_kwargs(name: str, fn: Callable, kwargs: dict) -> None:

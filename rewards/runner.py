@@ -3,7 +3,7 @@
 ``RewardRunner(specs)(completions, prompts, columns) -> (rewards [B, K] float32, metrics)``. NaN marks "not
 applicable" (the reward returned ``None``, the sample was routed away from it, or the reward failed with
 ``on_error="nan"``); the advantage pipeline combines the K columns with :attr:`RewardRunner.weights` and
-``nansum``, as TRL does (research/anchors_video_speech_rewards.md §5).
+``nansum``, as TRL does (``GRPOTrainer._calculate_rewards`` in trl/trainer/grpo_trainer.py).
 
 Calling convention (a superset of TRL's, so a TRL reward works unchanged): each reward gets
 ``completions=`` (or positionally if it has no parameter of that name), ``prompts=`` and every column as a
@@ -12,17 +12,32 @@ to functions that name them: ``completion_ids`` and ``trainer_state`` (the colum
 provides it, else ``None``), ``log_metric(name, value)`` (lands in the metrics as ``reward/<reward>/<name>``)
 and ``log_extra`` (ignored). ``async def`` rewards are awaited in their thread.
 
+Conversational prompts: when every prompt is a list of chat messages (``[{"role": ..., "content": ...}]``),
+each text completion is passed as ``[{"role": "assistant", "content": text}]``, as TRL's ``GRPOTrainer`` does,
+so TRL's rewards (``completion[0]["content"]``) run unchanged; the built-in rewards read both forms.
+
 A column named like one of a reward's options (a keyword-only parameter of a registered reward, or a kwarg
 bound in the spec) is not passed to it: options come from the config (a warning says so once).
 
-Timeouts: every reward call runs in its own daemon thread. One that is still running after ``timeout_s`` is
-**abandoned**: Python cannot kill a thread, so it keeps running in the background until it returns (and its
-result is dropped), but training goes on and the process can exit. A reward that hangs for ever leaks one
-thread per step; fix it or raise ``timeout_s``.
+Isolation and timeouts (``isolation``): ``"thread"`` runs a reward call in a daemon thread of this process;
+one still running after ``timeout_s`` is **abandoned** (Python cannot kill a thread: it runs on in the
+background and its result is dropped), and a reward that holds the GIL (a catastrophic regex, a huge integer
+power) stalls the whole process. ``"process"`` runs each call in a forked worker process that is **killed** at
+the deadline, so such a reward costs at most ``timeout_s``; the call pays a fork (milliseconds) and the result
+comes back through a pipe, so a process reward's side effects on its own objects (caches, counters) are lost.
+``"auto"`` (default) uses processes for rewards loaded from an import path (``"module:function"``) or an entry
+point — code the toolkit does not know — and threads for registry names and callables passed directly.
+
+Non-finite rewards: a value that is ``inf``, ``-inf``, NaN or larger in magnitude than :data:`MAX_ABS_REWARD`
+(whose batch mean would overflow float32) is an error of that sample: ``on_error="raise"`` stops with one line
+naming the reward and the sample index; ``on_error="nan"`` scores NaN for that sample only. Return ``None`` for
+"not applicable". A batch in which every reward is NaN for every sample logs a warning (nothing to learn from).
 
 Metrics (namespace ``reward/``): ``reward/<name>`` = mean over the samples where reward ``<name>`` is not NaN
 (NaN if there are none); ``reward/<name>_nan_fraction`` = fraction of the B samples where it is NaN;
-``reward/errors`` = number of reward calls that raised or timed out in this batch (``on_error="nan"``).
+``reward/errors`` = number of (reward, sample) scores that are NaN because of an error in this batch
+(``on_error="nan"``): a non-finite value or a sample on which the reward raises counts 1, a timed-out call
+counts its samples.
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ import asyncio
 import inspect
 import logging
 import math
+import multiprocessing
 import queue
 import threading
 import time
@@ -40,9 +56,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .registry import load_reward
+from .registry import REWARDS, load_reward
 
 logger = logging.getLogger("mmgrpo.rewards")
+
+MAX_ABS_REWARD = 1e30
+"""Largest reward magnitude accepted: float32 holds up to 3.4e38, so a batch mean of values up to 1e30 cannot
+overflow for any batch below 3e8 samples."""
+
+ISOLATIONS = ("auto", "thread", "process")
 
 _TRL_EXTRAS = ("completion_ids", "trainer_state", "log_metric", "log_extra", "environments")
 
@@ -84,6 +106,8 @@ class _Caller:
         )
         positional = [n for n, p in self.params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         self.first_positional = None if self.completions_kw or not positional else positional[0]
+        if self.var_kw and self.first_positional in ("prompts", *_TRL_EXTRAS):  # e.g. TRL's f(completion_ids, **kw)
+            self.completions_kw, self.first_positional = True, None  # as TRL calls it: everything by keyword
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
         # A reward's options (keyword-only parameters of a registered reward, or kwargs bound from the config)
         # are configuration: a dataset column with the same name (say "threshold") must not override them.
@@ -133,8 +157,9 @@ async def _await(x: Any) -> Any:
     return await x
 
 
-def _to_floats(out: Any, rows: list[int], name: str) -> list[float]:
-    """The reward's output as ``len(rows)`` floats (``None`` → NaN); a wrong length or a non-number raises."""
+def _to_floats(out: Any, rows: list[int], name: str) -> tuple[list[float], list[tuple[int, float]]]:
+    """The reward's output as ``len(rows)`` floats (``None`` → NaN) and ``(position into rows, value)`` of the
+    non-finite or out-of-range values, which are NaN in the list. A wrong length or a non-number raises."""
     n = len(rows)
     if isinstance(out, torch.Tensor):
         out = out.detach().cpu().reshape(-1).tolist()
@@ -148,20 +173,31 @@ def _to_floats(out: Any, rows: list[int], name: str) -> list[float]:
         )
     if len(out) != n:
         raise RewardError(f"reward {name!r} returned {len(out)} values for {n} samples; it must return one per sample", reward=name)
-    vals = []
+    vals, bad = [], []
     for i, v in enumerate(out):
         if v is None:
             vals.append(math.nan)
             continue
         try:
-            vals.append(float(v))
-        except (TypeError, ValueError):
+            x = float(v)
+        except (TypeError, ValueError, OverflowError):
             raise RewardError(
                 f"reward {name!r} returned {_short(v)} ({type(v).__name__}) at sample {rows[i]}; expected a float or None",
                 reward=name,
                 index=rows[i],
             ) from None
-    return vals
+        if not (math.isfinite(x) and abs(x) <= MAX_ABS_REWARD):
+            bad.append((i, x))
+            x = math.nan
+        vals.append(x)
+    return vals, bad
+
+
+def _nonfinite_message(name: str, value: Any, index: int) -> str:
+    return (
+        f"reward {name!r} returned {value!r} at sample {index}; rewards must be finite numbers with |r| <= "
+        f"{MAX_ABS_REWARD:g} (return None for 'not applicable')"
+    )
 
 
 def _take(values: Any, rows: list[int]) -> Any:
@@ -181,12 +217,15 @@ class _Job:
     prompts: list
     columns: dict[str, Any]
     values: list[float] | None = None
+    bad: list[tuple[int, float]] = field(default_factory=list)  # (sample index, value): non-finite values
+    failed: list[int] = field(default_factory=list)  # samples scored NaN because the reward raised on them
     exc: BaseException | None = None
     where: str = ""  # "sample i (completion: ...)" once located
     index: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     finished: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False  # set by the main thread when it abandons the job
+    proc: Any = None  # the worker process of an isolated call
 
 
 class RewardRunner:
@@ -197,11 +236,13 @@ class RewardRunner:
             (a registry name, ``"package.module:attr"``, an entry-point name, or a callable).
         timeout_s: seconds one reward call may take before it is abandoned (see the module docstring).
         on_error: ``"raise"`` stops with a :class:`RewardError` naming the reward and the first failing sample;
-            ``"nan"`` scores NaN for that reward on the whole batch, logs a warning and counts it in
-            ``reward/errors``.
+            ``"nan"`` scores NaN for the failing samples of that reward (the samples it raises on alone, or
+            returns a non-finite value for; the whole batch on a timeout or a failure no single sample shows),
+            logs a warning and counts them in ``reward/errors``.
         max_workers: rewards running at once.
         reward_types: per reward, ``None`` (every sample) or the list of ``reward_type`` column values it applies
             to; other samples get NaN and the reward is called on the routed samples only.
+        isolation: ``"auto"`` | ``"thread"`` | ``"process"`` (see the module docstring).
 
     Attributes:
         names: metric names of the K rewards (registry name, attribute name of an import path, or function
@@ -217,7 +258,10 @@ class RewardRunner:
         on_error: str = "raise",
         max_workers: int = 4,
         reward_types: list[list[str] | None] | None = None,
+        isolation: str = "auto",
     ):
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
         if on_error not in ("raise", "nan"):
             raise ValueError(f"on_error must be 'raise' or 'nan', got {on_error!r}")
         if not timeout_s > 0:
@@ -230,6 +274,7 @@ class RewardRunner:
         self.names: list[str] = []
         self._rewards: list[Any] = []
         self._callers: list[_Caller] = []
+        self.isolated: list[bool] = []  # per reward: runs in a killable worker process
         weights = []
         for spec in specs:
             if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
@@ -240,6 +285,8 @@ class RewardRunner:
             self.names.append(name)
             self._rewards.append(fn)
             self._callers.append(_Caller(name, fn))
+            outside = isinstance(target, str) and target not in REWARDS  # import path, factory or entry point
+            self.isolated.append(isolation == "process" or (isolation == "auto" and outside))
             weights.append(float(weight))
         self.weights = torch.tensor(weights, dtype=torch.float32)  # [K]
         if reward_types is not None and len(reward_types) != len(self.names):
@@ -265,6 +312,8 @@ class RewardRunner:
         for key, values in columns.items():
             if len(values) != B:
                 raise RewardError(f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample")
+        if B and all(_is_chat(p) for p in prompts):  # TRL's convention for conversational prompts
+            completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
         rewards = torch.full((B, len(self.names)), math.nan, dtype=torch.float32)  # [B, K]
         jobs = []
         for k, caller in enumerate(self._callers):
@@ -281,10 +330,21 @@ class RewardRunner:
         for job in self._run(jobs):
             name = job.caller.name
             metrics.update(job.metrics)
-            if not job.timed_out and job.exc is None and job.values is not None:
+            if not job.timed_out and job.values is not None:
                 rewards[job.rows, job.k] = torch.tensor(job.values, dtype=torch.float32)
+                if job.bad and self.on_error == "raise":
+                    index, value = job.bad[0]
+                    raise RewardError(_nonfinite_message(name, value, index), reward=name, index=index)
+                for index, value in job.bad:
+                    logger.warning("%s; scoring NaN for this sample (on_error='nan')", _nonfinite_message(name, value, index))
+                if job.failed:
+                    logger.warning(
+                        "%s; scoring NaN for the %d sample(s) it fails on: %s (on_error='nan')",
+                        self._error(job), len(job.failed), job.failed[:10],
+                    )
+                errors += len(job.bad) + len(job.failed)
                 continue
-            errors += 1
+            errors += len(job.rows)
             err = self._error(job)
             if self.on_error == "raise":
                 self._raise(err, job)
@@ -295,6 +355,12 @@ class RewardRunner:
             metrics[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
             metrics[f"reward/{name}_nan_fraction"] = float((~ok).float().mean()) if B else 0.0
         metrics["reward/errors"] = float(errors)
+        if B and bool(torch.isnan(rewards).all()):
+            logger.warning(
+                "every reward is NaN or None for all %d samples of this batch (rewards %s): it carries no learning "
+                "signal. Check that the rewards apply to this data (columns, reward_types, answer format)",
+                B, self.names,
+            )
         return rewards, metrics
 
     def _route(self, k: int, B: int, columns: dict[str, list]) -> list[int]:
@@ -316,7 +382,10 @@ class RewardRunner:
         while pending or running:
             while pending and len(running) < self.max_workers:
                 job = pending.popleft()
-                threading.Thread(target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}").start()
+                if self.isolated[job.k]:
+                    self._start_process(job, done)
+                else:
+                    threading.Thread(target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}").start()
                 running[job] = time.monotonic() + self.timeout_s
             try:
                 running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
@@ -325,11 +394,21 @@ class RewardRunner:
             now = time.monotonic()
             for job, deadline in list(running.items()):
                 if now >= deadline and not job.finished.is_set():
-                    running.pop(job)  # abandoned: the thread runs on; its late result is ignored
+                    running.pop(job)  # abandoned: a thread runs on (its late result is ignored); a process is killed
                     job.timed_out = job.exc is None  # raised and still locating the sample: report the raise
+                    if job.proc is not None:
+                        job.proc.kill()
         return jobs
 
     def _work(self, job: _Job, done: queue.Queue) -> None:
+        try:
+            self._evaluate(job)
+        finally:
+            job.finished.set()
+            done.put(job)
+
+    def _evaluate(self, job: _Job) -> None:
+        """Call the reward on the job's samples; fill ``values``/``bad`` or ``exc`` (+ the failing samples)."""
         name = job.caller.name
 
         def log_metric(key: str, value: float) -> None:
@@ -337,14 +416,63 @@ class RewardRunner:
 
         try:
             out = job.caller(job.completions, job.prompts, job.columns, log_metric)
-            job.values = _to_floats(out, job.rows, name)
+            values, bad = _to_floats(out, job.rows, name)
+            job.values, job.bad = values, [(job.rows[j], v) for j, v in bad]
         except RewardError as e:
             job.exc = e
             job.index = e.index
         except BaseException as e:  # noqa: BLE001 - reported with the reward's name, raised in the main thread
             job.exc = e
-            self._locate(job, log_metric)
+            if self.on_error == "nan":
+                self._score_one_by_one(job, log_metric)
+            else:
+                self._locate(job, log_metric)
+
+    def _score_one_by_one(self, job: _Job, log_metric: Callable) -> None:
+        """After a batch call raised: score each sample alone, so only the samples that fail become NaN."""
+        values, bad, failed = [], [], []
+        for j, i in enumerate(job.rows):
+            cols = {c: _take(v, [j]) for c, v in job.columns.items()}
+            try:
+                out = job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
+                (value,), b = _to_floats(out, [i], job.caller.name)
+            except Exception:  # noqa: BLE001 - this sample fails on its own
+                failed.append(i)
+                value, b = math.nan, []
+            values.append(value)
+            bad += [(i, v) for _, v in b]
+        if not failed:  # no single sample fails: the failure needs the whole batch
+            job.where = "no single sample fails on its own (the failure needs the whole batch)"
+            return
+        job.index = failed[0]
+        job.values, job.bad, job.failed = values, bad, failed
+
+    def _start_process(self, job: _Job, done: queue.Queue) -> None:
+        """Run the job in a forked worker process; a thread waits for its result (the process is killed at the
+        deadline by :meth:`_run`)."""
+        ctx = multiprocessing.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        job.proc = ctx.Process(target=self._child, args=(job, send), daemon=True, name=f"mmgrpo-reward-{job.caller.name}")
+        job.proc.start()
+        send.close()  # the child holds the only write end: a killed child makes recv() raise EOFError
+        threading.Thread(target=self._receive, args=(job, receive, done), daemon=True).start()
+
+    def _child(self, job: _Job, send: Any) -> None:
+        self._evaluate(job)
+        exc = None if job.exc is None else _RemoteError.of(job.exc)
+        send.send((job.values, job.bad, job.failed, job.index, job.where, job.metrics, exc))
+        send.close()
+
+    def _receive(self, job: _Job, receive: Any, done: queue.Queue) -> None:
+        try:
+            job.values, job.bad, job.failed, job.index, job.where, job.metrics, job.exc = receive.recv()
+        except (EOFError, OSError):
+            job.proc.join()
+            if not job.timed_out:
+                job.exc = RuntimeError(f"its worker process exited with code {job.proc.exitcode} before returning")
         finally:
+            receive.close()
+            job.proc.join()
             job.finished.set()
             done.put(job)
 
@@ -365,22 +493,29 @@ class RewardRunner:
     def _error(self, job: _Job) -> str:
         name = job.caller.name
         if job.timed_out or job.exc is None:
-            return (
-                f"reward {name!r} timed out after {self.timeout_s:g}s on a batch of {len(job.rows)} samples; its "
-                "thread was abandoned and keeps running in the background. Make the reward faster, raise "
-                "timeout_s, or set on_error='nan' to score NaN instead"
+            fate = (
+                "its worker process was killed" if job.proc is not None
+                else "its thread was abandoned and keeps running in the background (reward_runtime.isolation: "
+                "process kills it instead)"
             )
-        if isinstance(job.exc, RewardError):
+            return (
+                f"reward {name!r} timed out after {self.timeout_s:g}s on a batch of {len(job.rows)} samples; {fate}. "
+                "Make the reward faster, raise timeout_s, or set on_error='nan' to score NaN instead"
+            )
+        if isinstance(job.exc, RewardError) or getattr(job.exc, "is_reward_error", False):
             return str(job.exc)
         where = job.where
         if job.index is not None:
             j = job.rows.index(job.index)
             where = f"first failing sample: index {job.index} (completion: {_short(job.completions[j])})"
-        return f"reward {name!r} raised {type(job.exc).__name__}: {job.exc}" + (f"; {where}" if where else "")
+        kind = getattr(job.exc, "type_name", type(job.exc).__name__)
+        return f"reward {name!r} raised {kind}: {job.exc}" + (f"; {where}" if where else "")
 
     def _raise(self, message: str, job: _Job) -> None:
         if isinstance(job.exc, RewardError):
             raise job.exc
+        if getattr(job.exc, "is_reward_error", False):
+            raise RewardError(message, reward=job.caller.name, index=job.index)
         raise RewardError(message, reward=job.caller.name, index=job.index) from job.exc
 
     def close(self) -> None:
@@ -397,6 +532,27 @@ class RewardRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _RemoteError(Exception):
+    """An exception raised in a worker process, carried back as its type name and message (the original
+    may not pickle)."""
+
+    def __init__(self, message: str, type_name: str, is_reward_error: bool):
+        super().__init__(message)
+        self.type_name, self.is_reward_error = type_name, is_reward_error
+
+    def __reduce__(self):
+        return (_RemoteError, (str(self), self.type_name, self.is_reward_error))
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "_RemoteError":
+        return cls(str(exc), type(exc).__name__, isinstance(exc, RewardError))
+
+
+def _is_chat(prompt: Any) -> bool:
+    """A conversational prompt: a non-empty list of ``{"role": ..., "content": ...}`` messages."""
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
 
 
 def _metric_name(spec: Any) -> str:

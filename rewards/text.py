@@ -7,14 +7,16 @@ The ground truth is the column named by ``answer_key`` (default ``"answer"``); a
 is scored on its whole text. A missing or unclosed tag with ``require_tags=True`` scores 0 (a wrong answer,
 not "not applicable").
 
-Formulas and sources: research/anchors_video_speech_rewards.md §2.1 (Video-R1), §2.2 (VideoChat-R1), §2.7
-(TW-GRPO), §3.4 (BLEU), §4.2 (VLM-R1 length/repetition) and the papers cited per function.
+Formulas and sources: Video-R1 (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``, arXiv 2503.21776),
+VideoChat-R1 (OpenGVLab/VideoChat-R1, arXiv 2504.06958), TW-GRPO (arXiv 2505.24718), BLEU (arXiv 2509.16990),
+VLM-R1 length/repetition (om-ai-lab/VLM-R1) and the papers cited per function.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import logging
 import math
 import operator
 import re
@@ -29,6 +31,7 @@ from .parsing import (
     answer_or_text,
     completion_text,
     extract_tag,
+    ground_truth_text,
     is_think_answer_format,
     parse_choice,
     parse_choice_set,
@@ -46,7 +49,8 @@ def format_reward(completions: list, *, prompts: list | None = None, think: bool
 
     Source: DeepSeek-R1's format reward as used by R1-V, Video-R1 and VideoChat-R1
     (``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``) and R1-AQA's answer-only variant
-    (research §2.1, §3.1). Departure: a block may not contain another think/answer tag, so two ``<answer>``
+    (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; xiaomi-research/r1-aqa, arXiv 2503.11197).
+    Departure: a block may not contain another think/answer tag, so two ``<answer>``
     blocks fail here while they pass the anchors' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
     """
     return [float(is_think_answer_format(completion_text(c), think=think)) for c in completions]
@@ -72,8 +76,10 @@ def accuracy(
     ``which`` (``"last"`` by default) ``<answer>…</answer>`` content, or the whole completion when it has no
     tags and ``require_tags=False``. ``None`` when the sample's ground truth is ``None``.
 
-    Source: R1-AQA / R1-V exact-match fallback and VideoChat-R1's classification reward (research §3.1, §4.4,
-    §2.2); the explicit ``which`` fixes the anchors' silent first-vs-last divergence (§8.4).
+    Source: R1-AQA / R1-V exact-match fallback and VideoChat-R1's classification reward
+    (xiaomi-research/r1-aqa, arXiv 2503.11197; Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``;
+    OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``); the explicit ``which`` fixes their silent
+    first-vs-last ``<answer>`` divergence.
     """
     answers = column(columns, answer_key, "accuracy", len(completions))
     out: list[float | None] = []
@@ -82,7 +88,7 @@ def accuracy(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        out.append(float(pred is not None and _casefold(pred) == _casefold(str(gt))))
+        out.append(float(pred is not None and _casefold(pred) == _casefold(ground_truth_text(gt, which))))
     return out
 
 
@@ -123,7 +129,7 @@ def exact_match(
     ground truths when the column holds a list. ``normalize`` is one of ``"none"``, ``"basic"``, ``"loose"``
     (:func:`normalize_answer`). ``None`` when the ground truth is ``None``.
 
-    Source: the exact-match accuracy of the anchors (research §2.2, §4.4) with SQuAD-style normalisation.
+    Source: the exact-match accuracy of the anchors (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``; Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``) with SQuAD-style normalisation.
     """
     answers = column(columns, answer_key, "exact_match", len(completions))
     out: list[float | None] = []
@@ -133,7 +139,7 @@ def exact_match(
             continue
         pred = answer_or_text(c, which, require_tags)
         gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
-        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(str(g), normalize) for g in gts}
+        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(ground_truth_text(g, which), normalize) for g in gts}
         out.append(float(ok))
     return out
 
@@ -155,7 +161,7 @@ def multiple_choice(
     (strips "The answer is", reads ``"B"``, ``"(B)"``, ``"B. text"``; the article "A" in prose is not a
     choice). A ground truth without a letter raises ``ValueError`` (a data error).
 
-    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (research §2.1, §2.2).
+    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
     answers = column(columns, answer_key, "multiple_choice", len(completions))
     out: list[float | None] = []
@@ -163,7 +169,7 @@ def multiple_choice(
         if gt is None:
             out.append(None)
             continue
-        gt_letter = parse_choice(str(gt), choices)
+        gt_letter = parse_choice(ground_truth_text(gt, which), choices)
         if gt_letter is None:
             raise ValueError(f"reward 'multiple_choice': ground truth {gt!r} has no option letter among {choices!r}")
         pred = answer_or_text(c, which, require_tags)
@@ -187,7 +193,7 @@ def multiple_choice_partial(
     With P the set of letters in the answer and G the correct set: ``r = |P|/|G|`` if ``∅ ≠ P ⊆ G``, else 0
     (any wrong letter gives 0). An empty ground-truth set raises ``ValueError``.
 
-    Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; research §2.7).
+    Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; longmalongma/TW-GRPO, arXiv 2505.24718).
     """
     answers = column(columns, answer_key, "multiple_choice_partial", len(completions))
     out: list[float | None] = []
@@ -195,7 +201,7 @@ def multiple_choice_partial(
         if gt is None:
             out.append(None)
             continue
-        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(str(gt), choices)
+        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
         if not gt_set:
             raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
         pred = answer_or_text(c, which, require_tags)
@@ -221,9 +227,9 @@ def numeric(
     ``p`` = the last number in the answer (``"1,234.5"``, ``"3/4"`` and ``"-2e3"`` are numbers; a bare
     ``"3/0"`` is not), ``g`` = the ground truth; ``r = 1[|p − g| ≤ max(abs_tol, rel_tol·|g|)]``. No number, or a
     non-finite one, gives 0. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
-    ``abs_tol=0.005, rel_tol=0`` (research §2.1).
+    ``abs_tol=0.005, rel_tol=0`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
 
-    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; research §2.1), with an explicit tolerance
+    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance
     instead of its "exactly one side has a decimal point → 0" rule.
     """
     answers = column(columns, answer_key, "numeric", len(completions))
@@ -232,7 +238,7 @@ def numeric(
         if gt is None:
             out.append(None)
             continue
-        g = gt_number(gt, "numeric")
+        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "numeric")
         pred = answer_or_text(c, which, require_tags)
         p = parse_number(pred, which="last") if pred is not None else None
         ok = p is not None and math.isfinite(p) and abs(p - g) <= max(abs_tol, rel_tol * abs(g))
@@ -253,9 +259,9 @@ def regression(
     """Relative-error reward for numeric answers.
 
     ``r = 1 − clip(|p − g| / |g|, 0, 1)``. When ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's
-    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (research §2.1), without its division by ~0 (§8.7). No number → 0.
+    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0 (an unguarded division in the original). No number → 0.
 
-    Source: Video-R1's regression reward (arXiv 2503.21776; research §2.1).
+    Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
     answers = column(columns, answer_key, "regression", len(completions))
     out: list[float | None] = []
@@ -263,7 +269,7 @@ def regression(
         if gt is None:
             out.append(None)
             continue
-        g = gt_number(gt, "regression")
+        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "regression")
         pred = answer_or_text(c, which, require_tags)
         p = parse_number(pred, which="last") if pred is not None else None
         if p is None or not math.isfinite(p):
@@ -333,12 +339,20 @@ def normalize_math(expr: str) -> str:
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.Pow: operator.pow}
 
 
+MAX_MATH_CHARS = 256
+"""Longest answer (characters) the math checks look at; longer ones score 0. Final answers are short, and
+parsing unbounded model output (``"(1," * 200``) can exhaust the parser's memory or take seconds."""
+
+
 def safe_eval(expr: str) -> float | None:
     """Evaluate a normalised arithmetic expression (numbers, + − * / **, unary ±, ``sqrt``, ``pi``, ``e``)
-    without ``eval``; ``None`` if it is anything else, too large, or divides by zero."""
+    without ``eval``; ``None`` if it is anything else, too large, longer than :data:`MAX_MATH_CHARS`, nested
+    deeper than 32 brackets, or divides by zero."""
+    if len(expr) > MAX_MATH_CHARS or _depth(expr) > 32:
+        return None
     try:
         tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
     def ev(node: ast.AST) -> float:
@@ -370,6 +384,15 @@ def safe_eval(expr: str) -> float | None:
     return value if isinstance(value, float) and math.isfinite(value) else None
 
 
+def _depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        depth += ch in "(["
+        depth -= ch in ")]"
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _split_top(s: str) -> list[str]:
     """Split on commas outside brackets; strip one pair of enclosing brackets first (tuples, intervals, sets)."""
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
@@ -394,9 +417,53 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def math_equal(pred: str, gt: str, rel_tol: float = 1e-6) -> bool:
-    """True if two math answers agree: equal after :func:`normalize_math`, or equal as numbers (relative
-    tolerance ``rel_tol``), element-wise for comma-separated tuples."""
+def _math_verify(pred: str, gt: str) -> bool | None:
+    """``math_verify.verify`` of the two answers (each parsed as LaTeX between ``$``, then as is); ``None`` when
+    the library is not installed or cannot parse one of them. Its signal-based timeouts are off
+    (``parsing_timeout=None``, ``timeout_seconds=None``): they only work in the main thread, and the reward
+    runner's own timeout (or process isolation) bounds the call instead."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call that timeouts are off
+    try:
+        parsed = []
+        for text in (gt, pred):
+            found = parse(f"${text}$", parsing_timeout=None) or parse(text, parsing_timeout=None)
+            if not found:
+                return None
+            parsed.append(found)
+        return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - a parser failure on model output is "cannot tell", not an error
+        return None
+
+
+def math_equal(pred: str, gt: str, rel_tol: float = 1e-6, verifier: str = "auto") -> bool:
+    """True if two math answers agree.
+
+    ``verifier="auto"`` (default): ``math-verify`` says equal (symbolic: ``\\frac12`` = ``0.5``,
+    ``2\\sqrt{2}`` = ``\\sqrt{8}``, sets, ``50\\%`` = ``0.5``), or the hand-written check below does.
+    ``"math_verify"``: the library only (``ImportError`` when it is missing). ``"simple"``: the hand-written
+    check only: equal after :func:`normalize_math`, or equal as numbers (relative tolerance ``rel_tol``),
+    element-wise for comma-separated tuples. Answers longer than :data:`MAX_MATH_CHARS` are not equal.
+    """
+    if verifier not in ("auto", "math_verify", "simple"):
+        raise ValueError(f"verifier must be 'auto', 'math_verify' or 'simple', got {verifier!r}")
+    if len(pred) > MAX_MATH_CHARS or len(gt) > MAX_MATH_CHARS:
+        return False
+    if verifier != "simple":
+        verdict = _math_verify(pred, gt)
+        if verifier == "math_verify":
+            if verdict is None:
+                import math_verify  # noqa: F401  (raises ImportError with the package name when it is missing)
+            return bool(verdict)
+        if verdict:
+            return True
+    return _simple_math_equal(pred, gt, rel_tol)
+
+
+def _simple_math_equal(pred: str, gt: str, rel_tol: float) -> bool:
     a, b = normalize_math(pred), normalize_math(gt)
     if not a or not b:
         return False
@@ -423,9 +490,10 @@ def math_accuracy(
     answer_key: str = "answer",
     require_tags: bool = False,
     rel_tol: float = 1e-6,
+    verifier: str = "auto",
     **columns: Any,
 ) -> list[float | None]:
-    """Math answer accuracy without an external verifier.
+    """Math answer accuracy: ``math-verify`` (symbolic), then a numeric check.
 
     The prediction is the last ``\\boxed{…}`` in the ``<answer>`` content, else the last one in the whole
     completion, else the ``<answer>`` content, else (``require_tags=False``, the default here) the whole
@@ -433,10 +501,14 @@ def math_accuracy(
     equal after :func:`normalize_math`, or numerically equal (``\\frac{1}{2}`` = ``0.5`` = ``1/2``,
     ``2\\sqrt{2}`` is not parsed — write ``2*\\sqrt{2}``), element-wise for tuples.
 
-    Source: the anchors call HF ``math_verify`` first (R1-V, VLM-R1, R1-AQA; research §3.1, §4.4). This is a
-    dependency-free, eval-free fallback; it does not prove symbolic equivalence. For that, wrap
-    ``math_verify.verify`` in your own reward (its timeout uses signals, so pass ``timeout_seconds=None`` when
-    it runs in the runner's threads).
+    The ground truth is read with the same rules (``"<answer> \\frac{1}{2} </answer>"`` and ``"\\boxed{3}"``
+    are answers, not text). ``verifier`` is :func:`math_equal`'s: ``"auto"`` accepts what ``math-verify``
+    accepts and, in addition, what the hand-written check accepts (a numeric tolerance ``rel_tol`` and
+    comma-separated tuples compared element-wise, which math-verify may leave unparsed).
+
+    Source: HF ``math-verify`` (github.com/huggingface/Math-Verify), the checker of TRL's ``accuracy_reward``
+    (trl/rewards/accuracy_rewards.py) and of R1-V (github.com/Deep-Agent/R1-V, ``src/open_r1/grpo.py``) and
+    VLM-R1 (github.com/om-ai-lab/VLM-R1, ``src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
     answers = column(columns, answer_key, "math_accuracy", len(completions))
     out: list[float | None] = []
@@ -449,9 +521,10 @@ def math_accuracy(
         pred = (last_boxed(tagged) if tagged is not None else None) or last_boxed(text) or tagged
         if pred is None and not require_tags:
             pred = text.strip()
-        g = str(gt)
-        g = last_boxed(g) or g
-        out.append(float(pred is not None and math_equal(pred, g, rel_tol)))
+        g_text = completion_text(gt) if not isinstance(gt, (int, float)) else str(gt)
+        g_tag = extract_tag(g_text, "answer", which)
+        g = (last_boxed(g_tag) if g_tag is not None else None) or last_boxed(g_text) or (g_tag if g_tag is not None else g_text.strip())
+        out.append(float(pred is not None and math_equal(pred, g, rel_tol, verifier=verifier)))
     return out
 
 
@@ -483,7 +556,7 @@ def rouge(
     answer or reference gives 0 (no n-grams to match).
 
     Source: Video-R1's free-form reward ``clip(mean(F1 of ROUGE-1, ROUGE-2, ROUGE-L), 0, 1)`` with the stemmer
-    (research §2.1).
+    (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
     answers = column(columns, answer_key, "rouge", len(completions))
     scorer = _rouge_scorer(tuple(rouge_types), use_stemmer)
@@ -493,10 +566,11 @@ def rouge(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        if not pred or not str(gt).strip():
+        ref = ground_truth_text(gt, which)
+        if not pred or not ref:
             out.append(0.0)
             continue
-        scores = scorer.score(str(gt), pred)
+        scores = scorer.score(ref, pred)
         out.append(min(1.0, max(0.0, sum(scores[t].fmeasure for t in rouge_types) / len(rouge_types))))
     return out
 
@@ -520,7 +594,7 @@ def bleu(
     al. 2002; Post 2018). ``refs`` is the ground truth, or its items when the column holds a list. An empty
     answer gives 0.
 
-    Source: BLEU as the GRPO reward for spoken QA and speech translation (IBM, arXiv 2509.16990; research §3.4),
+    Source: BLEU as the GRPO reward for spoken QA and speech translation (IBM, arXiv 2509.16990; arXiv 2509.16990),
     "sentence BLEU with smoothing, scaled to [0, 1]".
     """
     import sacrebleu
@@ -532,7 +606,7 @@ def bleu(
             out.append(None)
             continue
         pred = answer_or_text(c, which, require_tags)
-        refs = [str(g) for g in gt] if isinstance(gt, (list, tuple)) else [str(gt)]
+        refs = [ground_truth_text(g, which) for g in (gt if isinstance(gt, (list, tuple)) else [gt])]
         if not pred:
             out.append(0.0)
             continue
@@ -585,7 +659,7 @@ def length_cosine(
     Source: the cosine reward of Yeo et al. 2025, "Demystifying Long Chain-of-Thought Reasoning in LLMs"
     (arXiv 2502.03373, §4), whose defaults are ``correct 2→1, wrong −10→0, exceed −10``; the defaults here are
     the smaller open-r1 / VLM-R1 values (``1→0.5``, ``−1→−0.5``, max 1000) that sit beside a 0/1 accuracy
-    reward (research §4.2).
+    reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     if max_len <= 0:
         raise ValueError(f"length_cosine: max_len must be > 0, got {max_len}")
@@ -666,7 +740,7 @@ def length_band(
     ``min_correct`` samples of its group (``group_key`` column, else equal prompts) are correct; else 0.
     ``None`` when the ground truth is ``None``.
 
-    Source: Video-R1's length-control reward (arXiv 2503.21776; research §2.1): +0.2 for
+    Source: Video-R1's length-control reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``): +0.2 for
     ``r_acc > 0.1`` and 320–512 tokens when more than one sample of the group is correct. Video-R1 reads the
     correctness from its first reward column; here it is recomputed with :func:`accuracy`.
     """
@@ -699,7 +773,7 @@ def repetition_penalty(
     n-gram repeated). Fewer words than ``ngram_size`` (including the empty completion) gives 0.
 
     Source: the n-gram repetition penalty of Yeo et al. 2025 (arXiv 2502.03373) as implemented in open-r1 and
-    VLM-R1 (``repetition``, max −1; research §4.2).
+    VLM-R1 (``repetition``, max −1; om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     if ngram_size < 1:
         raise ValueError(f"repetition_penalty: ngram_size must be >= 1, got {ngram_size}")

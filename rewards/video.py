@@ -79,8 +79,8 @@ def temporal_contrast(
     ``bonus_group_fraction`` (Video-R1's ``temporal_rewards``).
 
     Source: Feng et al. 2025, "Video-R1: Reinforcing Video Reasoning in MLLMs" (arXiv 2503.21776 §3.2), code
-    defaults μ = 0.8, α = 0.3, threshold 0.1 (research/anchors_video_speech_rewards.md §2.1); here μ, α, the
-    threshold and the target are options, not "column 0" (research §8.1).
+    defaults μ = 0.8, α = 0.3, threshold 0.1 (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``); here μ, α, the
+    threshold and the target are options, not "column 0" (Video-R1 applies it to reward column 0 only, with hard-coded constants).
     """
     n = len(completions)
     prompts = list(prompts) if prompts is not None else [None] * n
@@ -141,8 +141,8 @@ def temporal_iou_frames(
     nominal one. Ground truth in seconds; ``r`` = :func:`~mmgrpo.rewards.visual.span_iou`. A frame number
     outside ``[0, F)``, ``a > b``, a non-integer or no span → 0.
 
-    Source: the temporal IoU of VideoChat-R1 / Temporal-R1 (research §2.2, §2.4, §4.10) with frame-number answers
-    mapped to time as qwen-vl-utils samples frames (research §2.8).
+    Source: the temporal IoU of VideoChat-R1 / Temporal-R1 (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``; appletea233/Temporal-R1, arXiv 2506.01908; VideoChat-R1 ``grpo_tg.py``; Temporal-R1 ``verl/utils/reward_score/tvg.py``) with frame-number answers
+    mapped to time as qwen-vl-utils samples frames (QwenLM/Qwen2.5-VL ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``).
     """
     n = len(completions)
     answers = column(columns, answer_key, "temporal_iou_frames", n)

@@ -1,7 +1,7 @@
 """Visual rewards: box IoU/GIoU in explicit coordinate spaces, detection, counting, temporal IoU, tracking, GUI.
 
-**Coordinate spaces** (research/anchors_video_speech_rewards.md §4.1, the largest silent failure of IoU
-rewards, §8.5). Every box/point reward takes ``pred_space`` (what the policy writes) and ``gt_space`` (what the
+**Coordinate spaces** (Qwen2-VL and Qwen2.5-VL technical reports, arXiv 2409.12191 and 2502.13923: the
+largest silent failure of IoU rewards in the R1-style repositories). Every box/point reward takes ``pred_space`` (what the policy writes) and ``gt_space`` (what the
 dataset holds) explicitly and converts both to the common space ``normalized_0_1`` (x / W, y / H of the image)
 before comparing:
 
@@ -271,8 +271,8 @@ def iou(
     from ``pred_space`` / ``gt_space`` (required; see the module docstring), then
     ``r = |P ∩ G| / |P ∪ G|``, or ``1[IoU > threshold]`` when ``threshold`` is set. No or malformed box → 0.
 
-    Source: VLM-R1's soft IoU reward (om-ai-lab/VLM-R1 ``iou_reward``; research §4.2), with float boxes, a
-    guarded zero union and explicit spaces (§8.4–8.7); ``threshold=0.5`` is its commented-out hard variant.
+    Source: VLM-R1's soft IoU reward (om-ai-lab/VLM-R1 ``iou_reward``; om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``), with float boxes, a
+    guarded zero union and explicit spaces; ``threshold=0.5`` is its commented-out hard variant.
     """
     scores = _box_reward(
         "iou", box_iou, completions, columns, pred_space=pred_space, gt_space=gt_space, which=which,
@@ -304,7 +304,7 @@ def giou(
     Parsing and spaces as in :func:`iou`.
 
     Source: Rezatofighi et al. 2019, "Generalized Intersection over Union" (CVPR); a dense alternative to
-    VLM-R1's IoU reward (research §4.2).
+    VLM-R1's IoU reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     return _box_reward(
         "giou", box_giou, completions, columns, pred_space=pred_space, gt_space=gt_space, which=which,
@@ -440,7 +440,7 @@ def detection_visual_rft(
     prediction scores 2).
 
     Source: Liu et al. 2025, "Visual-RFT" (arXiv 2503.01785), ``grpo.py`` v2 IoU and confidence rewards
-    (research §4.3).
+    (Liuziyu77/Visual-RFT ``src/virft/src/open_r1/grpo.py``).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     answers = column(columns, answer_key, "detection_visual_rft", len(completions))
@@ -516,7 +516,7 @@ def detection_weighted(
     The answer is a JSON list of ``{"bbox_2d": […], "label": …}`` (a ```json fence is fine) or bare boxes;
     VLM-R1's OVD answers sit in a fence, not necessarily in ``<answer>`` tags, so ``require_tags=False`` here.
 
-    Source: VLM-R1 ``detection_score`` / ``weighted_sum`` (research §4.2): weights ``(pos, label, compl) =
+    Source: VLM-R1 ``detection_score`` / ``weighted_sum`` (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``): weights ``(pos, label, compl) =
     (0.7, 0.0, 0.3)``.
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
@@ -559,7 +559,7 @@ def count_exact(
     """Exact counting reward: ``r = 1[ŷ = y]`` with ŷ the last number in the answer, required to be a
     non-negative integer (``"3.5"`` or ``"-2"`` score 0).
 
-    Source: R1-V's CLEVR counting reward (research §4.4).
+    Source: R1-V's CLEVR counting reward (Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``).
     """
     answers = column(columns, answer_key, "count_exact", len(completions))
     out: list[float | None] = []
@@ -590,9 +590,9 @@ def count_fuzzy(
 
     ``g = |y − ŷ| / y``; ``r = exact_bonus − g`` if ``g < max_error`` else 0 (an exact count gives 1.5; 49 % off
     gives 1.01). ŷ must be a non-negative integer ≤ ``max_count``, else 0. ``y = 0`` (where CrowdVLM-R1 divides
-    by zero, research §8.7) gives ``exact_bonus`` for ``ŷ = 0`` and 0 otherwise.
+    by zero, an unguarded division in the original) gives ``exact_bonus`` for ``ŷ = 0`` and 0 otherwise.
 
-    Source: CrowdVLM-R1's fuzzy group relative policy reward (yeyimilk/CrowdVLM-R1 ``count_reward``; research §4.5).
+    Source: CrowdVLM-R1's fuzzy group relative policy reward (yeyimilk/CrowdVLM-R1 ``count_reward``; yeyimilk/CrowdVLM-R1 ``VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
     answers = column(columns, answer_key, "count_fuzzy", len(completions))
     out: list[float | None] = []
@@ -691,8 +691,8 @@ def temporal_iou(
     video length); when they differ, the length comes from a ``duration`` column, or ``len(video) / fps``.
     IoU is scale-invariant, so equal units need no length. No span → 0.
 
-    Source: VideoChat-R1 ``iou_timestamp_reward`` (seconds; research §2.2) and Temporal-R1 (normalised by
-    L = frames / fps; §2.4), with the zero-union guard Temporal-R1 lacks (§4.10).
+    Source: VideoChat-R1 ``iou_timestamp_reward`` (seconds; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``) and Temporal-R1 (normalised by
+    L = frames / fps; appletea233/Temporal-R1, arXiv 2506.01908), with the zero-union guard Temporal-R1 lacks.
     """
     answers = column(columns, answer_key, "temporal_iou", len(completions))
     out: list[float | None] = []
@@ -752,7 +752,7 @@ def multi_span_iou(
     uses ``tag="glue"``). Ground truth: a list of ``(s, e)`` pairs or text. No span → 0 (unless the ground
     truth is empty too).
 
-    Source: VideoChat-R1 ``iou_glue_reward`` (research §2.2).
+    Source: VideoChat-R1 ``iou_glue_reward`` (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
     answers = column(columns, answer_key, "multi_span_iou", len(completions))
     out: list[float | None] = []
@@ -790,7 +790,7 @@ def tracking_iou(
     prediction with ≠ K boxes scores 0; otherwise missing frames count 0 and extra boxes are ignored.
     Spaces as in :func:`iou` (VideoChat-R1 uses ``normalized_0_1`` for both).
 
-    Source: VideoChat-R1 ``tracking_iou_reward`` (arXiv 2504.06958; research §2.2).
+    Source: VideoChat-R1 ``tracking_iou_reward`` (arXiv 2504.06958; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     answers = column(columns, answer_key, "tracking_iou", len(completions))
@@ -867,7 +867,7 @@ def gui_point_in_box(
     predicted box counts as its centre) and the ground-truth box, after space conversion. No point → 0.
 
     Source: the "inside-box" click reward of GUI grounding RL (e.g. UI-R1, GUI-R1), the baseline LPO improves on
-    (arXiv 2506.09373; research §4.8).
+    (arXiv 2506.09373; arXiv 2506.09373).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     answers = column(columns, answer_key, "gui_point_in_box", len(completions))
@@ -911,8 +911,8 @@ def gui_point_distance(
     where ``p`` is the ground-truth point or the centre of the ground-truth box. ``kernel="exp"``:
     ``r = exp(−d / sigma)``; ``kernel="linear"``: ``r = max(0, 1 − d / sigma)``. No point → 0.
 
-    Source: LPO's dynamic location reward (arXiv 2506.09373; research §4.8). The paper's exact
-    form was not available; this is the form the research notes propose.
+    Source: LPO's dynamic location reward (arXiv 2506.09373; arXiv 2506.09373). The paper's exact
+    form was not available; this is our reading of its description.
     """
     if kernel not in ("exp", "linear"):
         raise ValueError(f"gui_point_distance: kernel must be 'exp' or 'linear', got {kernel!r}")

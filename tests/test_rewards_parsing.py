@@ -6,6 +6,7 @@ from mmgrpo.rewards.parsing import (
     answer_or_text,
     completion_text,
     extract_answer,
+    extract_tags,
     extract_think,
     is_think_answer_format,
     parse_box,
@@ -156,3 +157,19 @@ def test_json_with_repairs():
     assert parse_json("```json\n[{\"a\": 1}]\n```") == [{"a": 1}]
     assert parse_json("[{'Position': [1, 2, 3, 4], 'Confidence': 0.9},]") == [{"Position": [1, 2, 3, 4], "Confidence": 0.9}]
     assert parse_json("no json") is None and parse_json(None) is None
+
+
+def test_tag_parser_is_linear_in_unclosed_tags():
+    import time
+
+    text = "<answer>" * 8192  # 64k characters of unclosed tags
+    t0 = time.perf_counter()
+    assert extract_answer(text) is None and extract_tags(text + "</answer>", "answer")[-1] == "<answer>" * 8191
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_tag_parser_matches_the_non_greedy_regex():
+    import re
+
+    for text in ["<a>1</a><a>2</a>", "<a><a>x</a></a>", "<a>open", "x</a><a>y</a>", "<a></a>", "<a>\n1\n</a>z<a>"]:
+        assert extract_tags(text, "a") == re.findall(r"<a>(.*?)</a>", text, flags=re.DOTALL), text

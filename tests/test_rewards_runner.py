@@ -110,7 +110,7 @@ def test_raising_reward_with_on_error_nan_scores_nan_and_counts(caplog):
     runner = RewardRunner([("format", 1.0, {}), (boom, 1.0, {})], on_error="nan")
     rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
     assert torch.isnan(rewards[:, 1]).all() and not torch.isnan(rewards[:, 0]).any()
-    assert metrics["reward/errors"] == 1.0
+    assert metrics["reward/errors"] == float(len(COMPLETIONS))  # one per (reward, sample) scored NaN
     assert "reward 'boom' raised ValueError: bad" in caplog.text
 
 
@@ -145,7 +145,7 @@ def test_hanging_reward_times_out_quickly_with_clear_message():
     rewards, metrics = runner_nan(COMPLETIONS, PROMPTS, {})
     assert time.monotonic() - t0 < 2.0
     assert torch.isnan(rewards[:, 1]).all() and rewards[0, 0] == 1.0
-    assert metrics["reward/errors"] == 1.0
+    assert metrics["reward/errors"] == float(len(COMPLETIONS))  # the timed-out call's samples
     release.set()
 
 
@@ -233,3 +233,105 @@ def test_columns_named_like_options_do_not_override_them(caplog):
     rewards, _ = runner(["<answer>a</answer>"], ["p"], {"think": [True], "which": ["first"], "answer": ["a"]})
     assert rewards.tolist() == [[1.0, 1.0]]
     assert "column(s) ['think']" in caplog.text and "column(s) ['which']" in caplog.text
+
+
+# --- non-finite values, per-sample failures, worker processes, conversational prompts ---------------------
+
+
+def _returns(values):
+    def fixed(completions, **kw):
+        return list(values)
+
+    return fixed
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e38])
+def test_non_finite_reward_raises_naming_reward_and_sample(bad):
+    runner = RewardRunner([(_returns([1.0, bad, 0.0, 1.0]), 1.0, {})])
+    with pytest.raises(RewardError, match=r"reward 'fixed' returned .* at sample 1; rewards must be finite") as e:
+        runner(COMPLETIONS, PROMPTS, {})
+    assert e.value.index == 1 and "\n" not in str(e.value)
+
+
+def test_non_finite_reward_with_on_error_nan_scores_only_that_sample(caplog):
+    runner = RewardRunner([(_returns([1.0, math.inf, 0.5, 1e38]), 1.0, {})], on_error="nan")
+    rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
+    assert rewards[:, 0].tolist()[0] == 1.0 and rewards[2, 0] == 0.5
+    assert torch.isnan(rewards[[1, 3], 0]).all()
+    assert metrics["reward/errors"] == 2.0 and metrics["reward/fixed"] == pytest.approx(0.75)
+    assert math.isfinite(metrics["reward/fixed"])
+
+
+def test_raising_on_some_samples_with_on_error_nan_keeps_the_others():
+    def picky(completions, **kw):
+        return [float(len(c)) if "no tags" not in c else 1 / 0 for c in completions]
+
+    runner = RewardRunner([(picky, 1.0, {})], on_error="nan")
+    rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
+    assert torch.isnan(rewards[2, 0]) and not torch.isnan(rewards[[0, 1, 3], 0]).any()
+    assert rewards[1, 0] == float(len(COMPLETIONS[1])) and metrics["reward/errors"] == 1.0
+
+
+def test_all_nan_batch_warns(caplog):
+    runner = RewardRunner([(_returns([None] * 4), 1.0, {})])
+    rewards, _ = runner(COMPLETIONS, PROMPTS, {})
+    assert torch.isnan(rewards).all()
+    assert "every reward is NaN or None for all 4 samples" in caplog.text
+
+
+def gil_holder(completions, **kw):
+    """Catastrophic backtracking: the regex engine holds the GIL for minutes."""
+    import re
+
+    re.match(r"(a+)+$", "a" * 64 + "b")
+    return [0.0] * len(completions)
+
+
+def test_gil_holding_reward_is_killed_in_process_isolation():
+    runner = RewardRunner([("format", 1.0, {}), (gil_holder, 1.0, {})], timeout_s=1, on_error="nan", isolation="process")
+    assert runner.isolated == [True, True]
+    t0 = time.monotonic()
+    rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
+    elapsed = time.monotonic() - t0
+    assert elapsed < 5.0, elapsed
+    assert torch.isnan(rewards[:, 1]).all() and rewards[0, 0] == 1.0 and metrics["reward/errors"] == 4.0
+    with pytest.raises(RewardError, match=r"reward 'gil_holder' timed out after 1s .*worker process was killed"):
+        RewardRunner([(gil_holder, 1.0, {})], timeout_s=1, isolation="process")(COMPLETIONS, PROMPTS, {})
+
+
+def test_process_isolation_returns_values_metrics_and_errors():
+    def logs(completions, log_metric, **kw):
+        log_metric("n", len(completions))
+        return [float(len(c)) for c in completions]
+
+    def boom(completions, **kw):
+        raise ValueError("bad")
+
+    runner = RewardRunner([(logs, 1.0, {}), ("format", 1.0, {})], isolation="process")
+    rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
+    assert rewards[:, 0].tolist() == [float(len(c)) for c in COMPLETIONS] and metrics["reward/logs/n"] == 4.0
+    with pytest.raises(RewardError, match=r"reward 'boom' raised ValueError: bad; first failing sample: index 0"):
+        RewardRunner([(boom, 1.0, {})], isolation="process")(COMPLETIONS, PROMPTS, {})
+
+
+def test_auto_isolation_uses_processes_for_import_paths_only():
+    runner = RewardRunner([("accuracy", 1.0, {}), ("mmgrpo.rewards.text:accuracy", 1.0, {}), (_returns([0.0]), 1.0, {})])
+    assert runner.isolated == [False, True, False]
+    rewards, _ = runner(COMPLETIONS[:1], PROMPTS[:1], {"answer": ["4"]})
+    assert rewards[0, :2].tolist() == [1.0, 1.0]
+
+
+def test_conversational_prompts_get_chat_completions():
+    seen = []
+
+    def trl_like(completions, **kw):
+        seen.extend(completions)
+        return [float((c[0]["content"] if isinstance(c, list) else c) == "<answer>4</answer>") for c in completions]
+
+    chat = [[{"role": "user", "content": "2+2?"}]] * 4
+    runner = RewardRunner([(trl_like, 1.0, {}), ("accuracy", 1.0, {})])
+    rewards, _ = runner(COMPLETIONS, chat, {"answer": ["4"] * 4})
+    assert seen[1] == [{"role": "assistant", "content": "<answer>5</answer>"}]
+    assert rewards[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0] and rewards[:, 1].tolist() == [1.0, 0.0, 0.0, 1.0]
+    runner(COMPLETIONS, PROMPTS, {"answer": ["4"] * 4})  # plain prompts: plain strings
+    assert seen[-1] == COMPLETIONS[-1]

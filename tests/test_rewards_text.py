@@ -1,6 +1,7 @@
 """Text and speech rewards: formulas with values worked by hand, and their edge cases."""
 
 import math
+import time
 
 import pytest
 
@@ -106,7 +107,8 @@ def test_math_normalisation_and_equality():
     assert normalize_math(r"$x = \dfrac{3}{4}$.") == "(3)/(4)"
     assert normalize_math(r"90^\circ") == "90"
     assert math_equal(r"\frac{1}{2}", "0.5")
-    assert not math_equal("1/2", r"\tfrac12")  # brace-less \frac12 is not parsed (documented limit)
+    assert math_equal("1/2", r"\tfrac12")  # math-verify reads the brace-less form
+    assert not math_equal("1/2", r"\tfrac12", verifier="simple")  # the hand-written check does not (documented)
     assert math_equal(r"2\sqrt{2}", r"2\sqrt{2}")
     assert math_equal(r"\sqrt{2}", "1.41421356237")
     assert math_equal("(1, 2)", r"\left(1,2\right)") and not math_equal("(1, 2)", "(2, 1)")
@@ -125,7 +127,7 @@ def test_math_accuracy():
         "",
         r"\boxed{x",  # truncated
     ]
-    assert math_accuracy(c, answer=["1/2", "1/2", r"\boxed{\frac12}", "0.5", "0.5", "1"]) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert math_accuracy(c, answer=["1/2", "1/2", r"\boxed{\frac12}", "0.5", "0.5", "1"]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert math_accuracy(["<answer>0.5</answer>"], answer=[None]) == [None]
 
 
@@ -218,3 +220,52 @@ def test_repetition_penalty_worked_by_hand():
     assert repetition_penalty(["x x x x"], ngram_size=1, max_penalty=-2.0) == [pytest.approx(-1.5)]
     with pytest.raises(ValueError):
         repetition_penalty(["x"], max_penalty=1.0)
+
+
+# --- tagged ground truth (R1-V, VLM-R1, Video-R1 store `solution` as "<answer> … </answer>") ---------------
+
+
+@pytest.mark.parametrize(
+    "reward, completion, solution",
+    [
+        (accuracy, "<think>three cubes</think><answer>3</answer>", "<answer> 3 </answer>"),  # R1-V CLEVR counting
+        (exact_match, "<answer>3</answer>", "<answer> 3 </answer>"),
+        (math_accuracy, "<think>…</think><answer>3</answer>", "<answer> 3 </answer>"),
+        (math_accuracy, r"<answer>\boxed{\frac{1}{2}}</answer>", "<answer>0.5</answer>"),  # VLM-R1 math-style
+        (multiple_choice, "<answer>B</answer>", "<answer>B</answer>"),  # Video-R1 multiple choice
+        (numeric, "<answer>3.5</answer>", "<answer>3.5</answer>"),  # Video-R1 numerical
+        (regression, "<answer>12</answer>", "<answer>12</answer>"),  # Video-R1 regression
+        (rouge, "<answer>a man opens the door</answer>", "<answer>a man opens the door</answer>"),  # Video-R1 free-form
+        (bleu, "<answer>a man opens the door slowly</answer>", "<answer>a man opens the door slowly</answer>"),
+    ],
+)
+def test_tagged_ground_truth_scores_one(reward, completion, solution):
+    assert reward([completion], solution=[solution], answer_key="solution") == [pytest.approx(1.0)]
+
+
+def test_tagged_ground_truth_still_scores_wrong_answers_zero():
+    assert accuracy(["<answer>4</answer>"], answer=["<answer> 3 </answer>"]) == [0.0]
+    assert math_accuracy(["<answer>4</answer>"], answer=["<answer> 3 </answer>"]) == [0.0]
+    assert rouge(["<answer>zzz</answer>"], answer=["<answer>a man opens the door</answer>"]) == [0.0]
+
+
+@pytest.mark.parametrize(
+    "pred, gt",
+    [(r"\frac12", "0.5"), (r"2\sqrt{2}", r"\sqrt{8}"), (r"\{1,2\}", r"\{2,1\}"), (r"50\%", "0.5"), ("x=3", "3")],
+)
+def test_math_verify_accepts_equivalent_forms_the_simple_check_may_miss(pred, gt):
+    pytest.importorskip("math_verify")
+    assert math_equal(pred, gt) and math_equal(pred, gt, verifier="math_verify")
+
+
+def test_simple_check_adds_a_numeric_tolerance():
+    pytest.importorskip("math_verify")
+    assert not math_equal("3.14159", r"\pi", verifier="math_verify")
+    assert math_equal("3.14159", r"\pi")  # the hand-written check's rel_tol=1e-6 accepts it
+
+
+def test_math_inputs_are_bounded():
+    t0 = time.monotonic()
+    assert math_accuracy(["<answer>" + "(1," * 200 + "</answer>"], answer=["3"]) == [0.0]  # no MemoryError
+    assert safe_eval("(1," * 200) is None and safe_eval("(" * 100 + "1" + ")" * 100) is None
+    assert time.monotonic() - t0 < 1.0
