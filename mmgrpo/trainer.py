@@ -131,6 +131,7 @@ class Trainer:
             on_error=rt.on_error,
             max_workers=rt.workers,
             reward_types=[r.reward_types for r in cfg.rewards],
+            isolation=rt.isolation,
         )
         if cfg.algorithm.kl == "gaussian_exact" and not hasattr(self.adapter, "exact_kl"):
             raise ConfigError(
