@@ -376,6 +376,32 @@ def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
         raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
+def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
+    """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
+    builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
+    none are checked by the trainer once built."""
+    from mmgrpo.types import capabilities, required_capabilities
+
+    adapter_class = getattr(adapter_builder, "adapter_class", None)
+    if adapter_class is not None:
+        have = capabilities(adapter_class)
+        need = required_capabilities(
+            kl=cfg.algorithm.kl, ratio_norm=cfg.algorithm.ratio_norm, warmup_steps=cfg.warmup.steps
+        )
+        for name, why in need.items():
+            if name not in have:
+                offer = ", ".join(sorted(have)) or "none"
+                raise ConfigError(
+                    f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
+                    f"(its optional capabilities: {offer}); change that setting or the adapter"
+                )
+    task_class = getattr(task_builder, "task_class", None)
+    if cfg.warmup.steps > 0 and task_class is not None and not callable(getattr(task_class, "warmup_rows", None)):
+        raise ConfigError(
+            f"warmup.steps > 0 needs a task with warmup_rows(); task.name {cfg.task.name!r} has none; set warmup.steps: 0"
+        )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field and registry checks that types alone cannot express."""
     from mmgrpo import advantages, losses, shaping
@@ -435,8 +461,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:
         raise ConfigError("algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)")
-    if a.ratio_norm and not hasattr(shaping, "ratio_norm"):
-        raise ConfigError("algorithm.ratio_norm: this build has no RatioNorm (mmgrpo.shaping.ratio_norm)")
+    _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
     if cfg.optim.lr <= 0:

@@ -397,3 +397,4 @@ def build_video_adapter(
 
 
 build_video_adapter.args_class = VideoArgs
+build_video_adapter.adapter_class = VideoAdapter  # its optional capabilities are checked at config load
