@@ -22,7 +22,7 @@ def test_flow_config_loads_and_validates(path):
         cfg = load_config(path)
     except ConfigError as e:
         if "gaussian_exact" in str(e) and "gaussian_exact" not in losses.KL_ESTIMATORS:
-            pytest.xfail("algorithm.kl=gaussian_exact needs trainer support (adapter.exact_kl; issue 3 report)")
+            pytest.xfail("algorithm.kl=gaussian_exact needs trainer support (adapter.exact_kl)")
         raise
     assert cfg.model.adapter == "flow"
 
