@@ -5,8 +5,7 @@ Covers the Qwen2-VL / Qwen2.5-VL video path (and any processor that takes ``vide
 sampling, log-probs, the reference policy, LoRA and warm-up are the VLM adapter's, unchanged.
 
 Frames (QwenLM/Qwen3-VL ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``). A row's ``video`` (a file path, or a
-list of frames)
-is decoded with ``qwen_vl_utils.fetch_video``: the backend is torchcodec, else decord, else torchvision
+list of frames) is decoded with ``qwen_vl_utils.fetch_video``: the backend is torchcodec, else decord, else torchvision
 (``FORCE_QWENVL_VIDEO_READER`` picks one); the frame count is ``nframes`` or
 ``clip(total/video_fps·fps, min_frames, max_frames)`` floored to an even number; the indices are
 ``linspace(start, end, n).round()``; each frame is resized with ``smart_resize`` into
