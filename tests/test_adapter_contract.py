@@ -6,8 +6,8 @@ test fails for a registered adapter without an entry. Every check runs on a tiny
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -7,9 +7,19 @@ import sys
 import pytest
 
 CORE = [
-    "mmgrpo", "mmgrpo.advantages", "mmgrpo.cache", "mmgrpo.checkpoint", "mmgrpo.cli", "mmgrpo.config",
-    "mmgrpo.losses", "mmgrpo.plugins", "mmgrpo.registry", "mmgrpo.shaping", "mmgrpo.trainer", "mmgrpo.types",
-]  # fmt: skip
+    "mmgrpo",
+    "mmgrpo.advantages",
+    "mmgrpo.cache",
+    "mmgrpo.checkpoint",
+    "mmgrpo.cli",
+    "mmgrpo.config",
+    "mmgrpo.losses",
+    "mmgrpo.plugins",
+    "mmgrpo.registry",
+    "mmgrpo.shaping",
+    "mmgrpo.trainer",
+    "mmgrpo.types",
+]
 
 
 def _imported_after(modules: list[str]) -> list[str]:

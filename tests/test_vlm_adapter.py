@@ -4,8 +4,8 @@ import torch
 
 from mmgrpo import losses
 from mmgrpo.config import LoraConfig
-from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
 
 def _rows(n=3):

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -50,7 +50,7 @@ from mmgrpo.types import Rollout
 from .. import _hf
 from . import kernels as K
 from .steps import STEP_SELECTORS, StepPlan
-from .tiny import TINY_NAMES, resolve_pipeline
+from .tiny import resolve_pipeline
 
 FLOW_LORA_TARGETS = [
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",

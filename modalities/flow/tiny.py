@@ -237,8 +237,8 @@ def resolve_pipeline(name_or_path: str, seed: int = 0, torch_dtype: torch.dtype 
 
 __all__ = [
     "BUILDERS",
-    "TINY_NAMES",
     "SHIPPED",
+    "TINY_NAMES",
     "TinyFlowSizes",
     "build_tiny_flux",
     "build_tiny_sd3",

@@ -312,7 +312,6 @@ class VLMAdapter:
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
         encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
         completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
-        B = completion_ids.shape[0]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
         mask = self._completion_mask(completion_ids).float()  # [B, T]
