@@ -398,7 +398,8 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
     task_class = getattr(task_builder, "task_class", None)
     if cfg.warmup.steps > 0 and task_class is not None and not callable(getattr(task_class, "warmup_rows", None)):
         raise ConfigError(
-            f"warmup.steps > 0 needs a task with warmup_rows(); task.name {cfg.task.name!r} has none; set warmup.steps: 0"
+            f"warmup.steps > 0 needs a task with warmup_rows(); task.name {cfg.task.name!r} has none; "
+            "set warmup.steps: 0"
         )
 
 

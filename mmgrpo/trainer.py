@@ -142,7 +142,7 @@ class Trainer:
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         self.state = TrainerState()
         self.acc.register_for_checkpointing(self.scheduler, self.state)
-        if isinstance(self.adapter, FrozenReference) and self.adapter.reference is not None:  # synced after warm-up: save it
+        if isinstance(self.adapter, FrozenReference) and self.adapter.reference is not None:  # a frozen copy: save it
             self.acc.register_for_checkpointing(self.adapter.reference)
         self.sampler = PromptSampler(
             len(self.task.train_rows()), cfg.algorithm.prompts_per_step, self.acc.num_processes,

@@ -109,7 +109,10 @@ def build_tokenizer(vocab_size: int = 512):
 
 
 def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
-    """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory`` (``resolve_model_path`` caches it atomically)."""
+    """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``.
+
+    ``resolve_model_path`` builds it into the cache atomically (:func:`mmgrpo.modalities._hf.cached_build`).
+    """
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
