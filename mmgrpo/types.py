@@ -1,4 +1,4 @@
-"""The contracts between adapters, rewards and the group-relative core (DESIGN.md §2, §4).
+"""The contracts between adapters, rewards and the group-relative core (docs/architecture.md).
 
 Every adapter turns P prompts into B = P·G samples whose actions are T units (tokens, image tokens, denoising
 transitions), each with the log-probability of the policy that sampled it. After ``rollout`` the core never
@@ -6,6 +6,10 @@ knows the modality: it sees a :class:`Rollout` and calls :meth:`PolicyAdapter.lo
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G`` samples (group-major: sample ``b`` belongs to
 prompt ``b // G``), ``T`` action units, ``K`` reward functions.
+
+Beyond :class:`PolicyAdapter`, adapters may offer optional capabilities (:class:`ExactKL`,
+:class:`RatioNormInputs`, :class:`SupervisedLoss`, :class:`SyncReference`, :class:`FrozenReference`) and tasks
+:class:`WarmupTask`; a configuration that needs one the adapter lacks fails at load (:func:`required_capabilities`).
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ class Rollout:
 
 @runtime_checkable
 class PolicyAdapter(Protocol):
-    """What the trainer needs from a model family (one file per family in ``modalities/``).
+    """What the trainer needs from a model family (``modalities/<family>/adapter.py``).
 
     ``prompts`` are dataset rows (dicts) as produced by a task; the adapter reads the keys it documents.
     ``model`` is the trained ``nn.Module``; the trainer replaces it with the accelerate-prepared (possibly
