@@ -1,4 +1,4 @@
-"""mmgrpo vs TRL's GRPOTrainer, side by side, on the same tiny-but-not-trivial Qwen2.5-VL (issue 5).
+"""mmgrpo vs TRL's GRPOTrainer, side by side, on the same tiny-but-not-trivial Qwen2.5-VL.
 
     python benchmarks/vs_trl.py --out runs/bench
 

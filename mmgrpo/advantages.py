@@ -1,6 +1,7 @@
 """Group-relative advantage estimators: rewards ``[P, G, K]`` → advantages ``[P, G]``.
 
-What is implemented (formulas: ``research/anchors_llm_vlm.md`` §2.2, ``research/anchors_video_speech_rewards.md`` §1):
+What is implemented (formulas: TRL ``trl/trainer/grpo_trainer.py`` advantages and ``_compute_loss``; the R1-V /
+Video-R1 GRPO trainer ``src/r1-v/src/open_r1/trainer/grpo_trainer.py``):
 
 * ``grpo`` — group-mean baseline, A_i = (r_i − mean_G r) / (std_G r + eps)
   (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, §4.1.2).

@@ -449,6 +449,33 @@ def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
         raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
+def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
+    """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
+    builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
+    none are checked by the trainer once built."""
+    from mmgrpo.types import capabilities, required_capabilities
+
+    adapter_class = getattr(adapter_builder, "adapter_class", None)
+    if adapter_class is not None:
+        have = capabilities(adapter_class)
+        need = required_capabilities(
+            kl=cfg.algorithm.kl, ratio_norm=cfg.algorithm.ratio_norm, warmup_steps=cfg.warmup.steps
+        )
+        for name, why in need.items():
+            if name not in have:
+                offer = ", ".join(sorted(have)) or "none"
+                raise ConfigError(
+                    f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
+                    f"(its optional capabilities: {offer}); change that setting or the adapter"
+                )
+    task_class = getattr(task_builder, "task_class", None)
+    if cfg.warmup.steps > 0 and task_class is not None and not callable(getattr(task_class, "warmup_rows", None)):
+        raise ConfigError(
+            f"warmup.steps > 0 needs a task with warmup_rows(); task.name {cfg.task.name!r} has none; "
+            "set warmup.steps: 0"
+        )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field and registry checks that types alone cannot express."""
     from mmgrpo import advantages, losses, shaping
@@ -509,12 +536,7 @@ def validate(cfg: TrainConfig) -> None:
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:
         raise ConfigError("algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)")
     check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
-    if a.ratio_norm and not getattr(ADAPTERS.get(cfg.model.adapter), "supports_ratio_norm", False):
-        raise ConfigError(f"algorithm.ratio_norm: needs per-step Gaussian transitions (model.adapter: flow); "
-                          f"{cfg.model.adapter!r} has none, set ratio_norm=false")  # fmt: skip
-    if a.kl == "gaussian_exact" and not getattr(ADAPTERS.get(cfg.model.adapter), "supports_exact_kl", False):
-        raise ConfigError(f"algorithm.kl: gaussian_exact needs an adapter with Gaussian transitions (flow); "
-                          f"{cfg.model.adapter!r} has none, use k1, k2 or k3")  # fmt: skip
+    _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")

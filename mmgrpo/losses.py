@@ -2,8 +2,8 @@
 
 Four registries, one signature each (STYLE.md 2); the trainer composes them as
 ``loss = AGGREGATIONS[a](SURROGATES[s](RATIO_LEVELS[l](logprobs − old_logprobs, mask), advantages, mask)[0], mask)``
-plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs)`` aggregated the same way. Formulas: ``research/anchors_llm_vlm.md``
-§2.2 and ``research/anchors_generative.md`` §5.
+plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs)`` aggregated the same way. Formulas: TRL
+``trl/trainer/grpo_trainer.py`` ``_compute_loss`` (each ``loss_type``) and GCPO (arXiv 2510.21583) for chunk ratios.
 
 Ratio levels (``RATIO_LEVELS``), all one masked segment mean (``segment_mean``) over a different partition of units:
   * ``token``          — each unit is its own segment: the PPO/GRPO per-token ratio.
@@ -19,7 +19,7 @@ Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
     DAPO, Yu et al. 2025, arXiv 2503.14476 §3.1), optionally dual-clipped at −c·A for A<0 (Ye et al. 2020,
     "Mastering Complex Control in MOBA Games with Deep RL", arXiv 1912.09729).
   * ``sapo``      — −(4/τ)·σ(τ(r−1))·A with τ = τ_pos if A>0 else τ_neg (Gao et al. 2025, "Soft Adaptive Policy
-    Optimization", arXiv 2511.20347; as written in TRL, research note §2.2). At r=1 its gradient equals the
+    Optimization", arXiv 2511.20347; as written in TRL ``trl/trainer/grpo_trainer.py``). At r=1 its gradient equals the
     unclipped one (σ'(0)·4 = 1).
   * ``gmpo``      — Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673).
   * ``cispo``     — −sg(min(r, 1+ε_high))·A·log r (MiniMax-M1, arXiv 2506.13585).

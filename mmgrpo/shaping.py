@@ -11,7 +11,7 @@ Pure math (torch only). Every shaper has one signature::
 - ``value_anchored``: the VGPO family (Shao et al. 2025, arXiv 2512.12387): dense per-unit values → per-unit
   advantages from value differences, mixed with an absolute (value-anchored, not group-normalised) term whose
   weight grows as the group's reward std collapses. VGPO's equations were not available; what we implement is
-  written out in :func:`value_anchored` (research note §6).
+  written out in :func:`value_anchored` (VGPO, arXiv 2512.12387, abstract: no code is public).
 - :func:`ratio_norm`: GRPO-Guard RatioNorm of per-step log-ratios (applied by the trainer, not a shaper).
 - :func:`gaussian_kl`: the exact KL between two Gaussian transitions of equal std, and Flow-GRPO's variant.
 
@@ -77,9 +77,10 @@ def tempflow_weights(sigmas: Tensor) -> Tensor:
     """TempFlow-GRPO noise-aware weights sqrt(σ/(1−σ̃)) per unit, unnormalised.
 
     This is Flow-SDE's noise coefficient s_t/a (Flow-GRPO, arXiv 2505.05470 §4.1), the factor that cancels the
-    σ-dependence of the policy gradient (TempFlow-GRPO, arXiv 2508.04324 §3). σ = 1 would divide by zero; as in
-    Flow-GRPO's kernel (yifan123/flow_grpo, ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``) it is
-    replaced in the denominator only by the largest σ < 1 of the same row (the schedule's second sigma), σ̃.
+    σ-dependence of the policy gradient (TempFlow-GRPO, arXiv 2508.04324 §3; GCPO's weight in xingzhejun/GCPO
+    ``fastvideo/train_grpo_flux_hpsv3.py``). σ = 1 would divide by zero; as in Flow-GRPO's kernel
+    (yifan123/flow_grpo, ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``) it is replaced in the
+    denominator only by the largest σ < 1 of the same row (the schedule's second sigma), σ̃.
 
     Shape:
         sigmas: [B, T] -> [B, T]
@@ -108,9 +109,10 @@ def temporal(
     """A_{b,t} = A_b · w_t: the sample's advantage re-weighted per denoising step.
 
     - ``weights="tempflow"``: w_t = sqrt(σ_t/(1−σ̃_t)) (TempFlow-GRPO, arXiv 2508.04324 §3.2; the same formula as
-      GCPO's ``reweight loss from tempflow``, research note §4);
+      GCPO's ``reweight loss from tempflow``, xingzhejun/GCPO ``fastvideo/train_grpo_flux_hpsv3.py``);
     - ``weights="inv_dt"``: w_t = 1/h_t, GRPO-Guard's division of each step's loss by its step size
-      (arXiv 2510.22319; research note §1.7), used together with ``algorithm.ratio_norm``.
+      (arXiv 2510.22319; yifan123/flow_grpo ``scripts/train_sd3_GRPO_Guard.py``), used together with
+      ``algorithm.ratio_norm``.
 
     With ``normalize`` the weights are divided by their mean over all trained units of the batch, so the loss
     keeps GRPO's overall scale and only the distribution over steps changes. **Departure:** the papers scale the
@@ -163,7 +165,7 @@ def value_anchored(
     advantages: Tensor, inputs: ShapingInputs, lam: float = 1.0, tau: float = 0.05, abs_scale: float = 1.0,
     relative: Literal["per_step", "estimator"] = "per_step", eps: float = 1e-4,
 ) -> Tensor:
-    """Value-anchored per-unit advantages (the VGPO family, arXiv 2512.12387; research note §6) — exactly:
+    """Value-anchored per-unit advantages (the VGPO family, arXiv 2512.12387) — exactly:
 
     1. Dense credit ("temporal cumulative reward"): from the per-unit values V[b, t] (for flow models, the reward
        of the one-step prediction x̂₀(x_t) decoded, filled by the adapter) and the outcome R_b,
@@ -218,7 +220,7 @@ def ratio_norm(
     log_ratio: Tensor, mask: Tensor, sigmas: Tensor | None = None, *, std: Tensor | None = None,
     mean_sq_dist: Tensor | None = None,
 ) -> Tensor:
-    """GRPO-Guard RatioNorm of per-step log-ratios (arXiv 2510.22319; research note §1.7).
+    """GRPO-Guard RatioNorm of per-step log-ratios (arXiv 2510.22319; flow_grpo ``scripts/train_sd3_GRPO_Guard.py``).
 
     For a Gaussian step with std s_t = s·sqrt(h) and the log-prob averaged over the D latent elements,
     log r = mean_D[(x−μ_old)·Δμ]/s_t² − mean_D[Δμ²]/(2 s_t²) with Δμ = μ_θ − μ_old. RatioNorm adds back the
@@ -256,7 +258,7 @@ def gaussian_kl(
     - ``exact``: mean_D (μ_θ − μ_ref)² / (2 s²) with s the transition std (= s_t·sqrt(h) for Flow-SDE), i.e. the
       exact Gaussian KL ‖Δμ‖²/(2s²) divided by D (``reduction="sum"`` gives the true KL).
     - ``flow_grpo``: Flow-GRPO's code divides by 2·s_t² without the step size h, i.e. exact · h
-      (``scripts/train_sd3.py`` line 900; research note §1.4). Needs ``dt`` = h.
+      (yifan123/flow_grpo ``scripts/train_sd3.py``, the KL term of the loss). Needs ``dt`` = h.
 
     Units with std 0 (deterministic) have KL 0.
 

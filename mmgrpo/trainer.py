@@ -36,6 +36,13 @@ from mmgrpo import checkpoint as ckpt
 from mmgrpo import losses, shaping
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+from mmgrpo.types import (
+    ADAPTER_CAPABILITIES,
+    SupervisedLoss,
+    SyncReference,
+    WarmupTask,
+    required_capabilities,
+)
 
 logger = logging.getLogger(__name__)
 RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
@@ -133,11 +140,11 @@ class Trainer:
             reward_types=[r.reward_types for r in cfg.rewards],
             isolation=rt.isolation,
         )
-        if cfg.algorithm.kl == "gaussian_exact" and not hasattr(self.adapter, "exact_kl"):
-            raise ConfigError(
-                f"algorithm.kl: gaussian_exact needs an adapter with Gaussian transitions (flow); "
-                f"{cfg.model.adapter!r} has none, use k1, k2 or k3"
-            )
+        a = cfg.algorithm  # adapters whose builder declares no adapter_class are checked here, once built
+        need = required_capabilities(kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps)
+        for name, why in need.items():
+            if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
+                raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -231,7 +238,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------- one step
 
     def train_step(self, step: int) -> dict[str, float]:
-        cfg, a = self.cfg, self.cfg.algorithm
+        a = self.cfg.algorithm
         t0 = time.perf_counter()
         rows = [self.task.train_rows()[i] for i in self.sampler.indices(step)]
         rollout = self.adapter.rollout(rows, a.group_size)
@@ -354,8 +361,7 @@ class Trainer:
                         log_ratio = logp - rollout.old_logprobs[idx].to(device)  # [n, T]
                         if a.ratio_norm:
                             sig = None if rollout.unit_sigmas is None else rollout.unit_sigmas[idx].to(device)
-                            hook = getattr(self.adapter, "ratio_norm_inputs", None)  # flow: std, mean_D Δμ²
-                            extra = hook(rollout, idx) if hook is not None else {}
+                            extra = self.adapter.ratio_norm_inputs(rollout, idx)  # std, mean_D Δμ² (config-checked)
                             log_ratio = shaping.ratio_norm(log_ratio, m, sig, **extra)
                         log_ratio = ratio_level(log_ratio, m, chunk_sizes=a.chunk_sizes)
                         per_unit, mets = surrogate(
@@ -426,7 +432,7 @@ class Trainer:
     def _warmup(self) -> None:
         """Optional supervised warm-up (e.g. output format); evaluated as its own stage ``eval/warmup/*``."""
         w = self.cfg.warmup
-        if not hasattr(self.task, "warmup_rows") or not hasattr(self.adapter, "supervised_loss"):
+        if not isinstance(self.task, WarmupTask) or not isinstance(self.adapter, SupervisedLoss):
             raise ValueError(f"warmup.steps > 0 but task {self.cfg.task.name!r} or the adapter has no warm-up")
         rows = self.task.warmup_rows(self.cfg.seed)
         rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
@@ -442,7 +448,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss.item():.3f}")
         bar.close()
         self.state.warmup_done = True
-        if hasattr(self.adapter, "sync_reference"):  # the KL anchors to the warmed-up policy
+        if isinstance(self.adapter, SyncReference):  # the KL anchors to the warmed-up policy
             self.adapter.sync_reference()
         self._evaluate("warmup")
 

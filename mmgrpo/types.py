@@ -1,4 +1,4 @@
-"""The contracts between adapters, rewards and the group-relative core (DESIGN.md §2, §4).
+"""The contracts between adapters, rewards and the group-relative core (docs/architecture.md).
 
 Every adapter turns P prompts into B = P·G samples whose actions are T units (tokens, image tokens, denoising
 transitions), each with the log-probability of the policy that sampled it. After ``rollout`` the core never
@@ -6,45 +6,20 @@ knows the modality: it sees a :class:`Rollout` and calls :meth:`PolicyAdapter.lo
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G`` samples (group-major: sample ``b`` belongs to
 prompt ``b // G``), ``T`` action units, ``K`` reward functions.
+
+Beyond :class:`PolicyAdapter`, adapters may offer optional capabilities (:class:`ExactKL`,
+:class:`RatioNormInputs`, :class:`SupervisedLoss`, :class:`SyncReference`, :class:`FrozenReference`) and tasks
+:class:`WarmupTask`; a configuration that needs one the adapter lacks fails at load (:func:`required_capabilities`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-
-
-class RolloutState(Protocol):
-    """Adapter-private state of a rollout (token ids, latents, sigmas, media features...).
-
-    It must be able to take the rows of a minibatch; :func:`select_fields` does that for dataclasses whose
-    tensor/list fields have B rows.
-    """
-
-    def select(self, index: Tensor) -> "RolloutState": ...
-
-
-def select_fields(obj: Any, index: Tensor, batch_size: int) -> Any:
-    """Return a copy of dataclass ``obj`` keeping rows ``index`` of every field that has ``batch_size`` rows.
-
-    Tensors with first dimension ``batch_size`` and lists of length ``batch_size`` are indexed; nested objects
-    with a ``select`` method are delegated to; everything else (shared per-prompt caches, scalars) is kept.
-    """
-    idx_list = index.tolist()
-    changes = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch_size:
-            changes[f.name] = value[index.to(value.device)]
-        elif isinstance(value, list) and len(value) == batch_size:
-            changes[f.name] = [value[i] for i in idx_list]
-        elif hasattr(value, "select") and not isinstance(value, (Tensor, list)):
-            changes[f.name] = value.select(index)
-    return dataclasses.replace(obj, **changes)
 
 
 @dataclass
@@ -66,7 +41,7 @@ class Rollout:
     group_size: int
     prompt_index: Tensor  # [B]
     truncated: Tensor  # [B]
-    state: Any  # adapter-private, has .select(index)
+    state: Any  # adapter-private (token ids, latents, prompt encodings...), read by the adapter only
     unit_sigmas: Tensor | None = None  # [B, T]
     unit_values: Tensor | None = None  # [B, T]
     extras: dict[str, list[Any]] = field(default_factory=dict)  # extra reward columns, each B long
@@ -88,6 +63,15 @@ class Rollout:
             )
         if self.prompt_index.shape != (B,) or self.truncated.shape != (B,):
             raise ValueError(f"Rollout.prompt_index and truncated must be [B]={B}")
+        G = self.group_size
+        if G < 1 or B % G:
+            raise ValueError(f"Rollout has B={B} samples, not a multiple of group_size={G}")
+        group_major = torch.arange(B // G).repeat_interleave(G)  # [B]
+        if not torch.equal(self.prompt_index.cpu().long(), group_major):
+            raise ValueError(
+                f"Rollout.prompt_index must be group-major (sample b belongs to prompt b // G={G}), "
+                f"got {self.prompt_index.tolist()[:16]}"
+            )
         for name in ("unit_sigmas", "unit_values"):
             t = getattr(self, name)
             if t is not None and t.shape != self.mask.shape:
@@ -96,14 +80,10 @@ class Rollout:
             if len(col) != B:
                 raise ValueError(f"Rollout.extras[{name!r}] has {len(col)} rows, expected B={B}")
 
-    def select(self, index: Tensor) -> "Rollout":
-        """The rows ``index`` of this rollout (a minibatch); the adapter state is selected too."""
-        return select_fields(self, index, self.batch_size)
-
 
 @runtime_checkable
 class PolicyAdapter(Protocol):
-    """What the trainer needs from a model family (one file per family in ``modalities/``).
+    """What the trainer needs from a model family (``modalities/<family>/adapter.py``).
 
     ``prompts`` are dataset rows (dicts) as produced by a task; the adapter reads the keys it documents.
     ``model`` is the trained ``nn.Module``; the trainer replaces it with the accelerate-prepared (possibly
@@ -150,3 +130,84 @@ class Task(Protocol):
     def score(self, outputs: list[Any], rows: list[dict]) -> dict[str, float]:
         """Evaluation metrics (means over rows) of deterministic outputs, e.g. ``{"accuracy": 0.93}``."""
         ...
+
+
+# ------------------------------------------------------------------------------- optional capabilities
+#
+# What some adapters (and tasks) offer beyond ``PolicyAdapter``. The trainer checks them with ``isinstance``;
+# ``mmgrpo.config.validate`` checks, before any model is built, that the adapter class a builder declares
+# (``build.adapter_class``) has every capability the configuration needs (:func:`required_capabilities`).
+
+
+@runtime_checkable
+class ExactKL(Protocol):
+    """Closed-form per-unit KL to the reference (Gaussian transitions); needed by ``algorithm.kl: gaussian_exact``."""
+
+    def exact_kl(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """KL(π_θ ‖ π_ref) per unit of rows ``index``, differentiable through π_θ. Shape: [n, T]."""
+        ...
+
+
+@runtime_checkable
+class RatioNormInputs(Protocol):
+    """Per-unit transition std and mean_D(μ_θ − μ_old)²; needed by ``algorithm.ratio_norm`` (GRPO-Guard)."""
+
+    def ratio_norm_inputs(self, rollout: Rollout, index: Tensor) -> dict[str, Tensor]:
+        """``{"std": [n, T], "mean_sq_dist": [n, T]}``, the keyword arguments of ``shaping.ratio_norm``."""
+        ...
+
+
+@runtime_checkable
+class SupervisedLoss(Protocol):
+    """Teacher-forced loss of target outputs; needed by a supervised warm-up (``warmup.steps > 0``)."""
+
+    def supervised_loss(self, rows: list[dict]) -> Tensor:
+        """Scalar loss of ``row["target"]`` given the row's prompt, differentiable."""
+        ...
+
+
+@runtime_checkable
+class SyncReference(Protocol):
+    """The reference policy can be reset to the current policy (after warm-up, the KL anchors to it)."""
+
+    def sync_reference(self) -> None: ...
+
+
+@runtime_checkable
+class FrozenReference(Protocol):
+    """The adapter may hold a frozen reference copy (``None`` with LoRA); the trainer checkpoints it."""
+
+    reference: torch.nn.Module | None
+
+
+@runtime_checkable
+class WarmupTask(Protocol):
+    """A task with supervised warm-up rows (prompt columns + ``target``); needed by ``warmup.steps > 0``."""
+
+    def warmup_rows(self, seed: int) -> list[dict]: ...
+
+
+ADAPTER_CAPABILITIES: dict[str, type] = {
+    "exact_kl": ExactKL,
+    "ratio_norm_inputs": RatioNormInputs,
+    "supervised_loss": SupervisedLoss,
+    "sync_reference": SyncReference,
+}
+"""Capability name (the method the class defines) → protocol."""
+
+
+def capabilities(cls: type) -> frozenset[str]:
+    """The optional capabilities an adapter class implements (methods defined on the class; no instance needed)."""
+    return frozenset(name for name in ADAPTER_CAPABILITIES if callable(getattr(cls, name, None)))
+
+
+def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int) -> dict[str, str]:
+    """Adapter capabilities a configuration needs, each with the config field that needs it."""
+    need = {}
+    if kl == "gaussian_exact":
+        need["exact_kl"] = "algorithm.kl: gaussian_exact"
+    if ratio_norm:
+        need["ratio_norm_inputs"] = "algorithm.ratio_norm: true"
+    if warmup_steps > 0:
+        need["supervised_loss"] = "warmup.steps > 0"
+    return need

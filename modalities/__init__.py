@@ -1,7 +1,8 @@
 """Modality adapters, one subpackage per model family (adapter + tiny-model builder).
 
 Importing this package registers the built-in adapters in :mod:`mmgrpo.plugins`. Shared token-policy
-machinery (KV-expanded sampling, prefix sharing) lives in :mod:`mmgrpo.modalities.tokens`.
+machinery (KV-expanded sampling, prefix sharing) lives in :mod:`mmgrpo.modalities.tokens`; Hugging Face plumbing
+(unwrap, LoRA, dtypes, the tiny-model cache) in :mod:`mmgrpo.modalities._hf`. See docs/architecture.md.
 """
 
 from .vlm import adapter as _vlm  # noqa: F401

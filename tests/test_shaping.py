@@ -99,7 +99,7 @@ def test_ratio_norm_by_hand():
 
 
 def test_ratio_norm_equals_mean_noise_times_mean_shift():
-    """On a real Flow-SDE step: log r̃ = mean_D(z ⊙ (μ_θ − μ_old)) with z = (x' − μ_old)/std (research note §1.7)."""
+    """GRPO-Guard on a real Flow-SDE step: log r̃ = mean_D(z ⊙ (μ_θ − μ_old)), z = (x' − μ_old)/std."""
     torch.manual_seed(0)
     x, v = torch.randn(4, 2, 3, 3), torch.randn(4, 2, 3, 3)
     old = K.flow_sde(v, x, 0.7, 0.6, noise_level=0.7)

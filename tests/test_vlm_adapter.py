@@ -4,8 +4,8 @@ import torch
 
 from mmgrpo import losses
 from mmgrpo.config import LoraConfig
-from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
 
 def _rows(n=3):
@@ -67,13 +67,54 @@ def test_eos_truncation_and_mask(tiny_vlm_path):
     eos = int(adapter.eos_ids[0])
     ids = torch.tensor([[5, eos, 7, 7], [5, 6, 7, 8]])
     assert adapter._completion_mask(ids).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
-    rollout = adapter.rollout(_rows(2), group_size=2)
-    # truncated samples are fully masked; finished ones are masked after their EOS only
+
+    def eos_quarter(module, inputs, logits):  # P(EOS) = 1/4 at every position: some samples finish, some do not
+        others = logits.clone()
+        others[..., eos] = float("-inf")
+        logits = logits.clone()
+        logits[..., eos] = others.logsumexp(-1) - torch.log(torch.tensor(3.0))
+        return logits
+
+    handle = adapter._unwrapped().lm_head.register_forward_hook(eos_quarter)
+    try:
+        torch.manual_seed(0)
+        rollout = adapter.rollout(_rows(2), group_size=8)
+    finally:
+        handle.remove()
+    finished = (~rollout.truncated).nonzero().flatten().tolist()
+    truncated = rollout.truncated.nonzero().flatten().tolist()
+    assert finished and truncated, f"both branches must run: finished {finished}, truncated {truncated}"
+    ids = rollout.state.completion_ids
+    for b in truncated:  # no EOS: fully masked (mask_truncated)
+        assert eos not in ids[b].tolist() and rollout.mask[b].sum() == 0
+    for b in finished:  # trained up to and including the first EOS, zero after it (pad tokens there)
+        end = ids[b].tolist().index(eos)
+        assert rollout.mask[b, : end + 1].tolist() == [1.0] * (end + 1)
+        assert rollout.mask[b, end + 1 :].sum() == 0
+        assert (ids[b, end + 1 :] == adapter.pad_id).all()
+
+
+def test_rollout_columns_give_box_rewards_their_geometry(tiny_vlm_path):
+    """image_grid_thw and the image sizes reach the rewards: iou in Qwen2.5-VL's resized space runs in a rollout."""
+    from mmgrpo.rewards.visual import iou
+    from mmgrpo.trainer import reward_columns
+
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
+    rows = _rows(2)
+    for row in rows:
+        W, H = row["image"].size
+        row["box"] = [0, 0, W / 2, H / 2]  # the top-left quarter, in original pixels
+    rollout = adapter.rollout(rows, group_size=2)
+    prompts, columns = reward_columns(rows, 2, rollout.extras)
     for b in range(rollout.batch_size):
-        if rollout.truncated[b]:
-            assert rollout.mask[b].sum() == 0
-        else:
-            assert rollout.mask[b].sum() >= 1
+        t, gh, gw = columns["image_grid_thw"][b]
+        assert columns["resized_image_size"][b] == (gw * 14, gh * 14)
+        assert columns["image_size"][b] == rows[b // 2]["image"].size
+    kwargs = dict(pred_space="qwen25vl_abs_resized", gt_space="original_pixels", answer_key="box", prompts=prompts)
+    scores = iou(rollout.outputs, **kwargs, **columns)  # the sampled text: no box, but no error either
+    assert len(scores) == rollout.batch_size
+    quarter = [f"<answer>[0, 0, {w / 2}, {h / 2}]</answer>" for w, h in columns["resized_image_size"]]
+    assert iou(quarter, **kwargs, **columns) == [1.0] * rollout.batch_size
 
 
 def test_lora_reference_is_adapter_disabled(tiny_vlm_path):

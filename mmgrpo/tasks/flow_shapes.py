@@ -231,6 +231,7 @@ def build_flow_shapes(args: dict, *, seed: int = 0) -> FlowShapesTask:
 
 
 build_flow_shapes.args_class = FlowShapesArgs
+build_flow_shapes.task_class = FlowShapesTask
 
 
 def _register_reward() -> None:

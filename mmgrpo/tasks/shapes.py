@@ -151,3 +151,4 @@ def build_shapes_task(args: dict, *, seed: int = 0) -> ShapesTask:
 
 
 build_shapes_task.args_class = ShapesArgs
+build_shapes_task.task_class = ShapesTask

@@ -100,5 +100,6 @@ def build_t2i_prompts(args: dict, *, seed: int = 0) -> T2IPromptsTask:
 
 
 build_t2i_prompts.args_class = T2IPromptsArgs
+build_t2i_prompts.task_class = T2IPromptsTask
 
 __all__ = ["T2IPromptsArgs", "T2IPromptsTask", "build_t2i_prompts", "read_prompts"]

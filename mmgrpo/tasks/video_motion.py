@@ -282,3 +282,4 @@ def build_video_motion_task(args: dict, *, seed: int = 0) -> VideoMotionTask:
 
 
 build_video_motion_task.args_class = VideoMotionArgs
+build_video_motion_task.task_class = VideoMotionTask

@@ -6,7 +6,7 @@ unit i is the transition x_i → x_{i+1}, with the Gaussian log-density of the s
 (:mod:`.flow_kernels`; **averaged over the D latent elements**) and ``mask`` 1 only where the transition was
 stochastic *and* selected for training (:mod:`.flow_steps`). Deterministic (ODE) transitions have mask 0.
 
-What this adapter guarantees (DESIGN.md §3, §6; research note §15):
+What this adapter guarantees (DESIGN.md §3, §6; Flow-GRPO, arXiv 2505.05470):
 - Prompts are encoded once per prompt (text encoders frozen, no grad); the G samples of a group index them.
 - Rollout and training use the same velocity function: with ``cfg: guided`` the log-prob is of the guided
   velocity v_u + w(v_c − v_u), both branches in one batched forward and both differentiable (Flow-GRPO after
@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
@@ -45,11 +45,12 @@ from torch import Tensor
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.shaping import gaussian_kl
-from mmgrpo.types import Rollout, select_fields
+from mmgrpo.types import Rollout
 
+from .. import _hf
 from . import kernels as K
 from .steps import STEP_SELECTORS, StepPlan
-from .tiny import TINY_NAMES, resolve_pipeline
+from .tiny import resolve_pipeline
 
 FLOW_LORA_TARGETS = [
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
@@ -121,9 +122,6 @@ class Cond:
 
     tensors: dict[str, Tensor]
     uncond: dict[str, Tensor] | None = None
-
-    def select(self, index: Tensor) -> "Cond":
-        return self
 
 
 class _Backend:
@@ -318,9 +316,6 @@ class FlowState:
     prompt_of: Tensor
     cond: Cond
 
-    def select(self, index: Tensor) -> "FlowState":
-        return select_fields(self, index, self.latents.shape[0])
-
 
 @dataclass
 class _Forward:
@@ -355,7 +350,7 @@ class FlowAdapter:
     # ---- plumbing
 
     def _unwrapped(self):
-        return getattr(self.model, "module", self.model)
+        return _hf.unwrap(self.model)
 
     @property
     def device(self) -> torch.device:
@@ -657,25 +652,6 @@ def _load_value_reward(spec: dict[str, Any], i: int):
     return fn, float(spec.get("weight", 1.0))
 
 
-def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> None:
-    """Inject a LoRA adapter (peft, Gaussian init as Flow-GRPO) with diffusers' ``add_adapter``; freeze the rest."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    model.requires_grad_(False)
-    cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, init_lora_weights="gaussian",
-                         target_modules=list(lora.target_modules))  # fmt: skip
-    try:
-        model.add_adapter(cfg)
-    except ValueError as e:
-        raise ConfigError(
-            f"model.lora.target_modules {lora.target_modules}: {e}. For SD3/FLUX use {FLOW_LORA_TARGETS}; "
-            "for UNets [to_q, to_k, to_v, to_out.0]"
-        ) from None
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 @ADAPTERS.register("flow")
 def build_flow_adapter(
     args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
@@ -699,7 +675,7 @@ def build_flow_adapter(
         STEP_SELECTORS.get(a.steps)(a.num_steps, 2, 2, generator=torch.Generator().manual_seed(0), **a.step_args)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model.args.step_args for steps={a.steps}: {e}") from None
-    pipe = resolve_pipeline(a.name_or_path, seed=seed, torch_dtype=_DTYPES[dtype])
+    pipe = resolve_pipeline(a.name_or_path, seed=seed, torch_dtype=_hf.DTYPES[dtype])
     pipe.set_progress_bar_config(disable=True)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     pipe.to(device)
@@ -710,7 +686,8 @@ def build_flow_adapter(
     reference = None
     use_lora = lora is not None and lora.enabled
     if use_lora:
-        _apply_lora(model, lora)
+        hint = f". For SD3/FLUX use {FLOW_LORA_TARGETS}; for UNets [to_q, to_k, to_v, to_out.0]"
+        _hf.diffusers_lora(model, lora, hint)
     else:
         model.requires_grad_(True)
         if need_reference:
@@ -720,8 +697,7 @@ def build_flow_adapter(
 
 
 build_flow_adapter.args_class = FlowArgs
-build_flow_adapter.supports_ratio_norm = True  # FlowAdapter.ratio_norm_inputs: Gaussian step std
-build_flow_adapter.supports_exact_kl = True  # FlowAdapter.exact_kl: closed-form Gaussian KL
+build_flow_adapter.adapter_class = FlowAdapter  # its optional capabilities are checked at config load
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

@@ -1,6 +1,7 @@
 """Transition kernels of flow-matching and diffusion samplers, with the Gaussian log-prob of each transition.
 
-Implements, from the equations in ``research/anchors_generative.md`` (§1.1, §1.2, §2, §9):
+Implements, from the equations of Flow-GRPO (arXiv 2505.05470), CPS (arXiv 2509.05952), DanceGRPO
+(arXiv 2505.07818) and DDPO (kvablack/ddpo-pytorch ``ddpo_pytorch/diffusers_patch/ddim_with_logprob.py``):
 
 - ``ode``       the Euler step of the probability-flow ODE, x' = x + v·Δ (``FlowMatchEulerDiscreteScheduler``);
                 deterministic, no density.
@@ -134,7 +135,8 @@ def flow_sde(
     noise_level: float = 0.7, sigma_max: float | None = None, prev_sample: Tensor | None = None,
     noise: Tensor | None = None, generator: torch.Generator | None = None, reduction: str = "mean", **_: object,
 ) -> KernelOutput:
-    """Flow-GRPO SDE step (Liu et al. 2025, arXiv 2505.05470, eq. 9; research note §1.1).
+    """Flow-GRPO SDE step (Liu et al. 2025, arXiv 2505.05470, eq. 9;
+    yifan123/flow_grpo ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``).
 
     μ = x·(1 + s²Δ/(2σ)) + v·(1 + s²(1−σ)/(2σ))·Δ, x' = μ + s·sqrt(h)·z, s = a·sqrt(σ/(1−σ̃)).
     ``noise_level`` a = 0 gives the ODE step exactly. ``sigma_max`` replaces σ = 1 in the denominator.
@@ -154,7 +156,8 @@ def dance_sde(
     noise_level: float = 0.3, prev_sample: Tensor | None = None, noise: Tensor | None = None,
     generator: torch.Generator | None = None, reduction: str = "mean", **_: object,
 ) -> KernelOutput:
-    """DanceGRPO SDE step (Xue et al. 2025, arXiv 2505.07818; research note §2), constant noise η = ``noise_level``.
+    """DanceGRPO SDE step (Xue et al. 2025, arXiv 2505.07818; XueZeyue/DanceGRPO ``fastvideo/train_grpo_flux.py``),
+    constant noise η = ``noise_level``.
 
     μ = x + v·Δ + (η²/(2σ))·ε̂·Δ with ε̂ = x + (1−σ)·v (i.e. −(η²/2)·score·Δ), x' = μ + η·sqrt(h)·z.
 
@@ -174,7 +177,7 @@ def cps(
     generator: torch.Generator | None = None, reduction: str = "mean", cps_logprob: str = "gaussian",
     **_: object,
 ) -> KernelOutput:
-    """Coefficients-preserving sampling step (arXiv 2509.05952; research note §1.2).
+    """Coefficients-preserving sampling step (arXiv 2509.05952; flow_grpo ``sde_type='cps'``).
 
     s = σ_{i+1}·sin(a·π/2), x̂₀ = x − σv, ε̂ = x + (1−σ)v, μ = (1−σ_{i+1})·x̂₀ + sqrt(σ_{i+1}² − s²)·ε̂, x' = μ + s·z.
     The last step (σ_{i+1} = 0) is deterministic (std 0, log-prob 0). ``cps_logprob="flow_grpo"`` returns
@@ -216,7 +219,8 @@ def ddim(
     prev_sample: Tensor | None = None, noise: Tensor | None = None, generator: torch.Generator | None = None,
     reduction: str = "mean", **_: object,
 ) -> KernelOutput:
-    """DDPO's DDIM step with log-prob (research note §9; diffusers ``DDIMScheduler.step`` for η = 0).
+    """DDPO's DDIM step with log-prob (kvablack/ddpo-pytorch ``ddim_with_logprob.py``; diffusers
+    ``DDIMScheduler.step`` for η = 0).
 
     x̂₀ from the prediction (clipped to ±``clip_sample_range`` if given), ε̂ the predicted noise,
     σ_t = ``ddim_std``, μ = sqrt(ᾱ_prev)·x̂₀ + sqrt(1 − ᾱ_prev − σ_t²)·ε̂, x' = μ + σ_t·z.

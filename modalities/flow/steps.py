@@ -1,6 +1,7 @@
 """Step selectors: which denoising transitions of a rollout are stochastic (SDE) and which are trained.
 
-Every GRPO variant for flow/diffusion models differs in this rule only (research note §15.2), so it is one
+Every GRPO variant for flow/diffusion models differs in this rule only (Flow-GRPO's timestep fraction, DanceGRPO's
+random subset, MixGRPO's window, TempFlow-GRPO's branching, GCPO's chunks), so it is one
 registry with one signature::
 
     selector(num_steps: int, batch_size: int, group_size: int, *, generator, iteration, **params) -> StepPlan

@@ -18,11 +18,12 @@ name to ``DiffusionPipeline.from_pretrained`` (a hub id or directory: SD3.5-M, F
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .._hf import cached_build
 
 TINY_NAMES = ("tiny-sd3", "tiny-flux", "tiny-unet")
 
@@ -214,11 +215,6 @@ SHIPPED = {"tiny-sd3-flow-shapes": Path(__file__).parent / "assets" / "tiny-sd3-
 """Pre-trained tiny pipelines shipped with the package (made by ``examples/pretrain_tiny_flow.py``, ~1.5 MB)."""
 
 
-def cache_dir() -> Path:
-    """Where built-in tiny pipelines are materialised (``MMGRPO_CACHE`` or ``~/.cache/mmgrpo``)."""
-    return Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo"))
-
-
 def resolve_pipeline(name_or_path: str, seed: int = 0, torch_dtype: torch.dtype = torch.float32):
     """Load a diffusers pipeline: a tiny built-in name (built on first use) or a hub id / local directory."""
     from diffusers import DiffusionPipeline
@@ -231,17 +227,18 @@ def resolve_pipeline(name_or_path: str, seed: int = 0, torch_dtype: torch.dtype 
             )
         name_or_path = str(directory)
     elif name_or_path in BUILDERS:
-        directory = cache_dir() / f"{name_or_path}-seed{seed}"
-        if not (directory / "model_index.json").is_file():
-            BUILDERS[name_or_path](seed=seed).save_pretrained(str(directory))
+        build = BUILDERS[name_or_path]
+        directory = cached_build(
+            f"{name_or_path}-seed{seed}", "model_index.json", lambda d: build(seed=seed).save_pretrained(str(d))
+        )
         name_or_path = str(directory)
     return DiffusionPipeline.from_pretrained(name_or_path, dtype=torch_dtype)
 
 
 __all__ = [
     "BUILDERS",
-    "TINY_NAMES",
     "SHIPPED",
+    "TINY_NAMES",
     "TinyFlowSizes",
     "build_tiny_flux",
     "build_tiny_sd3",

@@ -2,8 +2,8 @@
 
 In VLM GRPO the prompt (hundreds of image tokens and the question) is far longer than the completion, and the G
 samples of a prompt share it. The naive path — and TRL's ``GRPOTrainer``, which repeats every row G times
-(``research/anchors_llm_vlm.md`` §2.3) — runs the vision encoder and the prompt forward G times per prompt, when
-sampling and again in every training forward. This module does that work once per prompt:
+(TRL's ``RepeatSampler`` in ``trl/trainer/grpo_trainer.py``) — runs the vision encoder and the prompt forward G
+times per prompt, when sampling and again in every training forward. This module does that work once per prompt:
 
 * **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
   prompt KV cache and the last-position logits are expanded G ways along the batch, and a small decoding loop

@@ -4,8 +4,8 @@ Covers the Qwen2-VL / Qwen2.5-VL video path (and any processor that takes ``vide
 :class:`VideoAdapter` is :class:`~mmgrpo.modalities.vlm.VLMAdapter` with its prompt encoding replaced, so
 sampling, log-probs, the reference policy, LoRA and warm-up are the VLM adapter's, unchanged.
 
-Frames (research/anchors_video_speech_rewards.md §2.8). A row's ``video`` (a file path, or a list of frames)
-is decoded with ``qwen_vl_utils.fetch_video``: the backend is torchcodec, else decord, else torchvision
+Frames (QwenLM/Qwen3-VL ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``). A row's ``video`` (a file path, or a
+list of frames) is decoded with ``qwen_vl_utils.fetch_video``: the backend is torchcodec, else decord, else torchvision
 (``FORCE_QWENVL_VIDEO_READER`` picks one); the frame count is ``nframes`` or
 ``clip(total/video_fps·fps, min_frames, max_frames)`` floored to an even number; the indices are
 ``linspace(start, end, n).round()``; each frame is resized with ``smart_resize`` into
@@ -14,8 +14,9 @@ is decoded with ``qwen_vl_utils.fetch_video``: the backend is torchcodec, else d
 
 The time axis. Qwen2.5-VL's mRoPE puts temporal grid step k of a video at position
 ``k · second_per_grid_ts · tokens_per_second``, with ``second_per_grid_ts = temporal_patch_size / sample_fps``.
-Video-R1 never passed the sampled fps and deleted ``second_per_grid_ts`` before the log-prob pass (research
-§2.8, §8.2), so its time axis ignored the real sampling rate. Here the processor gets
+Video-R1 never passed the sampled fps and deleted ``second_per_grid_ts`` before the log-prob pass
+(tulerfeng/Video-R1 ``src/r1-v/src/open_r1/trainer/grpo_trainer.py``), so its time axis ignored the real
+sampling rate. Here the processor gets
 ``video_metadata`` (native fps, sampled frame indices, total frames) and ``do_sample_frames=False``, and the
 resulting encoding — ``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts`` — is the one cached
 object that both ``generate`` and the training forward read. In transformers 5.x, qwen-vl-utils' own
@@ -27,7 +28,7 @@ Decoding happens once per prompt per rollout (the G samples, the old/reference l
 training forwards reuse one encoding) and decoded clips of file videos are kept in an LRU cache across steps
 (``decode_cache_mb``).
 
-T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; research §2.1). With
+T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; its ``grpo_trainer.py``). With
 ``temporal_contrast.enabled``, every video prompt also gets ``num_shuffled`` (default G/2) completions sampled on
 its frames permuted along time (a uniformly random permutation from torch's global RNG, redrawn if it is the
 identity; the timestamps and ``second_per_grid_ts`` stay those of the ordered clip, as in Video-R1, which
@@ -64,7 +65,7 @@ from ..vlm.adapter import VLMAdapter, VLMArgs, _load_images, build_vlm_adapter
 
 @dataclass
 class VideoSampling:
-    """How frames are sampled from a video (qwen-vl-utils' keys; research §2.8)."""
+    """How frames are sampled from a video (qwen-vl-utils' keys, ``vision_process.py``)."""
 
     fps: float | None = 2.0
     """Frames per second to sample (ignored when nframes is set). qwen-vl-utils' default is 2."""
@@ -397,3 +398,4 @@ def build_video_adapter(
 
 
 build_video_adapter.args_class = VideoArgs
+build_video_adapter.adapter_class = VideoAdapter  # its optional capabilities are checked at config load

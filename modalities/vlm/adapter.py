@@ -32,8 +32,9 @@ from torch import Tensor
 
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
-from mmgrpo.types import Rollout, select_fields
+from mmgrpo.types import Rollout
 
+from .. import _hf
 from ..tokens import prefix_sharing
 from .tiny import resolve_model_path
 
@@ -90,9 +91,6 @@ class PromptCache:
     def __init__(self, encodings: list[dict[str, Tensor]]):
         self.encodings = encodings  # P dicts, each with input_ids [1, Lp_i] and media tensors
 
-    def select(self, index: Tensor) -> "PromptCache":  # prompts are addressed through VLMState.prompt_of
-        return self
-
 
 @dataclass
 class VLMState:
@@ -106,9 +104,6 @@ class VLMState:
     completion_ids: Tensor  # [B, T]
     prompt_of: Tensor  # [B]
     cache: PromptCache
-
-    def select(self, index: Tensor) -> "VLMState":
-        return select_fields(self, index, self.completion_ids.shape[0])
 
 
 def _load_images(row: dict) -> list[Image.Image]:
@@ -125,6 +120,26 @@ def _load_images(row: dict) -> list[Image.Image]:
             raise TypeError(f"row image must be a PIL image or a path, got {type(img).__name__}")
         out.append(img.convert("RGB"))
     return out
+
+
+def _image_sizes(row: dict) -> list[tuple[int, int]]:
+    """``(W, H)`` of each image of ``row``; files are opened for their header only."""
+    images = row.get("images", row.get("image"))
+    if images is None:
+        return []
+    sizes = []
+    for img in images if isinstance(images, (list, tuple)) else [images]:
+        if isinstance(img, (str, Path)):
+            with Image.open(img) as opened:
+                sizes.append(opened.size)
+        else:
+            sizes.append(img.size)
+    return sizes
+
+
+def _one(values: list) -> Any:
+    """None for no value, the value itself for one, the list for several."""
+    return None if not values else values[0] if len(values) == 1 else values
 
 
 class VLMAdapter:
@@ -162,10 +177,7 @@ class VLMAdapter:
     # ------------------------------------------------------------------ prompts: processed once per prompt
 
     def _unwrapped(self) -> torch.nn.Module:
-        model = self.model
-        while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):  # DDP / accelerate wrappers
-            model = model.module
-        return model
+        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
 
     @property
     def device(self) -> torch.device:
@@ -300,7 +312,6 @@ class VLMAdapter:
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
         encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
         completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
-        B = completion_ids.shape[0]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
         mask = self._completion_mask(completion_ids).float()  # [B, T]
@@ -317,6 +328,8 @@ class VLMAdapter:
             truncated=truncated,
             state=state,
         )
+        for key, column in self._image_columns(prompts, encodings).items():  # P values → B, group-major
+            rollout.extras[key] = [value for value in column for _ in range(group_size)]
         if self.args.old_logprobs == "sampler" and sampler_logprobs is not None:
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
         else:
@@ -324,6 +337,27 @@ class VLMAdapter:
                 prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
             rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
         return rollout
+
+    def _image_columns(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> dict[str, list]:
+        """Per-prompt reward columns for box rewards (``mmgrpo.rewards.visual``), when the prompts have images.
+
+        ``image_grid_thw``: the processor's patch grid ``[t, h, w]``; ``resized_image_size``: ``(W, H)`` of the
+        image the model saw (``grid · patch_size``, Qwen2.5-VL's absolute box space); ``image_size``: ``(W, H)``
+        of the original image (a row's own ``image_size`` is kept). One value per image, unwrapped when the row
+        has one image; ``None`` for rows without images.
+        """
+        if not any("image_grid_thw" in e for e in encodings):
+            return {}
+        patch = int(getattr(getattr(self.processor, "image_processor", None), "patch_size", 14))
+        columns: dict[str, list] = {"image_grid_thw": [], "resized_image_size": [], "image_size": []}
+        for row, enc in zip(prompts, encodings):
+            grids = enc["image_grid_thw"].tolist() if "image_grid_thw" in enc else []
+            resized = [(w * patch, h * patch) for _, h, w in grids]
+            sizes = row["image_size"] if row.get("image_size") is not None else _one(_image_sizes(row))
+            columns["image_grid_thw"].append(_one(grids))
+            columns["resized_image_size"].append(_one(resized))
+            columns["image_size"].append(sizes)
+        return columns
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
@@ -425,17 +459,6 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     return model, processor
 
 
-def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules)
-    try:
-        return get_peft_model(model, peft_cfg)
-    except ValueError as e:
-        raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
-
-
 @ADAPTERS.register("vlm")
 def build_vlm_adapter(
     args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
@@ -452,15 +475,14 @@ def build_vlm_adapter(
         )
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    model, processor = _load(a.name_or_path, a, torch_dtype, seed)
+    model, processor = _load(a.name_or_path, a, _hf.DTYPES[dtype], seed)
     if a.freeze_vision:
         for name, p in model.named_parameters():
             if "visual" in name or "vision" in name:
                 p.requires_grad_(False)
     reference = None
     if lora is not None and lora.enabled:
-        model = _apply_lora(model, lora)
+        model = _hf.peft_lora(model, lora)
     elif need_reference:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     model.train()
@@ -468,3 +490,4 @@ def build_vlm_adapter(
 
 
 build_vlm_adapter.args_class = VLMArgs
+build_vlm_adapter.adapter_class = VLMAdapter  # its optional capabilities are checked at config load

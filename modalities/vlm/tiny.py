@@ -13,13 +13,12 @@ use, deterministic given the seed) and returns any other name unchanged (a hub i
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mmgrpo.cache import cache_dir
+from .._hf import cached_build
 
 TINY_NAME = "tiny-qwen2.5-vl"
 
@@ -110,7 +109,10 @@ def build_tokenizer(vocab_size: int = 512):
 
 
 def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
-    """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``, atomically."""
+    """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``.
+
+    ``resolve_model_path`` builds it into the cache atomically (:func:`mmgrpo.modalities._hf.cached_build`).
+    """
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
@@ -173,27 +175,17 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
         chat_template=CHAT_TEMPLATE,
     )
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
-    model.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
-    try:
-        os.replace(tmp, directory)
-    except OSError:  # another process built it first: keep theirs
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
     return directory
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
-    """The directory for built-in tiny model names (built on first use); other names pass through."""
+    """The directory for built-in tiny model names (built on first use, atomically); other names pass through."""
     if name != TINY_NAME:
         return name
-    directory = cache_dir() / f"{TINY_NAME}-seed{seed}"
-    if not (directory / "config.json").is_file():
-        build_tiny_qwen25_vl(directory, seed=seed)
-    return str(directory)
+    return str(cached_build(f"{TINY_NAME}-seed{seed}", "config.json", lambda d: build_tiny_qwen25_vl(d, seed=seed)))
 
 
 def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:

@@ -1,0 +1,81 @@
+"""Hugging Face plumbing shared by every model family: unwrapping, LoRA, dtypes, the tiny-model cache.
+
+- :func:`unwrap` strips DDP / accelerate wrappers (``.module``) to reach the model that owns the weights.
+- :func:`peft_lora` wraps a transformers model with peft (``get_peft_model``); :func:`diffusers_lora` injects
+  an adapter into a diffusers denoiser with ``add_adapter`` (Gaussian init, as Flow-GRPO). Both turn peft's
+  "target modules not found" into a one-line ``ConfigError`` naming ``model.lora.target_modules``.
+- :data:`DTYPES` maps ``model.dtype`` to torch dtypes.
+- :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
+  a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from mmgrpo.cache import cache_dir
+from mmgrpo.config import ConfigError, LoraConfig
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under DDP / accelerate wrappers (follows ``.module`` while it is an ``nn.Module``)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _peft_config(lora: LoraConfig, **extra):
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), **extra
+    )
+
+
+def peft_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """``peft.get_peft_model(model, ...)``: the base weights frozen, LoRA B initialised to zero."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, _peft_config(lora))
+    except ValueError as e:
+        raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
+
+
+def diffusers_lora(model: torch.nn.Module, lora: LoraConfig, hint: str = "") -> None:
+    """Freeze ``model`` and inject a LoRA adapter in place with diffusers' ``add_adapter`` (Gaussian init)."""
+    model.requires_grad_(False)
+    try:
+        model.add_adapter(_peft_config(lora, init_lora_weights="gaussian"))
+    except ValueError as e:
+        raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}{hint}") from None
+
+
+def cached_build(name: str, marker: str, build: Callable[[Path], None]) -> Path:
+    """``cache_dir()/name``, built by ``build(tmp_directory)`` on first use and renamed into place atomically.
+
+    ``marker`` is a file whose presence means the directory is complete (``config.json``, ``model_index.json``).
+    When two processes build at once, the first rename wins and the other's copy is deleted.
+    """
+    directory = cache_dir() / name
+    if (directory / marker).is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    try:
+        build(tmp)
+        os.replace(tmp, directory)
+    except OSError:
+        if not (directory / marker).is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory

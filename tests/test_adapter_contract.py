@@ -1,0 +1,167 @@
+"""The adapter contract: the checklist every registered ``model.adapter`` passes (docs/architecture.md).
+
+Adding a model family = one entry in ``CASES`` (tiny ``model.args``, two prompt rows, LoRA targets); the first
+test fails for a registered adapter without an entry. Every check runs on a tiny real model built from config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from mmgrpo.config import LoraConfig
+from mmgrpo.plugins import ADAPTERS, load_builtins
+from mmgrpo.types import PolicyAdapter, Rollout, capabilities
+
+G = 2  # samples per prompt
+
+
+@dataclass
+class Case:
+    """How to build a tiny instance of one adapter family for the contract."""
+
+    args: dict
+    """Tiny ``model.args``; ``name_or_path`` is replaced by the saved directory for the round-trip."""
+    rows: Callable[[], list[dict]]
+    """Two prompt rows of the kind the adapter reads."""
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def _shapes_rows() -> list[dict]:
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    return ShapesTask(ShapesArgs(train_size=2, eval_size=1)).train_rows()[:2]
+
+
+def _video_rows() -> list[dict]:
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    return VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=2, eval_size=1)).train_rows()[:2]
+
+
+def _flow_rows() -> list[dict]:
+    return [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
+
+
+def _flow_targets() -> list[str]:
+    from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS
+
+    return list(FLOW_LORA_TARGETS)
+
+
+VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 3136, "max_pixels": 3136}
+
+CASES: dict[str, Case] = {
+    "vlm": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4}, _shapes_rows),
+    "video": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4, "video": VIDEO_SAMPLING}, _video_rows),
+    "flow": Case(
+        {"name_or_path": "tiny-sd3", "num_steps": 3, "eval_num_steps": 2, "resolution": 32, "device": "cpu"},
+        _flow_rows,
+        lora_targets=_flow_targets(),
+    ),
+}
+
+
+def test_every_registered_adapter_has_a_contract_case():
+    load_builtins()
+    missing = set(ADAPTERS.names()) - set(CASES)
+    assert not missing, f"add a Case for {sorted(missing)} to CASES in tests/test_adapter_contract.py"
+
+
+def _build(name: str, *, lora: bool, **over):
+    case = CASES[name]
+    cfg = LoraConfig(enabled=lora, r=4, alpha=8, target_modules=case.lora_targets)
+    return ADAPTERS.get(name)({**case.args, **over}, seed=0, lora=cfg)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def lora_run(request, mmgrpo_cache):
+    """A LoRA adapter of family ``request.param`` and one rollout of 2 prompts × G samples, before any update."""
+    name = request.param
+    torch.manual_seed(0)
+    adapter = _build(name, lora=True)
+    rows = CASES[name].rows()
+    return name, adapter, rows, adapter.rollout(rows, G)
+
+
+def _images_or_text(outputs: list) -> list:
+    return [np.asarray(o) if hasattr(o, "size") and not isinstance(o, str) else o for o in outputs]
+
+
+def test_builder_declares_its_class_and_capabilities(lora_run):
+    name, adapter, _, _ = lora_run
+    build = ADAPTERS.get(name)
+    assert isinstance(adapter, PolicyAdapter)
+    assert build.args_class is not None and isinstance(adapter, build.adapter_class)
+    assert capabilities(type(adapter)) == capabilities(build.adapter_class)  # the load-time check sees the truth
+
+
+def test_rollout_shapes_and_group_major_order(lora_run):
+    _, _, rows, ro = lora_run
+    P, B = len(rows), len(rows) * G
+    assert isinstance(ro, Rollout) and ro.group_size == G and len(ro.outputs) == B
+    T = ro.old_logprobs.shape[1]
+    assert T >= 1 and ro.old_logprobs.shape == ro.mask.shape == (B, T)
+    assert ro.old_logprobs.dtype == torch.float32 and torch.isfinite(ro.old_logprobs).all()
+    assert ro.truncated.shape == (B,) and ro.truncated.dtype == torch.bool
+    assert torch.equal(ro.prompt_index, torch.arange(P).repeat_interleave(G))
+    assert ro.mask.sum() > 0 and (ro.old_logprobs[ro.mask == 0] == 0).all()
+    assert all(len(col) == B for col in ro.extras.values())
+    shuffled = ro.prompt_index.flip(0)
+    with pytest.raises(ValueError, match="group-major"):  # Rollout.validate rejects any other order
+        Rollout(ro.outputs, ro.old_logprobs, ro.mask, G, shuffled, ro.truncated, ro.state)
+
+
+def test_ratio_is_one_before_the_first_update(lora_run):
+    _, adapter, _, ro = lora_run
+    logp = adapter.logprobs(ro, torch.arange(ro.batch_size))
+    assert logp.dtype == torch.float32 and logp.requires_grad
+    m = ro.mask.bool()
+    ratio = torch.exp(logp.detach().cpu() - ro.old_logprobs)[m]
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
+
+
+def test_reference_equals_policy_at_lora_init(lora_run):
+    _, adapter, _, ro = lora_run
+    idx = torch.arange(ro.batch_size)
+    ref = adapter.ref_logprobs(ro, idx).cpu()
+    torch.testing.assert_close(ref, adapter.logprobs(ro, idx).detach().cpu(), atol=1e-5, rtol=0)
+
+
+def test_evaluation_is_deterministic(lora_run):
+    _, adapter, rows, _ = lora_run
+    first, second = adapter.evaluate(rows), adapter.evaluate(rows)
+    assert len(first) == len(rows)
+    for a, b in zip(_images_or_text(first), _images_or_text(second)):
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_step_changes_parameters_and_save_pretrained_round_trips(name, mmgrpo_cache, tmp_path):
+    """Full fine-tuning: one AdamW step moves the weights; the saved directory, loaded through the adapter's own
+    ``name_or_path`` (the real ``from_pretrained`` path), gives the trained log-probs."""
+    torch.manual_seed(0)
+    adapter = _build(name, lora=False)
+    ro = adapter.rollout(CASES[name].rows(), G)
+    idx = torch.arange(ro.batch_size)
+    params = list(adapter.trainable_parameters())
+    before = [p.detach().clone() for p in params]
+    adv = torch.tensor([1.0, -1.0]).repeat(ro.batch_size // 2)[:, None]  # [B, 1]
+    logp = adapter.logprobs(ro, idx)
+    m = ro.mask.to(logp.device)
+    loss = -(adv.to(logp.device) * logp * m).sum() / m.sum()
+    loss.backward()
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    opt.step()
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+    assert changed > len(params) // 2, f"only {changed}/{len(params)} parameter tensors changed"
+
+    trained = adapter.logprobs(ro, idx).detach().cpu()
+    assert not torch.allclose(trained[ro.mask.bool()], ro.old_logprobs[ro.mask.bool()], atol=1e-6)
+    adapter.save_pretrained(str(tmp_path / "saved"))
+    reloaded = _build(name, lora=False, name_or_path=str(tmp_path / "saved"))
+    torch.testing.assert_close(reloaded.logprobs(ro, idx).detach().cpu(), trained, atol=1e-5, rtol=0)
