@@ -21,20 +21,20 @@ What this adapter guarantees (DESIGN.md §3, §6):
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
-from PIL import Image
 from torch import Tensor
 
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
-from mmgrpo.types import Rollout, select_fields
+from mmgrpo.types import DataError, Rollout, select_fields
 
 from ..tokens import prefix_sharing
+from ..tokens.media import ImageEncoder, MediaEncoder, count_parts
 from .tiny import resolve_model_path
 
 
@@ -111,26 +111,13 @@ class VLMState:
         return select_fields(self, index, self.completion_ids.shape[0])
 
 
-def _load_images(row: dict) -> list[Image.Image]:
-    images = row.get("images", row.get("image"))
-    if images is None:
-        return []
-    if not isinstance(images, (list, tuple)):
-        images = [images]
-    out = []
-    for img in images:
-        if isinstance(img, (str, Path)):
-            img = Image.open(img)
-        if not isinstance(img, Image.Image):
-            raise TypeError(f"row image must be a PIL image or a path, got {type(img).__name__}")
-        out.append(img.convert("RGB"))
-    return out
-
-
 class VLMAdapter:
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None):
+    def __init__(
+        self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None,
+        encoders: list[MediaEncoder] | None = None,
+    ):  # fmt: skip
         self.model = model
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -145,6 +132,10 @@ class VLMAdapter:
         self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
         self.is_multimodal = hasattr(processor, "image_processor")
         self.suppress_ids = self._media_token_ids()
+        if encoders is None:  # the media of the prompts, in the order their parts precede the text
+            encoders = [ImageEncoder(args.min_pixels, args.max_pixels)] if self.is_multimodal else []
+        self.encoders = list(encoders)
+        self._media_depth = 0
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -171,11 +162,20 @@ class VLMAdapter:
     def device(self) -> torch.device:
         return next(self._unwrapped().parameters()).device
 
-    def _messages(self, row: dict, n_images: int) -> list[dict]:
+    def _messages(self, row: dict, counts: dict[str, int]) -> list[dict]:
+        """The chat of one row: a conversational prompt as given, else one user message with a ``{"type": kind}``
+        part per media item (encoder order) before the text, after the optional system message."""
         prompt = row["prompt"]
-        if isinstance(prompt, list):  # already conversational
+        if isinstance(prompt, list):  # already conversational: it must hold its own media parts
+            for kind, n in counts.items():
+                if count_parts(prompt, kind) != n:
+                    raise DataError(
+                        f"row 'prompt': the messages hold {count_parts(prompt, kind)} {{'type': '{kind}'}} part(s) "
+                        f"but the row has {n} {kind}(s); give one part per {kind}"
+                    )
             return prompt
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": str(prompt)}]
+        content: Any = [{"type": kind} for kind, n in counts.items() for _ in range(n)]
+        content += [{"type": "text", "text": str(prompt)}]
         if not self.is_multimodal:
             content = str(prompt)
         messages = [{"role": "user", "content": content}]
@@ -183,25 +183,43 @@ class VLMAdapter:
             messages.insert(0, {"role": "system", "content": self.args.system_prompt})
         return messages
 
-    def _encode_prompt(self, row: dict) -> dict[str, Tensor]:
+    @contextmanager
+    def _media_scope(self) -> Iterator[None]:
+        """Decoded media are pinned for one batch (rollout, evaluation, warm-up) and forgotten after it."""
+        if self._media_depth == 0:
+            for encoder in self.encoders:
+                encoder.reset()
+        self._media_depth += 1
+        try:
+            yield
+        finally:
+            self._media_depth -= 1
+            if self._media_depth == 0:
+                for encoder in self.encoders:
+                    encoder.reset()
+
+    def _encode_prompt(self, row: dict, media: dict[str, list] | None = None) -> dict[str, Tensor]:
+        """Processor outputs for one row; ``media`` (kind → items) replaces what the encoders would load."""
         if "prompt" not in row:
             raise KeyError(f"prompt row has no 'prompt' key (keys: {sorted(row)}); the vlm adapter needs one")
-        images = _load_images(row) if self.is_multimodal else []
-        messages = self._messages(row, len(images))
+        media = media or {}
+        loaded = {e.kind: media[e.kind] if e.kind in media else e.load(row) for e in self.encoders}
+        messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
         if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = row["prompt"] if isinstance(row["prompt"], str) else str(messages)
-        if self.is_multimodal:
-            kwargs = {}
-            if self.args.min_pixels is not None:
-                kwargs["min_pixels"] = self.args.min_pixels
-            if self.args.max_pixels is not None:
-                kwargs["max_pixels"] = self.args.max_pixels
-            enc = self.processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
-        else:
-            enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-        return dict(enc)
+        if not self.is_multimodal:
+            return dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False))
+        kwargs: dict[str, Any] = {}
+        for encoder in self.encoders:
+            if loaded[encoder.kind]:
+                kwargs.update(encoder.processor_kwargs(loaded[encoder.kind]))
+        enc = dict(self.processor(text=[text], return_tensors="pt", **kwargs))
+        for encoder in self.encoders:
+            if loaded[encoder.kind]:
+                encoder.check(enc, loaded[encoder.kind])
+        return enc
 
     def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
         """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
@@ -298,7 +316,9 @@ class VLMAdapter:
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
-        encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
+        with self._media_scope():  # each prompt's media are decoded once for its G samples
+            encodings = [self._encode_prompt(row) for row in prompts]
+            columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
         completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
         B = completion_ids.shape[0]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
@@ -323,11 +343,14 @@ class VLMAdapter:
             if self.args.old_logprobs == "sampler":
                 prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
             rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
+        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
+        rollout.validate()
         return rollout
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
-        encodings = [self._encode_prompt(row) for row in prompts]
+        with self._media_scope():
+            encodings = [self._encode_prompt(row) for row in prompts]
         return self._decode(self._generate(encodings, 1, greedy=True))
 
     # --------------------------------------------------------------------------------------- log-probs
@@ -396,7 +419,8 @@ class VLMAdapter:
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
         """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
-        encodings = [self._encode_prompt(row) for row in rows]
+        with self._media_scope():
+            encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
         targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
         T = max(len(t) for t in targets)
