@@ -15,6 +15,7 @@ Each process holds whole groups (P prompts per process), so group statistics nev
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -32,6 +33,10 @@ from mmgrpo import checkpoint as ckpt
 from mmgrpo import losses, shaping
 from mmgrpo.config import ConfigError, TrainConfig, dump_config
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+from mmgrpo.types import DataError
+
+logger = logging.getLogger("mmgrpo.data")
+MAX_CONSECUTIVE_BAD_ROWS = 100
 
 
 @dataclass
@@ -83,7 +88,7 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
 def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
     """Prompts and dataset columns repeated G times (group-major), as the reward functions receive them."""
     prompts = [row["prompt"] for row in rows for _ in range(group_size)]
-    keys = [k for k in rows[0] if k != "prompt"]
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k != "prompt"]  # rows may differ (image/video)
     columns = {k: [row.get(k) for row in rows for _ in range(group_size)] for k in keys}
     columns.update(extras)
     return prompts, columns
@@ -142,6 +147,8 @@ class Trainer:
         )  # fmt: skip
         set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
         self.summary: dict[str, float] = {}
+        self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
+        self._bad_rows: set[int] = set()
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -187,7 +194,7 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.algorithm
         t0 = time.perf_counter()
-        rows = [self.task.train_rows()[i] for i in self.sampler.indices(step)]
+        rows = self._sample_rows(step)
         rollout = self.adapter.rollout(rows, a.group_size)
         t1 = time.perf_counter()
 
@@ -226,10 +233,33 @@ class Trainer:
                 "perf/update_s": t3 - t2,
                 "perf/step_s": t3 - t0,
                 "optim/lr": self.scheduler.get_last_lr()[0],
+                "data/skipped_rows": float(self.skipped_rows),
             }
         )
         self.scheduler.step()
         return metrics
+
+    def _sample_rows(self, step: int) -> list[dict]:
+        """The step's rows; a row that cannot be read is skipped (warned, counted) for the next one in file order."""
+        data = self.task.train_rows()
+        n = len(data)
+        rows = []
+        for i in self.sampler.indices(step):
+            for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
+                j = (i + attempt) % n
+                if j in self._bad_rows:
+                    self.skipped_rows += 1
+                    continue
+                try:
+                    rows.append(data[j])
+                    break
+                except DataError as e:
+                    self._bad_rows.add(j)
+                    self.skipped_rows += 1
+                    logger.warning("mmgrpo: skipped row: %s", e)
+            else:
+                raise DataError(f"{min(n, MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data")
+        return rows
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:
         order = torch.randperm(n) if shuffle else torch.arange(n)
@@ -322,7 +352,16 @@ class Trainer:
         self._evaluate("warmup")
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
-        rows = self.task.eval_rows()[: self.cfg.eval.max_rows]
+        data = self.task.eval_rows()
+        n = len(data) if self.cfg.eval.max_rows is None else min(len(data), self.cfg.eval.max_rows)
+        rows = []
+        for i in range(n):
+            try:
+                rows.append(data[i])
+            except DataError as e:
+                logger.warning("mmgrpo: skipped held-out row: %s", e)
+        if not rows:
+            return {}
         outputs = []
         with self.acc.split_between_processes(list(range(len(rows)))) as mine:
             for start in range(0, len(mine), self.cfg.eval.batch_size):
@@ -330,6 +369,8 @@ class Trainer:
                 outputs += list(zip(mine[start : start + len(batch)], self.adapter.evaluate(batch)))
         outputs = sorted(gather_object(outputs), key=lambda t: t[0])
         scores = self.task.score([o for _, o in outputs], rows)
+        if scores is None:  # no task metric: the configured rewards, each and combined
+            scores = self._reward_scores([o for _, o in outputs], rows)
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
@@ -337,6 +378,16 @@ class Trainer:
             samples = [{"prompt": str(rows[i]["prompt"]), "output": o, "answer": rows[i].get("answer")} for i, o in outputs[:8]]
             ckpt.atomic_write_text(self.out / f"samples_{stage}.json", json.dumps(samples, indent=1, default=str))
         self.acc.log(result, step=self.state.step)
+        return result
+
+    def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
+        """Mean of each configured reward over the held-out outputs (NaN = not applicable is left out), and the
+        mean of the weighted combination ``reward`` as training combines them."""
+        prompts, columns = reward_columns(rows, 1, {})
+        scores, _ = self.rewards(outputs, prompts, columns)  # [n, K]
+        combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
+        result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
+        result["reward"] = float(combined.nanmean())
         return result
 
     # ----------------------------------------------------------------------------------- bookkeeping

@@ -13,12 +13,11 @@ Encoders keep per-batch state (decoded clips that the G samples of a prompt shar
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from mmgrpo.types import DataError
+from mmgrpo.media import as_list, open_image
 
 
 @runtime_checkable
@@ -47,48 +46,6 @@ class MediaEncoder(Protocol):
     def reset(self) -> None:
         """Forget per-batch state (pinned decoded media)."""
         ...
-
-
-def as_list(value: Any) -> list[Any]:
-    """``None`` → [], a list/tuple → list, anything else → [value]."""
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
-def open_image(value: Any, what: str = "image") -> Image.Image:
-    """An RGB PIL image from a PIL image, a path, or a ``{"path"|"bytes"}`` dict (the Arrow image struct).
-
-    A missing, empty, truncated or unreadable file raises :class:`DataError` naming the file (``Image.open`` is
-    lazy, so the pixels are loaded here to catch truncation).
-    """
-    if isinstance(value, Image.Image):
-        return value.convert("RGB")
-    if isinstance(value, dict) and (value.get("bytes") is not None or value.get("path")):
-        if value.get("bytes") is not None:
-            import io
-
-            value = io.BytesIO(value["bytes"])
-        else:
-            value = value["path"]
-    if isinstance(value, (str, Path)):
-        path = Path(value)
-        if not path.is_file():
-            raise DataError(f"{what} file {str(path)!r} does not exist (relative paths resolve against media_root)")
-        if path.stat().st_size == 0:
-            raise DataError(f"{what} file {str(path)!r} is empty (0 bytes)")
-    elif not hasattr(value, "read"):
-        raise DataError(f"{what} must be a PIL image or a file path, got {type(value).__name__}")
-    try:
-        with Image.open(value) as img:
-            img.load()
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        name = str(value) if isinstance(value, (str, Path)) else "bytes"
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"{what} file {name!r} cannot be read as an image ({reason})") from None
 
 
 class ImageEncoder:

@@ -21,6 +21,7 @@ What this adapter guarantees (DESIGN.md §3, §6):
 from __future__ import annotations
 
 import copy
+import logging
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,9 @@ class VLMArgs:
     """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
     KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
     float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
+    overlong_prompts: str = "error"
+    """A prompt whose tokens plus max_new_tokens exceed the model's context: error (one line naming the length) |
+    truncate (keep its last tokens, as TRL's max_prompt_length does, with a warning; never cuts media tokens)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -136,6 +140,10 @@ class VLMAdapter:
             encoders = [ImageEncoder(args.min_pixels, args.max_pixels)] if self.is_multimodal else []
         self.encoders = list(encoders)
         self._media_depth = 0
+        config = self._unwrapped().config
+        text_config = getattr(config, "text_config", None) or config
+        self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.truncated_prompts = 0
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -210,7 +218,7 @@ class VLMAdapter:
         else:
             text = row["prompt"] if isinstance(row["prompt"], str) else str(messages)
         if not self.is_multimodal:
-            return dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False))
+            return self._fit_context(dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False)))
         kwargs: dict[str, Any] = {}
         for encoder in self.encoders:
             if loaded[encoder.kind]:
@@ -219,7 +227,31 @@ class VLMAdapter:
         for encoder in self.encoders:
             if loaded[encoder.kind]:
                 encoder.check(enc, loaded[encoder.kind])
-        return enc
+        return self._fit_context(enc)
+
+    def _fit_context(self, enc: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Apply ``overlong_prompts`` to a prompt whose length plus ``max_new_tokens`` exceeds the context."""
+        if self.context_length is None:
+            return enc
+        L, T = enc["input_ids"].shape[1], self.args.max_new_tokens
+        budget = self.context_length - T
+        if L <= budget:
+            return enc
+        media_cut = bool(torch.isin(enc["input_ids"][0, : L - budget], torch.tensor(self.suppress_ids)).any())
+        if self.args.overlong_prompts != "truncate" or budget < 1 or media_cut:
+            why = "truncating would cut media tokens; " if media_cut and self.args.overlong_prompts == "truncate" else ""
+            raise DataError(
+                f"row 'prompt': {L} prompt tokens + max_new_tokens {T} exceed the model's context of "
+                f"{self.context_length} tokens; {why}shorten the prompt, lower max_new_tokens or set "
+                "model.args.overlong_prompts: truncate"
+            )
+        self.truncated_prompts += 1
+        if self.truncated_prompts == 1:
+            logging.getLogger("mmgrpo.data").warning(
+                "mmgrpo: a %d-token prompt was truncated to its last %d tokens (overlong_prompts: truncate); "
+                "further truncations are counted in adapter.truncated_prompts", L, budget,
+            )  # fmt: skip
+        return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
     def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
         """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
@@ -441,7 +473,16 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     path = resolve_model_path(name_or_path, seed=seed)
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
     kwargs.update(args.extra)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:  # HFValidationError ("Repo id must be in the form ...") is a ValueError
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if Path(path).is_dir():
+            raise ConfigError(f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})") from None
+        raise ConfigError(
+            f"model.args.name_or_path: {name_or_path!r} is neither a local directory nor reachable on the hub "
+            f"(check the path, or the hub id and network / HF_HUB_OFFLINE; {reason})"
+        ) from None
     is_vlm = hasattr(config, "vision_config")
     loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
     model = loader.from_pretrained(path, **kwargs)
@@ -474,6 +515,8 @@ def build_vlm_adapter(
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
+    if a.overlong_prompts not in ("error", "truncate"):
+        raise ConfigError(f"model.args.overlong_prompts: {a.overlong_prompts!r} not allowed; choose error | truncate")
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
