@@ -156,6 +156,8 @@ def test_bad_data_cases_are_one_line_with_the_row(tmp_path):
     assert where in msg and "column 'video'" in msg and "cannot be decoded" in msg
     msg = case('{"prompt": "x", "image": ')  # a bad JSON line
     assert where in msg and "not valid JSON" in msg
+    msg = case({"prompt": "x", "audio": "speech/nope.wav"})
+    assert where in msg and "column 'audio'" in msg and "does not exist" in msg
     msg = case({"no_prompt": "x"})
     assert where in msg and "column 'prompt' is missing" in msg
 
