@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from mmgrpo.cli import main
@@ -291,3 +292,40 @@ def test_missing_local_model_path_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="is neither a local directory nor reachable on the hub") as info:
         build_vlm_adapter({"name_or_path": str(tmp_path / "no" / "such" / "model")})
     assert "\n" not in str(info.value) and "Repo id must be in the form" not in str(info.value).split("(")[0]
+
+
+def test_hub_ids_go_through_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, split=None):
+        calls.append((path, split))
+        return datasets.Dataset.from_dict({"prompt": ["a", "b", "c", "d"], "answer": ["1", "2", "3", "4"]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    task = build_dataset_task({"train": "org/vqa", "split": "train", "eval": "org/vqa", "eval_split": "test"})
+    assert calls == [("org/vqa", "train"), ("org/vqa", "test")]
+    assert task.train_rows()[3] == {"prompt": "d", "answer": "4"}
+
+    def offline(path, split=None):
+        raise ConnectionError("Couldn't reach 'org/vqa' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ConfigError, match="'org/vqa' is neither a local file/directory nor loadable from the hub") as info:
+        build_dataset_task({"train": "org/vqa"})
+    assert "\n" not in str(info.value)
+
+
+def test_multi_image_prompts_and_part_count_check(tiny_vlm_path):
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
+    images = [Image.new("RGB", (56, 56), (200, 0, 0)), Image.new("RGB", (56, 56), (0, 0, 200))]
+    enc = adapter._encode_prompt({"prompt": "Which is red?", "image": images})
+    assert enc["image_grid_thw"].shape == (2, 3)  # two images, one grid each
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which is red?"}]}]
+    with pytest.raises(DataError, match=r"the messages hold 1 \{'type': 'image'\} part\(s\) but the row has 2 image"):
+        adapter._encode_prompt({"prompt": chat, "image": images})
+    two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Which?"}]}]
+    assert torch.equal(adapter._encode_prompt({"prompt": two, "image": images})["pixel_values"], enc["pixel_values"])

@@ -423,9 +423,6 @@ class Rows(Sequence):
             return Rows(self.builder, self.indices[i])
         return self.builder(self.indices[i])
 
-    def where(self, i: int) -> str:
-        return self.builder.source.where(self.indices[i])
-
 
 # ---------------------------------------------------------------------------------------------- task
 
