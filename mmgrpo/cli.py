@@ -2,7 +2,8 @@
 
 The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
 -m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and
-exits with status 2.
+exits with status 2; so does unusable data (a missing column or media file in the first rows of a dataset task,
+which ``--dry-run`` checks too), naming the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -45,7 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
+    from mmgrpo.types import DataError
+
     if args.dry_run:
+        from mmgrpo.plugins import TASKS
+
+        builder = TASKS.get(cfg.task.name)
+        try:
+            if getattr(builder, "checks_data", False):  # dataset tasks: read the first rows of each split
+                builder(cfg.task.args, seed=cfg.seed)
+        except ConfigError as e:
+            print(f"mmgrpo: config error: {e}", file=sys.stderr)
+            return 2
+        except DataError as e:
+            print(f"mmgrpo: data error: {e}", file=sys.stderr)
+            return 2
         print(dump_config(cfg), end="")
         return 0
     from mmgrpo.checkpoint import CheckpointError
@@ -59,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FloatingPointError, CheckpointError) as e:  # non-finite training: the last good checkpoint is kept
         print(f"mmgrpo: error: {e}", file=sys.stderr)
         return 1
+    except DataError as e:  # the first rows of a dataset are checked when the task is built
+        print(f"mmgrpo: data error: {e}", file=sys.stderr)
+        return 2
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))

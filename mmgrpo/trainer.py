@@ -26,6 +26,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -38,6 +39,7 @@ from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
     ADAPTER_CAPABILITIES,
+    DataError,
     SupervisedLoss,
     SyncReference,
     WarmupTask,
@@ -46,6 +48,7 @@ from mmgrpo.types import (
 
 logger = logging.getLogger(__name__)
 RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
+MAX_CONSECUTIVE_BAD_ROWS = 100  # unreadable rows in a row before the run stops with a DataError
 
 
 @dataclass
@@ -160,6 +163,8 @@ class Trainer:
         )  # fmt: skip
         set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
         self.summary: dict[str, float] = {"train/processes": self.acc.num_processes}
+        self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
+        self._bad_rows: set[int] = set()
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -240,7 +245,7 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
         t0 = time.perf_counter()
-        rows = [self.task.train_rows()[i] for i in self.sampler.indices(step)]
+        rows = self._sample_rows(step)
         rollout = self.adapter.rollout(rows, a.group_size)
         t1 = time.perf_counter()
 
@@ -279,6 +284,7 @@ class Trainer:
                 "perf/update_s": t3 - t2,
                 "perf/step_s": t3 - t0,
                 "optim/lr": self.scheduler.get_last_lr()[0],
+                "data/skipped_rows": float(self.skipped_rows),
             }
         )
         self.scheduler.step()
@@ -321,6 +327,28 @@ class Trainer:
             if f"reward/{name}" in out:
                 out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
         return out
+
+    def _sample_rows(self, step: int) -> list[dict]:
+        """The step's rows; a row that cannot be read is skipped (warned, counted) for the next one in file order."""
+        data = self.task.train_rows()
+        n = len(data)
+        rows = []
+        for i in self.sampler.indices(step):
+            for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
+                j = (i + attempt) % n
+                if j in self._bad_rows:
+                    self.skipped_rows += 1
+                    continue
+                try:
+                    rows.append(data[j])
+                    break
+                except DataError as e:
+                    self._bad_rows.add(j)
+                    self.skipped_rows += 1
+                    logger.warning("mmgrpo: skipped row: %s", e)
+            else:
+                raise DataError(f"{min(n, MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data")
+        return rows
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:
         order = torch.randperm(n) if shuffle else torch.arange(n)
@@ -453,7 +481,16 @@ class Trainer:
         self._evaluate("warmup")
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
-        rows = self.task.eval_rows()[: self.cfg.eval.max_rows]
+        data = self.task.eval_rows()
+        n = len(data) if self.cfg.eval.max_rows is None else min(len(data), self.cfg.eval.max_rows)
+        rows = []
+        for i in range(n):
+            try:
+                rows.append(data[i])
+            except DataError as e:
+                logger.warning("mmgrpo: skipped held-out row: %s", e)
+        if not rows:
+            return {}
         outputs = []
         with self.acc.split_between_processes(list(range(len(rows)))) as mine:
             for start in range(0, len(mine), self.cfg.eval.batch_size):
@@ -461,13 +498,25 @@ class Trainer:
                 outputs += list(zip(mine[start : start + len(batch)], self.adapter.evaluate(batch)))
         outputs = sorted(gather_object(outputs), key=lambda t: t[0])
         scores = self.task.score([o for _, o in outputs], rows)
+        if scores is None:  # no task metric: the configured rewards, each and combined
+            scores = self._reward_scores([o for _, o in outputs], rows)
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
             _append_jsonl(self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result})
-            samples = [{"prompt": str(rows[i]["prompt"]), "output": o, "answer": rows[i].get("answer")} for i, o in outputs[:8]]
+            samples = [{"prompt": str(rows[i]["prompt"]), "output": o, **_ground_truth(rows[i])} for i, o in outputs[:8]]
             ckpt.atomic_write_text(self.out / f"samples_{stage}.json", json.dumps(samples, indent=1, default=str))
         self.acc.log(result, step=self.state.step)
+        return result
+
+    def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
+        """Mean of each configured reward over the held-out outputs (NaN = not applicable is left out), and the
+        mean of the weighted combination ``reward`` as training combines them."""
+        prompts, columns = reward_columns(rows, 1, {})
+        scores, _ = self.rewards(outputs, prompts, columns)  # [n, K]
+        combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
+        result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
+        result["reward"] = float(combined.nanmean())
         return result
 
     # ----------------------------------------------------------------------------------- bookkeeping
@@ -554,7 +603,7 @@ class Trainer:
         acc.end_training()
 
 
-SUMMED_METRICS = {"reward/errors"}
+SUMMED_METRICS = {"reward/errors", "data/skipped_rows"}
 """Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``).
 
 ``optim/skipped_steps`` is not one: every process takes the same skip decision (the norm is taken after the
@@ -569,6 +618,18 @@ def _cpu_only_multiprocess() -> bool:
     """
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
+
+
+def _ground_truth(row: dict) -> dict:
+    """The row's plain columns other than the prompt (answers, solutions, boxes...), for the samples file; media
+    (images, clips, audio arrays) are left out."""
+    plain = (str, int, float, bool, type(None))
+
+    def is_plain(v: Any) -> bool:
+        return isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(is_plain(x) for x in v))
+
+    skip = {"prompt", "image", "images", "video", "videos", "audio", "audios"}
+    return {k: v for k, v in row.items() if k not in skip and is_plain(v)}
 
 
 class _StopSignal:

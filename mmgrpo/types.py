@@ -14,7 +14,7 @@ Beyond :class:`PolicyAdapter`, adapters may offer optional capabilities (:class:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -115,20 +115,32 @@ class PolicyAdapter(Protocol):
         ...
 
 
+class DataError(ValueError):
+    """A dataset row cannot be used: a missing column, a missing/empty/unreadable media file, a bad line.
+
+    The message is one line naming the file, the row and the column when they are known. Raised when a row is
+    read (``Task.train_rows()[i]``) or its media decoded; the trainer skips such training rows and counts them
+    (``data/skipped_rows``).
+    """
+
+
 @runtime_checkable
 class Task(Protocol):
     """A prompt source with a held-out split and its own evaluation metric (synthetic tasks, user datasets).
 
     Rows are dicts: the keys the adapter reads (``prompt``, ``image``...) plus ground truth columns that reach
-    the rewards (``answer``...).
+    the rewards (``answer``...). The splits are sequences (anything with ``__len__`` and ``__getitem__``), so a
+    dataset can open row ``i`` — and its media — only when it is sampled; reading a row may raise
+    :class:`DataError`.
     """
 
-    def train_rows(self) -> list[dict]: ...
+    def train_rows(self) -> Sequence[dict]: ...
 
-    def eval_rows(self) -> list[dict]: ...
+    def eval_rows(self) -> Sequence[dict]: ...
 
-    def score(self, outputs: list[Any], rows: list[dict]) -> dict[str, float]:
-        """Evaluation metrics (means over rows) of deterministic outputs, e.g. ``{"accuracy": 0.93}``."""
+    def score(self, outputs: list[Any], rows: list[dict]) -> dict[str, float] | None:
+        """Evaluation metrics (means over rows) of deterministic outputs, e.g. ``{"accuracy": 0.93}``; ``None``
+        lets the trainer score them with the configured rewards (each reward's mean and the combined reward)."""
         ...
 
 

@@ -5,7 +5,8 @@ import torch
 
 from mmgrpo import losses
 from mmgrpo.config import ConfigError
-from mmgrpo.modalities.video import adapter as video_mod
+from mmgrpo.modalities.tokens import video as video_mod
+from mmgrpo.types import DataError
 from mmgrpo.modalities.video.adapter import Clip, build_video_adapter, decode_clip, shuffle_frames, VideoSampling
 from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
 
@@ -96,7 +97,8 @@ def test_uint8_frames_encode_like_float_frames(task, tiny_vlm_path):
     adapter = _adapter(tiny_vlm_path)
     row = task.train_rows()[0]
     a = adapter._encode_prompt(row)
-    b = adapter._encode_prompt(row, frames=adapter._clip(row).frames.float())
+    clip = adapter.video.clip(row)
+    b = adapter._encode_prompt(row, media={"video": [video_mod.VideoEncoder.with_frames(clip, clip.frames.float())]})
     torch.testing.assert_close(a["pixel_values_videos"], b["pixel_values_videos"], atol=0, rtol=0)
 
 
@@ -152,13 +154,13 @@ def test_clip_is_decoded_once_and_serves_all_group_samples(task, tiny_vlm_path, 
     cached.rollout(rows, group_size=2)
     cached.rollout(rows, group_size=2)
     cached.evaluate(rows)
-    assert len(calls) == 3 and cached.decode_count == 3
+    assert len(calls) == 3 and cached.video.decode_count == 3
 
     clip_mb = 6 * 3 * 56 * 56 / 2**20  # one uint8 clip
     small = _adapter(tiny_vlm_path, decode_cache_mb=clip_mb * 2.5)  # room for two clips: LRU evicts the third
     small.rollout(rows, group_size=2)
-    assert list(k[0] for k in small._lru) == [r["video"] for r in rows[1:]]
-    assert small._lru_bytes == 2 * 6 * 3 * 56 * 56
+    assert list(k[0] for k in small.video.lru) == [r["video"] for r in rows[1:]]
+    assert small.video.lru_bytes == 2 * 6 * 3 * 56 * 56
 
 def test_shuffle_frames_is_a_non_identity_permutation():
     frames = torch.arange(6.0).view(6, 1, 1, 1).expand(6, 3, 2, 2)
@@ -238,7 +240,7 @@ def test_video_args_are_validated(tiny_vlm_path):
 
 def test_missing_video_file_names_the_row_field(tiny_vlm_path, tmp_path):
     adapter = _adapter(tiny_vlm_path)
-    with pytest.raises(FileNotFoundError, match="row 'video': no video file"):
+    with pytest.raises(DataError, match="row 'video': no video file"):
         adapter.evaluate([{"prompt": "x", "video": str(tmp_path / "missing.mp4")}])
 
 

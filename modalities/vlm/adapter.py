@@ -21,21 +21,23 @@ What this adapter guarantees (DESIGN.md §3, §6):
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
+import logging
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import torch
-from PIL import Image
 from torch import Tensor
 
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
-from mmgrpo.types import Rollout
+from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
+from ..tokens.media import ImageEncoder, MediaEncoder, count_parts, one_or_list
 from .tiny import resolve_model_path
 
 
@@ -81,6 +83,9 @@ class VLMArgs:
     """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
     KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
     float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
+    overlong_prompts: str = "error"
+    """A prompt whose tokens plus max_new_tokens exceed the model's context: error (one line naming the length) |
+    truncate (keep its last tokens, as TRL's max_prompt_length does, with a warning; never cuts media tokens)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -106,46 +111,13 @@ class VLMState:
     cache: PromptCache
 
 
-def _load_images(row: dict) -> list[Image.Image]:
-    images = row.get("images", row.get("image"))
-    if images is None:
-        return []
-    if not isinstance(images, (list, tuple)):
-        images = [images]
-    out = []
-    for img in images:
-        if isinstance(img, (str, Path)):
-            img = Image.open(img)
-        if not isinstance(img, Image.Image):
-            raise TypeError(f"row image must be a PIL image or a path, got {type(img).__name__}")
-        out.append(img.convert("RGB"))
-    return out
-
-
-def _image_sizes(row: dict) -> list[tuple[int, int]]:
-    """``(W, H)`` of each image of ``row``; files are opened for their header only."""
-    images = row.get("images", row.get("image"))
-    if images is None:
-        return []
-    sizes = []
-    for img in images if isinstance(images, (list, tuple)) else [images]:
-        if isinstance(img, (str, Path)):
-            with Image.open(img) as opened:
-                sizes.append(opened.size)
-        else:
-            sizes.append(img.size)
-    return sizes
-
-
-def _one(values: list) -> Any:
-    """None for no value, the value itself for one, the list for several."""
-    return None if not values else values[0] if len(values) == 1 else values
-
-
 class VLMAdapter:
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None):
+    def __init__(
+        self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None,
+        encoders: list[MediaEncoder] | None = None,
+    ):  # fmt: skip
         self.model = model
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -158,8 +130,16 @@ class VLMAdapter:
         gen_eos = getattr(self._unwrapped().generation_config, "eos_token_id", None)
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
-        self.is_multimodal = hasattr(processor, "image_processor")
+        if encoders is None:  # the media of the prompts, in the order their parts precede the text
+            encoders = [ImageEncoder(args.min_pixels, args.max_pixels)] if hasattr(processor, "image_processor") else []
+        self.encoders = list(encoders)
+        self.is_multimodal = bool(self.encoders)  # any medium (image, video, audio): the processor renders prompts
         self.suppress_ids = self._media_token_ids()
+        self._media_depth = 0
+        config = self._unwrapped().config
+        text_config = getattr(config, "text_config", None) or config
+        self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
+        self.truncated_prompts = 0
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -183,11 +163,20 @@ class VLMAdapter:
     def device(self) -> torch.device:
         return next(self._unwrapped().parameters()).device
 
-    def _messages(self, row: dict, n_images: int) -> list[dict]:
+    def _messages(self, row: dict, counts: dict[str, int]) -> list[dict]:
+        """The chat of one row: a conversational prompt as given, else one user message with a ``{"type": kind}``
+        part per media item (encoder order) before the text, after the optional system message."""
         prompt = row["prompt"]
-        if isinstance(prompt, list):  # already conversational
+        if isinstance(prompt, list):  # already conversational: it must hold its own media parts
+            for kind, n in counts.items():
+                if count_parts(prompt, kind) != n:
+                    raise DataError(
+                        f"row 'prompt': the messages hold {count_parts(prompt, kind)} {{'type': '{kind}'}} part(s) "
+                        f"but the row has {n} {kind}(s); give one part per {kind}"
+                    )
             return prompt
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": str(prompt)}]
+        content: Any = [{"type": kind} for kind, n in counts.items() for _ in range(n)]
+        content += [{"type": "text", "text": str(prompt)}]
         if not self.is_multimodal:
             content = str(prompt)
         messages = [{"role": "user", "content": content}]
@@ -195,25 +184,67 @@ class VLMAdapter:
             messages.insert(0, {"role": "system", "content": self.args.system_prompt})
         return messages
 
-    def _encode_prompt(self, row: dict) -> dict[str, Tensor]:
+    @contextmanager
+    def _media_scope(self) -> Iterator[None]:
+        """Decoded media are pinned for one batch (rollout, evaluation, warm-up) and forgotten after it."""
+        if self._media_depth == 0:
+            for encoder in self.encoders:
+                encoder.reset()
+        self._media_depth += 1
+        try:
+            yield
+        finally:
+            self._media_depth -= 1
+            if self._media_depth == 0:
+                for encoder in self.encoders:
+                    encoder.reset()
+
+    def _encode_prompt(self, row: dict, media: dict[str, list] | None = None) -> dict[str, Tensor]:
+        """Processor outputs for one row; ``media`` (kind → items) replaces what the encoders would load."""
         if "prompt" not in row:
             raise KeyError(f"prompt row has no 'prompt' key (keys: {sorted(row)}); the vlm adapter needs one")
-        images = _load_images(row) if self.is_multimodal else []
-        messages = self._messages(row, len(images))
+        media = media or {}
+        loaded = {e.kind: media[e.kind] if e.kind in media else e.load(row) for e in self.encoders}
+        messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
         if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = row["prompt"] if isinstance(row["prompt"], str) else str(messages)
-        if self.is_multimodal:
-            kwargs = {}
-            if self.args.min_pixels is not None:
-                kwargs["min_pixels"] = self.args.min_pixels
-            if self.args.max_pixels is not None:
-                kwargs["max_pixels"] = self.args.max_pixels
-            enc = self.processor(text=[text], images=images or None, return_tensors="pt", **kwargs)
-        else:
-            enc = self.tokenizer([text], return_tensors="pt", add_special_tokens=False)
-        return dict(enc)
+        if not self.is_multimodal:
+            return self._fit_context(dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False)))
+        kwargs: dict[str, Any] = {}
+        for encoder in self.encoders:
+            if loaded[encoder.kind]:
+                kwargs.update(encoder.processor_kwargs(loaded[encoder.kind]))
+        enc = dict(self.processor(text=[text], return_tensors="pt", **kwargs))
+        for encoder in self.encoders:
+            if loaded[encoder.kind]:
+                encoder.check(enc, loaded[encoder.kind])
+        return self._fit_context(enc)
+
+    def _fit_context(self, enc: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Apply ``overlong_prompts`` to a prompt whose length plus ``max_new_tokens`` exceeds the context."""
+        if self.context_length is None:
+            return enc
+        L, T = enc["input_ids"].shape[1], self.args.max_new_tokens
+        budget = self.context_length - T
+        if L <= budget:
+            return enc
+        media_cut = bool(torch.isin(enc["input_ids"][0, : L - budget], torch.tensor(self.suppress_ids)).any())
+        if self.args.overlong_prompts != "truncate" or budget < 1 or media_cut:
+            why = "truncating would cut media tokens; " if media_cut and self.args.overlong_prompts == "truncate" else ""
+            raise DataError(
+                f"row 'prompt': {L} prompt tokens + max_new_tokens {T} exceed the model's context of "
+                f"{self.context_length} tokens; {why}shorten the prompt, lower max_new_tokens or set "
+                "model.args.overlong_prompts: truncate"
+            )
+        self.truncated_prompts += 1
+        if self.truncated_prompts == 1:
+            logging.getLogger("mmgrpo.data").warning(
+                "mmgrpo: a %d-token prompt was truncated to its last %d tokens (overlong_prompts: truncate); "
+                "further truncations are counted in adapter.truncated_prompts", L, budget,
+            )  # fmt: skip
+        return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
     def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
         """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
@@ -310,7 +341,9 @@ class VLMAdapter:
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
-        encodings = [self._encode_prompt(row) for row in prompts]  # once per prompt
+        with self._media_scope():  # each prompt's media are decoded once for its G samples
+            encodings = [self._encode_prompt(row) for row in prompts]
+            columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
         completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
@@ -328,40 +361,44 @@ class VLMAdapter:
             truncated=truncated,
             state=state,
         )
-        for key, column in self._image_columns(prompts, encodings).items():  # P values → B, group-major
-            rollout.extras[key] = [value for value in column for _ in range(group_size)]
         if self.args.old_logprobs == "sampler" and sampler_logprobs is not None:
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
         else:
             if self.args.old_logprobs == "sampler":
                 prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
             rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
+        columns.update(self._image_columns(prompts, encodings, columns.get("image_size")))
+        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
+        rollout.validate()
         return rollout
 
-    def _image_columns(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> dict[str, list]:
+    def _image_columns(
+        self, prompts: list[dict], encodings: list[dict[str, Tensor]], loaded_sizes: list | None
+    ) -> dict[str, list]:
         """Per-prompt reward columns for box rewards (``mmgrpo.rewards.visual``), when the prompts have images.
 
         ``image_grid_thw``: the processor's patch grid ``[t, h, w]``; ``resized_image_size``: ``(W, H)`` of the
         image the model saw (``grid · patch_size``, Qwen2.5-VL's absolute box space); ``image_size``: ``(W, H)``
-        of the original image (a row's own ``image_size`` is kept). One value per image, unwrapped when the row
-        has one image; ``None`` for rows without images.
+        of the original image (a row's own ``image_size`` is kept, else the size the image encoder decoded).
+        One value per image, unwrapped when the row has one image; ``None`` for rows without images.
         """
         if not any("image_grid_thw" in e for e in encodings):
             return {}
         patch = int(getattr(getattr(self.processor, "image_processor", None), "patch_size", 14))
+        loaded_sizes = loaded_sizes or [None] * len(prompts)
         columns: dict[str, list] = {"image_grid_thw": [], "resized_image_size": [], "image_size": []}
-        for row, enc in zip(prompts, encodings):
+        for row, enc, loaded in zip(prompts, encodings, loaded_sizes):
             grids = enc["image_grid_thw"].tolist() if "image_grid_thw" in enc else []
             resized = [(w * patch, h * patch) for _, h, w in grids]
-            sizes = row["image_size"] if row.get("image_size") is not None else _one(_image_sizes(row))
-            columns["image_grid_thw"].append(_one(grids))
-            columns["resized_image_size"].append(_one(resized))
-            columns["image_size"].append(sizes)
+            columns["image_grid_thw"].append(one_or_list(grids))
+            columns["resized_image_size"].append(one_or_list(resized))
+            columns["image_size"].append(row["image_size"] if row.get("image_size") is not None else loaded)
         return columns
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
-        encodings = [self._encode_prompt(row) for row in prompts]
+        with self._media_scope():
+            encodings = [self._encode_prompt(row) for row in prompts]
         return self._decode(self._generate(encodings, 1, greedy=True))
 
     # --------------------------------------------------------------------------------------- log-probs
@@ -430,7 +467,8 @@ class VLMAdapter:
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
         """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
-        encodings = [self._encode_prompt(row) for row in rows]
+        with self._media_scope():
+            encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
         targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
         T = max(len(t) for t in targets)
@@ -451,7 +489,16 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     path = resolve_model_path(name_or_path, seed=seed)
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
     kwargs.update(args.extra)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as e:  # HFValidationError ("Repo id must be in the form ...") is a ValueError
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if Path(path).is_dir():
+            raise ConfigError(f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})") from None
+        raise ConfigError(
+            f"model.args.name_or_path: {name_or_path!r} is neither a local directory nor reachable on the hub "
+            f"(check the path, or the hub id and network / HF_HUB_OFFLINE; {reason})"
+        ) from None
     is_vlm = hasattr(config, "vision_config")
     loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
     model = loader.from_pretrained(path, **kwargs)
@@ -473,6 +520,8 @@ def build_vlm_adapter(
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
+    if a.overlong_prompts not in ("error", "truncate"):
+        raise ConfigError(f"model.args.overlong_prompts: {a.overlong_prompts!r} not allowed; choose error | truncate")
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     model, processor = _load(a.name_or_path, a, _hf.DTYPES[dtype], seed)

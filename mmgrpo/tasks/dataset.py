@@ -1,0 +1,511 @@
+"""Train on your own data: ``task.name: dataset`` reads a file, a saved dataset or a hub id, row by row.
+
+Formats (``train`` / ``eval``): ``.jsonl`` (one JSON object per line), ``.json`` (a list of objects), ``.csv``,
+``.parquet``, ``.txt`` (one prompt per line, as Flow-GRPO ships its prompt sets), a directory written by
+``datasets.Dataset.save_to_disk``, or a Hugging Face hub id loaded with ``datasets.load_dataset(id, split=...)``.
+
+Rows are read lazily: the task holds an index (JSONL line offsets, an Arrow table, a ``datasets.Dataset``) and
+builds row ``i`` when the trainer samples it, opening its images then — a million-row JSONL does not sit in
+memory as PIL images. A row is the file's columns with these additions:
+
+- ``columns`` maps adapter keys to the file's column names (``{prompt: problem, image: image_path, answer:
+  solution}``); the file's own columns stay too, so every other column (boxes, ``problem_type``...) reaches the
+  rewards unchanged. Without a ``prompt`` column, a LLaVA/ShareGPT ``conversations`` list (``[{"from": "human",
+  "value": "<image>question"}, {"from": "gpt", "value": "answer"}]``, VLM-R1's JSONL) gives ``prompt`` (the
+  first human turn without its ``<image>``/``<video>`` tags) and ``answer`` (the first gpt turn).
+- Media keys: ``image`` (one or a list; multi-image rows), ``images``, ``video``, ``audio``. Relative paths
+  resolve against ``media_root`` (default: the data file's folder). ``media`` holds a path whose kind comes from
+  ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension. Images are opened
+  (and fully read, to catch truncation) when the row is built; videos are checked to exist, be non-empty and
+  open in decord; audio paths are checked to exist (a speech adapter decodes them).
+- ``prompt_template`` wraps a text prompt: ``{prompt}`` is the prompt, ``{column}`` any other column (lists are
+  joined with newlines), e.g. R1-V's ``"{prompt} Output the thinking process in <think> </think> and final
+  answer in <answer> </answer> tags."``. A mapping ``{value: template}`` picks the template by
+  ``template_column`` (Video-R1's per ``problem_type`` instructions; key ``default`` as the fallback).
+- ``system_prompt`` makes the prompt a chat: a system message, then a user message with one ``{"type": kind}``
+  part per image/video/audio before the text (conversational prompts get the system message prepended).
+
+Bad data raises :class:`~mmgrpo.types.DataError` with one line naming the file, the row (JSONL/TXT/CSV: the
+line) and the column. The first ``check_rows`` rows of each split are built at start-up (and by ``mmgrpo train
+--dry-run``), so a wrong column name or media root fails before any model loads; at train time the trainer skips
+an unreadable row and counts it (``data/skipped_rows``).
+
+Evaluation: with no ``eval_rewards`` the held-out outputs are scored by the run's configured rewards (each
+reward's mean and the combined reward, ``eval/<stage>/<name>`` and ``eval/<stage>/reward``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from mmgrpo.config import ConfigError, from_dict
+from mmgrpo.media import as_list, open_image
+from mmgrpo.plugins import TASKS
+from mmgrpo.types import DataError
+
+MEDIA_KEYS = ("image", "images", "video", "audio")
+VIDEO_EXTENSIONS = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".flv", ".mpeg", ".mpg"}
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".m4a", ".opus"}
+FILE_FORMATS = (".jsonl", ".json", ".csv", ".parquet", ".txt")
+
+
+@dataclass
+class DatasetArgs:
+    """Options under ``task.args`` for ``task.name: dataset`` (see the module docstring)."""
+
+    train: str = ""
+    """Training rows: a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk directory, or a hub id."""
+    eval: str | None = None
+    """Held-out rows (same forms); None holds out ``eval_fraction`` of train instead."""
+    eval_fraction: float = 0.0
+    """Fraction of train rows held out (seeded) when ``eval`` is not given; 0 = no held-out evaluation."""
+    split: str = "train"
+    """Split of a hub id or a saved DatasetDict used for ``train``."""
+    eval_split: str | None = None
+    """Split used for ``eval`` (default: ``split``); e.g. eval: same id, eval_split: test."""
+    seed: int | None = None
+    """Seed of the eval_fraction split (default: the run seed)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Adapter key → column name, e.g. {prompt: problem, image: image_path, answer: solution}."""
+    media_root: str | None = None
+    """Folder relative media paths resolve against (default: the data file's folder; cwd for hub ids)."""
+    media_type_column: str | None = None
+    """Column saying whether the ``media`` path is an image or a video (Video-R1: data_type)."""
+    prompt_template: str | dict[str, str] | None = None
+    """Wraps a text prompt: "{prompt} ..." with {column} placeholders; or {value: template} by template_column."""
+    template_column: str | None = None
+    """Column whose value picks the prompt_template entry (Video-R1: problem_type)."""
+    system_prompt: str | None = None
+    """System message: turns each prompt into a chat with media parts (see the module docstring)."""
+    max_rows: int | None = None
+    """Use at most this many rows of each file (the first ones)."""
+    check_rows: int = 8
+    """Rows of each split built and checked at start-up (and by --dry-run); 0 = none."""
+    probe_videos: bool = True
+    """Open each sampled video file in decord when its row is built, so an undecodable file is a skipped row."""
+    eval_rewards: list[dict[str, Any]] = field(default_factory=list)
+    """Own evaluation metrics [{name, kwargs}] (eval/<stage>/<name>); empty = the run's rewards."""
+
+
+# ------------------------------------------------------------------------------------------ raw sources
+
+
+class _Source:
+    """Raw rows of one file or dataset: ``len`` and ``raw(i)``; ``where(i)`` names the row in messages."""
+
+    name: str
+    base: Path
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def raw(self, i: int) -> dict:
+        raise NotImplementedError
+
+    def where(self, i: int) -> str:
+        return f"{self.name}: row {i}"
+
+
+class _JsonlSource(_Source):
+    """A JSONL file indexed by line offsets (one pass over the bytes); line ``i`` is parsed when read."""
+
+    def __init__(self, path: Path):
+        self.name, self.base, self.path = str(path), path.parent, path
+        self.offsets: list[int] = []
+        self.lines: list[int] = []
+        pos = 0
+        with open(path, "rb") as f:
+            for n, line in enumerate(f, start=1):
+                if line.strip():
+                    self.offsets.append(pos)
+                    self.lines.append(n)
+                pos += len(line)
+        self._file = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def raw(self, i: int) -> dict:
+        if self._file is None:
+            self._file = open(self.path, "rb")
+        self._file.seek(self.offsets[i])
+        line = self._file.readline()
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{self.where(i)}: not valid JSON ({getattr(e, 'msg', e)}); fix or delete that line") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{self.where(i)}: expected a JSON object, got {type(row).__name__}")
+        return row
+
+    def where(self, i: int) -> str:
+        return f"{self.name}: line {self.lines[i]}"
+
+    def __getstate__(self) -> dict:  # the open handle is per process
+        return {**self.__dict__, "_file": None}
+
+
+class _ListSource(_Source):
+    """Rows already in memory (JSON list, CSV, TXT): dicts of strings and paths, not decoded media."""
+
+    def __init__(self, path: Path, rows: list[dict], where_fmt: str = "row {i}", lines: list[int] | None = None):
+        self.name, self.base, self.rows, self.where_fmt, self.lines = str(path), path.parent, rows, where_fmt, lines
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def raw(self, i: int) -> dict:
+        row = self.rows[i]
+        if not isinstance(row, dict):
+            raise DataError(f"{self.where(i)}: expected an object with named columns, got {type(row).__name__}")
+        return dict(row)
+
+    def where(self, i: int) -> str:
+        line = self.lines[i] if self.lines is not None else i + 2
+        return f"{self.name}: " + self.where_fmt.format(i=i, line=line, n=i + 1)
+
+
+class _ArrowSource(_Source):
+    """A ``datasets.Dataset`` (save_to_disk, hub) or a parquet table; row ``i`` is materialised when read."""
+
+    def __init__(self, name: str, base: Path, data: Any):
+        self.name, self.base, self.data = name, base, data
+
+    def __len__(self) -> int:
+        return int(self.data.num_rows)
+
+    def raw(self, i: int) -> dict:
+        import pyarrow as pa
+
+        if isinstance(self.data, pa.Table):
+            return self.data.slice(i, 1).to_pylist()[0]
+        return dict(self.data[i])
+
+
+def _open_source(spec: str, split: str, field_name: str) -> _Source:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError(f"task.args.{field_name}: {spec} is a directory; reading it needs `pip install datasets`") from None
+        if not ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
+            raise ConfigError(f"task.args.{field_name}: {spec} is a directory but not one written by save_to_disk")
+        data = datasets.load_from_disk(str(path))
+        if isinstance(data, datasets.DatasetDict):
+            if split not in data:
+                raise ConfigError(f"task.args.split: {spec} has splits {sorted(data)}, not {split!r}")
+            data = data[split]
+        return _ArrowSource(str(path), path, data)
+    if path.suffix.lower() in FILE_FORMATS:
+        if not path.is_file():
+            raise ConfigError(f"task.args.{field_name}: data file {spec!r} does not exist")
+        return _read_file(path)
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ConfigError(
+            f"task.args.{field_name}: {spec!r} is not a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk "
+            "directory, or a hub id"
+        )
+    try:
+        import datasets
+
+        data = datasets.load_dataset(spec, split=split)
+    except ImportError:
+        raise ConfigError(f"task.args.{field_name}: loading hub dataset {spec!r} needs `pip install datasets`") from None
+    except Exception as e:  # noqa: BLE001 - the hub/network/dataset-script error, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"task.args.{field_name}: {spec!r} is neither a local file/directory nor loadable from the hub ({first})") from None
+    return _ArrowSource(spec, Path.cwd(), data)
+
+
+def _read_file(path: Path) -> _Source:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _JsonlSource(path)
+    if suffix == ".txt":
+        numbered = [(n, line.strip()) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)]
+        numbered = [(n, text) for n, text in numbered if text]
+        return _ListSource(path, [{"prompt": t} for _, t in numbered], "line {line}", [n for n, _ in numbered])
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        return _ListSource(path, rows, "row {n} (line {line})")
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+        if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+            data = next(iter(data.values()))  # {"data": [...]}
+        if not isinstance(data, list):
+            raise ConfigError(f"{path}: a .json dataset must be a list of objects (use .jsonl for one object per line)")
+        return _ListSource(path, data)
+    import pyarrow.parquet as pq
+
+    return _ArrowSource(str(path), path.parent, pq.read_table(path))
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def _template_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "\n".join(str(v) for v in value)
+    return str(value)
+
+
+def _strip_none(messages: list) -> list:
+    """Chat messages without the ``None`` keys Arrow adds when it unifies content-part structs."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            parts = [{k: v for k, v in p.items() if v is not None} if isinstance(p, dict) else p for p in m["content"]]
+            m = {**m, "content": parts}
+        out.append(m)
+    return out
+
+
+class RowBuilder:
+    """Turns raw row ``i`` of a source into an adapter row (columns mapped, media opened, prompt wrapped)."""
+
+    def __init__(self, args: DatasetArgs, source: _Source):
+        self.args, self.source = args, source
+        self.root = Path(args.media_root).expanduser() if args.media_root else source.base
+
+    def _resolve(self, value: Any) -> Any:
+        if isinstance(value, str) and value and not value.startswith(("http://", "https://", "data:")):
+            path = Path(value).expanduser()
+            return str(path if path.is_absolute() else self.root / path)
+        return value
+
+    def __call__(self, i: int) -> dict:
+        raw = self.source.raw(i)
+        where = self.source.where(i)
+        row = dict(raw)
+        for key, column in self.args.columns.items():
+            if column not in raw:
+                raise DataError(
+                    f"{where}: column {column!r} (task.args.columns.{key}) is missing; the row has {sorted(raw)}"
+                )
+            row[key] = raw[column]
+        if "prompt" not in row and isinstance(row.get("conversations"), list):
+            self._from_conversations(row, where)
+        if "prompt" not in row:
+            raise DataError(
+                f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt (the row has {sorted(raw)})"
+            )
+        if "media" in row and row["media"] is not None:
+            self._route_media(row, where)
+        self._media(row, where)
+        row["prompt"] = self._prompt(row, where)
+        return row
+
+    def _from_conversations(self, row: dict, where: str) -> None:
+        turns = row["conversations"]
+        human = [t for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")]
+        answer = [t for t in turns if isinstance(t, dict) and t.get("from") in ("gpt", "assistant")]
+        if not human:
+            raise DataError(f"{where}: column 'conversations' has no human turn ({{'from': 'human', 'value': ...}})")
+        row["prompt"] = re.sub(r"<(image|video)>\s*", "", str(human[0].get("value", ""))).strip()
+        if answer and "answer" not in row:
+            row["answer"] = answer[0].get("value")
+
+    def _route_media(self, row: dict, where: str) -> None:
+        value = row["media"]
+        kind = None
+        if self.args.media_type_column:
+            kind = row.get(self.args.media_type_column)
+            if kind not in ("image", "video", "audio"):
+                raise DataError(
+                    f"{where}: column {self.args.media_type_column!r} is {kind!r}; expected image, video or audio"
+                )
+        else:
+            suffix = Path(str(value if not isinstance(value, list) else value[0])).suffix.lower()
+            kind = "video" if suffix in VIDEO_EXTENSIONS else "audio" if suffix in AUDIO_EXTENSIONS else "image"
+        row[kind] = value
+
+    def _media(self, row: dict, where: str) -> None:
+        for key in ("image", "images"):
+            if row.get(key) is not None:
+                items = [self._resolve(v) for v in as_list(row[key])]
+                opened = []
+                for v in items:
+                    try:
+                        opened.append(open_image(v, "image"))
+                    except DataError as e:
+                        raise DataError(f"{where}: column {key!r}: {e}") from None
+                row[key] = opened if isinstance(row[key], (list, tuple)) else opened[0]
+        if isinstance(row.get("video"), str):
+            row["video"] = self._resolve(row["video"])
+            self._check_file(row["video"], "video", where)
+            if self.args.probe_videos:
+                _probe_video(row["video"], where)
+        if isinstance(row.get("audio"), str):
+            row["audio"] = self._resolve(row["audio"])
+            self._check_file(row["audio"], "audio", where)
+
+    @staticmethod
+    def _check_file(path: str, key: str, where: str) -> None:
+        if path.startswith(("http://", "https://")):
+            return
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"{where}: column {key!r}: file {path!r} does not exist (set task.args.media_root?)")
+        if p.stat().st_size == 0:
+            raise DataError(f"{where}: column {key!r}: file {path!r} is empty (0 bytes)")
+
+    def _prompt(self, row: dict, where: str) -> Any:
+        prompt = row["prompt"]
+        a = self.args
+        if isinstance(prompt, list):
+            prompt = _strip_none(prompt)
+            if a.system_prompt and not (prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"):
+                prompt = [{"role": "system", "content": a.system_prompt}, *prompt]
+            return prompt
+        if not isinstance(prompt, str):
+            raise DataError(f"{where}: column 'prompt' must be text or a list of chat messages, got {type(prompt).__name__}")
+        template = a.prompt_template
+        if isinstance(template, dict):
+            key = row.get(a.template_column) if a.template_column else None
+            template = template.get(str(key), template.get("default"))
+        if template:
+            values = {k: _template_value(v) for k, v in row.items() if k not in MEDIA_KEYS}
+            values["prompt"] = prompt
+            try:
+                prompt = template.format_map(values)
+            except KeyError as e:
+                raise DataError(f"{where}: task.args.prompt_template uses {{{e.args[0]}}}, which the row has no column for") from None
+        if not a.system_prompt:
+            return prompt
+        parts = []
+        for kind, key in (("image", "images"), ("image", "image"), ("video", "video"), ("audio", "audio")):
+            value = row.get(key)
+            if value is not None:
+                parts += [{"type": kind}] * (len(value) if isinstance(value, (list, tuple)) and kind == "image" else 1)
+        content: Any = [*parts, {"type": "text", "text": prompt}] if parts else prompt
+        return [{"role": "system", "content": a.system_prompt}, {"role": "user", "content": content}]
+
+
+def _probe_video(path: str, where: str) -> None:
+    """Open ``path`` in decord (reads the container index, not the frames): a corrupt file is one line here."""
+    if path.startswith(("http://", "https://")):
+        return
+    try:
+        import decord
+    except ImportError:
+        return
+    try:
+        n = len(decord.VideoReader(path, num_threads=1))
+    except Exception as e:  # noqa: BLE001 - decord raises its own error types
+        text = str(e).strip().splitlines()
+        raise DataError(f"{where}: column 'video': {path!r} cannot be decoded ({(text[0] if text else type(e).__name__)[:160]})") from None
+    if n == 0:
+        raise DataError(f"{where}: column 'video': {path!r} has no frames")
+
+
+class Rows(Sequence):
+    """A lazy split: ``len`` and row ``i`` (built on access); ``indices`` select rows of the source."""
+
+    def __init__(self, builder: RowBuilder, indices: Sequence[int]):
+        self.builder, self.indices = builder, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return Rows(self.builder, self.indices[i])
+        return self.builder(self.indices[i])
+
+
+# ---------------------------------------------------------------------------------------------- task
+
+
+class DatasetTask:
+    """``Task`` over user data (see the module docstring)."""
+
+    def __init__(self, args: DatasetArgs, seed: int = 0):
+        train_source = _open_source(args.train, args.split, "train")
+        n = len(train_source) if args.max_rows is None else min(args.max_rows, len(train_source))
+        train_idx: Sequence[int] = range(n)
+        if args.eval:
+            eval_source = _open_source(args.eval, args.eval_split or args.split, "eval")
+            m = len(eval_source) if args.max_rows is None else min(args.max_rows, len(eval_source))
+            self._eval = Rows(RowBuilder(args, eval_source), range(m))
+        else:
+            order = list(range(n))
+            random.Random(args.seed if args.seed is not None else seed).shuffle(order)
+            k = int(round(args.eval_fraction * n))
+            held = set(order[:k])
+            train_idx = [i for i in range(n) if i not in held] if k else range(n)
+            self._eval = Rows(RowBuilder(args, train_source), sorted(held))
+        self._train = Rows(RowBuilder(args, train_source), train_idx)
+        if len(self._train) == 0:
+            raise ConfigError(f"task.args.train: no training rows in {args.train}")
+        self._metrics = []
+        if args.eval_rewards:
+            from mmgrpo.rewards.registry import load_reward
+
+            for i, spec in enumerate(args.eval_rewards):
+                if "name" not in spec:
+                    raise ConfigError(f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}")
+                self._metrics.append((spec["name"], load_reward(spec["name"], **spec.get("kwargs", {}))))
+        self.check(args.check_rows)
+
+    def check(self, n: int) -> None:
+        """Build the first ``n`` rows of each split; the first bad one raises :class:`DataError` (one line)."""
+        for rows in (self._train, self._eval):
+            for i in range(min(n, len(rows))):
+                rows[i]
+
+    def train_rows(self) -> Rows:
+        return self._train
+
+    def eval_rows(self) -> Rows:
+        return self._eval
+
+    def score(self, outputs: list, rows: list[dict]) -> dict[str, float] | None:
+        if not self._metrics:
+            return None  # the trainer scores with the configured rewards
+        prompts = [r["prompt"] for r in rows]
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+        out = {}
+        for name, fn in self._metrics:
+            vals = [v for v in fn(outputs, prompts=prompts, **columns) if v is not None]
+            out[name] = float(sum(vals) / len(vals)) if vals else float("nan")
+        return out
+
+
+def _validate(a: DatasetArgs) -> None:
+    if not a.train:
+        raise ConfigError("task.args.train: give a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk directory or a hub id")
+    if not 0 <= a.eval_fraction < 1:
+        raise ConfigError(f"task.args.eval_fraction: must be in [0, 1), got {a.eval_fraction}")
+    if a.eval and a.eval_fraction:
+        raise ConfigError("task.args.eval_fraction: give either eval (a held-out file) or eval_fraction, not both")
+    if a.max_rows is not None and a.max_rows < 1:
+        raise ConfigError(f"task.args.max_rows: must be >= 1 or null, got {a.max_rows}")
+    if a.check_rows < 0:
+        raise ConfigError(f"task.args.check_rows: must be >= 0, got {a.check_rows}")
+    if isinstance(a.prompt_template, dict) and not a.template_column:
+        raise ConfigError("task.args.template_column: a prompt_template mapping needs the column that picks the entry")
+
+
+@TASKS.register("dataset")
+def build_dataset_task(args: dict, *, seed: int = 0) -> DatasetTask:
+    """Build the task from ``task.args`` (validated against :class:`DatasetArgs`); checks the first rows."""
+    a: DatasetArgs = from_dict(DatasetArgs, args, "task.args")
+    _validate(a)
+    return DatasetTask(a, seed)
+
+
+build_dataset_task.args_class = DatasetArgs
+build_dataset_task.checks_data = True  # `mmgrpo train --dry-run` builds it to check the first rows
+
+__all__ = ["DatasetArgs", "DatasetTask", "Rows", "build_dataset_task"]
