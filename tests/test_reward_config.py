@@ -18,7 +18,7 @@ CFG = "configs/quickstart.yaml"
         ("rewards=[{name: accuracy, kwargs: {answer_kye: x}}]", "got unknown argument(s) ['answer_kye']"),
         ("rewards=[{name: no_such_module_xyz:fn}]", "cannot import module 'no_such_module_xyz'"),
         ("rewards=[{name: mmgrpo.rewards.text:nope}]", "has no attribute 'nope'"),
-        ("rewards=[{name: accuracy, weight: .nan}]", "weight: must be a finite number >= 0"),
+        ("rewards=[{name: accuracy, weight: .nan}]", "rewards[0].weight: is NaN"),
         ("rewards=[{name: accuracy, weight: -1}]", "weight: must be a finite number >= 0"),
         ("rewards=[{name: 'mmgrpo.rewards.text:normalize_answer()', kwargs: {txt: 1}}]", "unknown argument(s) ['txt']"),
         ("reward_runtime.timeout_s=0", "reward_runtime.timeout_s: must be > 0"),
