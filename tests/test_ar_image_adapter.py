@@ -158,7 +158,7 @@ def test_cfg_logprob_modes_and_their_identities(adapter):
 def test_one_grpo_step_changes_parameters(ratio_level, mmgrpo_cache):
     ad = make()
     ro = ad.rollout(PROMPTS, G)
-    red = torch.tensor([float(torch.tensor(list(im.getchannel(0).getdata())).float().mean()) for im in ro.outputs])
+    red = torch.tensor([float(torch.tensor(list(im.getchannel(0).get_flattened_data())).float().mean()) for im in ro.outputs])
     r = red.view(len(PROMPTS), G)
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()  # [B]
     unit_adv = adv[:, None].expand(-1, T)  # [B, T]
@@ -181,8 +181,8 @@ def test_one_grpo_step_changes_parameters(ratio_level, mmgrpo_cache):
 def test_evaluate_is_deterministic_and_seeded(adapter):
     rows = [{"prompt": "a red circle top left", "seed": 1}, {"prompt": "a red circle top left", "seed": 2}]
     a, b = adapter.evaluate(rows), adapter.evaluate(rows)
-    assert [list(x.getdata()) for x in a] == [list(x.getdata()) for x in b]
-    assert list(a[0].getdata()) != list(a[1].getdata())
+    assert [list(x.get_flattened_data()) for x in a] == [list(x.get_flattened_data()) for x in b]
+    assert list(a[0].get_flattened_data()) != list(a[1].get_flattened_data())
 
 
 def test_save_pretrained_lora_roundtrip(adapter, tmp_path):
