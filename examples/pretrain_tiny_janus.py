@@ -120,7 +120,7 @@ def train_lm(model, tok, steps: int, batch: int, lr: float, dropout: float, rng:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(SHIPPED["tiny-janus-shapes"]))
-    ap.add_argument("--vq-steps", type=int, default=600)
+    ap.add_argument("--vq-steps", type=int, default=200)
     ap.add_argument("--vq-batch-size", type=int, default=32)
     ap.add_argument("--lm-steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=64)
