@@ -8,3 +8,4 @@ machinery (KV-expanded sampling, prefix sharing) lives in :mod:`mmgrpo.modalitie
 from .vlm import adapter as _vlm  # noqa: F401
 from .video import adapter as _video  # noqa: F401
 from .flow import adapter as _flow  # noqa: F401
+from .ar_image import adapter as _ar_image  # noqa: F401
