@@ -53,6 +53,10 @@ def _flow_targets() -> list[str]:
     return list(FLOW_LORA_TARGETS)
 
 
+def _ar_image_rows() -> list[dict]:
+    return [{"prompt": "a red circle top left", "seed": 0}, {"prompt": "a blue square bottom right", "seed": 1}]
+
+
 VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 3136, "max_pixels": 3136}
 
 CASES: dict[str, Case] = {
@@ -63,6 +67,7 @@ CASES: dict[str, Case] = {
         _flow_rows,
         lora_targets=_flow_targets(),
     ),
+    "ar_image": Case({"name_or_path": "tiny-janus", "guidance_scale": 3.0}, _ar_image_rows),
 }
 
 

@@ -53,8 +53,9 @@ from torch import Tensor
 
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
-from mmgrpo.types import Rollout, select_fields
+from mmgrpo.types import Rollout
 
+from .. import _hf
 from .tiny import resolve_model_path
 
 CFG_LOGPROBS = ("guided", "cond", "scaled")
@@ -153,9 +154,6 @@ class PromptCache:
     def __init__(self, ids: list[list[int]]):
         self.ids = ids  # P lists
 
-    def select(self, index: Tensor) -> "PromptCache":  # prompts are addressed through ARImageState.prompt_of
-        return self
-
 
 @dataclass
 class ARImageState:
@@ -167,9 +165,6 @@ class ARImageState:
     image_tokens: Tensor  # [B, T]
     prompt_of: Tensor  # [B]
     cache: PromptCache
-
-    def select(self, index: Tensor) -> "ARImageState":
-        return select_fields(self, index, self.image_tokens.shape[0])
 
 
 def guided_logits(cond: Tensor, uncond: Tensor | None, scale: float) -> Tensor:
@@ -197,10 +192,7 @@ class ARImageAdapter:
         self.T = family.grid[0] * family.grid[1]
 
     def _unwrapped(self) -> torch.nn.Module:
-        model = self.model
-        while hasattr(model, "module"):  # DDP
-            model = model.module
-        return model
+        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
 
     def _base(self, model: torch.nn.Module) -> torch.nn.Module:
         """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
@@ -456,8 +448,7 @@ def build_ar_image_adapter(
         raise ConfigError("model.args.cfg_logprob: scaled divides by guidance_scale; set guidance_scale > 0")
     if a.top_k < 0:
         raise ConfigError(f"model.args.top_k: must be >= 0, got {a.top_k}")
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    model, tokenizer, family_cls = _load(a, torch_dtype, seed)
+    model, tokenizer, family_cls = _load(a, _hf.DTYPES[dtype], seed)
     family = family_cls(model, tokenizer)
     if a.freeze_vq:
         for name, p in model.named_parameters():
@@ -466,14 +457,7 @@ def build_ar_image_adapter(
     model.lm_head.requires_grad_(False)  # text head: unused for image tokens (tied to the input embeddings)
     reference = None
     if lora is not None and lora.enabled:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-
-        cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules)
-        try:
-            model = get_peft_model(model, cfg)
-        except ValueError as e:
-            raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
+        model = _hf.peft_lora(model, lora)
         if a.freeze_vq:  # names like q_proj also match the understanding tower, which image generation never runs
             for name, p in model.named_parameters():
                 if "lora_" in name and any(k in name for k in FROZEN_PARTS):
@@ -485,3 +469,4 @@ def build_ar_image_adapter(
 
 
 build_ar_image_adapter.args_class = ARImageArgs
+build_ar_image_adapter.adapter_class = ARImageAdapter  # its optional capabilities are checked at config load

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.cache import cache_dir
+from .. import _hf
 
 WORDS = (
     "a an the of on in at with and or to is are this that photo picture image drawing painting render "
@@ -99,14 +99,13 @@ def resolve_model_path(name_or_path: str, seed: int = 0) -> str:
             )
         return str(directory)
     if name_or_path in TINY_NAMES:
-        directory = cache_dir() / f"{name_or_path}-seed{seed}"
-        if not (directory / "config.json").is_file():
+
+        def build(tmp: Path) -> None:
             model, tok = build_tiny_janus(seed)
-            tmp = directory.with_name(directory.name + f".tmp{torch.randint(1 << 30, ()).item()}")
             model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
-            tmp.replace(directory) if not directory.exists() else None
-        return str(directory)
+
+        return str(_hf.cached_build(f"{name_or_path}-seed{seed}", "config.json", build))
     return name_or_path
 
 
