@@ -7,3 +7,4 @@ machinery (KV-expanded sampling, prefix sharing) lives in :mod:`mmgrpo.modalitie
 from .vlm import adapter as _vlm  # noqa: F401
 from .video import adapter as _video  # noqa: F401
 from .flow import adapter as _flow  # noqa: F401
+from .speech import adapter as _speech  # noqa: F401

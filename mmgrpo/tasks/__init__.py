@@ -5,3 +5,4 @@ rewards and the core, never :mod:`mmgrpo.modalities`.
 """
 
 from . import flow_shapes, shapes, t2i_prompts, video_motion  # noqa: F401
+from . import spoken_digits  # noqa: F401
