@@ -11,10 +11,11 @@ the result is resampled to 16 kHz by ``soxr``. Files go under ``audio_dir`` (def
 ``$MMGRPO_CACHE/spoken_digits/<hash of the options>``), never into the repository. Train and eval rows come
 from different seeds (eval utterances are new digit strings in new voice/speed/noise draws).
 
-``warmup_rows`` gives supervised targets for a short warm-up: the true transcript for ``transcribe`` (a short
-SFT stage before GRPO, as GRPO for ASR starts from a supervised model — arXiv 2509.01939) drawn from the first
-``warmup_size`` train rows only; a random word in the answer format for ``second_word`` (the format, not the
-skill, as the ``shapes`` task does).
+``warmup_rows`` gives supervised targets for a short warm-up, from the first ``warmup_size`` train rows only:
+the true transcript for ``transcribe`` (a short SFT stage before GRPO, as GRPO for ASR starts from a supervised
+model — arXiv 2509.01939; SARI likewise warms Qwen2-Audio up with SFT before GRPO, arXiv 2504.15900); for
+``second_word`` either the true ``<answer>word</answer>`` or (``warmup_targets: format``) a random word in
+the answer format (the format, not the skill, as the ``shapes`` task does).
 
 ``espeak-ng`` is a Debian/Ubuntu package (``apt-get install -y espeak-ng``; ``scripts/setup_env.sh`` installs it
 when missing). Without it, building the task raises a one-line error saying so.
@@ -75,6 +76,9 @@ class SpokenDigitsArgs:
     """Rows in the held-out split."""
     warmup_size: int = 800
     """Train rows the warm-up targets come from (the first ones)."""
+    warmup_targets: str = "auto"
+    """answer (the true transcript / answer word) | format (second_word only: a random word in the answer format,
+    teaching the format but not the skill) | auto (answer for transcribe, format for second_word)."""
     seed: int = 1234
     """Base seed (train and eval use different derived seeds)."""
     audio_dir: str | None = None
@@ -125,6 +129,10 @@ class SpokenDigitsTask:
             r = getattr(args, name)
             if len(r) != 2 or r[0] > r[1]:
                 raise ConfigError(f"task.args.{name}: expected a range [low, high] with low <= high, got {r}")
+        if args.warmup_targets not in ("auto", "answer", "format"):
+            raise ConfigError(f"task.args.warmup_targets: {args.warmup_targets!r} not allowed; choose auto | answer | format")
+        if args.warmup_targets == "format" and args.question == "transcribe":
+            raise ConfigError("task.args.warmup_targets: format targets exist for second_word only; use answer or auto")
         if not args.voices:
             raise ConfigError("task.args.voices: need at least one espeak-ng voice, e.g. en-us+m1")
         self.args = args
@@ -132,7 +140,7 @@ class SpokenDigitsTask:
         self._train, self._eval = self._build()
 
     def _default_dir(self) -> Path:
-        content = {k: v for k, v in asdict(self.args).items() if k not in ("audio_dir", "question", "warmup_size")}
+        content = {k: v for k, v in asdict(self.args).items() if k not in ("audio_dir", "question", "warmup_size", "warmup_targets")}
         content["render_version"] = RENDER_VERSION
         digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
         return cache_dir() / "spoken_digits" / digest
@@ -193,10 +201,15 @@ class SpokenDigitsTask:
         return self._eval
 
     def warmup_rows(self, seed: int) -> list[dict]:
-        """Transcripts of the first ``warmup_size`` train rows (transcribe), or format-only random words."""
+        """Targets for the first ``warmup_size`` train rows: the true transcript / ``<answer>word</answer>``, or
+        (``warmup_targets: format``) a random word in the answer format."""
         rows = self._train[: self.args.warmup_size]
-        if self.args.question == "transcribe":
-            return [dict(r, target=r["answer"]) for r in rows]
+        mode = self.args.warmup_targets
+        if mode == "auto":
+            mode = "answer" if self.args.question == "transcribe" else "format"
+        if mode == "answer":
+            wrap = "{}" if self.args.question == "transcribe" else "<answer>{}</answer>"
+            return [dict(r, target=wrap.format(r["answer"])) for r in rows]
         rng = random.Random(seed)
         return [dict(r, target=f"<answer>{rng.choice(self.args.words)}</answer>") for r in rows]
 

@@ -353,7 +353,8 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def _apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """``model`` with peft LoRA layers on ``lora.target_modules`` (a ConfigError names bad targets)."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -388,7 +389,7 @@ def build_whisper_adapter(
         model.get_encoder().requires_grad_(False)
     reference = None
     if lora is not None and lora.enabled:
-        model = _apply_lora(model, lora)
+        model = apply_lora(model, lora)
     elif need_reference:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     model.train()

@@ -171,5 +171,93 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     return str(directory)
 
 
-def build_tiny_qwen2_audio(directory: str | os.PathLike, seed: int = 0) -> Path:  # defined below when supported
-    raise NotImplementedError("tiny-qwen2-audio is not built yet")
+QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
+
+# Qwen2-Audio-Instruct's chat template shape: each audio becomes "Audio k: <|audio_bos|><|AUDIO|><|audio_eos|>".
+QWEN_AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' or 'audio' in part or 'audio_url' in part %}"
+    "{% set audio_count.value = audio_count.value + 1 %}Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class TinyQwen2AudioSizes:
+    """Sizes of the tiny Qwen2-Audio (the architecture is the real one)."""
+
+    text_hidden: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate: int = 128
+    audio_d_model: int = 64
+    audio_layers: int = 2
+    audio_heads: int = 4
+    audio_ffn: int = 128
+    num_mel_bins: int = 80
+    chunk_length: int = 3
+    """Seconds per audio window (Qwen2-Audio: 30); the audio encoder sees chunk_length·100 mel frames."""
+    bpe_vocab: int = 400
+
+
+def build_qwen_audio_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen2-Audio's special tokens, trained on a fixed corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=QWEN_SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
+        extra_special_tokens={"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>",
+                              "audio_eos_token": "<|audio_eos|>"},
+    )  # fmt: skip
+    fast.add_tokens(TAG_TOKENS)
+    fast.chat_template = QWEN_AUDIO_CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_qwen2_audio(directory: str | os.PathLike, seed: int = 0, sizes: TinyQwen2AudioSizes | None = None) -> Path:
+    """Write a tiny ``Qwen2AudioForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    s = sizes or TinyQwen2AudioSizes()
+    tok = build_qwen_audio_tokenizer(s.bpe_vocab)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    config = Qwen2AudioConfig(
+        audio_config=dict(
+            num_mel_bins=s.num_mel_bins, encoder_layers=s.audio_layers, encoder_attention_heads=s.audio_heads,
+            encoder_ffn_dim=s.audio_ffn, d_model=s.audio_d_model, max_source_positions=s.chunk_length * 50,
+        ),
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=s.text_hidden, intermediate_size=s.text_intermediate,
+            num_hidden_layers=s.text_layers, num_attention_heads=s.text_heads, num_key_value_heads=s.text_kv_heads,
+            max_position_embeddings=4096, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True,
+        ),
+        audio_token_index=ids["<|AUDIO|>"],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen2AudioForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    fe = WhisperFeatureExtractor(feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length)
+    processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
+    return _save_atomically(directory, model, processor)
