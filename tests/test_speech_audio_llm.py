@@ -53,7 +53,9 @@ def test_ratio_is_one_before_update(tiny_audio_llm_path, qa_rows, old):
     adapter = _adapter(tiny_audio_llm_path, lora=True, old_logprobs=old)
     torch.manual_seed(0)
     rollout = adapter.rollout(qa_rows[:2], group_size=4)
-    assert rollout.old_logprobs.shape == (8, 5) and torch.equal(rollout.prompt_index, torch.arange(2).repeat_interleave(4))
+    assert rollout.old_logprobs.shape == (8, 5) and torch.equal(
+        rollout.prompt_index, torch.arange(2).repeat_interleave(4)
+    )
     logp = adapter.logprobs(rollout, torch.arange(8))
     m = rollout.mask.bool()
     assert m.sum() > 8 and logp.requires_grad
@@ -84,8 +86,16 @@ def _naive_logprobs(adapter, rollout, index):
         comp = rollout.state.completion_ids[b : b + 1]  # [1, T]
         L, T = enc["input_ids"].shape[1], comp.shape[1]
         ids = torch.cat([enc["input_ids"], comp], dim=1)
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), input_features=enc["input_features"],
-                       feature_attention_mask=enc["feature_attention_mask"]).logits[:, L - 1 : L + T - 1].float()
+        logits = (
+            model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                input_features=enc["input_features"],
+                feature_attention_mask=enc["feature_attention_mask"],
+            )
+            .logits[:, L - 1 : L + T - 1]
+            .float()
+        )
         logits[..., t.suppress_ids] = float("-inf")
         logp = torch.log_softmax(logits / t.args.temperature, dim=-1).gather(-1, comp[..., None]).squeeze(-1)
         out.append(logp)

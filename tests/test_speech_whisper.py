@@ -125,8 +125,10 @@ def test_special_tokens_are_never_sampled_and_outputs_are_text(tiny_whisper_path
 
 
 def test_reference_is_policy_at_lora_init_and_a_step_changes_parameters(tiny_whisper_path, speech_rows):
-    adapter = build_whisper_adapter({"name_or_path": tiny_whisper_path, "max_new_tokens": 6},
-                                    lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    adapter = build_whisper_adapter(
+        {"name_or_path": tiny_whisper_path, "max_new_tokens": 6},
+        lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     rollout = adapter.rollout(speech_rows[:2], group_size=3)
     idx = torch.arange(6)
     ref_before = adapter.ref_logprobs(rollout, idx)
@@ -143,7 +145,9 @@ def test_reference_is_policy_at_lora_init_and_a_step_changes_parameters(tiny_whi
     assert any(not torch.equal(b, p) for b, p in zip(before, params))
     ref_after = adapter.ref_logprobs(rollout, idx)
     torch.testing.assert_close(ref_after, ref_before, atol=0, rtol=0)
-    assert not torch.allclose(adapter.logprobs(rollout, idx).detach(), ref_after)  # the policy moved, the reference did not
+    assert not torch.allclose(
+        adapter.logprobs(rollout, idx).detach(), ref_after
+    )  # the policy moved, the reference did not
 
 
 def test_deterministic_eval_and_save_pretrained_round_trip(tiny_whisper_path, speech_rows, tmp_path):

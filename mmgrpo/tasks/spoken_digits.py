@@ -123,14 +123,17 @@ class SpokenDigitsTask:
         low = 2 if args.question == "second_word" else 1
         if not low <= args.min_words <= args.max_words:
             raise ConfigError(
-                f"task.args.min_words/max_words: need {low} <= min_words <= max_words, got {args.min_words}, {args.max_words}"
+                f"task.args.min_words/max_words: need {low} <= min_words <= max_words, "
+                f"got {args.min_words}, {args.max_words}"
             )
         for name in ("speed", "pitch", "snr_db"):
             r = getattr(args, name)
             if len(r) != 2 or r[0] > r[1]:
                 raise ConfigError(f"task.args.{name}: expected a range [low, high] with low <= high, got {r}")
         if args.warmup_targets not in ("auto", "answer", "format"):
-            raise ConfigError(f"task.args.warmup_targets: {args.warmup_targets!r} not allowed; choose auto | answer | format")
+            raise ConfigError(
+                f"task.args.warmup_targets: {args.warmup_targets!r} not allowed; choose auto | answer | format"
+            )
         if args.warmup_targets == "format" and args.question == "transcribe":
             raise ConfigError("task.args.warmup_targets: format targets exist for second_word only; use answer or auto")
         if not args.voices:
@@ -140,7 +143,11 @@ class SpokenDigitsTask:
         self._train, self._eval = self._build()
 
     def _default_dir(self) -> Path:
-        content = {k: v for k, v in asdict(self.args).items() if k not in ("audio_dir", "question", "warmup_size", "warmup_targets")}
+        content = {
+            k: v
+            for k, v in asdict(self.args).items()
+            if k not in ("audio_dir", "question", "warmup_size", "warmup_targets")
+        }
         content["render_version"] = RENDER_VERSION
         digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
         return cache_dir() / "spoken_digits" / digest

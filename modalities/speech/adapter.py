@@ -1,4 +1,4 @@
-"""Whisper policies: speech → text with ``WhisperForConditionalGeneration`` (seq2seq); the action units are decoder tokens.
+"""Whisper policies: speech → text with ``WhisperForConditionalGeneration`` (seq2seq); the units are decoder tokens.
 
 What this adapter guarantees (DESIGN.md §3, §6):
 - Audio is decoded (``audio.py``: soundfile, resampled by soxr) and turned into log-mel features once per prompt
@@ -233,7 +233,9 @@ class WhisperAdapter:
                 done = done | (token == self.eos_id)
                 if t == T - 1 or bool(done.all()):
                     break
-                out = model(encoder_outputs=(enc,), decoder_input_ids=token[:, None], past_key_values=kv, use_cache=True)
+                out = model(
+                    encoder_outputs=(enc,), decoder_input_ids=token[:, None], past_key_values=kv, use_cache=True
+                )
                 kv, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
         finally:
             model.train(was_training)
@@ -261,7 +263,8 @@ class WhisperAdapter:
         G = group_size
         return Rollout(
             outputs=self._decode(completion_ids),
-            old_logprobs=sampler_logprobs * mask,  # [B, T], as drawn (== the training forward: tests/test_speech_whisper.py)
+            old_logprobs=sampler_logprobs
+            * mask,  # [B, T], as drawn (== the training forward: tests/test_speech_whisper.py)
             mask=mask,
             group_size=G,
             prompt_index=prompt_of.clone(),
@@ -290,7 +293,9 @@ class WhisperAdapter:
             enc = self._encode(model, state.cache.features[prompts])  # [n, S, d], one encoder pass per sample
         Lp = self.prefix.shape[0]
         dec_in = torch.cat([self.prefix.to(self.device).expand(n, -1), comp[:, : T - 1]], dim=1)  # [n, Lp+T-1]
-        logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[:, Lp - 1 :]  # [n, T, V]
+        logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[
+            :, Lp - 1 :
+        ]  # [n, T, V]
         first = torch.zeros((1, T, 1), dtype=torch.bool, device=self.device)
         first[:, 0] = True
         logp = torch.log_softmax(self._scores(logits, first), dim=-1)  # [n, T, V] fp32

@@ -1,4 +1,4 @@
-"""Audio in: a row's ``audio`` (file path, array, or ``{"array", "sampling_rate"}``) → mono float32 at the model's rate.
+"""Audio in: a row's ``audio`` (path, array, ``{"array", "sampling_rate"}``) → mono float32 at the model's rate.
 
 Files are decoded by ``soundfile`` (libsndfile: wav, flac, ogg, mp3 with libsndfile ≥ 1.1) and resampled by
 ``soxr`` (high quality), never by hand. Multi-channel audio is averaged to mono, as Whisper's and Qwen2-Audio's
@@ -46,7 +46,9 @@ def decode(audio: Any, *, where: str, default_rate: int | None = None) -> tuple[
             data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [N, channels]
         except Exception as e:  # libsndfile's errors name no file: add it
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise AudioError(f"{where}: cannot decode audio file {str(path)!r} ({msg}); use wav, flac, ogg or mp3") from None
+            raise AudioError(
+                f"{where}: cannot decode audio file {str(path)!r} ({msg}); use wav, flac, ogg or mp3"
+            ) from None
         return data.mean(axis=1).astype(np.float32), int(rate)
     if isinstance(audio, dict):
         if "array" not in audio or "sampling_rate" not in audio:
@@ -57,7 +59,9 @@ def decode(audio: Any, *, where: str, default_rate: int | None = None) -> tuple[
     else:
         array, rate = audio, default_rate
     if rate is None:
-        raise AudioError(f"{where}: an audio array needs its sampling rate: pass {{'array': ..., 'sampling_rate': ...}}")
+        raise AudioError(
+            f"{where}: an audio array needs its sampling rate: pass {{'array': ..., 'sampling_rate': ...}}"
+        )
     if hasattr(array, "detach"):
         array = array.detach().cpu().numpy()
     data = np.asarray(array, dtype=np.float32)

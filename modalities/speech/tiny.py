@@ -84,7 +84,14 @@ def whisper_special_tokens(chunk_length: int) -> tuple[list[str], list[str]]:
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     special = ["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{code}|>" for code in LANGUAGES]
-    special += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    special += [
+        "<|translate|>",
+        "<|transcribe|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nospeech|>",
+        "<|notimestamps|>",
+    ]
     timestamps = [f"<|{i * 0.02:.2f}|>" for i in range(chunk_length * 50 + 1)]
     return special, timestamps
 
@@ -142,7 +149,9 @@ def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyW
     g.begin_suppress_tokens = [eot]
     g.suppress_tokens = []
     g._from_model_config = False  # keep these fields when loading (else regenerated from the model config)
-    fe = WhisperFeatureExtractor(feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length)
+    fe = WhisperFeatureExtractor(
+        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
+    )
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
     return _save_atomically(directory, model, processor)
 
@@ -181,7 +190,8 @@ QWEN_AUDIO_CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
     "{% if part['type'] == 'audio' or 'audio' in part or 'audio_url' in part %}"
-    "{% set audio_count.value = audio_count.value + 1 %}Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
     "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
@@ -216,8 +226,12 @@ def build_qwen_audio_tokenizer(vocab_size: int = 400):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=QWEN_SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
@@ -229,7 +243,9 @@ def build_qwen_audio_tokenizer(vocab_size: int = 400):
     return fast
 
 
-def build_tiny_qwen2_audio(directory: str | os.PathLike, seed: int = 0, sizes: TinyQwen2AudioSizes | None = None) -> Path:
+def build_tiny_qwen2_audio(
+    directory: str | os.PathLike, seed: int = 0, sizes: TinyQwen2AudioSizes | None = None
+) -> Path:
     """Write a tiny ``Qwen2AudioForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
     from transformers import (
         Qwen2AudioConfig,
@@ -258,6 +274,8 @@ def build_tiny_qwen2_audio(directory: str | os.PathLike, seed: int = 0, sizes: T
     model = Qwen2AudioForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    fe = WhisperFeatureExtractor(feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length)
+    fe = WhisperFeatureExtractor(
+        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
+    )
     processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
     return _save_atomically(directory, model, processor)
