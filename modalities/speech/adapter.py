@@ -133,7 +133,6 @@ class WhisperAdapter:
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = self.eos_id
         self.suppress_ids, self.begin_suppress_ids = self._banned_tokens()
-        self.encoder_calls = 0  # prompts run through the encoder so far (for tests / metrics)
 
     def _banned_tokens(self) -> tuple[list[int], list[int]]:
         """Tokens never sampled (specials but end-of-text, timestamps unless enabled, the model's
@@ -174,7 +173,6 @@ class WhisperAdapter:
 
     def _encode(self, model: torch.nn.Module, features: Tensor) -> Tensor:
         """Encoder hidden states of ``features`` [U, M, F] → [U, S, d] (with grad when enabled)."""
-        self.encoder_calls += features.shape[0]
         encoder = core_model(model).get_encoder()
         return encoder(features.to(self.device, dtype=next(encoder.parameters()).dtype)).last_hidden_state
 
@@ -211,7 +209,9 @@ class WhisperAdapter:
             rows = torch.arange(P, device=self.device).repeat_interleave(group_size)  # [B]
             kv = out.past_key_values
             kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
-            enc = enc[rows]  # [B, S, d] (cross-attention reads the cache; kept for the call signature)
+            # Cross-attention reads the expanded cache from here on; the encoder states only give the call its
+            # shape, so a stride-0 view of one row stands in for the B rows (no G-fold copy).
+            enc = enc[:1].expand(rows.shape[0], -1, -1)  # [B, S, d] view
             logits = out.logits[:, -1][rows]  # [B, V]
             spec = SamplingSpec(self.args.max_new_tokens, [self.eos_id], self.pad_id, self.args.temperature,
                                 self.args.top_k, self.args.top_p, greedy=greedy)  # fmt: skip
