@@ -138,3 +138,24 @@ def test_spoken_digits_args_are_validated(mmgrpo_cache):
         SpokenDigitsTask(SpokenDigitsArgs(speed=[200, 100]))
     with pytest.raises(ConfigError, match="min_words"):
         SpokenDigitsTask(SpokenDigitsArgs(question="second_word", min_words=1))
+
+
+def test_audio_encoder_decodes_each_row_once_per_batch(tmp_path, monkeypatch):
+    import mmgrpo.modalities.speech.audio as audio_mod
+
+    path = tmp_path / "a.wav"
+    sf.write(str(path), _tone(22050), 22050)
+    calls = []
+    real = audio_mod.load_audio
+    monkeypatch.setattr(audio_mod, "load_audio", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    enc = audio_mod.AudioEncoder(16000)
+    row, silent_row = {"audio": str(path)}, {"prompt": "no audio"}
+    assert enc.kind == "audio" and enc.load(silent_row) == []
+    (wave,) = enc.load(row)
+    assert enc.load(row)[0] is wave and len(calls) == 1  # pinned for the batch
+    assert enc.processor_kwargs([wave]) == {"audio": [wave], "sampling_rate": 16000}
+    cols = enc.columns([row, silent_row])
+    assert cols["audio_array"][0] is wave and cols["audio_array"][1] is None and cols["sampling_rate"] == [16000] * 2
+    enc.reset()
+    enc.load(row)
+    assert len(calls) == 2  # a new batch decodes again

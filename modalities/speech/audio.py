@@ -100,3 +100,50 @@ def load_audio(
 
         data = soxr.resample(data, rate, sampling_rate, quality="HQ").astype(np.float32)
     return data
+
+
+class AudioEncoder:
+    """The audio of a token policy's prompts: a row's ``audio`` → ``processor(audio=[waveform], sampling_rate=)``.
+
+    Shaped as a media encoder of a token policy (``kind``, ``load``, ``processor_kwargs``, ``check``,
+    ``columns``, ``reset``): the policy renders one ``{"type": "audio"}`` chat part per loaded item and passes
+    these keyword arguments to the model's processor (Qwen2-Audio: ``audio=``, ``sampling_rate=``, as R1-AQA calls
+    it — xiaomi-research/r1-aqa ``src/trainer/grpo_trainer.py``). Decoded waveforms are pinned per batch, so the
+    rollout's reward columns reuse them without decoding again.
+    """
+
+    kind = "audio"
+
+    def __init__(self, sampling_rate: int, silence_threshold: float = 1e-4):
+        self.sampling_rate = sampling_rate
+        self.silence_threshold = silence_threshold
+        self._pinned: dict[int, np.ndarray] = {}  # id(row) → waveform, for the current batch
+
+    def load(self, row: dict, where: str = "row") -> list[np.ndarray]:
+        """The row's decoded waveform (one item), or [] when the row has no ``audio``. Raises :class:`AudioError`."""
+        if row.get("audio") is None:
+            return []
+        if id(row) not in self._pinned:
+            self._pinned[id(row)] = load_audio(
+                row["audio"], self.sampling_rate, where=f"{where} 'audio'", silence_threshold=self.silence_threshold
+            )
+        return [self._pinned[id(row)]]
+
+    def processor_kwargs(self, media: list[np.ndarray]) -> dict[str, Any]:
+        return {"audio": media, "sampling_rate": self.sampling_rate}
+
+    def check(self, encoding: dict[str, Any], media: list[np.ndarray]) -> None:
+        """The processor expanded the audio slots and returned the features' frame mask."""
+        if "input_features" not in encoding or "feature_attention_mask" not in encoding:
+            keys = sorted(encoding)
+            raise ValueError(f"the processor returned no audio features (keys {keys}); is it audio-capable?")
+        if encoding["input_ids"].shape[1] == encoding["feature_attention_mask"].shape[1]:  # the collate pads by length
+            raise ValueError("prompt length equals the mel frame count; add a word to the prompt")
+
+    def columns(self, rows: list[dict]) -> dict[str, list[Any]]:
+        """``audio_array`` (the waveform the model heard, or None) and ``sampling_rate``, one value per row."""
+        arrays = [self.load(row)[0] if row.get("audio") is not None else None for row in rows]
+        return {"audio_array": arrays, "sampling_rate": [self.sampling_rate] * len(rows)}
+
+    def reset(self) -> None:
+        self._pinned = {}

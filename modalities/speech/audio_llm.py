@@ -38,7 +38,7 @@ from mmgrpo.types import Rollout
 from ..tokens import prefix_sharing
 from ..vlm.adapter import PromptCache, VLMAdapter, VLMArgs, VLMState
 from .adapter import apply_lora
-from .audio import load_audio
+from .audio import AudioEncoder, AudioError
 from .tiny import resolve_model_path
 
 AUDIO_SPECIAL_TOKENS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
@@ -93,6 +93,7 @@ class AudioLLMAdapter:
         self.args = args
         self.processor = tokens.processor
         self.sampling_rate = int(self.processor.feature_extractor.sampling_rate)
+        self.audio = AudioEncoder(self.sampling_rate, args.silence_threshold)  # the prompts' media encoder
         vocab = tokens.tokenizer.get_vocab()
         banned = {vocab[t] for t in AUDIO_SPECIAL_TOKENS if t in vocab}
         tokens.suppress_ids = sorted(set(tokens.suppress_ids) | banned)
@@ -121,28 +122,33 @@ class AudioLLMAdapter:
             messages.insert(0, {"role": "system", "content": self.args.system_prompt})
         return messages
 
-    def encode_prompt(self, row: dict, where: str = "row") -> tuple[dict[str, Tensor], Any]:
+    def encode_prompt(self, row: dict, where: str = "row") -> dict[str, Tensor]:
         """Processor outputs of one row (``input_ids``/``attention_mask`` [1, L], ``input_features`` [1, M, F],
-        ``feature_attention_mask`` [1, F]) and the decoded waveform [N]."""
+        ``feature_attention_mask`` [1, F]), its audio decoded by :attr:`audio` (pinned for the batch)."""
         if "prompt" not in row:
             raise KeyError(f"{where} has no 'prompt' key (keys: {sorted(row)}); the audio_llm adapter needs one")
-        wave = load_audio(row.get("audio"), self.sampling_rate, where=f"{where} 'audio'",
-                          silence_threshold=self.args.silence_threshold)  # fmt: skip
+        media = self.audio.load(row, where=where)
+        if not media:
+            raise AudioError(f"{where} 'audio': the row has no audio; every prompt of the audio_llm adapter needs one")
         text = self.processor.apply_chat_template(self._messages(row), add_generation_prompt=True, tokenize=False)
-        enc = dict(self.processor(text=[text], audio=[wave], sampling_rate=self.sampling_rate, return_tensors="pt"))
-        if enc["input_ids"].shape[1] == enc["feature_attention_mask"].shape[1]:  # the collate pads by length
-            raise ValueError(f"{where}: prompt length equals the mel frame count; add a word to the prompt")
-        return enc, wave
+        enc = dict(self.processor(text=[text], return_tensors="pt", **self.audio.processor_kwargs(media)))
+        self.audio.check(enc, media)
+        return enc
 
-    def _encode(self, rows: list[dict]) -> tuple[list[dict[str, Tensor]], list[Any]]:
-        pairs = [self.encode_prompt(row, where=f"row {i}") for i, row in enumerate(rows)]
-        return [e for e, _ in pairs], [w for _, w in pairs]
+    def _encode(self, rows: list[dict]) -> tuple[list[dict[str, Tensor]], dict[str, list[Any]]]:
+        """Encodings of ``rows`` and their per-prompt reward columns; each audio is decoded once."""
+        self.audio.reset()
+        try:
+            encodings = [self.encode_prompt(row, where=f"row {i}") for i, row in enumerate(rows)]
+            return encodings, self.audio.columns(rows)
+        finally:
+            self.audio.reset()
 
     # ---------------------------------------------------------------------- the token policy (VLMAdapter)
 
     def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
         t = self.tokens
-        encodings, waves = self._encode(prompts)  # once per prompt
+        encodings, columns = self._encode(prompts)  # once per prompt
         completion_ids, sampler_logprobs = t._sample(encodings, group_size, greedy=False)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         mask = t._completion_mask(completion_ids).float()  # [B, T]
@@ -157,10 +163,7 @@ class AudioLLMAdapter:
             prompt_index=prompt_of.clone(),
             truncated=truncated,
             state=VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings)),
-            extras={
-                "audio_array": [w for w in waves for _ in range(group_size)],
-                "sampling_rate": [self.sampling_rate] * len(prompt_of),
-            },
+            extras={k: [v for v in col for _ in range(group_size)] for k, col in columns.items()},
         )
         if self.args.old_logprobs == "sampler":
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T]
