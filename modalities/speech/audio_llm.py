@@ -2,11 +2,12 @@
 
 Qwen2-Audio (Chu et al. 2024, arXiv 2407.10759) is a decoder-only Qwen2 LM whose prompt holds ``<|AUDIO|>``
 slots filled by a Whisper-style audio encoder. The token policy is the VLM adapter's, by composition:
-:class:`AudioLLMAdapter` turns each row into the processor outputs of its prompt (the *audio encoder* of this
-file: decode + resample the row's audio, ``Qwen2AudioProcessor(text=, audio=, sampling_rate=)``, as R1-AQA calls
-it — xiaomi-research/r1-aqa ``src/trainer/grpo_trainer.py``) and hands those encodings to a
-:class:`~mmgrpo.modalities.vlm.adapter.VLMAdapter`, which samples, scores, references and saves exactly as for
-images. Nothing of the VLM adapter is overridden.
+:class:`AudioLLMAdapter` turns each row into the processor outputs of its prompt through an
+:class:`~mmgrpo.modalities.speech.audio.AudioEncoder` (a media encoder: decode + resample the row's audio once,
+``Qwen2AudioProcessor(text=, audio=, sampling_rate=)`` as R1-AQA calls it — xiaomi-research/r1-aqa
+``src/trainer/grpo_trainer.py``) and hands those encodings to a :class:`~mmgrpo.modalities.vlm.adapter.VLMAdapter`,
+which samples, scores, references and saves exactly as for images. Nothing of the VLM adapter is overridden; its
+sampling and log-prob helpers are called on the audio encodings.
 
 Prompt sharing (``modalities/tokens/prefix_sharing.py``, 1-D RoPE path): sampling prefills each prompt once —
 the audio encoder included — and expands its KV cache G ways; log-prob forwards encode each distinct prompt of a
