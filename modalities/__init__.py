@@ -9,3 +9,5 @@ from .vlm import adapter as _vlm  # noqa: F401
 from .video import adapter as _video  # noqa: F401
 from .flow import adapter as _flow  # noqa: F401
 from .ar_image import adapter as _ar_image  # noqa: F401
+from .speech import adapter as _speech  # noqa: F401
+from .speech import audio_llm as _audio_llm  # noqa: F401

@@ -16,3 +16,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet -e ".[test]"
   echo "$want" > "$stamp"
 fi
+# espeak-ng synthesises the speech of the spoken_digits task (a Debian/Ubuntu package, not a Python one).
+if ! command -v espeak-ng >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo"
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq espeak-ng >/dev/null; } \
+      || echo "setup_env: could not install espeak-ng (apt-get install -y espeak-ng); speech tests will skip" >&2
+  else
+    echo "setup_env: espeak-ng missing and no apt-get: install espeak-ng for the speech task and tests" >&2
+  fi
+fi
