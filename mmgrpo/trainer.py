@@ -334,8 +334,10 @@ class Trainer:
         self.summary.update(result)
         if self.acc.is_main_process:
             _append_jsonl(self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result})
-            samples = [{"prompt": str(rows[i]["prompt"]), "output": o, "answer": rows[i].get("answer")} for i, o in outputs[:8]]
-            ckpt.atomic_write_text(self.out / f"samples_{stage}.json", json.dumps(samples, indent=1, default=str))
+            from mmgrpo import media  # text inline, images/video/audio as files next to samples_<stage>.json
+
+            samples = media.write_samples(self.out, stage, [(rows[i], o) for i, o in outputs[:8]], step=self.state.step)
+            media.log_samples(self.acc, stage, samples, self.out, self.state.step)
         self.acc.log(result, step=self.state.step)
         return result
 
