@@ -204,7 +204,7 @@ def answer(models: Models, row: dict, seed: int, group: int, with_ground_truth: 
             torch.manual_seed(seed)
             sampled = list(adapter.rollout([row], group).outputs)
         lines = score(rewards, [greedy] + sampled, row, with_ground_truth)
-        shown = [media.save_value(o, out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)]
+        shown = [media.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)]
         result[name] = {"greedy": shown[0], "samples": shown[1:], "rewards": lines}
     return result
 
@@ -321,8 +321,8 @@ def build_app(run_dir: Path, models: Models, cfg=None):
                     with gr.Column():
                         gr.Markdown(f"### {side}")
                         sides[side] = dict(
-                            text=gr.Textbox(label=f"{side} answer (greedy)", elem_id=f"{side}-text", visible=True),
-                            image=gr.Image(label=f"{side} image", elem_id=f"{side}-image", visible=False, height=224),
+                            text=gr.Textbox(label=f"{side} answer (greedy)", elem_id=f"{side}-text", lines=2, max_lines=6),
+                            image=gr.Image(label=f"{side} image (small outputs shown enlarged)", elem_id=f"{side}-image", visible=False, height=224),
                             video=gr.Video(label=f"{side} video", elem_id=f"{side}-video", visible=False),
                             audio=gr.Audio(label=f"{side} audio", elem_id=f"{side}-audio", visible=False),
                             reward=gr.Markdown(elem_id=f"{side}-reward"),
@@ -411,12 +411,22 @@ def build_app(run_dir: Path, models: Models, cfg=None):
             def load_training():
                 history = read_metrics(run_dir)
                 g, t, a = sample_views(run_dir)
-                return reward_figure(history), eval_table(history), g, a or None, t
+                return reward_figure(history), eval_table(history), g, gr.update(value=a or None, visible=bool(a)), t
 
             refresh.click(load_training, None, [plot, table, gallery, audio_files, text])
             app.load(load_training, None, [plot, table, gallery, audio_files, text])
     app.scratch_dir = scratch
     return app
+
+
+def _for_display(output):
+    """Small generated images enlarged by an integer factor (nearest neighbour: the pixels are the model's)."""
+    from PIL import Image
+
+    if isinstance(output, Image.Image) and max(output.size) < 256:
+        k = 256 // max(output.size)
+        return output.resize((output.width * k, output.height * k), Image.NEAREST)
+    return output
 
 
 def _digest(path) -> str:
