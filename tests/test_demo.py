@@ -249,3 +249,29 @@ def test_demo_in_chromium_flow_run(tmp_path):
     finally:
         driver.quit()
         app.close()
+
+
+def test_model_error_is_shown_in_the_page_not_raised(tmp_path):
+    """The run button's handler turns a model failure into a status line; the app keeps serving."""
+
+    class Broken(Models):
+        def get(self):
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+    cfg = load_config(ROOT / "configs/flow_grpo.yaml")
+    app = build_app(tmp_path, Broken(cfg, None), cfg)
+    handlers = [f for f in app.fns.values() if getattr(f.fn, "__name__", "") == "run"]
+    assert len(handlers) == 1
+    status, *updates = handlers[0].fn("0: a red circle top right", "a red circle top right", 0, 0)
+    assert status.startswith("**error:** RuntimeError: CUDA out of memory (simulated)")
+    assert len(updates) == 14
+
+
+def test_uploads_limited_in_type():
+    from mmgrpo.demo import MAX_FILE_SIZE, _check_upload
+
+    _check_upload("/tmp/x.PNG", "image")
+    for path, kind in (("/tmp/x.py", "image"), ("/tmp/x.png", "audio"), ("/tmp/x.exe", "video")):
+        with pytest.raises(DemoError, match="files must be one of"):
+            _check_upload(path, kind)
+    assert MAX_FILE_SIZE == "20mb"
