@@ -1,4 +1,4 @@
-"""Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]`` and ``mmgrpo rewards list``.
+"""Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]``, ``mmgrpo demo RUN_DIR`` and ``mmgrpo rewards list``.
 
 The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
 -m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and
@@ -20,6 +20,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="YAML training config (see configs/)")
     t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x")
     t.add_argument("--dry-run", action="store_true", help="resolve, validate and print the config; do not train")
+    d = sub.add_parser("demo", help="serve a Gradio app comparing a run's base and trained models (needs .[demo])")
+    d.add_argument("run_dir", help="run directory written by mmgrpo train (config.yaml, checkpoints/)")
+    d.add_argument("--checkpoint", help="trained checkpoint: a path or a name under checkpoints/ (default: final, else newest step)")
+    d.add_argument("--base", help="compare against this checkpoint instead of the base model the config names")
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    d.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free one)")
+    d.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
     r = sub.add_parser("rewards", help="reward registry")
     r.add_argument("action", choices=["list"], help="list: print the registered rewards")
     return p
@@ -41,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, description in rows:
             print(f"{name:<{width}}  {description}")
         return 0
+    if args.command == "demo":
+        return _demo(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -80,6 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))
+    return 0
+
+
+def _demo(args) -> int:
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        print("mmgrpo: the demo needs gradio: pip install -e '.[demo]'", file=sys.stderr)
+        return 2
+    from mmgrpo.demo import DemoError, serve
+
+    try:
+        serve(args.run_dir, args.checkpoint, args.base, host=args.host, port=args.port, share=args.share)
+    except DemoError as e:
+        print(f"mmgrpo: demo: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

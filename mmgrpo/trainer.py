@@ -26,7 +26,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -504,8 +503,11 @@ class Trainer:
         self.summary.update(result)
         if self.acc.is_main_process:
             _append_jsonl(self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result})
-            samples = [{"prompt": str(rows[i]["prompt"]), "output": o, **_ground_truth(rows[i])} for i, o in outputs[:8]]
-            ckpt.atomic_write_text(self.out / f"samples_{stage}.json", json.dumps(samples, indent=1, default=str))
+            from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
+
+            records = [(rows[i], o) for i, o in outputs[:8]]
+            written = sample_files.write_samples(self.out, stage, records, step=self.state.step)
+            sample_files.log_samples(self.acc, stage, written, self.out, self.state.step)
         self.acc.log(result, step=self.state.step)
         return result
 
@@ -618,18 +620,6 @@ def _cpu_only_multiprocess() -> bool:
     """
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
-
-
-def _ground_truth(row: dict) -> dict:
-    """The row's plain columns other than the prompt (answers, solutions, boxes...), for the samples file; media
-    (images, clips, audio arrays) are left out."""
-    plain = (str, int, float, bool, type(None))
-
-    def is_plain(v: Any) -> bool:
-        return isinstance(v, plain) or (isinstance(v, (list, tuple)) and all(is_plain(x) for x in v))
-
-    skip = {"prompt", "image", "images", "video", "videos", "audio", "audios"}
-    return {k: v for k, v in row.items() if k not in skip and is_plain(v)}
 
 
 class _StopSignal:

@@ -39,7 +39,7 @@ from .text import (
     repetition_penalty,
     rouge,
 )
-from .speech import cer, wer
+from .speech import cer, corpus_wer, hallucination, wer
 from .visual import (
     BoxSpace,
     ImageGeometry,
@@ -68,7 +68,7 @@ __all__ = [
     "RewardError", "RewardRunner", "parsing",
     "accuracy", "bleu", "exact_match", "format_reward", "length_band", "length_cosine", "length_kimi",
     "math_accuracy", "multiple_choice", "multiple_choice_partial", "numeric", "regression", "repetition_penalty",
-    "rouge", "cer", "wer",
+    "rouge", "cer", "corpus_wer", "hallucination", "wer",
     "BoxSpace", "ImageGeometry", "box_giou", "box_iou", "convert_coords", "to_normalized", "count_exact",
     "count_fuzzy", "detection_visual_rft", "detection_weighted", "giou", "gui_point_distance", "gui_point_in_box",
     "iou", "multi_span_iou", "span_iou", "temporal_iou", "tracking_iou",

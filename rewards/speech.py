@@ -97,3 +97,66 @@ def cer(
     return _error_rate_reward(
         completions, columns, metric="cer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
     )
+
+
+def corpus_wer(hypotheses: list[str], references: list[str], normalize: bool = True) -> float:
+    """Corpus word error rate ``Σ(S + D + I) / Σ N_ref`` over all utterances (jiwer), the usual ASR metric
+    (not the mean of per-utterance rates). Empty hypotheses count as all deletions."""
+    import jiwer
+
+    refs = [normalize_transcript(r) if normalize else r for r in references]
+    hyps = [normalize_transcript(h) if normalize else h for h in hypotheses]
+    keep = [i for i, r in enumerate(refs) if r.strip()]
+    if not keep:
+        raise ValueError("corpus_wer: every reference is empty")
+    return float(jiwer.wer([refs[i] for i in keep], [hyps[i] for i in keep]))
+
+
+@register_reward("hallucination", "-(insertions beyond the reference length) / reference words (jiwer alignment)")
+def hallucination(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = False,
+    normalize: bool = True,
+    mode: str = "insertions",
+    **columns: Any,
+) -> list[float | None]:
+    """Hallucination penalty for ASR: ``r = −min(1, X / N_ref)`` with ``N_ref`` reference words and
+
+    - ``mode="insertions"`` (default): ``X`` = the inserted words of the jiwer alignment (words of the
+      hypothesis that match no reference word), which a repeating or run-on decoder produces;
+    - ``mode="length"``: ``X = max(0, |hyp| − |ref|)`` words, the excess length alone.
+
+    0 when the hypothesis adds nothing. Meant to be added to ``wer`` with a small weight.
+
+    Source: GRPO for LLM-based ASR reports fewer hallucinations with rule-based rewards (Amazon, arXiv
+    2509.01939, abstract; the exact penalty is not published, this is our instantiation of "insertions beyond
+    the reference length").
+    """
+    import jiwer
+
+    if mode not in ("insertions", "length"):
+        raise ValueError(f"reward 'hallucination': mode must be 'insertions' or 'length', got {mode!r}")
+    refs = column(columns, answer_key, "hallucination", len(completions))
+    out: list[float | None] = []
+    for c, ref in zip(completions, refs):
+        if ref is None:
+            out.append(None)
+            continue
+        hyp = answer_or_text(c, which, require_tags) or ""
+        ref = str(ref)
+        if normalize:
+            hyp, ref = normalize_transcript(hyp), normalize_transcript(ref)
+        n_ref, n_hyp = len(ref.split()), len(hyp.split())
+        if n_ref == 0:
+            out.append(-float(n_hyp > 0))
+            continue
+        if mode == "length" or n_hyp == 0:
+            extra = max(0, n_hyp - n_ref)
+        else:
+            extra = jiwer.process_words(ref, hyp).insertions
+        out.append(-min(1.0, extra / n_ref))
+    return out

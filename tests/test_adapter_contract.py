@@ -53,6 +53,23 @@ def _flow_targets() -> list[str]:
     return list(FLOW_LORA_TARGETS)
 
 
+def _ar_image_rows() -> list[dict]:
+    return [{"prompt": "a red circle top left", "seed": 0}, {"prompt": "a blue square bottom right", "seed": 1}]
+
+
+def _speech_rows(question: str) -> Callable[[], list[dict]]:
+    def rows() -> list[dict]:
+        import shutil
+
+        if shutil.which("espeak-ng") is None:
+            pytest.skip("espeak-ng is not installed (scripts/setup_env.sh installs it): no speech to synthesise")
+        from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+        return list(SpokenDigitsTask(SpokenDigitsArgs(question=question, train_size=2, eval_size=1)).train_rows())[:2]
+
+    return rows
+
+
 VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 3136, "max_pixels": 3136}
 
 CASES: dict[str, Case] = {
@@ -62,6 +79,15 @@ CASES: dict[str, Case] = {
         {"name_or_path": "tiny-sd3", "num_steps": 3, "eval_num_steps": 2, "resolution": 32, "device": "cpu"},
         _flow_rows,
         lora_targets=_flow_targets(),
+    ),
+    "ar_image": Case({"name_or_path": "tiny-janus", "guidance_scale": 3.0}, _ar_image_rows),
+    "whisper": Case(
+        {"name_or_path": "tiny-whisper", "max_new_tokens": 6, "temperature": 0.8},
+        _speech_rows("transcribe"),
+        lora_targets=["q_proj", "v_proj"],
+    ),
+    "audio_llm": Case(
+        {"name_or_path": "tiny-qwen2-audio", "max_new_tokens": 5, "temperature": 0.8}, _speech_rows("second_word")
     ),
 }
 

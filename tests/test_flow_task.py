@@ -7,10 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mmgrpo.tasks import flow_shapes as ft
 from mmgrpo.modalities.flow.adapter import build_flow_adapter
-from mmgrpo.tasks.t2i_prompts import build_t2i_prompts
 from mmgrpo.plugins import TASKS
+from mmgrpo.tasks import flow_shapes as ft
+from mmgrpo.tasks.t2i_prompts import build_t2i_prompts
 
 
 def test_reward_orders_renderings():

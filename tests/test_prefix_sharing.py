@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mmgrpo.modalities.tokens import prefix_sharing
-from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 from mmgrpo.modalities.vlm.adapter import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
 LOGP_ATOL = 1e-5
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5

@@ -6,9 +6,9 @@ import torch
 from mmgrpo import losses
 from mmgrpo.config import ConfigError
 from mmgrpo.modalities.tokens import video as video_mod
-from mmgrpo.types import DataError
-from mmgrpo.modalities.video.adapter import Clip, build_video_adapter, decode_clip, shuffle_frames, VideoSampling
+from mmgrpo.modalities.video.adapter import Clip, VideoSampling, build_video_adapter, decode_clip, shuffle_frames
 from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+from mmgrpo.types import DataError
 
 # 16 frames at 8 fps sampled at 3 fps: n = 16/8·3 = 6 frames, sample_fps = 6/16·8 = 3, second_per_grid_ts = 2/3
 # (neither the 2 fps nor the processor's 24 fps default, so a dropped or default rate shows).

@@ -38,10 +38,9 @@ from typing import Annotated
 
 import numpy as np
 
+from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, Range, from_dict
 from mmgrpo.plugins import TASKS
-
-from mmgrpo.cache import cache_dir
 
 COLOURS = [(220, 40, 40), (40, 180, 60), (50, 80, 230), (235, 215, 40), (150, 60, 190), (245, 140, 30)]
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}

@@ -35,7 +35,7 @@ through every projection and MLP and G vision encoders; the shared one L + G·T 
 attention scores G·(L+T)²/2 → L²/2 + G·T·(L + T/2). The cost is the expanded prompt K/V, G·L keys and values
 per layer (2·L·d_kv each, small beside the G·L hidden states of the naive path).
 
-Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE) and text-only Qwen2 (1-D RoPE) — model types whose cache is a plain
+Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE), text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain
 ``DynamicCache`` and whose positions are computed here. Any other family, sliding-window attention, or gradient
 checkpointing (which drops the cache) falls back to the naive path with a one-time warning that names the
 reason (:func:`unsupported_reason`).
@@ -56,7 +56,7 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
-TEXT_MODEL_TYPES = frozenset({"qwen2"})
+TEXT_MODEL_TYPES = frozenset({"qwen2", "qwen2_audio"})  # 1-D RoPE (Qwen2-Audio: audio features fill <|AUDIO|> slots)
 _warned: set[str] = set()
 
 

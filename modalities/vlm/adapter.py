@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import torch

@@ -1,0 +1,472 @@
+"""Autoregressive text-to-image policies: the action units are the T VQ image tokens of one image.
+
+Covers transformers' ``JanusForConditionalGeneration`` (Janus-1.3B, Janus-Pro-1B/7B, the tiny built-in Janus).
+Everything a model family decides — the prompt format, the unconditional prompt, the image-token embeddings and
+head, the VQ decoder — sits in one small class (:class:`JanusFamily`); another VQ-token generator in transformers
+is one more such class registered in ``FAMILIES``. The sampling loop, the CFG log-probs and the prompt sharing
+are the family's-agnostic rest of this file.
+
+**Classifier-free guidance.** Each prompt runs as two rows: the conditional prompt and the unconditional one
+(Janus: every token but BOS and ``<begin_of_image>`` replaced by the pad token, as in transformers'
+``JanusForConditionalGeneration.generate``). With ℓ_c, ℓ_u the image-head logits of the two rows, guidance
+scale s and temperature τ, tokens are drawn from
+
+    π(x_t | x_<t) = softmax( (ℓ_u + s·(ℓ_c − ℓ_u)) / τ )        (optionally top-k truncated)
+
+``cfg_logprob: guided`` (default) trains on exactly that log-probability (fp32), the gradient reaching both
+branches through one batched forward of the 2n rows; the ratio is then that of the policy that sampled (Flow-GRPO
+makes the same choice for diffusion CFG, Liu et al. 2025 §4.1, ``flow_grpo`` commit a482878). ``cfg_logprob:
+cond`` is the anchors' shortcut — log softmax(ℓ_c / τ), the conditional branch only (AR-GRPO
+``Kwai-Klear/AR-GRPO`` ``modeling.py::forward``; T2I-R1 ``CaraJ7/T2I-R1`` ``grpo_trainer.py::_get_per_token_logps``)
+— kept for comparison; its ratio is not that of the sampler unless s = 1. ``cfg_logprob: scaled`` is
+Janus-Pro-R1's log softmax((ℓ_u + s(ℓ_c − ℓ_u)) / s) (``wendell0218/Janus-Pro-R1`` ``grpo_trainer_t2iv3.py``).
+The identities the tests check: guided == cond at s = 1 (ℓ_u cancels) and guided == log softmax(ℓ_u/τ) at s = 0.
+top-k shapes the sampler but not the log-probs (as in the VLM adapter): keep it 0 for an exact ratio.
+
+**Prompt sharing.** Sampling prefills each prompt's two rows once and expands the KV cache G ways along the
+batch. The training forward encodes the U distinct prompts of a minibatch (both branches) once *with* autograd
+and continues every row from its prompt's keys/values (``index_select``, so each prompt receives the summed
+gradient of its G samples); ``prefix_sharing: false`` runs the naive [prompt ; image tokens] forward per row
+instead, and a test checks the two agree, gradients included. Positions are computed from the attention mask
+(left-padded prompts), the same way in both paths.
+
+**Rewards** receive PIL images decoded by the model's VQ decoder (pixels in [−1, 1] mapped to [0, 255]).
+LoRA via peft; the reference policy is the adapter disabled (or a frozen copy for full fine-tuning with β > 0).
+Units: T = h·w tokens in raster order; the core's ``ratio_level: chunk`` with ``chunk_size = w`` takes one ratio
+per row of the token grid.
+
+Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows,
+``L`` padded prompt length, ``T`` image tokens, ``V`` image codebook size, ``D`` hidden size.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.plugins import ADAPTERS
+from mmgrpo.types import Rollout
+
+from .. import _hf
+from .tiny import resolve_model_path
+
+CFG_LOGPROBS = ("guided", "cond", "scaled")
+FROZEN_PARTS = ("model.vqmodel.", "model.vision_model.", "model.aligner.")
+"""Janus parts outside the image-generation policy (VQ auto-encoder, understanding tower) frozen by ``freeze_vq``."""
+
+
+@dataclass
+class ARImageArgs:
+    """Options under ``model.args`` for ``model.adapter: ar_image``."""
+
+    name_or_path: str = "tiny-janus-shapes"
+    """Hub id or directory of a Janus checkpoint in the transformers format; ``tiny-janus`` (random) and
+    ``tiny-janus-shapes`` (pre-trained on the flow_shapes images) are built in."""
+    prompt_template: str = "{prompt}"
+    """How a row's ``prompt`` becomes the text before ``<begin_of_image>``. Janus-Pro's chat format:
+    ``"<|User|>: {prompt}\\n\\n<|Assistant|>:"``."""
+    guidance_scale: float = 5.0
+    """CFG scale s in ℓ_u + s·(ℓ_c − ℓ_u) (Janus-Pro / T2I-R1: 5). 1 = no guidance (the unconditional branch is
+    then skipped)."""
+    temperature: float = 1.0
+    """Sampling temperature τ; log-probs are of the guided logits / τ."""
+    top_k: int = 0
+    """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
+    cfg_logprob: str = "guided"
+    """Which distribution the log-probs are of: guided (the sampler's, exact) | cond (conditional branch only,
+    AR-GRPO / T2I-R1) | scaled (guided logits / s, Janus-Pro-R1)."""
+    prefix_sharing: bool = True
+    """Encode each prompt once per minibatch (both branches) and continue its G samples from its KV cache."""
+    forward_batch_size: int = 64
+    """Rows per no-grad forward when computing old/reference log-probs."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    freeze_vq: bool = True
+    """Keep the VQ auto-encoder and the understanding vision tower frozen (they are not part of the policy)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for from_pretrained."""
+
+
+# ----------------------------------------------------------------------------------------- model family
+
+
+class JanusFamily:
+    """What is specific to Janus / Janus-Pro (transformers ``JanusForConditionalGeneration``).
+
+    A new VQ-token family implements the same five methods and the ``grid`` attribute.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+        self.tokenizer = tokenizer
+        gen = getattr(model.generation_config, "generation_kwargs", None) or {}
+        self.boi_id = int(gen.get("boi_token_id", tokenizer.convert_tokens_to_ids("<begin_of_image>")))
+        self.bos_id = tokenizer.bos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.text_config.pad_token_id
+        side = model.model.vqmodel.quantize.quant_state_dims
+        self.grid = (int(side[0]), int(side[1]))  # (h, w) image tokens
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Token ids of the conditional prompt, ending with ``<begin_of_image>``."""
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"] + [self.boi_id]
+
+    def uncond_ids(self, ids: Tensor) -> Tensor:
+        """The unconditional prompt: all tokens but BOS and ``<begin_of_image>`` set to pad (HF Janus generate)."""
+        keep = (ids == self.bos_id) | (ids == self.boi_id)
+        return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
+
+    def backbone(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The decoder-only transformer: inputs_embeds → last_hidden_state, with a KV cache."""
+        return model.model.language_model
+
+    def embed_text(self, model: torch.nn.Module, ids: Tensor) -> Tensor:
+        return model.get_input_embeddings()(ids)  # [n, L, D]
+
+    def embed_image(self, model: torch.nn.Module, tokens: Tensor) -> Tensor:
+        return model.prepare_embeddings_for_image_generation(tokens)  # [n, T, D]
+
+    def image_logits(self, model: torch.nn.Module, hidden: Tensor) -> Tensor:
+        return model.model.generation_head(hidden)  # [..., V]
+
+    @torch.no_grad()
+    def decode(self, model: torch.nn.Module, tokens: Tensor) -> list[Image.Image]:
+        pixels = model.decode_image_tokens(tokens).float()  # [n, H, W, 3] in [-1, 1]
+        arr = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
+        return [Image.fromarray(np.ascontiguousarray(a)) for a in arr]
+
+
+FAMILIES = {"janus": JanusFamily}
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+
+class PromptCache:
+    """Per-prompt token ids (conditional prompt with ``<begin_of_image>``), shared by the G samples of a prompt."""
+
+    def __init__(self, ids: list[list[int]]):
+        self.ids = ids  # P lists
+
+
+@dataclass
+class ARImageState:
+    """Shape:
+    image_tokens: [B, T] sampled codebook indices (raster order)
+    prompt_of: [B] row of ``cache.ids`` each sample continues
+    """
+
+    image_tokens: Tensor  # [B, T]
+    prompt_of: Tensor  # [B]
+    cache: PromptCache
+
+
+def guided_logits(cond: Tensor, uncond: Tensor | None, scale: float) -> Tensor:
+    """ℓ_u + s·(ℓ_c − ℓ_u); ``uncond`` None means no guidance. Shape: [..., V] each → [..., V]."""
+    if uncond is None:
+        return cond
+    return uncond + scale * (cond - uncond)
+
+
+def _select_cache(cache: Any, rows: Tensor) -> Any:
+    """The KV cache with batch rows ``rows`` (differentiable ``index_select``; a new row per entry)."""
+    cache.reorder_cache(rows)
+    return cache
+
+
+class ARImageAdapter:
+    """Image-token policy with classifier-free guidance (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, family: Any, args: ARImageArgs, reference=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.family = family
+        self.args = args
+        self.reference = reference
+        self.T = family.grid[0] * family.grid[1]
+
+    def _unwrapped(self) -> torch.nn.Module:
+        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
+
+    def _base(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
+        while hasattr(model, "module"):
+            model = model.module
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._unwrapped().parameters()).device
+
+    @property
+    def guided(self) -> bool:
+        return self.args.guidance_scale != 1.0
+
+    # ----------------------------------------------------------------------------------------- prompts
+
+    def _encode(self, row: dict) -> list[int]:
+        return self.family.prompt_ids(self.args.prompt_template.format(prompt=row["prompt"]))
+
+    def _prompt_batch(self, ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Left-padded [2U, L] ids (conditional rows, then unconditional rows) and their attention mask."""
+        L = max(len(i) for i in ids)
+        pad = self.family.pad_id
+        cond = torch.tensor([[pad] * (L - len(i)) + i for i in ids])  # [U, L]
+        mask = torch.tensor([[0] * (L - len(i)) + [1] * len(i) for i in ids])  # [U, L]
+        if self.guided:
+            cond = torch.cat([cond, self.family.uncond_ids(cond)])  # [2U, L]
+            mask = torch.cat([mask, mask])
+        return cond.to(self.device), mask.to(self.device)
+
+    def _branch_rows(self, prompt_rows: Tensor, U: int) -> Tensor:
+        """Rows of the [2U] prompt batch for n samples: conditional rows then unconditional ones. [n] → [2n]."""
+        return torch.cat([prompt_rows, prompt_rows + U]) if self.guided else prompt_rows
+
+    def _split(self, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        if not self.guided:
+            return logits, None
+        n = logits.shape[0] // 2
+        return logits[:n], logits[n:]
+
+    # ---------------------------------------------------------------------------------------- forwards
+
+    def _prefill(self, model: torch.nn.Module, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
+        """KV cache of the prompt rows and the hidden state at their last position. [m, L] → cache, [m, D]."""
+        base = self._base(model)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)  # [m, L]
+        out = self.family.backbone(base)(
+            inputs_embeds=self.family.embed_text(base, ids), attention_mask=mask, position_ids=positions,
+            use_cache=True,
+        )  # fmt: skip
+        return out.past_key_values, out.last_hidden_state[:, -1]
+
+    def _continue(self, model, cache, mask: Tensor, tokens: Tensor, start: Tensor) -> Tensor:
+        """Hidden states of image ``tokens`` [m, t] continuing ``cache``; ``mask`` [m, L + t]; ``start`` [m]."""
+        base = self._base(model)
+        positions = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [m, t]
+        out = self.family.backbone(base)(
+            inputs_embeds=self.family.embed_image(base, tokens), attention_mask=mask, position_ids=positions,
+            past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        return out.last_hidden_state  # [m, t, D]
+
+    def _unit_logits(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Conditional and unconditional image-head logits of every unit of rows ``index``, fp32. [n, T, V] each."""
+        base = self._base(model)
+        tokens = state.image_tokens[index].to(self.device)  # [n, T]
+        prompts = state.prompt_of[index]  # [n]
+        fam = self.family
+        if self.args.prefix_sharing:
+            unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts; rows [n]
+            ids, mask = self._prompt_batch([state.cache.ids[p] for p in unique.tolist()])  # [2U, L]
+            cache, last = self._prefill(model, ids, mask)  # last [2U, D]
+            sel = self._branch_rows(rows.to(self.device), len(unique))  # [2n]
+            cache = _select_cache(cache, sel)
+            m = mask[sel]  # [2n, L]
+            both = torch.cat([tokens, tokens]) if self.guided else tokens  # [2n, T]
+            full_mask = torch.cat([m, m.new_ones(m.shape[0], self.T - 1)], 1)  # [2n, L + T - 1]
+            hidden = self._continue(model, cache, full_mask, both[:, :-1], m.sum(1))  # [2n, T-1, D]
+            hidden = torch.cat([last[sel][:, None], hidden], 1)  # [2n, T, D]
+        else:
+            ids, mask = self._prompt_batch([state.cache.ids[p] for p in prompts.tolist()])  # [2n, L]
+            both = torch.cat([tokens, tokens]) if self.guided else tokens  # [2n, T]
+            L = ids.shape[1]
+            embeds = torch.cat([fam.embed_text(base, ids), fam.embed_image(base, both[:, :-1])], 1)  # [2n, L+T-1, D]
+            full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], self.T - 1)], 1)
+            positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+            out = fam.backbone(base)(inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False)
+            hidden = out.last_hidden_state[:, L - 1 :]  # [2n, T, D]
+        return self._split(fam.image_logits(base, hidden).float())
+
+    def _distribution_logits(self, cond: Tensor, uncond: Tensor | None) -> Tensor:
+        """The logits whose log-softmax is the trained log-prob, per ``cfg_logprob``. [..., V] → [..., V]."""
+        s, tau = self.args.guidance_scale, self.args.temperature
+        if self.args.cfg_logprob == "cond":
+            return cond / tau
+        guided = guided_logits(cond, uncond, s)
+        if self.args.cfg_logprob == "scaled":
+            return guided / s
+        return guided / tau
+
+    def _token_logprobs(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> Tensor:
+        cond, uncond = self._unit_logits(model, state, index)  # [n, T, V] each
+        logp = torch.log_softmax(self._distribution_logits(cond, uncond), dim=-1)  # [n, T, V] fp32
+        tokens = state.image_tokens[index].to(logp.device)
+        return logp.gather(-1, tokens[..., None]).squeeze(-1)  # [n, T]
+
+    # ---------------------------------------------------------------------------------------- sampling
+
+    @torch.no_grad()
+    def _sample(self, ids: list[list[int]], group_size: int, greedy: bool, generator=None) -> tuple[Tensor, Tensor]:
+        """Image tokens [P·G, T] (group-major) and their log-probs under the sampling distribution [P·G, T]."""
+        model = self._unwrapped()
+        base = self._base(model)
+        was_training = model.training
+        model.eval()
+        try:
+            P = len(ids)
+            prompt_ids, mask = self._prompt_batch(ids)  # [2P, L]
+            cache, last = self._prefill(model, prompt_ids, mask)  # one prefill per prompt and branch
+            sel = self._branch_rows(torch.arange(P, device=self.device).repeat_interleave(group_size), P)  # [2B]
+            cache = _select_cache(cache, sel)
+            mask, last = mask[sel], last[sel]  # [2B, L], [2B, D]
+            pos = mask.sum(1)  # [2B] position of the first image token
+            B = P * group_size
+            tokens = torch.zeros(B, self.T, dtype=torch.long, device=self.device)
+            logprobs = torch.zeros(B, self.T)
+            s, tau = self.args.guidance_scale, self.args.temperature
+            for t in range(self.T):
+                cond, uncond = self._split(self.family.image_logits(base, last).float())  # [B, V] each
+                scores = guided_logits(cond, uncond, s) / tau  # [B, V]
+                if greedy:
+                    nxt = scores.argmax(-1)
+                else:
+                    probs = torch.softmax(_top_k(scores, self.args.top_k), -1)
+                    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+                tokens[:, t] = nxt
+                logprobs[:, t] = torch.log_softmax(scores, -1).gather(-1, nxt[:, None]).squeeze(-1).cpu()
+                if t == self.T - 1:
+                    break
+                step = torch.cat([nxt, nxt]) if self.guided else nxt  # [2B]
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+                last = self._continue(model, cache, mask, step[:, None], pos + t)[:, -1]  # [2B, D]
+        finally:
+            model.train(was_training)
+        return tokens.cpu(), logprobs
+
+    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+        ids = [self._encode(row) for row in prompts]  # once per prompt
+        tokens, _ = self._sample(ids, group_size, greedy=False)  # [B, T]
+        B = tokens.shape[0]
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+        state = ARImageState(image_tokens=tokens, prompt_of=prompt_of, cache=PromptCache(ids))
+        mask = torch.ones(B, self.T)
+        rollout = Rollout(
+            outputs=self.family.decode(self._base(self._unwrapped()), tokens.to(self.device)),
+            old_logprobs=torch.zeros(B, self.T),
+            mask=mask,
+            group_size=group_size,
+            prompt_index=prompt_of.clone(),
+            truncated=torch.zeros(B, dtype=torch.bool),
+            state=state,
+        )
+        rollout.old_logprobs = self._batched_no_grad(rollout, self.model)  # [B, T], the training forward's
+        return rollout
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[Image.Image]:
+        """One image per prompt, sampled with a generator seeded by the row's ``seed`` (default 0): the same rows
+        give the same images, and distinct seeds give distinct samples of the policy (greedy decoding of a VQ
+        generator collapses to a few images, so evaluation samples, as the anchors' GenEval numbers do)."""
+        images = []
+        for row in prompts:
+            gen = torch.Generator(device=self.device).manual_seed(int(row.get("seed", 0)))
+            tokens, _ = self._sample([self._encode(row)], 1, greedy=False, generator=gen)
+            images += self.family.decode(self._base(self._unwrapped()), tokens.to(self.device))
+        return images
+
+    # --------------------------------------------------------------------------------------- log-probs
+
+    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        out = self._token_logprobs(self.model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    @torch.no_grad()
+    def _batched_no_grad(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
+        chunks = []
+        for start in range(0, rollout.batch_size, self.args.forward_batch_size):
+            idx = torch.arange(start, min(start + self.args.forward_batch_size, rollout.batch_size))
+            chunks.append(self._token_logprobs(model, rollout.state, idx).cpu())
+        return torch.cat(chunks)
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        model = self._unwrapped()
+        if self.reference is not None:
+            ctx, model = nullcontext(), self.reference
+        elif hasattr(model, "disable_adapter"):
+            ctx = model.disable_adapter()
+        else:
+            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
+        with ctx:
+            out = self._token_logprobs(model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    # ------------------------------------------------------------------------------- training plumbing
+
+    def sync_reference(self) -> None:
+        if self.reference is not None:
+            self.reference.load_state_dict(self._unwrapped().state_dict())
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+    def save_pretrained(self, directory: str) -> None:
+        self._unwrapped().save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+
+
+def _top_k(scores: Tensor, k: int) -> Tensor:
+    if k <= 0 or k >= scores.shape[-1]:
+        return scores
+    kth = scores.topk(k, dim=-1).values[..., -1:]  # [B, 1]
+    return scores.masked_fill(scores < kth, float("-inf"))
+
+
+def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
+    from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration
+
+    path = resolve_model_path(args.name_or_path, seed=seed)
+    model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type not in FAMILIES:
+        raise ConfigError(
+            f"model.args.name_or_path: {args.name_or_path!r} is a {model_type!r} model; ar_image supports {sorted(FAMILIES)}"
+        )
+    kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, **args.extra)
+    model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer, FAMILIES[model_type]
+
+
+@ADAPTERS.register("ar_image")
+def build_ar_image_adapter(
+    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
+) -> ARImageAdapter:
+    """Build the adapter from ``model.args`` (validated against :class:`ARImageArgs`)."""
+    a: ARImageArgs = from_dict(ARImageArgs, args, "model.args")
+    if a.cfg_logprob not in CFG_LOGPROBS:
+        raise ConfigError(f"model.args.cfg_logprob: {a.cfg_logprob!r} not allowed; choose {' | '.join(CFG_LOGPROBS)}")
+    if a.temperature <= 0:
+        raise ConfigError(f"model.args.temperature: must be > 0, got {a.temperature}")
+    if a.cfg_logprob == "scaled" and a.guidance_scale <= 0:
+        raise ConfigError("model.args.cfg_logprob: scaled divides by guidance_scale; set guidance_scale > 0")
+    if a.top_k < 0:
+        raise ConfigError(f"model.args.top_k: must be >= 0, got {a.top_k}")
+    model, tokenizer, family_cls = _load(a, _hf.DTYPES[dtype], seed)
+    family = family_cls(model, tokenizer)
+    if a.freeze_vq:
+        for name, p in model.named_parameters():
+            if any(k in name for k in FROZEN_PARTS):
+                p.requires_grad_(False)
+    model.lm_head.requires_grad_(False)  # text head: unused for image tokens (tied to the input embeddings)
+    reference = None
+    if lora is not None and lora.enabled:
+        model = _hf.peft_lora(model, lora)
+        if a.freeze_vq:  # names like q_proj also match the understanding tower, which image generation never runs
+            for name, p in model.named_parameters():
+                if "lora_" in name and any(k in name for k in FROZEN_PARTS):
+                    p.requires_grad_(False)
+    elif need_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model.train()
+    return ARImageAdapter(model, tokenizer, family, a, reference)
+
+
+build_ar_image_adapter.args_class = ARImageArgs
+build_ar_image_adapter.adapter_class = ARImageAdapter  # its optional capabilities are checked at config load

@@ -1,0 +1,112 @@
+"""A tiny ``JanusForConditionalGeneration`` of the real architecture, built from config with a local tokenizer.
+
+``tiny-janus`` is random (built on first use under ``MMGRPO_CACHE``); ``tiny-janus-shapes`` is the shipped base
+model of the ``flow_shapes`` task, pre-trained by ``examples/pretrain_tiny_janus.py`` (VQ auto-encoder, then the
+language model on text → image tokens with 10% prompt dropout for classifier-free guidance). Any other name is a
+hub id or directory passed to ``from_pretrained`` (Janus-1.3B, Janus-Pro-1B/7B in the transformers format,
+e.g. ``deepseek-community/Janus-Pro-1B``).
+
+Sizes: 16×16 RGB images (the 32×32 task renderings box-downsampled), a VQ with 2 down-samplings (a 4×4 grid of image tokens, T = 16) and a codebook of 128
+entries; a 2-layer Llama of width 64. The tokenizer is word level over the words of the synthetic tasks with
+Janus's special tokens (``<begin_of_image>`` …); the unconditional prompt replaces every token but BOS and
+``<begin_of_image>`` by the pad token, as ``JanusForConditionalGeneration.generate`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .. import _hf
+
+WORDS = (
+    "a an the of on in at with and or to is are this that photo picture image drawing painting render "
+    "red green blue yellow purple orange white black gray cyan magenta pink brown "
+    "circle square triangle disk box dot shape shapes object ring star "
+    "top bottom left right center middle upper lower corner side "
+    "small large big tiny one two three four cat dog house tree car sky sea"
+).split()
+
+SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>")
+RESOLUTION = 16  # the VQ works at 16×16; rewards resize the decoded image to their own resolution
+PATCH = 4  # pixels per image token side: a 4×4 token grid
+CODEBOOK = 128
+
+TINY_NAMES = ("tiny-janus",)
+SHIPPED = {"tiny-janus-shapes": Path(__file__).parent / "assets" / "tiny-janus-shapes"}
+"""Pre-trained tiny Janus shipped with the package (made by ``examples/pretrain_tiny_janus.py``)."""
+
+
+def build_tokenizer():
+    """Word-level ``PreTrainedTokenizerFast``: lower-cased words, BOS prepended, Janus's image special tokens."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL)}
+    for w in WORDS:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        additional_special_tokens=list(SPECIAL[4:]), model_max_length=32,
+    )  # fmt: skip
+
+
+def build_tiny_janus(seed: int = 0):
+    """(model, tokenizer): a random ``JanusForConditionalGeneration`` of tiny sizes and its tokenizer."""
+    from transformers import JanusConfig, JanusForConditionalGeneration, LlamaConfig
+    from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
+
+    torch.manual_seed(seed)
+    tok = build_tokenizer()
+    hidden = 64
+    text = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    grid = RESOLUTION // PATCH
+    vision = JanusVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=RESOLUTION,
+        patch_size=PATCH, projection_dim=hidden, num_image_tokens=grid * grid, depth=1,
+    )  # fmt: skip
+    vq = JanusVQVAEConfig(
+        embed_dim=8, num_embeddings=CODEBOOK, latent_channels=64, base_channels=32, channel_multiplier=[1, 1, 2],
+        num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden, num_hidden_layers=2,
+    )  # fmt: skip
+    config = JanusConfig(
+        text_config=text, vision_config=vision, vq_config=vq,
+        image_token_id=tok.convert_tokens_to_ids("<image_placeholder>"),
+    )  # fmt: skip
+    model = JanusForConditionalGeneration(config)
+    gc = model.generation_config
+    gc.bos_token_id, gc.pad_token_id, gc.eos_token_id = tok.bos_token_id, tok.pad_token_id, tok.eos_token_id
+    gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<begin_of_image>")}
+    return model, tok
+
+
+def resolve_model_path(name_or_path: str, seed: int = 0) -> str:
+    """A directory or hub id for ``from_pretrained``: tiny names are built (once) or taken from the package."""
+    if name_or_path in SHIPPED:
+        directory = SHIPPED[name_or_path]
+        if not (directory / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{name_or_path}: {directory} is missing; make it with `python examples/pretrain_tiny_janus.py`"
+            )
+        return str(directory)
+    if name_or_path in TINY_NAMES:
+
+        def build(tmp: Path) -> None:
+            model, tok = build_tiny_janus(seed)
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+
+        return str(_hf.cached_build(f"{name_or_path}-seed{seed}", "config.json", build))
+    return name_or_path
+
+
+__all__ = ["SHIPPED", "TINY_NAMES", "build_tiny_janus", "build_tokenizer", "resolve_model_path"]

@@ -1,0 +1,384 @@
+"""Whisper policies: speech → text with ``WhisperForConditionalGeneration`` (seq2seq); the units are decoder tokens.
+
+What this adapter guarantees (DESIGN.md §3, §6):
+- Audio is decoded (``audio.py``: soundfile, resampled by soxr) and turned into log-mel features once per prompt
+  per rollout, and the **encoder runs once per prompt**: when sampling, the P prompts are encoded once, the decoder
+  prompt is prefilled once per prompt (self- and cross-attention K/V), and that cache is expanded G ways; in the
+  log-prob forwards the U distinct prompts of a minibatch are encoded once *with* autograd and their encoder
+  states are indexed out to the n completions, so each prompt's encoder receives the summed gradient of its
+  completions — the gradient of the naive path that encodes every sample (``share_encoder=False``).
+- The decoder prompt is the one the model defines: the tokenizer's ``prefix_tokens`` for ``language``/``task``/
+  ``timestamps`` — ``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`` (Radford et al. 2022, "Robust
+  Speech Recognition via Large-Scale Weak Supervision", §2.3 multitask format; ``WhisperTokenizer.prefix_tokens``).
+- ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: the model's
+  ``generation_config.suppress_tokens`` at every step and ``begin_suppress_tokens`` at the first step are
+  banned, as are Whisper's special tokens other than end-of-text (and the timestamp tokens unless
+  ``timestamps``), then logits / temperature, log-softmax in fp32. The same masks are applied in the training
+  forward, so the first ratio is 1. Departure: with ``timestamps`` the timestamp tokens are allowed freely
+  (HF's ``WhisperTimeStampLogitsProcessor`` pairing rules are not applied), so the ratio stays exact.
+- A completion ends at the first ``<|endoftext|>`` (included in the loss); the rest is masked.
+- LoRA through peft; the reference policy is the adapter disabled, or a frozen copy when training the full model
+  with ``beta > 0``.
+
+Reward columns added to ``Rollout.extras`` (B values each): ``audio_array`` (the decoded mono waveform the model
+heard, float32 at the model's rate, one shared object per prompt) and ``sampling_rate``. The row's own ``audio``
+column reaches the rewards as given.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.plugins import ADAPTERS
+from mmgrpo.types import Rollout
+
+from .. import _hf
+from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
+from .audio import load_audio
+from .tiny import resolve_model_path
+
+
+@dataclass
+class WhisperArgs:
+    """Options under ``model.args`` for ``model.adapter: whisper``."""
+
+    name_or_path: str = "tiny-whisper"
+    """Hub id or local directory of the model and its processor; ``tiny-whisper`` builds the built-in one."""
+    language: str | None = "en"
+    """Language token of the decoder prompt (code or name, e.g. en / english); None leaves it out."""
+    task: str = "transcribe"
+    """transcribe | translate (Whisper's task token)."""
+    timestamps: bool = False
+    """Predict timestamp tokens (no <|notimestamps|> in the prompt); they are sampled freely (module docstring)."""
+    max_new_tokens: int = 24
+    """Completion budget T (tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are of logits / temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
+    top_k: int = 0
+    """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
+    mask_truncated: bool = False
+    """Exclude completions that hit max_new_tokens without end-of-text from the loss."""
+    freeze_encoder: bool = False
+    """Do not train the audio encoder (its parameters keep requires_grad=False)."""
+    share_encoder: bool = True
+    """Log-prob forwards encode each prompt's audio once for its completions (False: once per sample, naive)."""
+    silence_threshold: float = 1e-4
+    """Audio whose peak amplitude is at most this is rejected as silent."""
+    forward_batch_size: int = 64
+    """Rows per no-grad forward when computing old/reference log-probs."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for from_pretrained."""
+
+
+class AudioCache:
+    """Per-prompt audio features and waveforms, shared by the G samples (not indexed by sample).
+
+    Shape:
+        features: [P, M, F] log-mel input features (M mel bins, F frames)
+    """
+
+    def __init__(self, features: Tensor, waveforms: list[np.ndarray]):
+        self.features = features  # [P, M, F]
+        self.waveforms = waveforms  # P arrays [N_p]
+
+
+@dataclass
+class SpeechState:
+    """Adapter-private rollout state.
+
+    Shape:
+        completion_ids: [B, T] sampled decoder tokens (pad after end-of-text)
+        prompt_of: [B] row of ``cache.features`` each sample continues
+    """
+
+    completion_ids: Tensor  # [B, T]
+    prompt_of: Tensor  # [B]
+    cache: AudioCache
+
+
+class WhisperAdapter:
+    """Token-level policy over a Whisper seq2seq model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, processor: Any, args: WhisperArgs, reference: torch.nn.Module | None):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.feature_extractor = processor.feature_extractor
+        self.sampling_rate = int(self.feature_extractor.sampling_rate)
+        self.args = args
+        self.reference = reference
+        try:
+            self.tokenizer.set_prefix_tokens(language=args.language, task=args.task, predict_timestamps=args.timestamps)
+            prefix = self.tokenizer.prefix_tokens
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"model.args.language/task: {e}") from None
+        self.prefix = torch.tensor(prefix)  # [Lp] decoder prompt
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.pad_id = self.eos_id
+        self.suppress_ids, self.begin_suppress_ids = self._banned_tokens()
+
+    def _banned_tokens(self) -> tuple[list[int], list[int]]:
+        """Tokens never sampled (specials but end-of-text, timestamps unless enabled, the model's
+        ``suppress_tokens``) and those banned at the first step only (``begin_suppress_tokens``)."""
+        gen = self._unwrapped().generation_config
+        banned = set(getattr(gen, "suppress_tokens", None) or [])
+        banned |= {i for i in self.tokenizer.all_special_ids if i != self.eos_id}
+        no_ts = self.tokenizer.convert_tokens_to_ids("<|notimestamps|>")
+        vocab = self.tokenizer.get_vocab()
+        timestamp_ids = {i for t, i in vocab.items() if t.startswith("<|") and t.endswith("|>") and _is_number(t[2:-2])}
+        if not self.args.timestamps:
+            banned |= timestamp_ids
+        banned.add(no_ts)
+        V = self._unwrapped().config.vocab_size
+        begin = set(getattr(gen, "begin_suppress_tokens", None) or [])
+        return sorted(i for i in banned if i < V), sorted(i for i in begin if i < V)
+
+    # ------------------------------------------------------------------ prompts: audio processed once per prompt
+
+    def _unwrapped(self) -> torch.nn.Module:
+        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._unwrapped().parameters()).device
+
+    def _audio_cache(self, rows: list[dict]) -> AudioCache:
+        waves = []
+        for i, row in enumerate(rows):
+            where = f"row {i} 'audio'" + (f" (id {row['id']})" if "id" in row else "")
+            waves.append(load_audio(row.get("audio"), self.sampling_rate, where=where,
+                                    silence_threshold=self.args.silence_threshold))  # fmt: skip
+        feats = self.feature_extractor(waves, sampling_rate=self.sampling_rate, return_tensors="pt").input_features
+        return AudioCache(feats, waves)  # [P, M, F]
+
+    def _encode(self, model: torch.nn.Module, features: Tensor) -> Tensor:
+        """Encoder hidden states of ``features`` [U, M, F] → [U, S, d] (with grad when enabled)."""
+        encoder = core_model(model).get_encoder()
+        return encoder(features.to(self.device, dtype=next(encoder.parameters()).dtype)).last_hidden_state
+
+    # ---------------------------------------------------------------------------------------- sampling
+
+    def _scores(self, logits: Tensor, first_step: Tensor | bool, greedy: bool = False) -> Tensor:
+        """fp32 scores of the sampling distribution (before top-k/top-p). logits [..., V]; ``first_step`` is a
+        bool or a [..., 1] mask of the positions that are the completion's first token."""
+        scores = logits.float()
+        if self.suppress_ids:
+            scores[..., self.suppress_ids] = float("-inf")
+        if self.begin_suppress_ids:
+            begin = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+            begin[self.begin_suppress_ids] = True
+            scores = scores.masked_fill(torch.as_tensor(first_step, device=scores.device) & begin, float("-inf"))
+        if not greedy and self.args.temperature != 1.0:
+            scores = scores / self.args.temperature
+        return scores
+
+    @torch.no_grad()
+    def _sample(self, cache: AudioCache, group_size: int, greedy: bool) -> tuple[Tensor, Tensor]:
+        """Completion ids [B, T] (pad after end-of-text) and their sampling log-probs [B, T], group-major.
+
+        One encoder pass and one decoder-prompt prefill per prompt; the cache is expanded G ways.
+        """
+        model = self._unwrapped()
+        was_training = model.training
+        model.eval()
+        try:
+            enc = self._encode(model, cache.features)  # [P, S, d]
+            P = enc.shape[0]
+            prefix = self.prefix.to(self.device).expand(P, -1)  # [P, Lp]
+            out = model(encoder_outputs=(enc,), decoder_input_ids=prefix, use_cache=True)
+            rows = torch.arange(P, device=self.device).repeat_interleave(group_size)  # [B]
+            kv = out.past_key_values
+            kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
+            # Cross-attention reads the expanded cache from here on; the encoder states only give the call its
+            # shape, so a stride-0 view of one row stands in for the B rows (no G-fold copy).
+            enc = enc[:1].expand(rows.shape[0], -1, -1)  # [B, S, d] view
+            logits = out.logits[:, -1][rows]  # [B, V]
+            spec = SamplingSpec(self.args.max_new_tokens, [self.eos_id], self.pad_id, self.args.temperature,
+                                self.args.top_k, self.args.top_p, greedy=greedy)  # fmt: skip
+            B, T = rows.shape[0], spec.max_new_tokens
+            ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=self.device)  # [B, T]
+            logprobs = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
+            done = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B]
+            for t in range(T):
+                scores = self._scores(logits, t == 0, greedy)  # [B, V]
+                if greedy:
+                    token = scores.argmax(dim=-1)  # [B]
+                else:
+                    warped = truncate(scores, spec.top_k, spec.top_p)
+                    token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
+                token = torch.where(done, torch.full_like(token, self.pad_id), token)
+                step_logp = scores.log_softmax(dim=-1).gather(1, token[:, None]).squeeze(1)  # [B]
+                ids[:, t] = token
+                logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
+                done = done | (token == self.eos_id)
+                if t == T - 1 or bool(done.all()):
+                    break
+                out = model(
+                    encoder_outputs=(enc,), decoder_input_ids=token[:, None], past_key_values=kv, use_cache=True
+                )
+                kv, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
+        finally:
+            model.train(was_training)
+        return ids.cpu(), logprobs.cpu()
+
+    def _completion_mask(self, completion_ids: Tensor) -> Tensor:
+        """1 up to and including the first end-of-text, 0 after it. Shape: [n, T] -> [n, T]."""
+        is_eos = completion_ids == self.eos_id  # [n, T]
+        return (~((is_eos.cumsum(dim=1) - is_eos.long()) > 0)).long()
+
+    def _decode(self, completion_ids: Tensor) -> list[str]:
+        mask = self._completion_mask(completion_ids).bool()
+        rows = [ids[m & (ids != self.eos_id)].tolist() for ids, m in zip(completion_ids, mask)]
+        return [t.strip() for t in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
+
+    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+        cache = self._audio_cache(prompts)  # once per prompt
+        completion_ids, sampler_logprobs = self._sample(cache, group_size, greedy=False)  # [B, T]
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+        mask = self._completion_mask(completion_ids).float()  # [B, T]
+        truncated = ~(completion_ids == self.eos_id).any(dim=1)  # [B]
+        if self.args.mask_truncated:
+            mask = mask * (~truncated).float()[:, None]
+        state = SpeechState(completion_ids=completion_ids, prompt_of=prompt_of, cache=cache)
+        G = group_size
+        return Rollout(
+            outputs=self._decode(completion_ids),
+            old_logprobs=sampler_logprobs
+            * mask,  # [B, T], as drawn (== the training forward: tests/test_speech_whisper.py)
+            mask=mask,
+            group_size=G,
+            prompt_index=prompt_of.clone(),
+            truncated=truncated,
+            state=state,
+            extras={
+                "audio_array": [w for w in cache.waveforms for _ in range(G)],
+                "sampling_rate": [self.sampling_rate] * len(prompt_of),
+            },
+        )
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[str]:
+        return self._decode(self._sample(self._audio_cache(prompts), 1, greedy=True)[0])
+
+    # --------------------------------------------------------------------------------------- log-probs
+
+    def _token_logprobs(self, model: torch.nn.Module, state: SpeechState, index: Tensor) -> Tensor:
+        comp = state.completion_ids[index].to(self.device)  # [n, T]
+        prompts = state.prompt_of[index]  # [n]
+        n, T = comp.shape
+        if self.args.share_encoder:
+            unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
+            enc = self._encode(model, state.cache.features[unique])[rows.to(self.device)]  # [n, S, d]
+        else:
+            enc = self._encode(model, state.cache.features[prompts])  # [n, S, d], one encoder pass per sample
+        Lp = self.prefix.shape[0]
+        dec_in = torch.cat([self.prefix.to(self.device).expand(n, -1), comp[:, : T - 1]], dim=1)  # [n, Lp+T-1]
+        logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[
+            :, Lp - 1 :
+        ]  # [n, T, V]
+        first = torch.zeros((1, T, 1), dtype=torch.bool, device=self.device)
+        first[:, 0] = True
+        logp = torch.log_softmax(self._scores(logits, first), dim=-1)  # [n, T, V] fp32
+        return logp.gather(-1, comp[..., None]).squeeze(-1)  # [n, T]
+
+    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        out = self._token_logprobs(self.model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        model = self._unwrapped()
+        if self.reference is not None:
+            ctx, model = nullcontext(), self.reference
+        elif hasattr(model, "disable_adapter"):
+            ctx = model.disable_adapter()
+        else:
+            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
+        with ctx:
+            out = self._token_logprobs(model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    # ------------------------------------------------------------------------------- training plumbing
+
+    def sync_reference(self) -> None:
+        """Make the frozen reference equal to the current policy (after a supervised warm-up). With LoRA the
+        reference stays the adapter-disabled base model."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self._unwrapped().state_dict())
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+    def save_pretrained(self, directory: str) -> None:
+        self._unwrapped().save_pretrained(directory, safe_serialization=True)
+        self.processor.save_pretrained(directory)
+
+    def supervised_loss(self, rows: list[dict]) -> Tensor:
+        """Mean token cross-entropy of ``row['target']`` (the transcript) + end-of-text given the audio."""
+        cache = self._audio_cache(rows)
+        targets = [self.tokenizer(" " + str(r["target"]).strip(), add_special_tokens=False)["input_ids"] + [self.eos_id]
+                   for r in rows]  # fmt: skip
+        T = max(len(t) for t in targets)
+        comp = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((len(rows), T))
+        for i, t in enumerate(targets):
+            comp[i, : len(t)] = torch.tensor(t)
+            valid[i, : len(t)] = 1
+        state = SpeechState(completion_ids=comp, prompt_of=torch.arange(len(rows)), cache=cache)
+        logp = self._token_logprobs(self.model, state, torch.arange(len(rows)))  # [n, T]
+        valid = valid.to(logp.device)
+        return -(logp * valid).sum() / valid.sum()
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+@ADAPTERS.register("whisper")
+def build_whisper_adapter(
+    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
+) -> WhisperAdapter:
+    """Build the adapter from ``model.args`` (validated against :class:`WhisperArgs`)."""
+    from transformers import AutoProcessor, WhisperForConditionalGeneration
+
+    a: WhisperArgs = from_dict(WhisperArgs, args, "model.args")
+    if a.temperature <= 0:
+        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
+    if a.max_new_tokens < 1:
+        raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
+    if a.task not in ("transcribe", "translate"):
+        raise ConfigError(f"model.args.task: {a.task!r} not allowed; choose transcribe | translate")
+    path = resolve_model_path(a.name_or_path, seed=seed)
+    model = WhisperForConditionalGeneration.from_pretrained(
+        path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+    )
+    processor = AutoProcessor.from_pretrained(path)
+    if a.freeze_encoder:
+        model.get_encoder().requires_grad_(False)
+    reference = None
+    if lora is not None and lora.enabled:
+        model = _hf.peft_lora(model, lora)
+    elif need_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model.train()
+    return WhisperAdapter(model, processor, a, reference)
+
+
+build_whisper_adapter.args_class = WhisperArgs
+build_whisper_adapter.adapter_class = WhisperAdapter  # its optional capabilities are checked at config load

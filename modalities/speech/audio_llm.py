@@ -1,0 +1,143 @@
+"""Audio-language policies: audio + text → text with ``Qwen2AudioForConditionalGeneration``; the units are tokens.
+
+Qwen2-Audio (Chu et al. 2024, arXiv 2407.10759) is a decoder-only Qwen2 LM whose prompt holds ``<|AUDIO|>``
+slots filled by a Whisper-style audio encoder. The token policy is the VLM adapter's, composed with one media
+encoder: :class:`AudioLLMAdapter` is a :class:`~mmgrpo.modalities.vlm.adapter.VLMAdapter` whose ``encoders``
+list is ``[AudioEncoder]`` (:mod:`mmgrpo.modalities.speech.audio`: decode + resample the row's audio once,
+``Qwen2AudioProcessor(text=, audio=, sampling_rate=)`` as R1-AQA calls it — xiaomi-research/r1-aqa
+``src/trainer/grpo_trainer.py``), so it samples, scores, references and saves exactly as for images.
+
+Prompt sharing (``modalities/tokens/prefix_sharing.py``, 1-D RoPE path): sampling prefills each prompt once —
+the audio encoder included — and expands its KV cache G ways; log-prob forwards encode each distinct prompt of a
+minibatch once and let its completions attend to it. It is required here, not optional: Qwen2-Audio's forward
+ignores ``logits_to_keep``, so the VLM adapter's naive fallback would mis-slice the logits; the builder refuses
+a model the sharing does not cover (e.g. gradient checkpointing) with a one-line error.
+
+Log-probs are those of the sampling distribution (logits / temperature, fp32), with ``<|AUDIO|>``,
+``<|audio_bos|>`` and ``<|audio_eos|>`` banned from sampling and masked out of the log-softmax (a sampled audio
+slot would make the training forward see more slots than audio features).
+
+Rows: ``prompt`` (the question text, or a conversation whose user turn holds one ``{"type": "audio"}`` part) and
+``audio`` (path, array or ``{"array", "sampling_rate"}``; ``audio.py``). Reward columns added to
+``Rollout.extras``: ``audio_array`` (the decoded waveform, one shared object per prompt) and ``sampling_rate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmgrpo.config import ConfigError, LoraConfig, from_dict
+from mmgrpo.plugins import ADAPTERS
+
+from .. import _hf
+from ..tokens import prefix_sharing
+from ..vlm.adapter import VLMAdapter, VLMArgs
+from .audio import AudioEncoder
+from .tiny import resolve_model_path
+
+AUDIO_SPECIAL_TOKENS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
+
+
+@dataclass
+class AudioLLMArgs:
+    """Options under ``model.args`` for ``model.adapter: audio_llm``."""
+
+    name_or_path: str = "tiny-qwen2-audio"
+    """Hub id or local directory (e.g. Qwen/Qwen2-Audio-7B-Instruct); ``tiny-qwen2-audio`` builds the built-in one."""
+    max_new_tokens: int = 16
+    """Completion budget T (tokens)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are of logits / temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
+    top_k: int = 0
+    """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
+    min_new_tokens: int = 0
+    """End-of-turn is banned for the first N completion tokens (also in the log-probs)."""
+    mask_truncated: bool = False
+    """Exclude completions that hit max_new_tokens without end-of-turn from the loss."""
+    system_prompt: str | None = None
+    """Optional system message put before every prompt."""
+    freeze_audio_encoder: bool = False
+    """Do not train the audio tower (its parameters keep requires_grad=False)."""
+    silence_threshold: float = 1e-4
+    """Audio whose peak amplitude is at most this is rejected as silent."""
+    forward_batch_size: int = 64
+    """Rows per no-grad forward when computing old/reference log-probs."""
+    old_logprobs: str = "recompute"
+    """recompute (a no-grad forward after sampling) | sampler (the sampling loop's own log-probs; ratio 1 up to
+    float rounding)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for from_pretrained."""
+
+    def token_args(self) -> dict[str, Any]:
+        """The options of the token policy (``vlm`` adapter), with prompt sharing on."""
+        keep = ("max_new_tokens", "temperature", "top_p", "top_k", "min_new_tokens", "mask_truncated",
+                "system_prompt", "forward_batch_size", "old_logprobs", "attn_implementation", "extra")  # fmt: skip
+        return {k: getattr(self, k) for k in keep} | {"prefix_sharing": True, "kv_expand_rollout": True}
+
+
+class AudioLLMAdapter(VLMAdapter):
+    """The token policy of :class:`VLMAdapter` with one media encoder, audio (see the module docstring).
+
+    Nothing of the token policy is overridden: the constructor only chooses the encoder (a required
+    :class:`AudioEncoder`) and bans the audio special tokens.
+    """
+
+    def __init__(self, model: torch.nn.Module, processor: Any, args: AudioLLMArgs, reference: torch.nn.Module | None):
+        token_args: VLMArgs = from_dict(VLMArgs, args.token_args(), "model.args")
+        sampling_rate = int(processor.feature_extractor.sampling_rate)
+        audio = AudioEncoder(sampling_rate, args.silence_threshold, required=True)
+        super().__init__(model, processor, token_args, reference, encoders=[audio])
+        self.audio_args = args
+        self.sampling_rate = sampling_rate
+        vocab = self.tokenizer.get_vocab()
+        self.suppress_ids = sorted(set(self.suppress_ids) | {vocab[t] for t in AUDIO_SPECIAL_TOKENS if t in vocab})
+
+
+@ADAPTERS.register("audio_llm")
+def build_audio_llm_adapter(
+    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
+) -> AudioLLMAdapter:
+    """Build the adapter from ``model.args`` (validated against :class:`AudioLLMArgs`)."""
+    import copy
+
+    from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
+
+    a: AudioLLMArgs = from_dict(AudioLLMArgs, args, "model.args")
+    if a.temperature <= 0:
+        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
+    if a.max_new_tokens < 1 or not 0 <= a.min_new_tokens <= a.max_new_tokens:
+        raise ConfigError(f"model.args.max_new_tokens/min_new_tokens: need 0 <= min <= max, max >= 1; got "
+                          f"{a.min_new_tokens}, {a.max_new_tokens}")  # fmt: skip
+    if a.old_logprobs not in ("recompute", "sampler"):
+        raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
+    path = resolve_model_path(a.name_or_path, seed=seed)
+    model = Qwen2AudioForConditionalGeneration.from_pretrained(
+        path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+    )
+    processor = AutoProcessor.from_pretrained(path)
+    if not hasattr(processor, "feature_extractor"):
+        raise ConfigError(f"model.args.name_or_path {a.name_or_path!r}: its processor has no feature_extractor (audio)")
+    if a.freeze_audio_encoder:
+        model.model.audio_tower.requires_grad_(False)
+    reference = None
+    if lora is not None and lora.enabled:
+        model = _hf.peft_lora(model, lora)
+    elif need_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model.train()
+    reason = prefix_sharing.unsupported_reason(model)
+    if reason is not None:
+        raise ConfigError(f"model.args.name_or_path {a.name_or_path!r}: the audio_llm adapter needs prompt sharing, "
+                          f"which does not cover it: {reason}")  # fmt: skip
+    return AudioLLMAdapter(model, processor, a, reference)
+
+
+build_audio_llm_adapter.args_class = AudioLLMArgs
+build_audio_llm_adapter.adapter_class = AudioLLMAdapter  # its optional capabilities are checked at config load

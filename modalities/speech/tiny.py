@@ -1,0 +1,281 @@
+"""Tiny Whisper and tiny Qwen2-Audio of the real architectures, with local tokenizers and feature extractors.
+
+``build_tiny_whisper(directory)`` writes a complete Hugging Face directory — ``WhisperConfig`` with small sizes,
+random weights, a ``WhisperTokenizer`` whose byte-level BPE is trained on a small fixed corpus and whose special
+tokens are laid out as Whisper's (``<|endoftext|>``, ``<|startoftranscript|>``, one ``<|xx|>`` per language of
+``transformers.models.whisper.tokenization_whisper.LANGUAGES`` in that order, ``<|translate|>``,
+``<|transcribe|>``, ``<|startoflm|>``, ``<|startofprev|>``, ``<|nospeech|>``, ``<|notimestamps|>``, then the
+timestamp tokens ``<|0.00|>`` … in 0.02 s steps), so the tokenizer's ``prefix_tokens`` (start of transcript,
+language, task, no-timestamps) are the real model's — and a ``WhisperFeatureExtractor`` (80 log-mel bins,
+16 kHz, hop 160) whose window is ``chunk_length`` seconds instead of 30 (the encoder's ``max_source_positions``
+is half the frame count, as in Whisper). The adapters load it through the same ``from_pretrained`` path a real
+checkpoint takes.
+
+``build_tiny_qwen2_audio(directory)`` does the same for ``Qwen2AudioForConditionalGeneration`` (Whisper-style
+audio encoder, Qwen2 decoder) with a ``Qwen2AudioProcessor`` and a Qwen chat template.
+
+``resolve_model_path(name)`` maps the built-in names to cached directories (built on first use, deterministic
+given the seed); other names (hub ids, local paths) pass through.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mmgrpo.cache import cache_dir
+
+TINY_WHISPER = "tiny-whisper"
+TINY_QWEN2_AUDIO = "tiny-qwen2-audio"
+
+# Text the BPE merges are learnt from: the synthetic speech tasks' words plus plain English.
+_CORPUS = """
+zero one two three four five six seven eight nine oh ten
+red green blue yellow cat dog sun moon yes no left right up down
+Which word was said second? Which digit was said first? Which word was said last? Answer with one word.
+Transcribe the audio. What did the speaker say? The quick brown fox jumps over the lazy dog.
+user assistant system You are a helpful assistant. Listen to the audio and answer the question.
+0 1 2 3 4 5 6 7 8 9 ( ) [ ] , . : ; ? ! - the a an of in on is are with and or to from
+"""
+TAG_TOKENS = ["<answer>", "</answer>"]
+
+
+@dataclass
+class TinyWhisperSizes:
+    """Sizes of the tiny Whisper (the architecture is the real one)."""
+
+    d_model: int = 64
+    encoder_layers: int = 2
+    decoder_layers: int = 2
+    heads: int = 4
+    ffn: int = 128
+    num_mel_bins: int = 80
+    chunk_length: int = 3
+    """Seconds of audio per input window (Whisper: 30); the encoder sees chunk_length·100 mel frames."""
+    max_target_positions: int = 64
+    bpe_vocab: int = 400
+
+
+def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocabulary and merges of a byte-level BPE trained on the fixed corpus."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def whisper_special_tokens(chunk_length: int) -> tuple[list[str], list[str]]:
+    """Whisper's special tokens in the real order, and the timestamp tokens ``<|0.00|>`` … ``<|chunk_length|>``."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    special = ["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{code}|>" for code in LANGUAGES]
+    special += [
+        "<|translate|>",
+        "<|transcribe|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nospeech|>",
+        "<|notimestamps|>",
+    ]
+    timestamps = [f"<|{i * 0.02:.2f}|>" for i in range(chunk_length * 50 + 1)]
+    return special, timestamps
+
+
+def build_whisper_tokenizer(sizes: TinyWhisperSizes):
+    """A ``WhisperTokenizer`` with a locally trained BPE and Whisper's special-token layout."""
+    from transformers import AddedToken, WhisperTokenizer
+
+    vocab, merges = _train_bpe(sizes.bpe_vocab)
+    special, timestamps = whisper_special_tokens(sizes.chunk_length)
+    tok = WhisperTokenizer(vocab=vocab, merges=merges)
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in special[1:]], special_tokens=True)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in timestamps])
+    return tok
+
+
+def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyWhisperSizes | None = None) -> Path:
+    """Write a tiny ``WhisperForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    s = sizes or TinyWhisperSizes()
+    tok = build_whisper_tokenizer(s)
+    ids = lambda t: tok.convert_tokens_to_ids(t)  # noqa: E731
+    eot, sot = ids("<|endoftext|>"), ids("<|startoftranscript|>")
+    frames = s.chunk_length * 100  # hop 160 at 16 kHz
+    config = WhisperConfig(
+        vocab_size=len(tok),
+        num_mel_bins=s.num_mel_bins,
+        d_model=s.d_model,
+        encoder_layers=s.encoder_layers,
+        decoder_layers=s.decoder_layers,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=s.ffn,
+        decoder_ffn_dim=s.ffn,
+        max_source_positions=frames // 2,
+        max_target_positions=s.max_target_positions,
+        pad_token_id=eot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        decoder_start_token_id=sot,
+        suppress_tokens=[],
+        begin_suppress_tokens=[eot],
+    )
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config)
+    g = model.generation_config
+    g.decoder_start_token_id, g.eos_token_id, g.pad_token_id = sot, eot, eot
+    g.lang_to_id = {f"<|{c}|>": ids(f"<|{c}|>") for c in LANGUAGES}
+    g.task_to_id = {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")}
+    g.no_timestamps_token_id = ids("<|notimestamps|>")
+    g.is_multilingual = True
+    g.max_initial_timestamp_index = 50
+    g.begin_suppress_tokens = [eot]
+    g.suppress_tokens = []
+    g._from_model_config = False  # keep these fields when loading (else regenerated from the model config)
+    fe = WhisperFeatureExtractor(
+        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
+    )
+    processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
+    return _save_atomically(directory, model, processor)
+
+
+def _save_atomically(directory: str | os.PathLike, model, processor) -> Path:
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
+    model.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process built it first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def resolve_model_path(name: str, seed: int = 0) -> str:
+    """The directory for built-in tiny model names (built on first use); other names pass through."""
+    builders = {TINY_WHISPER: build_tiny_whisper, TINY_QWEN2_AUDIO: build_tiny_qwen2_audio}
+    if name not in builders:
+        return name
+    directory = cache_dir() / f"{name}-seed{seed}"
+    if not (directory / "config.json").is_file():
+        builders[name](directory, seed=seed)
+    return str(directory)
+
+
+QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
+
+# Qwen2-Audio-Instruct's chat template shape: each audio becomes "Audio k: <|audio_bos|><|AUDIO|><|audio_eos|>".
+QWEN_AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' or 'audio' in part or 'audio_url' in part %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass
+class TinyQwen2AudioSizes:
+    """Sizes of the tiny Qwen2-Audio (the architecture is the real one)."""
+
+    text_hidden: int = 64
+    text_layers: int = 2
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_intermediate: int = 128
+    audio_d_model: int = 64
+    audio_layers: int = 2
+    audio_heads: int = 4
+    audio_ffn: int = 128
+    num_mel_bins: int = 80
+    chunk_length: int = 3
+    """Seconds per audio window (Qwen2-Audio: 30); the audio encoder sees chunk_length·100 mel frames."""
+    bpe_vocab: int = 400
+
+
+def build_qwen_audio_tokenizer(vocab_size: int = 400):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen2-Audio's special tokens, trained on a fixed corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=QWEN_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
+        extra_special_tokens={"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>",
+                              "audio_eos_token": "<|audio_eos|>"},
+    )  # fmt: skip
+    fast.add_tokens(TAG_TOKENS)
+    fast.chat_template = QWEN_AUDIO_CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_qwen2_audio(
+    directory: str | os.PathLike, seed: int = 0, sizes: TinyQwen2AudioSizes | None = None
+) -> Path:
+    """Write a tiny ``Qwen2AudioForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
+
+    s = sizes or TinyQwen2AudioSizes()
+    tok = build_qwen_audio_tokenizer(s.bpe_vocab)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    config = Qwen2AudioConfig(
+        audio_config=dict(
+            num_mel_bins=s.num_mel_bins, encoder_layers=s.audio_layers, encoder_attention_heads=s.audio_heads,
+            encoder_ffn_dim=s.audio_ffn, d_model=s.audio_d_model, max_source_positions=s.chunk_length * 50,
+        ),
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=s.text_hidden, intermediate_size=s.text_intermediate,
+            num_hidden_layers=s.text_layers, num_attention_heads=s.text_heads, num_key_value_heads=s.text_kv_heads,
+            max_position_embeddings=4096, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True,
+        ),
+        audio_token_index=ids["<|AUDIO|>"],
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen2AudioForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    fe = WhisperFeatureExtractor(
+        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
+    )
+    processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
+    return _save_atomically(directory, model, processor)
