@@ -7,7 +7,7 @@ Video-R1 GRPO trainer ``src/r1-v/src/open_r1/trainer/grpo_trainer.py``):
   (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300, §4.1.2).
 * ``dr_grpo`` — the same group-mean baseline; Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training",
   arXiv 2503.20783, §3.1) drops the std division, so its paper default ``scale`` is ``"none"``. The estimator
-  itself is identical to ``grpo``: "Dr.GRPO is a config change, not a branch" (STYLE.md 3).
+  itself is identical to ``grpo``: Dr.GRPO is a config change, not a branch.
 * ``rloo`` — leave-one-out baseline, A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_G r)
   (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization", arXiv 2402.14740).
 * ``scale`` (independent of the estimator): ``"group"`` divides by the group's std + eps, ``"batch"`` by the std

@@ -1,6 +1,6 @@
 """Per-unit policy losses: importance-ratio levels, surrogates, aggregations and KL estimators.
 
-Four registries, one signature each (STYLE.md 2); the trainer composes them as
+Four registries, one signature each; the trainer composes them as
 ``loss = AGGREGATIONS[a](SURROGATES[s](RATIO_LEVELS[l](logprobs − old_logprobs, mask), advantages, mask)[0], mask)``
 plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs)`` aggregated the same way. Formulas: TRL
 ``trl/trainer/grpo_trainer.py`` ``_compute_loss`` (each ``loss_type``) and GCPO (arXiv 2510.21583) for chunk ratios.

@@ -1,4 +1,4 @@
-"""A small name → object registry used wherever the signature is uniform (STYLE.md 2).
+"""A small name → object registry used wherever the signature is uniform.
 
 One registry per protocol: estimators, surrogates, aggregations, KL estimators, shapers, adapters, tasks and
 rewards each have their own. Duplicate names raise; an unknown name lists the valid ones.

@@ -1,6 +1,6 @@
 """The training loop: sample → reward → advantage → update → log, on accelerate. Reads top to bottom.
 
-One step (DESIGN.md §3):
+One step:
   1. ``adapter.rollout(rows, G)``: B = P·G samples with ``old_logprobs [B, T]`` (no grad).
   2. rewards ``[P, G, K]`` from the reward runner (NaN = not applicable).
   3. advantages ``[P, G]`` (estimator, scale, multi-reward combination), optional zero-variance filter,

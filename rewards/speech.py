@@ -67,8 +67,9 @@ def wer(
     :func:`normalize_transcript` on both sides when ``normalize``. An empty hypothesis gives 0; an empty
     reference gives 1 if the hypothesis is empty too, else 0 (WER is undefined there).
 
-    Source: the rule-based WER reward of GRPO for LLM-based ASR (Amazon, arXiv 2509.01939; research §3.3, exact
-    form unverified) and Video-R1's OCR reward ``clip(1 − WER, 0, 1)`` (research §2.1).
+    Source: the rule-based WER reward of GRPO for LLM-based ASR (Amazon, arXiv 2509.01939; exact form unverified)
+    and Video-R1's OCR reward ``clip(1 − WER, 0, 1)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``,
+    ``accuracy_reward``).
     """
     return _error_rate_reward(
         completions, columns, metric="wer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
@@ -91,7 +92,7 @@ def cer(
     ``r = 1 − min(1, CER(ref, hyp))`` with ``CER = (S + D + I) / N_ref`` characters, spaces included
     (``jiwer.cer``); normalisation and empty cases as in :func:`wer`.
 
-    Source: the character-level counterpart of the WER reward (research §3.3), the usual ASR metric for
+    Source: the character-level counterpart of the WER reward (arXiv 2509.01939), the usual ASR metric for
     Chinese/Japanese (Morris et al. 2004 define both rates).
     """
     return _error_rate_reward(

@@ -6,7 +6,7 @@ unit i is the transition x_i → x_{i+1}, with the Gaussian log-density of the s
 (:mod:`.flow_kernels`; **averaged over the D latent elements**) and ``mask`` 1 only where the transition was
 stochastic *and* selected for training (:mod:`.flow_steps`). Deterministic (ODE) transitions have mask 0.
 
-What this adapter guarantees (DESIGN.md §3, §6; Flow-GRPO, arXiv 2505.05470):
+What this adapter guarantees (the adapter contract in ``docs/architecture.md``; Flow-GRPO, arXiv 2505.05470):
 - Prompts are encoded once per prompt (text encoders frozen, no grad); the G samples of a group index them.
 - Rollout and training use the same velocity function: with ``cfg: guided`` the log-prob is of the guided
   velocity v_u + w(v_c − v_u), both branches in one batched forward and both differentiable (Flow-GRPO after

@@ -6,24 +6,29 @@ registry with one signature::
 
     selector(num_steps: int, batch_size: int, group_size: int, *, generator, iteration, **params) -> StepPlan
 
-- ``fraction``       Flow-GRPO (Liu et al. 2025, §5.1; note §1.3): every step is SDE; the first ⌊f·T⌋ steps
-                     are trained (f = 0.99 trains 9 of 10: the last, near-clean step is skipped).
-- ``random_subset``  DanceGRPO (Xue et al. 2025; note §2) and DDPO: every step is SDE; each sample trains its own
-                     random ⌊f·T'⌋ steps (T' = T − 1 with ``exclude_last``).
-- ``sde_window``     Flow-GRPO-Fast (note §1.3): one window [s, s+w) per rollout, s ~ U{lo, …, hi − w}; SDE and
-                     trained inside, ODE outside. ``window=0`` is plain Flow-GRPO on [0, T−1).
-- ``sliding_window`` MixGRPO (Li et al. 2025, arXiv 2507.21802, §3.2; note §3): the window start moves by
-                     ``stride`` every ``every`` iterations (``progressive``, optionally rolling back to 0) or is drawn
-                     uniformly each iteration (``random``).
-- ``branching``      TempFlow-GRPO trajectory branching (He et al. 2025, arXiv 2508.04324, §3.1; note §4): all G
-                     samples of a group share the initial noise and the ODE prefix up to a branch step k; only
-                     the transition at k is stochastic and trained, so the group advantage is exactly the
-                     advantage "of the children that share (seed, k)". **Departure:** TempFlow branches every k
-                     for N seeds per prompt; we draw one k per group per rollout (uniform over [lo, hi)), so a
-                     prompt's steps are covered across iterations instead of within one.
-- ``chunks``         Chunk-GRPO (Luo et al. 2025, arXiv 2510.21583, §3.3; note §5): every step is SDE; after the
-                     rollout, each sample trains ⌊f·M⌋ of its M chunks, drawn without replacement uniformly or
-                     with probability ∝ the chunk's mean relative latent change ‖x_{t+1} − x_t‖₁/‖x_t‖₁.
+- ``fraction``       Flow-GRPO (Liu et al. 2025, arXiv 2505.05470, §5.1; yifan123/flow_grpo ``scripts/train_sd3.py``,
+                     ``timestep_fraction``): every step is SDE; the first ⌊f·T⌋ steps are trained (f = 0.99 trains
+                     9 of 10: the last, near-clean step is skipped).
+- ``random_subset``  DanceGRPO (Xue et al. 2025, arXiv 2505.07818; XueZeyue/DanceGRPO ``fastvideo/train_grpo_flux.py``)
+                     and DDPO: every step is SDE; each sample trains its own random ⌊f·T'⌋ steps (T' = T − 1 with
+                     ``exclude_last``).
+- ``sde_window``     Flow-GRPO-Fast (yifan123/flow_grpo ``scripts/train_sd3_fast.py``): one window [s, s+w) per
+                     rollout, s ~ U{lo, …, hi − w}; SDE and trained inside, ODE outside. ``window=0`` is plain
+                     Flow-GRPO on [0, T−1).
+- ``sliding_window`` MixGRPO (Li et al. 2025, arXiv 2507.21802, §3.2; Tencent-Hunyuan/MixGRPO
+                     ``fastvideo/utils/grpo_states.py``): the window start moves by ``stride`` every ``every``
+                     iterations (``progressive``, optionally rolling back to 0) or is drawn uniformly each iteration
+                     (``random``).
+- ``branching``      TempFlow-GRPO trajectory branching (He et al. 2025, arXiv 2508.04324, §3.1; the authors' reply in
+                     Shredded-Pork/TempFlow-GRPO issue #3): all G samples of a group share the initial noise and the
+                     ODE prefix up to a branch step k; only the transition at k is stochastic and trained, so the
+                     group advantage is exactly the advantage of the children that share (seed, k). **Departure:**
+                     TempFlow branches every k for N seeds per prompt; we draw one k per group per rollout (uniform
+                     over [lo, hi)), so a prompt's steps are covered across iterations instead of within one.
+- ``chunks``         Chunk-GRPO (Luo et al. 2025, arXiv 2510.21583, §3.3; xingzhejun/GCPO
+                     ``fastvideo/utils/chunk.py``): every step is SDE; after the rollout, each sample trains ⌊f·M⌋ of
+                     its M chunks, drawn without replacement uniformly or with probability ∝ the chunk's mean
+                     relative latent change ‖x_{t+1} − x_t‖₁/‖x_t‖₁.
 
 The adapter additionally masks out transitions whose kernel is deterministic (std 0: CPS and DDIM last steps).
 """

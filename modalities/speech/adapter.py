@@ -1,6 +1,6 @@
 """Whisper policies: speech → text with ``WhisperForConditionalGeneration`` (seq2seq); the units are decoder tokens.
 
-What this adapter guarantees (DESIGN.md §3, §6):
+What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - Audio is decoded (``audio.py``: soundfile, resampled by soxr) and turned into log-mel features once per prompt
   per rollout, and the **encoder runs once per prompt**: when sampling, the P prompts are encoded once, the decoder
   prompt is prefilled once per prompt (self- and cross-attention K/V), and that cache is expanded G ways; in the

@@ -2,7 +2,8 @@
 
 Files are decoded by ``soundfile`` (libsndfile: wav, flac, ogg, mp3 with libsndfile ≥ 1.1) and resampled by
 ``soxr`` (high quality), never by hand. Multi-channel audio is averaged to mono, as Whisper's and Qwen2-Audio's
-feature extractors expect one channel (R1-AQA takes channel 0; research notes on audio I/O: 16 kHz mono).
+feature extractors expect one channel (R1-AQA takes channel 0, xiaomi-research/r1-aqa ``src/dataset/dataset.py``;
+qwen-vl-utils' ``fetch_audio`` returns 16 kHz mono).
 
 Every user mistake is one line naming the row and the file: a missing or undecodable file, an empty signal,
 a silent one (peak amplitude below ``silence_threshold``), or non-finite samples.

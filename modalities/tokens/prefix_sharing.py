@@ -14,15 +14,15 @@ times per prompt, when sampling and again in every training forward. This module
   token's log-probability under the sampling distribution (before top-k/top-p truncation, as the training
   forward computes it). Only the arguments given here shape the distribution; a checkpoint's
   ``generation_config`` extras (repetition penalty...) do not silently change it.
-* **Split-attention training forward** (:func:`completion_logits`), the idea of Prefix Grouper (verl PR #4368;
-  anchors_llm_vlm.md §1, §3.3 and §5 item 14). The U distinct prompts of a minibatch are encoded once — vision
-  encoder, prompt self-attention, MLPs — *with* autograd, keeping their per-layer keys/values; each of the n
-  completions then runs over its own tokens only, its queries attending to [its prompt's K/V ; its own causal
-  K/V]. The prompt K/V reach the completions through ``index_select``, so a prompt's hidden states receive the
-  summed gradient of every completion that attends to them: the gradient of the naive path's G copies.
-  verl patches the attention functions and needs FSDP without remove-padding; here the split is expressed
-  through the model's own KV-cache interface (prefill, then continue with ``past_key_values``), so the model's
-  layers, attention kernels (sdpa/eager), LoRA layers and left-padded prompt batches are used unchanged.
+* **Split-attention training forward** (:func:`completion_logits`), the idea of Prefix Grouper (Liu et al. 2025, arXiv
+  2506.05433; in verl since PR #4368, ``verl/trainer/ppo/prefix_grouper_utils.py``). The U distinct prompts of a
+  minibatch are encoded once — vision encoder, prompt self-attention, MLPs — *with* autograd, keeping their per-layer
+  keys/values; each of the n completions then runs over its own tokens only, its queries attending to [its prompt's
+  K/V ; its own causal K/V]. The prompt K/V reach the completions through ``index_select``, so a prompt's hidden
+  states receive the summed gradient of every completion that attends to them: the gradient of the naive path's G
+  copies. verl patches the attention functions and needs FSDP without remove-padding; here the split is expressed
+  through the model's own KV-cache interface (prefill, then continue with ``past_key_values``), so the model's layers,
+  attention kernels (sdpa/eager), LoRA layers and left-padded prompt batches are used unchanged.
 
 Positions. Qwen2/2.5-VL use 3-D mRoPE: image tokens get (t, h, w) positions, and text after the image continues
 from the rope index reached at the end of the prompt. That continuation is read from the model's

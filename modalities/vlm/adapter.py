@@ -3,7 +3,7 @@
 Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL and any ``AutoModelForImageTextToText`` whose processor takes
 ``text=`` and ``images=``, plus text-only ``AutoModelForCausalLM`` models (rows without images).
 
-What this adapter guarantees (DESIGN.md §3, §6):
+What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - Media are decoded and run through the processor once per prompt; the G samples of a prompt reuse that
   encoding. With ``kv_expand_rollout`` and ``prefix_sharing`` (default on; ``prefix_sharing.py``) the vision
   encoder and the prompt forward also run once per prompt: sampling prefills each prompt once and expands its
