@@ -148,7 +148,7 @@ def is_think_answer_format(text: str, think: bool = True) -> bool:
     """True iff ``text`` is exactly ``<think>…</think><answer>…</answer>`` (or ``<answer>…</answer>`` when
     ``think=False``), whitespace tolerated around and between the blocks.
 
-    Stricter than the anchors' ``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``
+    Stricter than the reference implementations' ``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``
     (Video-R1, R1-V, VideoChat-R1): their non-greedy groups still span a second block, so
     ``<answer>a</answer><answer>b</answer>`` passes there. Here each block holds no other think/answer tag,
     as TW-GRPO's "at most one of each tag" check intends.

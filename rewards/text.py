@@ -51,7 +51,7 @@ def format_reward(completions: list, *, prompts: list | None = None, think: bool
     (``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``) and R1-AQA's answer-only variant
     (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; xiaomi-research/r1-aqa, arXiv 2503.11197).
     Departure: a block may not contain another think/answer tag, so two ``<answer>``
-    blocks fail here while they pass the anchors' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
+    blocks fail here while they pass the reference implementations' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
     """
     return [float(is_think_answer_format(completion_text(c), think=think)) for c in completions]
 

@@ -68,7 +68,7 @@ def test_completion_and_prompt_text():
         ("<answer>a</answer>", True, False),
         ("<think>r</think><answer>a</answer> trailing", True, False),
         ("prefix <think>r</think><answer>a</answer>", True, False),
-        ("<think>r</think><answer>a</answer><answer>b</answer>", True, False),  # the anchors' regex lets this pass
+        ("<think>r</think><answer>a</answer><answer>b</answer>", True, False),  # the reference implementations' regex lets this pass
         ("<think>r<think>x</think><answer>a</answer>", True, False),
         ("<think>r</think><answer>a", True, False),
         ("<answer>a</answer>", False, True),

@@ -16,7 +16,7 @@ scale s and temperature τ, tokens are drawn from
 ``cfg_logprob: guided`` (default) trains on exactly that log-probability (fp32), the gradient reaching both
 branches through one batched forward of the 2n rows; the ratio is then that of the policy that sampled (Flow-GRPO
 makes the same choice for diffusion CFG, Liu et al. 2025 §4.1, ``flow_grpo`` commit a482878). ``cfg_logprob:
-cond`` is the anchors' shortcut — log softmax(ℓ_c / τ), the conditional branch only (AR-GRPO
+cond`` is the reference implementations' shortcut — log softmax(ℓ_c / τ), the conditional branch only (AR-GRPO
 ``Kwai-Klear/AR-GRPO`` ``modeling.py::forward``; T2I-R1 ``CaraJ7/T2I-R1`` ``grpo_trainer.py::_get_per_token_logps``)
 — kept for comparison; its ratio is not that of the sampler unless s = 1. ``cfg_logprob: scaled`` is
 Janus-Pro-R1's log softmax((ℓ_u + s(ℓ_c − ℓ_u)) / s) (``wendell0218/Janus-Pro-R1`` ``grpo_trainer_t2iv3.py``).
@@ -363,7 +363,7 @@ class ARImageAdapter:
     def evaluate(self, prompts: list[dict]) -> list[Image.Image]:
         """One image per prompt, sampled with a generator seeded by the row's ``seed`` (default 0): the same rows
         give the same images, and distinct seeds give distinct samples of the policy (greedy decoding of a VQ
-        generator collapses to a few images, so evaluation samples, as the anchors' GenEval numbers do)."""
+        generator collapses to a few images, so evaluation samples, as the reference implementations' GenEval numbers do)."""
         images = []
         for row in prompts:
             gen = torch.Generator(device=self.device).manual_seed(int(row.get("seed", 0)))
