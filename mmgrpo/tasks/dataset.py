@@ -188,6 +188,9 @@ class _ArrowSource(_Source):
         return dict(self.data[i])
 
 
+_EXAMPLE_HINT = "; the example datasets are made by `python examples/make_example_datasets.py examples/data`"
+
+
 def _open_source(spec: str, split: str, field_name: str) -> _Source:
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -203,10 +206,13 @@ def _open_source(spec: str, split: str, field_name: str) -> _Source:
                 raise ConfigError(f"task.args.split: {spec} has splits {sorted(data)}, not {split!r}")
             data = data[split]
         return _ArrowSource(str(path), path, data)
+    hint = _EXAMPLE_HINT if spec.startswith("examples/data/") else ""
     if path.suffix.lower() in FILE_FORMATS:
         if not path.is_file():
-            raise ConfigError(f"task.args.{field_name}: data file {spec!r} does not exist")
+            raise ConfigError(f"task.args.{field_name}: data file {spec!r} does not exist{hint}")
         return _read_file(path)
+    if hint and not path.exists():
+        raise ConfigError(f"task.args.{field_name}: {spec!r} does not exist{hint}")
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise ConfigError(
             f"task.args.{field_name}: {spec!r} is not a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk "
