@@ -42,7 +42,6 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct pr
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +55,7 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
 
 CFG_LOGPROBS = ("guided", "cond", "scaled")
@@ -180,7 +180,7 @@ def _select_cache(cache: Any, rows: Tensor) -> Any:
     return cache
 
 
-class ARImageAdapter:
+class ARImageAdapter(TokenPolicy):
     """Image-token policy with classifier-free guidance (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, family: Any, args: ARImageArgs, reference=None):
@@ -191,18 +191,11 @@ class ARImageAdapter:
         self.reference = reference
         self.T = family.grid[0] * family.grid[1]
 
-    def _unwrapped(self) -> torch.nn.Module:
-        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
-
     def _base(self, model: torch.nn.Module) -> torch.nn.Module:
         """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
         while hasattr(model, "module"):
             model = model.module
         return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-    @property
-    def device(self) -> torch.device:
-        return next(self._unwrapped().parameters()).device
 
     @property
     def guided(self) -> bool:
@@ -371,41 +364,7 @@ class ARImageAdapter:
             images += self.family.decode(self._base(self._unwrapped()), tokens.to(self.device))
         return images
 
-    # --------------------------------------------------------------------------------------- log-probs
-
-    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        out = self._token_logprobs(self.model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
-    @torch.no_grad()
-    def _batched_no_grad(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
-        chunks = []
-        for start in range(0, rollout.batch_size, self.args.forward_batch_size):
-            idx = torch.arange(start, min(start + self.args.forward_batch_size, rollout.batch_size))
-            chunks.append(self._token_logprobs(model, rollout.state, idx).cpu())
-        return torch.cat(chunks)
-
-    @torch.no_grad()
-    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        model = self._unwrapped()
-        if self.reference is not None:
-            ctx, model = nullcontext(), self.reference
-        elif hasattr(model, "disable_adapter"):
-            ctx = model.disable_adapter()
-        else:
-            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
-        with ctx:
-            out = self._token_logprobs(model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
     # ------------------------------------------------------------------------------- training plumbing
-
-    def sync_reference(self) -> None:
-        if self.reference is not None:
-            self.reference.load_state_dict(self._unwrapped().state_dict())
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self._unwrapped().parameters() if p.requires_grad]
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)

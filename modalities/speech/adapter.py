@@ -28,7 +28,6 @@ column reaches the rewards as given.
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,7 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens.policy import TokenPolicy
 from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
 from .audio import load_audio
 from .tiny import resolve_model_path
@@ -108,7 +108,7 @@ class SpeechState:
     cache: AudioCache
 
 
-class WhisperAdapter:
+class WhisperAdapter(TokenPolicy):
     """Token-level policy over a Whisper seq2seq model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, processor: Any, args: WhisperArgs, reference: torch.nn.Module | None):
@@ -146,13 +146,6 @@ class WhisperAdapter:
         return sorted(i for i in banned if i < V), sorted(i for i in begin if i < V)
 
     # ------------------------------------------------------------------ prompts: audio processed once per prompt
-
-    def _unwrapped(self) -> torch.nn.Module:
-        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
-
-    @property
-    def device(self) -> torch.device:
-        return next(self._unwrapped().parameters()).device
 
     def _audio_cache(self, rows: list[dict]) -> AudioCache:
         waves = []
@@ -292,34 +285,6 @@ class WhisperAdapter:
         first[:, 0] = True
         logp = torch.log_softmax(self._scores(logits, first), dim=-1)  # [n, T, V] fp32
         return logp.gather(-1, comp[..., None]).squeeze(-1)  # [n, T]
-
-    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        out = self._token_logprobs(self.model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
-    @torch.no_grad()
-    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        model = self._unwrapped()
-        if self.reference is not None:
-            ctx, model = nullcontext(), self.reference
-        elif hasattr(model, "disable_adapter"):
-            ctx = model.disable_adapter()
-        else:
-            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
-        with ctx:
-            out = self._token_logprobs(model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
-    # ------------------------------------------------------------------------------- training plumbing
-
-    def sync_reference(self) -> None:
-        """Make the frozen reference equal to the current policy (after a supervised warm-up). With LoRA the
-        reference stays the adapter-disabled base model."""
-        if self.reference is not None:
-            self.reference.load_state_dict(self._unwrapped().state_dict())
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self._unwrapped().parameters() if p.requires_grad]
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +38,7 @@ from mmgrpo.types import DataError, Rollout
 from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.media import ImageEncoder, MediaEncoder, count_parts, one_or_list
+from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
 
 
@@ -111,7 +112,7 @@ class VLMState:
     cache: PromptCache
 
 
-class VLMAdapter:
+class VLMAdapter(TokenPolicy):
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
     def __init__(
@@ -155,13 +156,6 @@ class VLMAdapter:
         return sorted(vocab[t] for t in tokens if isinstance(t, str) and t in vocab)
 
     # ------------------------------------------------------------------ prompts: processed once per prompt
-
-    def _unwrapped(self) -> torch.nn.Module:
-        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
-
-    @property
-    def device(self) -> torch.device:
-        return next(self._unwrapped().parameters()).device
 
     def _messages(self, row: dict, counts: dict[str, int]) -> list[dict]:
         """The chat of one row: a conversational prompt as given, else one user message with a ``{"type": kind}``
@@ -423,43 +417,6 @@ class VLMAdapter:
             logits[:, : self.args.min_new_tokens, self.eos_ids.tolist()] = float("-inf")  # EOS banned there too
         logp = torch.log_softmax(logits / self.args.temperature, dim=-1)  # [n, T, V] fp32
         return logp.gather(-1, comp.to(logp.device)[..., None]).squeeze(-1)  # [n, T]
-
-    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        out = self._token_logprobs(self.model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
-    @torch.no_grad()
-    def _batched_no_grad(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
-        chunks = []
-        for start in range(0, rollout.batch_size, self.args.forward_batch_size):
-            idx = torch.arange(start, min(start + self.args.forward_batch_size, rollout.batch_size))
-            chunks.append(self._token_logprobs(model, rollout.state, idx).cpu())
-        return torch.cat(chunks)
-
-    @torch.no_grad()
-    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
-        model = self._unwrapped()
-        if self.reference is not None:
-            ctx, model = nullcontext(), self.reference
-        elif hasattr(model, "disable_adapter"):
-            ctx = model.disable_adapter()
-        else:
-            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
-        with ctx:
-            out = self._token_logprobs(model, rollout.state, index)
-        return out * rollout.mask[index].to(out.device)
-
-    # ------------------------------------------------------------------------------- training plumbing
-
-    def sync_reference(self) -> None:
-        """Make the frozen reference equal to the current policy (called after a supervised warm-up, so the KL
-        anchors to the warmed-up model as RLHF anchors to its SFT model). With LoRA the reference stays the
-        adapter-disabled base model."""
-        if self.reference is not None:
-            self.reference.load_state_dict(self._unwrapped().state_dict())
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self._unwrapped().parameters() if p.requires_grad]
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)

@@ -1,0 +1,84 @@
+"""What every token policy shares once it can score tokens: log-probs, reference log-probs, LoRA/frozen reference.
+
+A token policy (VLM, video, audio LLM, Whisper, autoregressive image) defines one method,
+``_token_logprobs(model, state, index) -> [n, T]``: the log-probabilities of rows ``index`` of its rollout state
+under ``model``, differentiable when grad is on. :class:`TokenPolicy` builds the rest of the
+:class:`~mmgrpo.types.PolicyAdapter` log-prob surface on it, identically for every family:
+
+- ``logprobs``: the policy (possibly DDP/FSDP-wrapped, so the wrapper's forward hooks run), masked;
+- ``ref_logprobs``: the frozen reference copy when there is one (full fine-tuning with β > 0), else the same
+  model with its LoRA adapter disabled (peft's ``disable_adapter``) — the reference of TRL and verl with LoRA;
+- ``_batched_no_grad``: no-grad log-probs in ``args.forward_batch_size`` chunks (old/reference log-probs);
+- ``sync_reference`` (after a supervised warm-up the KL anchors to the warmed-up model, as RLHF anchors to its
+  SFT model) and ``trainable_parameters``.
+
+Subclasses set ``model``, ``reference`` and ``args`` (with ``forward_batch_size``).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo.types import Rollout
+
+from .. import _hf
+
+
+class TokenPolicy:
+    """Log-prob plumbing shared by the token policies (see the module docstring)."""
+
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    args: Any
+
+    def _token_logprobs(self, model: torch.nn.Module, state: Any, index: Tensor) -> Tensor:
+        """Log-probs [n, T] of the sampled units of rows ``index`` of ``state`` under ``model``."""
+        raise NotImplementedError
+
+    def _unwrapped(self) -> torch.nn.Module:
+        return _hf.unwrap(self.model)  # DDP / accelerate wrappers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self._unwrapped().parameters()).device
+
+    def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        out = self._token_logprobs(self.model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    @torch.no_grad()
+    def _batched_no_grad(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
+        chunks = []
+        for start in range(0, rollout.batch_size, self.args.forward_batch_size):
+            idx = torch.arange(start, min(start + self.args.forward_batch_size, rollout.batch_size))
+            chunks.append(self._token_logprobs(model, rollout.state, idx).cpu())
+        return torch.cat(chunks)  # [B, T]
+
+    @torch.no_grad()
+    def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
+        model = self._unwrapped()
+        if self.reference is not None:
+            ctx, model = nullcontext(), self.reference
+        elif hasattr(model, "disable_adapter"):
+            ctx = model.disable_adapter()
+        else:
+            raise RuntimeError("no reference policy: enable model.lora or build the adapter with need_reference=True")
+        with ctx:
+            out = self._token_logprobs(model, rollout.state, index)
+        return out * rollout.mask[index].to(out.device)
+
+    def sync_reference(self) -> None:
+        """Make the frozen reference equal to the current policy; with LoRA the reference stays the
+        adapter-disabled base model."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self._unwrapped().state_dict())
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+
+__all__ = ["TokenPolicy"]
