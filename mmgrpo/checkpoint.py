@@ -199,11 +199,13 @@ def _save_rng(state: Path, rank: int) -> None:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     atomic_write_text(
         state / f"rng-{rank}.json",
-        json.dumps({
-            "python": [version, list(internal), gauss],
-            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        }),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "python": [version, list(internal), gauss],
+                "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            }
+        ),
+    )
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):

@@ -267,8 +267,9 @@ class VideoMotionTask:
             idx = by_type.get(qtype)
             if not idx:
                 continue
-            scores = load_reward(reward)([outputs[i] for i in idx], prompts=[prompts[i] for i in idx],
-                                         answer=[rows[i]["answer"] for i in idx])  # fmt: skip
+            scores = load_reward(reward)(
+                [outputs[i] for i in idx], prompts=[prompts[i] for i in idx], answer=[rows[i]["answer"] for i in idx]
+            )
             out[name] = sum(scores) / len(scores)
         if "direction" in by_type:
             out["chance"] = 1 / len(self.args.directions)
