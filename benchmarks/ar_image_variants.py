@@ -1,5 +1,6 @@
 """GRPO on image tokens on the synthetic flow_shapes task: held-out reward and realism before vs after, on CPU,
-with the exact guided log-probs (``configs/ar_image_grpo.yaml``) and the reference implementations' conditional-only shortcut
+with the exact guided log-probs (``configs/ar_image_grpo.yaml``) and the reference implementations' conditional-only
+shortcut
 (``configs/ar_image_cond.yaml``, identical except ``model.args.cfg_logprob``).
 
     OMP_NUM_THREADS=1 python benchmarks/ar_image_variants.py --seeds 0 1 2 --out runs/ar_image_variants
@@ -59,7 +60,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     lines = [
-        "| log-probs | reward before | reward after | seeds beating base | realism before | realism after | wall s/run |",
+        "| log-probs | reward before | reward after | seeds beating base "
+        "| realism before | realism after | wall s/run |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():

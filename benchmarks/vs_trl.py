@@ -21,7 +21,8 @@ first, so both see the same machine load. Each subprocess imports the same libra
 datasets, mmgrpo) before loading anything, so import overhead does not differ; it runs ``--warmup`` untimed steps,
 then ``--steps`` timed ones, then (first repeat only) one more under ``torch.utils.flop_counter.FlopCounterMode``
 to count the FLOPs of a step. It reports per step: ``step`` (wall time of the whole optimizer step), ``rollout``
-(the sampling call: TRL ``_generate_single_turn``, mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step − rollout: processor,
+(the sampling call: TRL ``_generate_single_turn``, mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step −
+rollout: processor,
 rewards, advantages, log-prob forwards, backward, optimizer), plus peak resident memory (``ru_maxrss``, before the
 FLOP-counting step; ``working set`` = that peak minus the RSS after imports). A plain fp32 matmul benchmark runs in
 its own subprocess after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step
@@ -527,9 +528,11 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
     for r in table:
         t, m, q = r["trl"], r["mmgrpo"], r["trl_over_mmgrpo"]
         lines.append(
-            f"| {r['ratio']:.1f}:1 | {r['prompt_tokens']} | {r['completion_tokens']} | {t['step_s']:.2f} | {m['step_s']:.2f} "
+            f"| {r['ratio']:.1f}:1 | {r['prompt_tokens']} | {r['completion_tokens']} "
+            f"| {t['step_s']:.2f} | {m['step_s']:.2f} "
             f"| {q['step_s']:.2f} | {q['rollout_s']:.2f} | {q['update_s']:.2f} | {t['peak_rss_mb']:.0f} "
-            f"| {m['peak_rss_mb']:.0f} | {r['mmgrpo_memory_saving']:.0%} | {t['working_set_mb']:.0f} / {m['working_set_mb']:.0f} "
+            f"| {m['peak_rss_mb']:.0f} | {r['mmgrpo_memory_saving']:.0%} "
+            f"| {t['working_set_mb']:.0f} / {m['working_set_mb']:.0f} "
             f"| {t['flops_per_step'] / 1e9:.1f} / {m['flops_per_step'] / 1e9:.1f} | {t['fraction_of_matmul']:.3f} "
             f"| {m['fraction_of_matmul']:.3f} |"
         )
@@ -629,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": _environment(a.threads),
         "matmul_flops_per_s": matmul,
         "table": table,
-        "runs": [{k: v for k, v in r.items()} for r in runs],
+        "runs": [dict(r.items()) for r in runs],
         "wall_s": time.perf_counter() - t_start,
     }
     (out / "vs_trl.json").write_text(json.dumps(report, indent=1, default=str))
@@ -639,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     q = at8["trl_over_mmgrpo"]
     span = [r["trl_over_mmgrpo"]["step_s"] for r in table]
     print(
-        f"vs_trl: at {at8['ratio']:.1f}:1 mmgrpo's step is {q['step_s']:.2f}x faster than TRL's (rollout {q['rollout_s']:.2f}x, "
+        f"vs_trl: at {at8['ratio']:.1f}:1 mmgrpo's step is {q['step_s']:.2f}x faster than TRL's "
+        f"(rollout {q['rollout_s']:.2f}x, "
         f"log-prob+update {q['update_s']:.2f}x), peak RSS {at8['mmgrpo_memory_saving']:.0%} lower; step speed-up "
         f"{min(span):.2f}x..{max(span):.2f}x over {table[0]['ratio']:.0f}:1..{table[-1]['ratio']:.0f}:1; "
         f"{out / 'vs_trl.json'}"

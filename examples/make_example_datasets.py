@@ -64,7 +64,10 @@ def write_vlm_r1_rec(root: Path, n: int = 16, seed: int = 0) -> Path:
         img, colour, box = rec_image(rng)
         name = f"images/rec_{i:05d}.png"
         img.save(root / name)
-        question = f"<image>Please provide the bounding box coordinate of the region this sentence describes: the {colour} square."
+        question = (
+            "<image>Please provide the bounding box coordinate of the region this sentence describes: "
+            f"the {colour} square."
+        )
         lines.append(
             {
                 "id": i,

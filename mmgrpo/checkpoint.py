@@ -174,7 +174,7 @@ def verify(directory: Path, *, num_processes: int = 1) -> None:
         if path.name.startswith("rng-"):
             continue
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
                 t = f.get_tensor(key)
                 if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                     raise CheckpointError(f"checkpoint {directory}: {path.name}[{key}] is not finite")
@@ -196,7 +196,7 @@ def _save_optimizer(state: Path, sd: dict) -> None:
 def _save_rng(state: Path, rank: int) -> None:
     """Python, NumPy and torch RNG of this process, without pickle."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 - the global RNG is what is saved
     atomic_write_text(
         state / f"rng-{rank}.json",
         json.dumps(
@@ -261,7 +261,7 @@ def _load_rng(state: Path, rank: int) -> None:
     version, internal, gauss = saved["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = saved["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))  # noqa: NPY002
     tensors = load_file(str(state / f"rng-{rank}.safetensors"))
     torch.set_rng_state(tensors["torch_cpu"])
     cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]

@@ -1,4 +1,5 @@
-"""Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]``, ``mmgrpo demo RUN_DIR`` and ``mmgrpo rewards list``.
+"""Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]``, ``mmgrpo demo RUN_DIR`` and ``mmgrpo rewards
+list``.
 
 The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
 -m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and

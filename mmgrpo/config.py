@@ -10,8 +10,10 @@ against its own dataclass with :func:`from_dict`, so they get the same errors.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import itertools
 import math
 import types
 import typing
@@ -340,10 +342,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
         elif isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: accept what float() accepts
-            try:
+            with contextlib.suppress(ValueError):
                 number = float(value)
-            except ValueError:
-                pass
         if number is None:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         if math.isnan(number):
@@ -411,7 +411,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
-    for prev, node in zip(body, body[1:]):
+    for prev, node in itertools.pairwise(body):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined]
     return docs

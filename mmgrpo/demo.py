@@ -3,7 +3,8 @@
 The run's resolved ``config.yaml`` names the adapter, task and rewards. Both models are built by the SAME adapter
 builder from that config: the base with the config's ``model.args`` as given, the trained one with the config's
 LoRA settings and then the checkpoint's weights (``<checkpoint>/state/model.safetensors``, every tensor of the
-exact module the trainer optimised, :mod:`mmgrpo.checkpoint`; loaded strictly — so a full fine-tune and a LoRA adapter load the same way,
+exact module the trainer optimised, :mod:`mmgrpo.checkpoint`; loaded strictly — so a full fine-tune and a LoRA adapter
+load the same way,
 for every family). ``--base CHECKPOINT`` compares against another checkpoint of the same run instead.
 
 Nothing here knows a family by name. The page is built from the held-out rows and the outputs:
@@ -268,7 +269,8 @@ def sample_views(run_dir: Path) -> tuple[list, list[list], list[str]]:
     gallery, table, audio = [], [], []
     for stage, records in sample_files.read_samples(run_dir).items():
         for rec in records:
-            caption = f"[{stage}] {rec['prompt'][:60]} → {rec['output'] if rec['output_kind'] == 'text' else rec['output_kind']}"
+            shown = rec["output"] if rec["output_kind"] == "text" else rec["output_kind"]
+            caption = f"[{stage}] {rec['prompt'][:60]} → {shown}"
             if rec["output_kind"] in ("image", "video"):
                 gallery.append((rec["output"], caption))
             elif rec.get("input_kind") in ("image", "video"):

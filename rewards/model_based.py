@@ -12,7 +12,8 @@ A pair with no image or no text scores ``None``. The loading paths are the real 
 (``open_clip.create_model_and_transforms(name, pretrained=...)``, ``CLIPModel.from_pretrained(...)``); the
 hubs must be reachable or the weights cached (tests build tiny models from config instead).
 
-Scaling used by each anchor (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py`` (yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)):
+Scaling used by each anchor (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py``
+(yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)):
 
 ===============  =====================================================================================
 CLIP score       ``cosine`` = cos(e_I, e_T) (default); ``flow_grpo`` = exp(logit_scale)·cos / 30
@@ -106,7 +107,8 @@ class CLIPScore:
 
     Source: Radford et al. 2021 (CLIP), Hessel et al. 2021 (CLIPScore, arXiv 2104.08718). Flow-GRPO uses
     ``openai/clip-vit-large-patch14`` with ``flow_grpo`` scaling; MixGRPO uses DFN5B ViT-H-14-384 via open_clip
-    (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py`` (yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)).
+    (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py`` (yifan123/flow_grpo); DanceGRPO
+    (XueZeyue/DanceGRPO)).
 
     Args:
         model_name: an open_clip model name (``open_clip.list_models()``), e.g. ``"ViT-L-14"``.
@@ -185,7 +187,8 @@ class PickScore:
     """PickScore of (image, prompt) pairs.
 
     Source: Kirstain et al. 2023, "Pick-a-Pic" (arXiv 2305.01569); Flow-GRPO ``pickscore_scorer.py`` and
-    DanceGRPO scalings (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py`` (yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)).
+    DanceGRPO scalings (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py``
+    (yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)).
 
     ``score = exp(logit_scale) · ⟨e_T/‖e_T‖, e_I/‖e_I‖⟩`` with ``CLIPModel`` ``yuvalkirstain/PickScore_v1`` and
     the processor of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``; ``scale`` as in the module docstring table

@@ -2,7 +2,8 @@
 
 Every anchor re-implements these with its own regex and its own silent choice (the first vs the last
 ``<answer>``, integer-only boxes, ``"12.5 to 17.8"`` but not ``"12.5 - 17.8"``); see
-R1-V, VLM-R1 and VideoChat-R1 (Deep-Agent/R1-V, om-ai-lab/VLM-R1, OpenGVLab/VideoChat-R1). Here the choice is an explicit argument and the
+R1-V, VLM-R1 and VideoChat-R1 (Deep-Agent/R1-V, om-ai-lab/VLM-R1, OpenGVLab/VideoChat-R1). Here the choice is an
+explicit argument and the
 parsers never raise on malformed model output: they return ``None`` (or an empty list), and the reward decides
 what that scores.
 
@@ -196,7 +197,8 @@ def parse_boxes(text: str) -> list[list[float]]:
     """Every box in ``text`` as ``[x1, y1, x2, y2]`` floats, in order.
 
     Accepts ``[x1, y1, x2, y2]`` / ``(x1, y1, x2, y2)`` with ints or floats (VLM-R1's regex accepts only ints,
-    the R1-style repositories disagree on the first vs the last ``<answer>``), JSON such as ``{"bbox_2d": [..]}``, and Qwen2-VL's ``(x1,y1),(x2,y2)`` with or without the
+    the R1-style repositories disagree on the first vs the last ``<answer>``), JSON such as ``{"bbox_2d": [..]}``, and
+    Qwen2-VL's ``(x1,y1),(x2,y2)`` with or without the
     ``<|box_start|>``/``<|box_end|>`` tokens. The coordinate space is the caller's business
     (:mod:`mmgrpo.rewards.visual`); nothing is reordered or clipped here.
     """

@@ -43,6 +43,7 @@ counts its samples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
@@ -109,7 +110,7 @@ class _Caller:
         self.first_positional = None if self.completions_kw or not positional else positional[0]
         if self.var_kw and self.first_positional in ("prompts", *_TRL_EXTRAS):  # e.g. TRL's f(completion_ids, **kw)
             self.completions_kw, self.first_positional = True, None  # as TRL calls it: everything by keyword
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 - an async __call__
         # A reward's options (keyword-only parameters of a registered reward, or kwargs bound from the config)
         # are configuration: a dataset column with the same name (say "threshold") must not override them.
         target = getattr(fn, "func", fn)
@@ -189,7 +190,8 @@ def _to_floats(out: Any, rows: list[int], name: str) -> tuple[list[float], list[
             x = float(v)
         except (TypeError, ValueError, OverflowError):
             raise RewardError(
-                f"reward {name!r} returned {_short(v)} ({type(v).__name__}) at sample {rows[i]}; expected a float or None",
+                f"reward {name!r} returned {_short(v)} ({type(v).__name__}) at sample {rows[i]}; "
+                "expected a float or None",
                 reward=name,
                 index=rows[i],
             ) from None
@@ -412,10 +414,8 @@ class RewardRunner:
                         target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}"
                     ).start()
                 running[job] = time.monotonic() + self.timeout_s
-            try:
+            with contextlib.suppress(queue.Empty):
                 running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
-            except queue.Empty:
-                pass
             now = time.monotonic()
             for job, deadline in list(running.items()):
                 if now >= deadline and not job.finished.is_set():

@@ -54,7 +54,8 @@ def format_reward(completions: list, *, prompts: list | None = None, think: bool
     (``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``) and R1-AQA's answer-only variant
     (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; xiaomi-research/r1-aqa, arXiv 2503.11197).
     Departure: a block may not contain another think/answer tag, so two ``<answer>``
-    blocks fail here while they pass the reference implementations' regex (see :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
+    blocks fail here while they pass the reference implementations' regex (see
+    :func:`~mmgrpo.rewards.parsing.is_think_answer_format`).
     """
     return [float(is_think_answer_format(completion_text(c), think=think)) for c in completions]
 
@@ -132,7 +133,8 @@ def exact_match(
     ground truths when the column holds a list. ``normalize`` is one of ``"none"``, ``"basic"``, ``"loose"``
     (:func:`normalize_answer`). ``None`` when the ground truth is ``None``.
 
-    Source: the exact-match accuracy of the anchors (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``; Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``) with SQuAD-style normalisation.
+    Source: the exact-match accuracy of the anchors (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``;
+    Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``) with SQuAD-style normalisation.
     """
     answers = column(columns, answer_key, "exact_match", len(completions))
     out: list[float | None] = []
@@ -166,7 +168,8 @@ def multiple_choice(
     (strips "The answer is", reads ``"B"``, ``"(B)"``, ``"B. text"``; the article "A" in prose is not a
     choice). A ground truth without a letter raises ``ValueError`` (a data error).
 
-    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
+    Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (tulerfeng/Video-R1
+    ``src/r1-v/src/open_r1/grpo.py``; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
     answers = column(columns, answer_key, "multiple_choice", len(completions))
     out: list[float | None] = []
@@ -240,7 +243,8 @@ def numeric(
     non-finite one, gives 0. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
     ``abs_tol=0.005, rel_tol=0`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
 
-    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance
+    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1
+    ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance
     instead of its "exactly one side has a decimal point → 0" rule.
     """
     answers = column(columns, answer_key, "numeric", len(completions))
@@ -270,7 +274,8 @@ def regression(
     """Relative-error reward for numeric answers.
 
     ``r = 1 − clip(|p − g| / |g|, 0, 1)``. When ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's
-    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0 (an unguarded division in the original). No number → 0.
+    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0
+    (an unguarded division in the original). No number → 0.
 
     Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
@@ -505,7 +510,7 @@ def _simple_math_equal(pred: str, gt: str, rel_tol: float) -> bool:
 
 @register_reward(
     "math_accuracy",
-    "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth after normalisation or numerically",
+    "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth, normalised or numerically",
 )
 def math_accuracy(
     completions: list,
@@ -752,7 +757,7 @@ def length_kimi(
 
 @register_reward(
     "length_band",
-    "Video-R1 length bonus: +bonus for correct answers with length in [lo, hi] when >= min_correct of the group are correct",
+    "Video-R1 length bonus: +bonus for correct answers of length in [lo, hi] when >= min_correct of the group are",
 )
 def length_band(
     completions: list,
@@ -775,7 +780,8 @@ def length_band(
     ``min_correct`` samples of its group (``group_key`` column, else equal prompts) are correct; else 0.
     ``None`` when the ground truth is ``None``.
 
-    Source: Video-R1's length-control reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``): +0.2 for
+    Source: Video-R1's length-control reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``):
+    +0.2 for
     ``r_acc > 0.1`` and 320–512 tokens when more than one sample of the group is correct. Video-R1 reads the
     correctness from its first reward column; here it is recomputed with :func:`accuracy`.
     """

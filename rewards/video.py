@@ -52,7 +52,7 @@ def contrast_bonus(
 
 @register_reward(
     "temporal_contrast",
-    "T-GRPO (Video-R1) bonus: +alpha to correct samples of a group whose ordered accuracy >= mu x shuffled-frame accuracy",
+    "T-GRPO (Video-R1) bonus: +alpha to correct samples of groups whose ordered accuracy >= mu x shuffled accuracy",
 )
 def temporal_contrast(
     completions: list,
@@ -85,7 +85,8 @@ def temporal_contrast(
 
     Source: Feng et al. 2025, "Video-R1: Reinforcing Video Reasoning in MLLMs" (arXiv 2503.21776 §3.2), code
     defaults μ = 0.8, α = 0.3, threshold 0.1 (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``); here μ, α, the
-    threshold and the target are options, not "column 0" (Video-R1 applies it to reward column 0 only, with hard-coded constants).
+    threshold and the target are options, not "column 0" (Video-R1 applies it to reward column 0 only, with hard-coded
+    constants).
     """
     n = len(completions)
     prompts = list(prompts) if prompts is not None else [None] * n
@@ -149,8 +150,11 @@ def temporal_iou_frames(
     nominal one. Ground truth in seconds; ``r`` = :func:`~mmgrpo.rewards.visual.span_iou`. A frame number
     outside ``[0, F)``, ``a > b``, a non-integer or no span → 0.
 
-    Source: the temporal IoU of VideoChat-R1 / Temporal-R1 (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``; appletea233/Temporal-R1, arXiv 2506.01908; VideoChat-R1 ``grpo_tg.py``; Temporal-R1 ``verl/utils/reward_score/tvg.py``) with frame-number answers
-    mapped to time as qwen-vl-utils samples frames (QwenLM/Qwen2.5-VL ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``).
+    Source: the temporal IoU of VideoChat-R1 / Temporal-R1 (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``;
+    appletea233/Temporal-R1, arXiv 2506.01908; VideoChat-R1 ``grpo_tg.py``; Temporal-R1
+    ``verl/utils/reward_score/tvg.py``) with frame-number answers
+    mapped to time as qwen-vl-utils samples frames (QwenLM/Qwen2.5-VL
+    ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``).
     """
     n = len(completions)
     answers = column(columns, answer_key, "temporal_iou_frames", n)

@@ -1,14 +1,16 @@
 """Visual rewards: box IoU/GIoU in explicit coordinate spaces, detection, counting, temporal IoU, tracking, GUI.
 
 **Coordinate spaces** (Qwen2-VL and Qwen2.5-VL technical reports, arXiv 2409.12191 and 2502.13923: the
-largest silent failure of IoU rewards in the R1-style repositories). Every box/point reward takes ``pred_space`` (what the policy writes) and ``gt_space`` (what the
+largest silent failure of IoU rewards in the R1-style repositories). Every box/point reward takes ``pred_space`` (what
+the policy writes) and ``gt_space`` (what the
 dataset holds) explicitly and converts both to the common space ``normalized_0_1`` (x / W, y / H of the image)
 before comparing:
 
 =========================  ==================================================================================
 ``qwen2vl_0_1000``          Qwen2-VL: relative, scaled to [0, 1000): ``x_n = x / 1000``
 ``qwen25vl_abs_resized``    Qwen2.5-VL: absolute pixels of the *resized* input (smart_resize); the resized size
-                            is ``image_grid_thw · patch_size`` (14): ``x_n = x / (grid_w·14)``, ``y_n = y / (grid_h·14)``
+                            is ``image_grid_thw · patch_size`` (14): ``x_n = x / (grid_w·14)``, ``y_n = y /
+                            (grid_h·14)``
 ``qwen3vl_0_1000``          Qwen3-VL: relative [0, 1000] again: ``x_n = x / 1000``
 ``normalized_0_1``          already in [0, 1] (e.g. VideoChat-R1 tracking)
 ``original_pixels``         pixels of the original image: ``x_n = x / W_orig``, ``y_n = y / H_orig``
@@ -215,12 +217,12 @@ def _gt_boxes(gt: Any) -> list[list[float]]:
 
 def _box_field(d: dict) -> list[float] | None:
     for key, value in d.items():
-        if str(key).lower() in ("bbox_2d", "bbox", "box", "position", "bbox_xyxy"):
-            if isinstance(value, (list, tuple)) and len(value) == 4:
-                try:
-                    return [float(v) for v in value]
-                except (TypeError, ValueError):
-                    return None
+        is_box_key = str(key).lower() in ("bbox_2d", "bbox", "box", "position", "bbox_xyxy")
+        if is_box_key and isinstance(value, (list, tuple)) and len(value) == 4:
+            try:
+                return [float(v) for v in value]
+            except (TypeError, ValueError):
+                return None
     return None
 
 
@@ -280,7 +282,8 @@ def iou(
     from ``pred_space`` / ``gt_space`` (required; see the module docstring), then
     ``r = |P ∩ G| / |P ∪ G|``, or ``1[IoU > threshold]`` when ``threshold`` is set. No or malformed box → 0.
 
-    Source: VLM-R1's soft IoU reward (om-ai-lab/VLM-R1 ``iou_reward``; om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``), with float boxes, a
+    Source: VLM-R1's soft IoU reward (om-ai-lab/VLM-R1 ``iou_reward``; om-ai-lab/VLM-R1
+    ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``), with float boxes, a
     guarded zero union and explicit spaces; ``threshold=0.5`` is its commented-out hard variant.
     """
     scores = _box_reward(
@@ -554,7 +557,8 @@ def detection_weighted(
     The answer is a JSON list of ``{"bbox_2d": […], "label": …}`` (a ```json fence is fine) or bare boxes;
     VLM-R1's OVD answers sit in a fence, not necessarily in ``<answer>`` tags, so ``require_tags=False`` here.
 
-    Source: VLM-R1 ``detection_score`` / ``weighted_sum`` (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``): weights ``(pos, label, compl) =
+    Source: VLM-R1 ``detection_score`` / ``weighted_sum`` (om-ai-lab/VLM-R1
+    ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``): weights ``(pos, label, compl) =
     (0.7, 0.0, 0.3)``.
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
@@ -630,7 +634,8 @@ def count_fuzzy(
     gives 1.01). ŷ must be a non-negative integer ≤ ``max_count``, else 0. ``y = 0`` (where CrowdVLM-R1 divides
     by zero, an unguarded division in the original) gives ``exact_bonus`` for ``ŷ = 0`` and 0 otherwise.
 
-    Source: CrowdVLM-R1's fuzzy group relative policy reward (yeyimilk/CrowdVLM-R1 ``count_reward``; yeyimilk/CrowdVLM-R1 ``VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
+    Source: CrowdVLM-R1's fuzzy group relative policy reward (yeyimilk/CrowdVLM-R1 ``count_reward``;
+    yeyimilk/CrowdVLM-R1 ``VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
     answers = column(columns, answer_key, "count_fuzzy", len(completions))
     out: list[float | None] = []
@@ -731,7 +736,8 @@ def temporal_iou(
     video length); when they differ, the length comes from a ``duration`` column, or ``len(video) / fps``.
     IoU is scale-invariant, so equal units need no length. No span → 0.
 
-    Source: VideoChat-R1 ``iou_timestamp_reward`` (seconds; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``) and Temporal-R1 (normalised by
+    Source: VideoChat-R1 ``iou_timestamp_reward`` (seconds; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``) and
+    Temporal-R1 (normalised by
     L = frames / fps; appletea233/Temporal-R1, arXiv 2506.01908), with the zero-union guard Temporal-R1 lacks.
     """
     answers = column(columns, answer_key, "temporal_iou", len(completions))
@@ -832,7 +838,8 @@ def tracking_iou(
     prediction with ≠ K boxes scores 0; otherwise missing frames count 0 and extra boxes are ignored.
     Spaces as in :func:`iou` (VideoChat-R1 uses ``normalized_0_1`` for both).
 
-    Source: VideoChat-R1 ``tracking_iou_reward`` (arXiv 2504.06958; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
+    Source: VideoChat-R1 ``tracking_iou_reward`` (arXiv 2504.06958; OpenGVLab/VideoChat-R1
+    ``src/open_r1/grpo_tasks.py``).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     answers = column(columns, answer_key, "tracking_iou", len(completions))

@@ -41,5 +41,5 @@ def test_janus_pro_recipe_carries_t2i_r1_defaults():
 
 
 def test_bad_ar_image_args_fail_at_load():
-    with pytest.raises(ConfigError, match="model.args"):
+    with pytest.raises(ConfigError, match=r"model.args"):
         load_config(DIR / "ar_image_grpo.yaml", ["model.args.guidance=3"])

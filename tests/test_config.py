@@ -31,7 +31,7 @@ def test_overrides_set_nested_values_with_yaml_types():
 
 
 def test_apply_override_rejects_malformed():
-    with pytest.raises(ConfigError, match="key.sub=value"):
+    with pytest.raises(ConfigError, match=r"key.sub=value"):
         apply_override({}, "algorithm.beta")
     with pytest.raises(ConfigError, match="steps is not a section"):
         apply_override({"steps": 3}, "steps.x=1")

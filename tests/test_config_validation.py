@@ -61,7 +61,7 @@ def test_valid_values_still_load():
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
 def test_wandb_tracker_without_wandb_is_an_error():
-    with pytest.raises(ConfigError, match="logging.trackers: 'wandb' is not installed; pip install wandb"):
+    with pytest.raises(ConfigError, match=r"logging.trackers: 'wandb' is not installed; pip install wandb"):
         load_config(QUICK, ["logging.trackers=[wandb]"])
 
 

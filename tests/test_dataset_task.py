@@ -357,9 +357,9 @@ def test_eval_fraction_is_a_seeded_disjoint_split_and_formats_agree(tmp_path):
 
 
 def test_config_mistakes_are_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match="task.args.train: data file .* does not exist"):
+    with pytest.raises(ConfigError, match=r"task.args.train: data file .* does not exist"):
         build_dataset_task({"train": str(tmp_path / "nope.jsonl")})
-    with pytest.raises(ConfigError, match="unknown field 'task.args.colums'"):
+    with pytest.raises(ConfigError, match=r"unknown field 'task.args.colums'"):
         build_dataset_task({"train": "x.jsonl", "colums": {}})
     with pytest.raises(ConfigError, match="eval_fraction: must be in"):
         build_dataset_task({"train": "x.jsonl", "eval_fraction": 1.5})

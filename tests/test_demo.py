@@ -210,7 +210,9 @@ def _run_model_tab(driver, shots: Path, name: str, media_kind: str | None):
         reward = driver.find_element(By.CSS_SELECTOR, f"#{side}-reward").text
         assert reward.startswith(f"{side} greedy: reward"), reward
         if media_kind == "image":
-            img = _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, f"#{side}-image img"), 60, f"{side} image")
+            img = _wait(
+                driver, lambda d, side=side: d.find_element(By.CSS_SELECTOR, f"#{side}-image img"), 60, f"{side} image"
+            )
             assert img.get_attribute("src") and img.size["width"] > 0
         else:
             text = driver.find_element(By.CSS_SELECTOR, f"#{side}-text textarea").get_attribute("value")

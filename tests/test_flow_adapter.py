@@ -46,7 +46,7 @@ def _perturb(ad, scale=0.05, seed=1):
 
 
 def test_rollout_contract(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     ro = ad.rollout(PROMPTS, G)
     B = len(PROMPTS) * G
     assert len(ro.outputs) == B and ro.outputs[0].size == (32, 32)
@@ -60,7 +60,7 @@ def test_rollout_contract(adapter):
 
 
 def test_ratio_is_one_before_the_first_update(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     ro = ad.rollout(PROMPTS, G)
     idx = torch.tensor([4, 0, 2])  # any minibatch, any order
     lp = ad.logprobs(ro, idx)
@@ -227,7 +227,7 @@ def test_value_rewards_fill_unit_values(mmgrpo_cache):
 
 
 def test_evaluate_is_deterministic_and_seeded(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     rows = [{"prompt": "a red circle top left", "seed": 1}, {"prompt": "a red circle top left", "seed": 2}]
     a, b = ad.evaluate(rows), ad.evaluate(rows)
     assert [list(x.get_flattened_data()) for x in a] == [list(x.get_flattened_data()) for x in b]

@@ -57,5 +57,5 @@ def test_recipes_carry_flow_grpo_defaults():
 
 
 def test_bad_flow_args_fail_at_load():
-    with pytest.raises(ConfigError, match="model.args"):
+    with pytest.raises(ConfigError, match=r"model.args"):
         load_config(CONFIGS[0].parent / "flow_grpo.yaml", ["model.args.num_step=3"])

@@ -114,7 +114,7 @@ def test_save_refuses_non_finite_weights_and_keeps_the_last_good_checkpoint(tmp_
     out = tmp_path / "run"
     trainer = Trainer(_cfg(out, "steps=1"))
     trainer._save(1)
-    name, param = next(iter(trainer.adapter.model.named_parameters()))
+    _name, param = next(iter(trainer.adapter.model.named_parameters()))
     with torch.no_grad():
         param.view(-1)[0] = float("inf")
     with pytest.raises(ckpt.CheckpointError, match="refusing to save step-000002: 1 non-finite"):

@@ -34,7 +34,10 @@ def test_reward_mistakes_fail_dry_run_in_one_line(override, message, capsys):
 
 
 def test_good_reward_specs_pass_dry_run(capsys):
-    ok = "rewards=[{name: accuracy, kwargs: {answer_key: answer}}, {name: 'mmgrpo.rewards.text:format_reward', weight: 0.5}]"
+    ok = (
+        "rewards=[{name: accuracy, kwargs: {answer_key: answer}}, "
+        "{name: 'mmgrpo.rewards.text:format_reward', weight: 0.5}]"
+    )
     assert main(["train", CFG, ok, "--dry-run"]) == 0
 
 

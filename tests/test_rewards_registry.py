@@ -39,7 +39,7 @@ def test_load_by_import_path_function_and_class():
     assert fn(["<answer>a</answer><answer>b</answer>"], prompts=["p"], answer=["a"]) == [1.0]
     with pytest.raises(UnknownRewardError, match="has no attribute 'nope'"):
         load_reward("mmgrpo.rewards.text:nope")
-    with pytest.raises(UnknownRewardError, match="cannot import module 'no_such_pkg_xyz.mod'"):
+    with pytest.raises(UnknownRewardError, match=r"cannot import module 'no_such_pkg_xyz.mod'"):
         load_reward("no_such_pkg_xyz.mod:f")
 
 
@@ -109,9 +109,9 @@ def test_user_reward_in_another_installed_package_is_found_by_entry_point(tmp_pa
     listed = dict(list_rewards())
     assert listed["shout"] == "1 if the completion is upper case (a user's plug-in)."
     assert "failed to load" in listed["broken"]
-    with pytest.raises(UnknownRewardError, match="entry point 'acme_rewards:does_not_exist'.*failed to load"):
+    with pytest.raises(UnknownRewardError, match=r"entry point 'acme_rewards:does_not_exist'.*failed to load"):
         load_reward("broken")
-    with pytest.raises(UnknownRewardError, match="valid names: .*shout"):
+    with pytest.raises(UnknownRewardError, match=r"valid names: .*shout"):
         load_reward("whisper")
 
     rewards, metrics = RewardRunner([("shout", 1.0, {}), ("bonus", 0.1, {"value": 3.0})])(["OK", "no"], ["p", "p"], {})

@@ -61,7 +61,7 @@ def test_none_is_nan_and_metrics_ignore_it():
 
 
 def test_all_nan_metric_is_nan():
-    rewards, metrics = RewardRunner([(lambda completions, **kw: [None] * len(completions), 1.0, {})])(["a"], ["p"], {})
+    _rewards, metrics = RewardRunner([(lambda completions, **kw: [None] * len(completions), 1.0, {})])(["a"], ["p"], {})
     assert math.isnan(metrics["reward/<lambda>"]) and metrics["reward/<lambda>_nan_fraction"] == 1.0
 
 

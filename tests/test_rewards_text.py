@@ -54,7 +54,7 @@ def test_accuracy_contract():
     assert accuracy(c[:3], prompts=[""] * 3, answer=gt[:3], which="first") == [1.0, 0.0, 0.0]
     assert accuracy(c[:4], prompts=[""] * 4, answer=gt[:4], require_tags=False) == [1.0, 1.0, 1.0, 0.0]
     assert accuracy([ans("4")], solution=[4], answer_key="solution") == [1.0]  # non-str ground truth
-    with pytest.raises(KeyError, match="needs the column 'answer'.*has columns \\['solution'\\]"):
+    with pytest.raises(KeyError, match=r"needs the column 'answer'.*has columns \['solution'\]"):
         accuracy(["x"], prompts=["p"], solution=["x"])
 
 

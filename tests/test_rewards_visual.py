@@ -92,7 +92,7 @@ def test_iou_reward_with_qwen25vl_grid_and_original_gt():
 
 
 def test_iou_reward_edge_cases_and_required_spaces():
-    with pytest.raises(ValueError, match="pred_space is required.*qwen25vl_abs_resized"):
+    with pytest.raises(ValueError, match=r"pred_space is required.*qwen25vl_abs_resized"):
         iou([ans("[1,2,3,4]")], answer=[[1, 2, 3, 4]], gt_space="normalized_0_1")
     kw = dict(pred_space="qwen2vl_0_1000", gt_space="qwen2vl_0_1000")
     c = [ans("[0, 0, 10, 10]"), ans("[10, 10, 0, 0]"), "", ans("[0,0,10,10]")]

@@ -132,9 +132,9 @@ def test_spoken_digits_args_are_validated(mmgrpo_cache):
     from mmgrpo.config import ConfigError
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
-    with pytest.raises(ConfigError, match="task.args.question"):
+    with pytest.raises(ConfigError, match=r"task.args.question"):
         SpokenDigitsTask(SpokenDigitsArgs(question="summarise"))
-    with pytest.raises(ConfigError, match="task.args.speed"):
+    with pytest.raises(ConfigError, match=r"task.args.speed"):
         SpokenDigitsTask(SpokenDigitsArgs(speed=[200, 100]))
     with pytest.raises(ConfigError, match="min_words"):
         SpokenDigitsTask(SpokenDigitsArgs(question="second_word", min_words=1))

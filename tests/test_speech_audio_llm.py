@@ -183,7 +183,7 @@ def test_supervised_loss_and_bad_audio(tiny_audio_llm_path, qa_rows):
 
 
 def test_args_are_validated(tiny_audio_llm_path):
-    with pytest.raises(ConfigError, match="model.args.old_logprobs"):
+    with pytest.raises(ConfigError, match=r"model.args.old_logprobs"):
         build_audio_llm_adapter({"name_or_path": tiny_audio_llm_path, "old_logprobs": "cached"})
-    with pytest.raises(ConfigError, match="model.args.temperature"):
+    with pytest.raises(ConfigError, match=r"model.args.temperature"):
         build_audio_llm_adapter({"name_or_path": tiny_audio_llm_path, "temperature": 0.0})

@@ -182,9 +182,9 @@ def test_supervised_loss_teaches_the_transcript(tiny_whisper_path, speech_rows):
 def test_whisper_args_are_validated(tiny_whisper_path):
     from mmgrpo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="model.args.task"):
+    with pytest.raises(ConfigError, match=r"model.args.task"):
         build_whisper_adapter({"name_or_path": tiny_whisper_path, "task": "summarise"})
-    with pytest.raises(ConfigError, match="model.args.temperature"):
+    with pytest.raises(ConfigError, match=r"model.args.temperature"):
         build_whisper_adapter({"name_or_path": tiny_whisper_path, "temperature": 0})
     with pytest.raises(ConfigError, match="language"):
         build_whisper_adapter({"name_or_path": tiny_whisper_path, "language": "klingon"})

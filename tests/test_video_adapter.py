@@ -166,7 +166,7 @@ def test_clip_is_decoded_once_and_serves_all_group_samples(task, tiny_vlm_path, 
     clip_mb = 6 * 3 * 56 * 56 / 2**20  # one uint8 clip
     small = _adapter(tiny_vlm_path, decode_cache_mb=clip_mb * 2.5)  # room for two clips: LRU evicts the third
     small.rollout(rows, group_size=2)
-    assert list(k[0] for k in small.video.lru) == [r["video"] for r in rows[1:]]
+    assert [k[0] for k in small.video.lru] == [r["video"] for r in rows[1:]]
     assert small.video.lru_bytes == 2 * 6 * 3 * 56 * 56
 
 
@@ -243,9 +243,9 @@ def test_rows_without_video_and_frame_lists(tiny_vlm_path):
 
 
 def test_video_args_are_validated(tiny_vlm_path):
-    with pytest.raises(ConfigError, match="unknown field 'model.args.video.fpz'; allowed: fps"):
+    with pytest.raises(ConfigError, match=r"unknown field 'model.args.video.fpz'; allowed: fps"):
         build_video_adapter({"name_or_path": tiny_vlm_path, "video": {"fpz": 2}})
-    with pytest.raises(ConfigError, match="model.args.video.nframes: must be >= 2"):
+    with pytest.raises(ConfigError, match=r"model.args.video.nframes: must be >= 2"):
         build_video_adapter({"name_or_path": tiny_vlm_path, "video": {"nframes": 1}})
     with pytest.raises(ConfigError, match="num_shuffled: must be >= 1"):
         build_video_adapter({"name_or_path": tiny_vlm_path, "temporal_contrast": {"num_shuffled": 0}})

@@ -98,9 +98,9 @@ def test_score_by_hand(task):
 
 
 def test_bad_options_name_the_field(mmgrpo_cache):
-    with pytest.raises(ConfigError, match="task.args.questions"):
+    with pytest.raises(ConfigError, match=r"task.args.questions"):
         VideoMotionTask(VideoMotionArgs(questions=["colour"]))
-    with pytest.raises(ConfigError, match="task.args.directions"):
+    with pytest.raises(ConfigError, match=r"task.args.directions"):
         VideoMotionTask(VideoMotionArgs(directions=["sideways"]))
-    with pytest.raises(ConfigError, match="task.args.fps"):
+    with pytest.raises(ConfigError, match=r"task.args.fps"):
         VideoMotionTask(VideoMotionArgs(fps=7.5))

@@ -123,7 +123,7 @@ def test_rollout_columns_give_box_rewards_their_geometry(tiny_vlm_path):
     rollout = adapter.rollout(rows, group_size=2)
     prompts, columns = reward_columns(rows, 2, rollout.extras)
     for b in range(rollout.batch_size):
-        t, gh, gw = columns["image_grid_thw"][b]
+        _t, gh, gw = columns["image_grid_thw"][b]
         assert columns["resized_image_size"][b] == (gw * 14, gh * 14)
         assert columns["image_size"][b] == rows[b // 2]["image"].size
     kwargs = dict(pred_space="qwen25vl_abs_resized", gt_space="original_pixels", answer_key="box", prompts=prompts)

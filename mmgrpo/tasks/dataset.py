@@ -134,7 +134,7 @@ class _JsonlSource(_Source):
 
     def raw(self, i: int) -> dict:
         if self._file is None:
-            self._file = open(self.path, "rb")
+            self._file = open(self.path, "rb")  # noqa: SIM115 - kept open for random row access for the life of the task
         self._file.seek(self.offsets[i])
         line = self._file.readline()
         try:
@@ -313,7 +313,8 @@ class RowBuilder:
             self._from_conversations(row, where)
         if "prompt" not in row:
             raise DataError(
-                f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt (the row has {sorted(raw)})"
+                f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
+                f"(the row has {sorted(raw)})"
             )
         if "media" in row and row["media"] is not None:
             self._route_media(row, where)
@@ -462,7 +463,7 @@ class DatasetTask:
         else:
             order = list(range(n))
             random.Random(args.seed if args.seed is not None else seed).shuffle(order)
-            k = int(round(args.eval_fraction * n))
+            k = round(args.eval_fraction * n)
             held = set(order[:k])
             train_idx = [i for i in range(n) if i not in held] if k else range(n)
             self._eval = Rows(RowBuilder(args, train_source), sorted(held))

@@ -365,7 +365,8 @@ class ARImageAdapter(TokenPolicy):
     def evaluate(self, prompts: list[dict]) -> list[Image.Image]:
         """One image per prompt, sampled with a generator seeded by the row's ``seed`` (default 0): the same rows
         give the same images, and distinct seeds give distinct samples of the policy (greedy decoding of a VQ
-        generator collapses to a few images, so evaluation samples, as the reference implementations' GenEval numbers do)."""
+        generator collapses to a few images, so evaluation samples, as the reference implementations' GenEval numbers
+        do)."""
         images = []
         for row in prompts:
             gen = torch.Generator(device=self.device).manual_seed(int(row.get("seed", 0)))
@@ -394,7 +395,8 @@ def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     model_type = AutoConfig.from_pretrained(path).model_type
     if model_type not in FAMILIES:
         raise ConfigError(
-            f"model.args.name_or_path: {args.name_or_path!r} is a {model_type!r} model; ar_image supports {sorted(FAMILIES)}"
+            f"model.args.name_or_path: {args.name_or_path!r} is a {model_type!r} model; "
+            f"ar_image supports {sorted(FAMILIES)}"
         )
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, **args.extra)
     model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)

@@ -6,7 +6,8 @@ language model on text → image tokens with 10% prompt dropout for classifier-f
 hub id or directory passed to ``from_pretrained`` (Janus-1.3B, Janus-Pro-1B/7B in the transformers format,
 e.g. ``deepseek-community/Janus-Pro-1B``).
 
-Sizes: 16×16 RGB images (the 32×32 task renderings box-downsampled), a VQ with 2 down-samplings (a 4×4 grid of image tokens, T = 16) and a codebook of 128
+Sizes: 16×16 RGB images (the 32×32 task renderings box-downsampled), a VQ with 2 down-samplings (a 4×4 grid of image
+tokens, T = 16) and a codebook of 128
 entries; a 2-layer Llama of width 64. The tokenizer is word level over the words of the synthetic tasks with
 Janus's special tokens (``<begin_of_image>`` …); the unconditional prompt replaces every token but BOS and
 ``<begin_of_image>`` by the pad token, as ``JanusForConditionalGeneration.generate`` does.

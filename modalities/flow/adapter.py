@@ -205,7 +205,7 @@ class _SD3Backend(_Backend):
         if sch.config.get("use_dynamic_shifting", False):
             from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-            c, h, w = self.latent_shape()
+            _c, h, w = self.latent_shape()
             seq = (h // 2) * (w // 2)
             cfg = sch.config
             mu = calculate_shift(
@@ -386,7 +386,7 @@ class FlowAdapter:
         """Move the frozen components to the denoiser's device (the trainer may have moved it)."""
         dev = self.device
         if self.pipe.vae.device != dev:
-            for name, comp in self.pipe.components.items():
+            for _name, comp in self.pipe.components.items():
                 if isinstance(comp, torch.nn.Module) and comp is not self._unwrapped():
                     comp.to(dev)
             if self.reference is not None:
@@ -734,7 +734,7 @@ def build_flow_adapter(
     pipe.set_progress_bar_config(disable=True)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     pipe.to(device)
-    for name, comp in pipe.components.items():
+    for _name, comp in pipe.components.items():
         if isinstance(comp, torch.nn.Module):
             comp.requires_grad_(False).eval()
     model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer

@@ -121,7 +121,7 @@ def ode(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, _s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     mean = x + v * dt  # [B, *D]
     zero = torch.zeros(x.shape[0], device=x.device)
     out = mean.detach() if prev_sample is None else prev_sample.detach().float()
@@ -163,7 +163,7 @@ def flow_sde(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     s_i = _per_sample(flow_sde_noise(s.reshape(-1), noise_level, sigma_max), x)  # [B, 1, ...]
     mean = x * (1 + s_i**2 * dt / (2 * s)) + v * (1 + s_i**2 * (1 - s) / (2 * s)) * dt  # [B, *D]
     std = (s_i * (-dt).clamp_min(0).sqrt()).reshape(-1)  # [B]
@@ -191,7 +191,7 @@ def dance_sde(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     eps_hat = x + (1 - s) * v  # [B, *D]
     mean = x + v * dt + (noise_level**2 / (2 * s)) * eps_hat * dt  # [B, *D]
     std = noise_level * torch.sqrt((-dt).reshape(-1).clamp_min(0))  # [B]
@@ -221,7 +221,7 @@ def cps(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, s_next, _dt = _flow_terms(velocity, sample, sigma, sigma_next)
     std_b = s_next * math.sin(noise_level * math.pi / 2)  # [B, 1, ...]
     x0_hat = x - s * v
     eps_hat = x + (1 - s) * v

@@ -232,7 +232,7 @@ def sample_chunks(
     B, T = latents.shape[0], latents.shape[1] - 1
     ids = chunk_ids(chunk_sizes, T)  # [T]
     M = len(chunk_sizes)
-    k = max(1, int(math.floor(fraction * M)))
+    k = max(1, math.floor(fraction * M))
     if weighting == "uniform":
         w = torch.ones(B, M)
     elif weighting == "latent_change":

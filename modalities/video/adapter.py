@@ -7,11 +7,11 @@ so sampling, log-probs, the reference policy, LoRA and warm-up are the token pol
 sampling, the time axis (``second_per_grid_ts`` from the really sampled fps) and the decode cache are the video
 encoder's; see its module.
 
-T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; tulerfeng/Video-R1 ``grpo_trainer.py``). With
-``temporal_contrast.enabled``, every video prompt also gets ``num_shuffled`` (default G/2) completions sampled on
-its frames permuted along time (a uniformly random permutation from torch's global RNG, redrawn if it is the
-identity; the timestamps and ``second_per_grid_ts`` stay those of the ordered clip, as in Video-R1, which
-re-processes the permuted tensor).
+T-GRPO temporal contrast (Video-R1, Feng et al. 2025, arXiv 2503.21776 §3.2; tulerfeng/Video-R1
+``grpo_trainer.py``). With ``temporal_contrast.enabled``, every video prompt also gets ``num_shuffled``
+(default G/2) completions sampled on its frames permuted along time (a uniformly random permutation from
+torch's global RNG, redrawn if it is the identity; the timestamps and ``second_per_grid_ts`` stay those of the
+ordered clip, as in Video-R1, which re-processes the permuted tensor).
 They are sampled without gradient and are *not* part of the rollout: they have no log-probs, no mask, no
 advantage. Only their decoded text reaches the rewards, in the ``shuffled_completions`` column, where the
 ``temporal_contrast`` reward (:mod:`mmgrpo.rewards.video`) scores them with the target reward and turns the two

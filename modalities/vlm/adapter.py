@@ -76,7 +76,8 @@ class VLMArgs:
     """EOS is banned for the first N completion tokens (also in the log-probs); N = max_new_tokens fixes the length."""
     prefix_sharing: bool = True
     """Log-prob forwards encode each prompt once and let its completions attend to it (split attention,
-    modalities/tokens/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall back."""
+    modalities/tokens/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall
+    back."""
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
     HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
@@ -288,7 +289,8 @@ class VLMAdapter(TokenPolicy):
     # ---------------------------------------------------------------------------------------- sampling
 
     def _shares_prefix(self, model: torch.nn.Module, what: str, enabled: bool) -> bool:
-        """Whether ``what`` takes the prompt-sharing path (modalities/tokens/prefix_sharing.py); warns once if not covered."""
+        """Whether ``what`` takes the prompt-sharing path (modalities/tokens/prefix_sharing.py); warns once if not
+        covered."""
         if not enabled:
             return False
         reason = prefix_sharing.unsupported_reason(model)
