@@ -3,13 +3,13 @@
 The multi-process tests launch ``accelerate launch --config_file configs/accelerate/fsdp_cpu_2proc.yaml`` and
 ``cpu_2proc.yaml`` (DDP) on the same config and seed and compare the weights after one step.
 
-Tolerance (absolute, on every weight): 1e-5. Measured on this CPU (``pytest tests/test_fsdp.py -m slow``): VLM with
-LoRA 1.9e-10, VLM full fine-tuning 4.3e-7, flow full fine-tuning 3.7e-7. The gradients agree to float32 rounding
-(AdamW's first moment differs by at most 9e-9 where it reaches 7e-3); AdamW's first update g/(|g|+eps) makes the
-rounding of a gradient element close to 0 visible in its weight (one element of 190,944 in the VLM differs by more
-than 1e-8). The step itself moves weights by about 2e-4 (VLM: lr 1e-3 at warm-up 1/5) and 2e-3 (flow), so the
-tolerance is 5% of the smallest step and 20x the largest difference measured; the tests also require the step
-to have moved the weights by at least 10x the tolerance.
+Tolerance (absolute, on every weight): 1e-5. Measured with these launches (docs/architecture.md, Multi-process):
+VLM with LoRA 1.9e-10, VLM full fine-tuning 4.3e-7, flow full fine-tuning 3.7e-7. The gradients agree to float32
+rounding (AdamW's first moment differs by at most 9e-9 where it reaches 7e-3); AdamW's first update g/(|g|+eps)
+makes the rounding of a gradient element close to 0 visible in its weight (one element of 190,944 in the VLM
+differs by more than 1e-8). The step itself moves weights by about 2e-4 (VLM: lr 1e-3 at warm-up 1/5) and 2e-3
+(flow), so the tolerance is 5% of the smallest step and 20x the largest difference measured; the tests also
+require the step to have moved the weights by at least 10x the tolerance.
 """
 
 import json
