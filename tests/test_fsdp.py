@@ -35,15 +35,31 @@ def length_reward(completions, **kwargs):
     return [len(str(c)) / 10.0 for c in completions]
 '''
 VLM_STEP = [
-    "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.minibatch_size=4",
-    "model.args.max_new_tokens=5", "task.args.train_size=32", "task.args.eval_size=8", "warmup.steps=0",
-    "eval.every=0", "eval.before=false", "eval.after=false", "logging.trackers=[]", "logging.progress=false",
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=32",
+    "task.args.eval_size=8",
+    "warmup.steps=0",
+    "eval.every=0",
+    "eval.before=false",
+    "eval.after=false",
+    "logging.trackers=[]",
+    "logging.progress=false",
     "rewards=[{name: 'length_rewards:length_reward'}]",
-]  # fmt: skip
+]
 FLOW_STEP = [  # eval.max_rows=3 over 2 processes: the padded split of the held-out rows runs too
-    "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=2", "model.args.num_steps=4",
-    "model.args.eval_num_steps=2", "eval.before=false", "eval.after=true", "eval.max_rows=3", "task.args.eval_seeds=1",
-]  # fmt: skip
+    "algorithm.group_size=2",
+    "algorithm.prompts_per_step=2",
+    "algorithm.minibatch_size=2",
+    "model.args.num_steps=4",
+    "model.args.eval_num_steps=2",
+    "eval.before=false",
+    "eval.after=true",
+    "eval.max_rows=3",
+    "task.args.eval_seeds=1",
+]
 
 
 def _launch(
@@ -53,8 +69,18 @@ def _launch(
     returns summary.json (``{}`` for a run stopped by ``stop_after``, which writes none). ``cache``: the tiny-model
     cache of this launch (default: the session's)."""
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--config_file", str(ACCEL / f"{accelerate_config}.yaml"), "-m", "mmgrpo",
-           "train", str(config), *overrides, f"output_dir={out}"]  # fmt: skip
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--config_file",
+        str(ACCEL / f"{accelerate_config}.yaml"),
+        "-m",
+        "mmgrpo",
+        "train",
+        str(config),
+        *overrides,
+        f"output_dir={out}",
+    ]
     pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
     if cache is not None:
