@@ -15,6 +15,11 @@ Layout under ``<output_dir>/checkpoints/``::
         COMPLETE                      written last; a directory without it is ignored by resume
     final/                            the final model (same layout)
 
+Under FSDP (the policy's weights sharded over processes, :mod:`mmgrpo.sharding`) every process takes part in
+gathering the whole weights and optimizer state (``torch.distributed.checkpoint.state_dict``), process 0 writes the
+same files as under DDP, and on resume every process reads them and keeps its own shards; the optimizer state is
+saved by parameter index in both cases, so the files do not depend on the launcher.
+
 Nothing is unpickled on resume: tensors are read with ``safetensors`` and everything else is JSON, so a
 crafted file in a checkpoint cannot run code (unlike ``torch.load(weights_only=False)`` / ``pickle.load``).
 Each checkpoint is first written to ``.tmp-step-000010``, verified (every tensor finite, every file present),
@@ -31,12 +36,15 @@ import re
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
+
+from mmgrpo import sharding
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -91,9 +99,16 @@ def move_aside(output_dir: Path, target: Path) -> None:
 
 
 def non_finite_parameters(module: torch.nn.Module) -> list[str]:
-    """Names of the parameters and buffers of ``module`` holding NaN or ±inf."""
+    """Names of the parameters and buffers of ``module`` holding NaN or ±inf (this process's shard under FSDP)."""
     named = list(module.named_parameters()) + list(module.named_buffers())
-    return [n for n, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return [n for n, t in named if t.is_floating_point() and not bool(torch.isfinite(sharding.local(t)).all())]
+
+
+def _non_finite_anywhere(accelerator, module: torch.nn.Module) -> list[str]:
+    """:func:`non_finite_parameters` over the shards of every process (the same list on all of them)."""
+    from accelerate.utils import gather_object
+
+    return sorted(set(gather_object(non_finite_parameters(module))))
 
 
 def save(
@@ -118,7 +133,8 @@ def save(
     name = "final" if final else f"step-{step:06d}"
     target, tmp = root / name, root / f".tmp-{name}"
     model = accelerator.unwrap_model(adapter.model)
-    bad = non_finite_parameters(model)
+    sharded = sharding.is_sharded(model)
+    bad = _non_finite_anywhere(accelerator, model) if sharded else non_finite_parameters(model)
     if bad:
         raise CheckpointError(
             f"refusing to save {name}: {len(bad)} non-finite weight tensor(s) (first: {bad[0]}); "
@@ -131,16 +147,24 @@ def save(
     accelerator.wait_for_everyone()
     state = tmp / "state"
     _save_rng(state, accelerator.process_index)
+    if sharded:  # collectives: every process takes part, process 0 gets the tensors
+        whole = sharding.full_state_dict(model, main_only=True)
+        optim_state = None if optimizer is None else _full_optimizer_state(model, optimizer)
     if accelerator.is_main_process:
-        save_model(model, str(state / "model.safetensors"))
+        if sharded:
+            tied = _tied_names(model)
+            save_file({k: v.contiguous() for k, v in whole.items() if k not in tied}, str(state / "model.safetensors"))
+        else:
+            save_model(model, str(state / "model.safetensors"))
         reference = getattr(adapter, "reference", None)
         if isinstance(reference, torch.nn.Module):
             save_model(reference, str(state / "reference.safetensors"))
         if optimizer is not None:
-            _save_optimizer(state, optimizer.state_dict())
+            _save_optimizer(state, optim_state if sharded else optimizer.state_dict())
         sched = None if scheduler is None else {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
         atomic_write_text(state / "trainer.json", json.dumps({"trainer": trainer_state or {}, "scheduler": sched}))
-        adapter.save_pretrained(str(tmp / "model"))
+        with _whole_weights(model, whole) if sharded else nullcontext():
+            adapter.save_pretrained(str(tmp / "model"))
         for file_name, text in (model_files or {}).items():  # model card, sampling settings
             atomic_write_text(tmp / "model" / file_name, text)
         if config_text is not None:
@@ -178,6 +202,60 @@ def verify(directory: Path, *, num_processes: int = 1) -> None:
                 t = f.get_tensor(key)
                 if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                     raise CheckpointError(f"checkpoint {directory}: {path.name}[{key}] is not finite")
+
+
+def _tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """``{alias: kept}`` for tensors registered under several names (tied weights): the first name in sorted order
+    is kept, as ``safetensors.torch.save_model`` does, so FSDP and DDP checkpoints hold the same keys."""
+    groups: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(t), []).append(name)
+    return {alias: min(names) for names in groups.values() for alias in names if alias != min(names)}
+
+
+@contextmanager
+def _whole_weights(model: torch.nn.Module, whole: dict[str, torch.Tensor]):
+    """While exporting the Hugging Face format from an FSDP model, ``model.state_dict()`` returns the gathered tensors.
+
+    transformers' ``save_pretrained``, peft's ``get_peft_model_state_dict`` and diffusers' ``save_pretrained`` all
+    read ``model.state_dict()``, which under FSDP returns this process's shards; an instance attribute shadows the
+    method for the duration of the export (process 0 only, no collective inside). Tied names share one tensor, so
+    the libraries drop the duplicates as they do for an unsharded model.
+    """
+    whole = {**whole, **{alias: whole[kept] for alias, kept in _tied_names(model).items()}}  # tied: one tensor
+    model.state_dict = lambda *args, **kwargs: dict(whole)
+    try:
+        yield
+    finally:
+        del model.state_dict
+
+
+def _param_names(model: torch.nn.Module, optimizer) -> list[str]:
+    """The name of each parameter the optimizer holds, in ``param_groups`` order (= its state-dict index)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The optimizer state of an FSDP model, whole, in ``torch.optim.Optimizer.state_dict()`` form (indices, not
+    names); a collective: every process calls it, process 0 gets the tensors (on CPU), the others ``{}``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    full = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )  # {"state": {name: {...}}, "param_groups": [{"params": [name, ...], ...}]}
+    if not full:
+        return {}
+    index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
+    return {"state": {index[n]: entry for n, entry in full["state"].items()}, "param_groups": groups}
+
+
+def _to_named_optimizer_state(model: torch.nn.Module, optimizer, sd: dict) -> dict:
+    """Inverse of the index form of :func:`_full_optimizer_state`, for ``set_optimizer_state_dict``."""
+    names = _param_names(model, optimizer)
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {names[i]: entry for i, entry in sd["state"].items()}, "param_groups": groups}
 
 
 def _save_optimizer(state: Path, sd: dict) -> None:
@@ -228,12 +306,24 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
             "start a new run or resume from a checkpoint written by this version"
         )
     device = accelerator.device
-    load_model(accelerator.unwrap_model(adapter.model), str(state / "model.safetensors"), device=str(device))
+    model = accelerator.unwrap_model(adapter.model)
+    if sharding.is_sharded(model):  # every process reads the whole tensors and keeps its shards
+        whole = load_file(str(state / "model.safetensors"))
+        whole.update({alias: whole[kept] for alias, kept in _tied_names(model).items() if kept in whole})
+        sharding.load_full_state_dict(model, whole)
+    else:
+        load_model(model, str(state / "model.safetensors"), device=str(device))
     reference = getattr(adapter, "reference", None)
     if isinstance(reference, torch.nn.Module) and (state / "reference.safetensors").is_file():
         load_model(reference, str(state / "reference.safetensors"), device=str(next(reference.parameters()).device))
     if (state / "optimizer.json").is_file():
-        optimizer.load_state_dict(_load_optimizer(state))
+        if sharding.is_sharded(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            named = _to_named_optimizer_state(model, optimizer, _load_optimizer(state))
+            set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+        else:
+            optimizer.load_state_dict(_load_optimizer(state))
     saved = json.loads((state / "trainer.json").read_text())
     if scheduler is not None and saved.get("scheduler") is not None:
         scheduler.load_state_dict({**saved["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, shaping
+from mmgrpo import losses, shaping, sharding
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -114,11 +114,14 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
+        _refuse_deepspeed()
         self.acc = Accelerator(
             cpu=_cpu_only_multiprocess(),
             log_with=cfg.logging.trackers or None,
             project_config=ProjectConfiguration(project_dir=str(self.out), logging_dir=str(self.out / "logs")),
         )
+        _fsdp_on_cpu(self.acc)
+        _check_fsdp(self.acc, cfg)
         self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
         load_builtins()
         set_seed(cfg.seed)
@@ -154,6 +157,9 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )
+        fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
+        if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
+            sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = PromptSampler(
@@ -164,7 +170,10 @@ class Trainer:
             cfg.seed,
         )
         set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
-        self.summary: dict[str, float] = {"train/processes": self.acc.num_processes}
+        self.summary: dict[str, float] = {
+            "train/processes": self.acc.num_processes,
+            "train/sharded": float(self.acc.distributed_type == DistributedType.FSDP),  # 1: FSDP, parameters sharded
+        }
         self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
         self._bad_rows: set[int] = set()
 
@@ -452,6 +461,8 @@ class Trainer:
         params = self.adapter.trainable_parameters()
         if max_norm > 0:
             norm = self.acc.clip_grad_norm_(params, max_norm)
+        elif self.acc.distributed_type == DistributedType.FSDP:  # sharded gradients: the norm over all shards
+            norm = self.acc.clip_grad_norm_(params, math.inf)  # a factor of 1: nothing is clipped
         else:
             grads = [p.grad.norm() for p in params if p.grad is not None]
             norm = torch.stack(grads).norm() if grads else torch.zeros(())
@@ -516,11 +527,12 @@ class Trainer:
         if not rows:
             return {}
         outputs = []
-        with self.acc.split_between_processes(list(range(len(rows)))) as mine:
+        sharded = self.acc.distributed_type == DistributedType.FSDP  # every process must run as many forwards
+        with self.acc.split_between_processes(list(range(len(rows))), apply_padding=sharded) as mine:
             for start in range(0, len(mine), self.cfg.eval.batch_size):
                 batch = [rows[i] for i in mine[start : start + self.cfg.eval.batch_size]]
                 outputs += list(zip(mine[start : start + len(batch)], self.adapter.evaluate(batch)))
-        outputs = sorted(gather_object(outputs), key=lambda t: t[0])
+        outputs = sorted(dict(gather_object(outputs)).items())  # padding repeats the last row: kept once
         scores = self.task.score([o for _, o in outputs], rows)
         if scores is None:  # no task metric: the configured rewards, each and combined
             scores = self._reward_scores([o for _, o in outputs], rows)
@@ -653,6 +665,72 @@ def _cpu_only_multiprocess() -> bool:
     """
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
+
+
+def _fsdp_on_cpu(acc: Accelerator) -> None:
+    """Turn a CPU launch of an FSDP config into FSDP2 over gloo (accelerate alone would silently run DDP).
+
+    ``accelerate launch`` with ``distributed_type: FSDP`` exports ``ACCELERATE_USE_FSDP=true`` and the
+    ``FSDP_*`` settings, but on CPU accelerate's ``AcceleratorState`` (accelerate ``state.py``) selects
+    ``MULTI_CPU`` and only promotes the ``MULTI_GPU``-like types to FSDP, so the plugin is dropped and the
+    model is wrapped in DDP. Here the (shared) state is switched to FSDP with the plugin built from the same variables,
+    so that ``prepare`` shards the model with ``torch.distributed.fsdp.fully_shard``, which runs on CPU tensors
+    with gloo. FSDP1 (``FullyShardedDataParallel``) does not: torch raises "FSDP needs a non-CPU accelerator
+    device, but no accelerator device is detected", so ``fsdp_version: 1`` on CPU is refused here.
+    """
+    if acc.distributed_type != DistributedType.MULTI_CPU or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()
+    if plugin.fsdp_version != 2:
+        raise ConfigError(
+            f"fsdp_config.fsdp_version: {plugin.fsdp_version} needs a GPU (torch's FSDP1 refuses CPU-only "
+            "machines); set fsdp_version: 2 for CPU processes (configs/accelerate/fsdp_cpu_2proc.yaml)"
+        )
+    if acc.mixed_precision != "no":
+        plugin.set_mixed_precision(acc.mixed_precision)
+    from accelerate.state import PartialState
+
+    PartialState().distributed_type = DistributedType.FSDP  # AcceleratorState() re-reads it from PartialState
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+
+
+def _refuse_deepspeed() -> None:
+    """DeepSpeed launches (``ACCELERATE_USE_DEEPSPEED=true``) stop here with one line, before anything loads.
+
+    Under DeepSpeed, ``Accelerator.backward`` runs the engine's ``step()`` (clip, optimizer step, zero grad) after
+    every backward whose ``sync_gradients`` is set (accelerate ``utils/deepspeed.py``, ``DeepSpeedEngineWrapper``),
+    i.e. once per minibatch here, whereas mmgrpo accumulates an update's minibatches and steps once, with its own
+    clipping and non-finite skip; ``prepare`` also needs a dataloader or an integer
+    ``train_micro_batch_size_per_gpu``, which the trainer has not. Until the update loop drives the engine
+    itself, DeepSpeed runs are refused rather than run with a different update.
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise ConfigError(
+            "DeepSpeed launches are not supported: accelerate's DeepSpeed engine steps the optimizer inside every "
+            "backward, while mmgrpo accumulates an update's minibatches and steps once; shard large models with "
+            "FSDP2 instead (accelerate launch --config_file configs/accelerate/fsdp.yaml ...)"
+        )
+
+
+def _check_fsdp(acc: Accelerator, cfg: TrainConfig) -> None:
+    """Refuse the FSDP settings mmgrpo does not run (one line each, before the model loads)."""
+    if acc.distributed_type != DistributedType.FSDP:
+        return
+    plugin = acc.state.fsdp_plugin
+    if plugin.fsdp_version != 2:
+        raise ConfigError(
+            f"fsdp_config.fsdp_version: {plugin.fsdp_version} is not supported; mmgrpo samples and checkpoints "
+            "FSDP2 models (torch fully_shard): set fsdp_version: 2 (configs/accelerate/fsdp.yaml)"
+        )
+    if plugin.cpu_ram_efficient_loading and cfg.algorithm.beta > 0 and not cfg.model.lora.enabled:
+        raise ConfigError(
+            "fsdp_config.fsdp_cpu_ram_efficient_loading: true loads the weights on process 0 only, but full "
+            "fine-tuning with algorithm.beta > 0 copies the frozen reference on every process at load time; set it "
+            "to false, or use model.lora.enabled=true (the reference is then the adapter switched off)"
+        )
 
 
 class _StopSignal:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mmgrpo import sharding
 from mmgrpo.types import Rollout
 
 from .. import _hf
@@ -75,7 +76,7 @@ class TokenPolicy:
         """Make the frozen reference equal to the current policy; with LoRA the reference stays the
         adapter-disabled base model."""
         if self.reference is not None:
-            self.reference.load_state_dict(self._unwrapped().state_dict())
+            self.reference.load_state_dict(sharding.full_state_dict(self._unwrapped()))  # FSDP: gathered
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._unwrapped().parameters() if p.requires_grad]

@@ -53,6 +53,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mmgrpo import sharding
+
 logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
@@ -228,6 +230,7 @@ class SamplingSpec:
     min_new_tokens: int = 0
     suppress_ids: tuple[int, ...] = ()
     greedy: bool = False
+    synced: bool = False  # sharded weights (FSDP): keep stepping until every process's rows have finished
 
 
 def sampling_scores(logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
@@ -262,7 +265,8 @@ def sample(
     """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache.
 
     Rows are group-major (completion b continues prompt b // G). Tokens after a row's first EOS are
-    ``spec.pad_id`` with log-prob 0; the loop stops when every row has finished or T tokens were drawn.
+    ``spec.pad_id`` with log-prob 0; the loop stops when every row has finished or T tokens were drawn (with
+    ``spec.synced``, when every row of every process has: each forward of a sharded model is a collective).
 
     Shape:
         batch: left-padded prompts, input_ids [P, L] (+ media)
@@ -292,7 +296,8 @@ def sample(
         ids[:, t] = token
         logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
         done = done | torch.isin(token, eos)
-        if t == T - 1 or bool(done.all()):
+        finished = bool(done.all())
+        if t == T - 1 or (sharding.done_everywhere(finished, device) if spec.synced else finished):
             break
         mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
         logits = continue_prefix(model, prefix, token[:, None], mask, offset=t)[:, -1]  # [B, V]

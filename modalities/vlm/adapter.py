@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
+from mmgrpo import sharding
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import DataError, Rollout
@@ -308,6 +309,7 @@ class VLMAdapter(TokenPolicy):
     ) -> tuple[Tensor, Tensor | None]:
         """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler, their log-probs [B, T]."""
         model = self._unwrapped()
+        synced = sharding.is_sharded(model)  # FSDP: every process runs as many forwards as the longest one
         batch = self._collate(encodings)
         was_training = model.training
         model.eval()
@@ -323,6 +325,7 @@ class VLMAdapter(TokenPolicy):
                     min_new_tokens=self.args.min_new_tokens,
                     suppress_ids=tuple(self.suppress_ids),
                     greedy=greedy,
+                    synced=synced,
                 )
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
@@ -330,7 +333,8 @@ class VLMAdapter(TokenPolicy):
             sampling = dict(do_sample=True, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
             if greedy:
                 sampling = dict(do_sample=False)
-            out = model.generate(
+            generate = sharding.as_forward(model, "generate")  # FSDP: the root's weights gathered around it
+            out = generate(
                 **batch,
                 max_new_tokens=self.args.max_new_tokens,
                 min_new_tokens=self.args.min_new_tokens or None,
@@ -338,6 +342,7 @@ class VLMAdapter(TokenPolicy):
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_ids.tolist(),
                 suppress_tokens=self.suppress_ids or None,
+                synced_gpus=True if synced else None,  # None: transformers decides (DeepSpeed ZeRO-3)
                 **sampling,
             )
         finally:

@@ -1,0 +1,203 @@
+"""FSDP2 on two CPU processes (gloo): the same update as DDP, checkpoints that resume; DeepSpeed templates load.
+
+The multi-process tests launch ``accelerate launch --config_file configs/accelerate/fsdp_cpu_2proc.yaml`` and
+``cpu_2proc.yaml`` (DDP) on the same config and seed and compare the weights after one step.
+
+Tolerance (absolute, on every weight): 1e-5. Measured with these launches (docs/architecture.md, Multi-process):
+VLM with LoRA 1.9e-10, VLM full fine-tuning 4.3e-7, flow full fine-tuning 3.7e-7. The gradients agree to float32
+rounding (AdamW's first moment differs by at most 9e-9 where it reaches 7e-3); AdamW's first update g/(|g|+eps)
+makes the rounding of a gradient element close to 0 visible in its weight (one element of 190,944 in the VLM
+differs by more than 1e-8). The step itself moves weights by about 2e-4 (VLM: lr 1e-3 at warm-up 1/5) and 2e-3
+(flow), so the tolerance is 5% of the smallest step and 20x the largest difference measured; the tests also
+require the step to have moved the weights by at least 10x the tolerance.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmgrpo.config import ConfigError, load_config
+from tests.test_trainer import QUICK, ROOT
+
+FLOW = ROOT / "configs/flow_grpo.yaml"
+ACCEL = ROOT / "configs/accelerate"
+TOL = 1e-5
+
+REWARD = '''
+def length_reward(completions, **kwargs):
+    """Longer completions score higher: varies within every group of the untrained tiny VLM (a learning signal)."""
+    return [len(str(c)) / 10.0 for c in completions]
+'''
+VLM_STEP = [
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=32",
+    "task.args.eval_size=8",
+    "warmup.steps=0",
+    "eval.every=0",
+    "eval.before=false",
+    "eval.after=false",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "rewards=[{name: 'length_rewards:length_reward'}]",
+]
+FLOW_STEP = [  # eval.max_rows=3 over 2 processes: the padded split of the held-out rows runs too
+    "algorithm.group_size=2",
+    "algorithm.prompts_per_step=2",
+    "algorithm.minibatch_size=2",
+    "model.args.num_steps=4",
+    "model.args.eval_num_steps=2",
+    "eval.before=false",
+    "eval.after=true",
+    "eval.max_rows=3",
+    "task.args.eval_seeds=1",
+]
+
+
+def _launch(
+    accelerate_config: str, config: Path, overrides: list[str], out: Path, tmp_path: Path, cache: Path | None = None
+) -> dict:
+    """``accelerate launch --config_file configs/accelerate/<name>.yaml -m mmgrpo train ...`` on 2 CPU processes;
+    returns summary.json (``{}`` for a run stopped by ``stop_after``, which writes none). ``cache``: the tiny-model
+    cache of this launch (default: the session's)."""
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--config_file",
+        str(ACCEL / f"{accelerate_config}.yaml"),
+        "-m",
+        "mmgrpo",
+        "train",
+        str(config),
+        *overrides,
+        f"output_dir={out}",
+    ]
+    pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
+    if cache is not None:
+        env["MMGRPO_CACHE"] = str(cache)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = out / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else {}
+
+
+def _initial_weights(config: Path, overrides: list[str]) -> dict[str, torch.Tensor]:
+    """The policy's weights before training, built in this process from the same config (shared tiny-model cache)."""
+    from mmgrpo.plugins import ADAPTERS, load_builtins
+
+    load_builtins()
+    cfg = load_config(config, overrides + ["output_dir=unused"])
+    adapter = ADAPTERS.get(cfg.model.adapter)(cfg.model.args, seed=cfg.seed, lora=cfg.model.lora, dtype=cfg.model.dtype)
+    return {k: v.detach().clone() for k, v in adapter.model.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "config,overrides",
+    [
+        (QUICK, VLM_STEP + ["model.lora.enabled=true"]),
+        (QUICK, VLM_STEP + ["model.lora.enabled=false"]),
+        (FLOW, FLOW_STEP + ["model.lora.enabled=false"]),
+    ],
+    ids=["vlm_lora", "vlm_full", "flow_full"],
+)
+def test_fsdp_step_equals_ddp_step(config, overrides, tmp_path, mmgrpo_cache, monkeypatch):
+    """One GRPO step under FSDP2 gives the weights of the same step under DDP, both on 2 processes."""
+    (tmp_path / "length_rewards.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = [*overrides, "steps=1", "seed=0"]
+    # Each launch builds the tiny VLM into its own empty cache: process 0 builds (drawing from the RNG) while
+    # process 1 loads, so their LoRA draws differ. DDP starts from process 0's weights (it broadcasts them); FSDP
+    # must too, or each process would train its own shard of a different initialisation.
+    fsdp = _launch("fsdp_cpu_2proc", config, run, tmp_path / "fsdp", tmp_path, cache=tmp_path / "cache-fsdp")
+    ddp = _launch("cpu_2proc", config, run, tmp_path / "ddp", tmp_path, cache=tmp_path / "cache-ddp")
+    assert fsdp["train/processes"] == 2 and ddp["train/processes"] == 2
+    assert fsdp["train/sharded"] == 1.0 and ddp["train/sharded"] == 0.0  # FSDP ran, not DDP under another name
+    a = load_file(str(tmp_path / "fsdp/checkpoints/final/state/model.safetensors"))
+    b = load_file(str(tmp_path / "ddp/checkpoints/final/state/model.safetensors"))
+    assert sorted(a) == sorted(b)  # the same keys: FSDP checkpoints drop tied aliases as DDP's save_model does
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=TOL, rtol=0, msg=k)
+    init = _initial_weights(config, run)  # the tiny model is built deterministically from the seed
+    # lora_A starts random (its draw depends on the RNG state at build time); lora_B starts at 0, the base is frozen
+    moved = max(float((b[k] - init[k]).abs().max()) for k in b if k in init and "lora_A" not in k)
+    assert moved > 10 * TOL, moved  # the step changed the weights: the comparison is not of two untouched models
+    for name in ("optimizer.safetensors", "optimizer.json"):  # optimizer state gathered to the same layout
+        assert (tmp_path / "fsdp/checkpoints/final/state" / name).is_file()
+    opt_a = load_file(str(tmp_path / "fsdp/checkpoints/final/state/optimizer.safetensors"))
+    opt_b = load_file(str(tmp_path / "ddp/checkpoints/final/state/optimizer.safetensors"))
+    assert sorted(opt_a) == sorted(opt_b)
+    for k in opt_a:
+        torch.testing.assert_close(opt_a[k], opt_b[k], atol=TOL, rtol=0, msg=k)
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes(tmp_path, mmgrpo_cache):
+    """A run stopped after step 1 under FSDP and resumed (resume=latest) ends where an uninterrupted FSDP run ends."""
+    (tmp_path / "length_rewards.py").write_text(REWARD)
+    run = [*VLM_STEP, "steps=2"]  # full fine-tuning with the k3 KL: policy, reference and optimizer state all resume
+    full = _launch("fsdp_cpu_2proc", QUICK, run, tmp_path / "full", tmp_path)
+    _launch("fsdp_cpu_2proc", QUICK, [*run, "stop_after=1"], tmp_path / "cut", tmp_path)
+    assert [p.name for p in (tmp_path / "cut/checkpoints").iterdir()] == ["step-000001"]
+    resumed = _launch("fsdp_cpu_2proc", QUICK, [*run, "resume=latest"], tmp_path / "cut", tmp_path)
+    assert resumed["train/processes"] == 2 and resumed["train/sharded"] == 1.0 and full["train/sharded"] == 1.0
+    records = [json.loads(line) for line in (tmp_path / "cut/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2]  # step 2 ran after the resume
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        a = load_file(str(tmp_path / "full/checkpoints/final/state" / name))
+        b = load_file(str(tmp_path / "cut/checkpoints/final/state" / name))
+        assert sorted(a) == sorted(b)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=f"{name}: {k}")
+
+
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_cpu_2proc", "deepspeed_zero2", "deepspeed_zero3"])
+def test_sharding_configs_load_through_accelerate(name, monkeypatch):
+    """accelerate's launcher reads each file (its argument parser and validation, then the environment it passes to
+    the processes) and its FSDP / DeepSpeed plugin is built from that environment, as in a launched process."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(ACCEL / f"{name}.yaml"), "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if name.startswith("deepspeed"):
+        assert args.use_deepspeed
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)  # as accelerate's launch_command sets it
+        _, env = prepare_deepspeed_cmd_env(args)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        plugin = DeepSpeedPlugin()
+        assert plugin.zero_stage == int(name[-1]) == plugin.deepspeed_config["zero_optimization"]["stage"]
+        assert plugin.deepspeed_config["gradient_clipping"] == 1.0
+    else:
+        assert args.use_fsdp
+        env = prepare_multi_gpu_env(args)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        plugin = FullyShardedDataParallelPlugin()
+        assert plugin.fsdp_version == 2  # FSDP1 needs a GPU and is refused by the trainer
+        assert plugin.cpu_ram_efficient_loading is False  # the reference copy of full fine-tuning needs real weights
+        assert plugin.reshard_after_forward is True
+    assert args.num_processes == (2 if name.endswith("2proc") else 8)
+
+
+def test_deepspeed_launch_is_refused_before_loading(tmp_path, monkeypatch):
+    """A DeepSpeed launch stops with one line naming the reason and FSDP as the alternative (nothing loads)."""
+    from mmgrpo.trainer import Trainer
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match=r"DeepSpeed launches are not supported.*fsdp\.yaml"):
+        Trainer(load_config(QUICK, [f"output_dir={tmp_path / 'run'}"]))
+    assert not (tmp_path / "run").exists()
