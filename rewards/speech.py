@@ -71,7 +71,13 @@ def wer(
     form unverified) and Video-R1's OCR reward ``clip(1 − WER, 0, 1)`` (research §2.1).
     """
     return _error_rate_reward(
-        completions, columns, metric="wer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
+        completions,
+        columns,
+        metric="wer",
+        which=which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        normalize=normalize,
     )
 
 
@@ -95,7 +101,13 @@ def cer(
     Chinese/Japanese (Morris et al. 2004 define both rates).
     """
     return _error_rate_reward(
-        completions, columns, metric="cer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
+        completions,
+        columns,
+        metric="cer",
+        which=which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        normalize=normalize,
     )
 
 

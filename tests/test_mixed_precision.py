@@ -32,9 +32,15 @@ def test_bf16_ratio_is_one_before_the_first_update(tiny_vlm_path, old_logprobs):
         torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=RATIO_ATOL, rtol=0)
     adv = torch.randn(B, 1).expand(B, T) * rollout.mask
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
-        logp - rollout.old_logprobs[index].to(logp.device), adv[index], rollout.mask[index], clip_low=0.2,
-        clip_high=0.2, dual_clip=None, tau_pos=1, tau_neg=1,
-    )  # fmt: skip
+        logp - rollout.old_logprobs[index].to(logp.device),
+        adv[index],
+        rollout.mask[index],
+        clip_low=0.2,
+        clip_high=0.2,
+        dual_clip=None,
+        tau_pos=1,
+        tau_neg=1,
+    )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask[index], max_units=T)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     loss.backward()

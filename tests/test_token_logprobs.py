@@ -118,9 +118,9 @@ def _saved_for_backward(fn):
 def test_no_full_vocabulary_tensor_is_saved_for_backward():
     logits, tokens, banned = _inputs()
     full = N * T * V
-    ref, saved_ref = _saved_for_backward(lambda: _reference(logits, tokens, banned, 0.7))
+    _ref, saved_ref = _saved_for_backward(lambda: _reference(logits, tokens, banned, 0.7))
     assert any(numel == full and dtype == torch.float32 for numel, dtype, _ in saved_ref)  # the log-softmax
-    out, saved = _saved_for_backward(lambda: token_logprobs(logits, tokens, temperature=0.7, banned=banned, chunk=100))
+    _out, saved = _saved_for_backward(lambda: token_logprobs(logits, tokens, temperature=0.7, banned=banned, chunk=100))
     large = [(numel, ptr) for numel, _, ptr in saved if numel >= full]
     assert large == [(full, logits.data_ptr())], "only the logits themselves may be saved at [n, T, V]"
     assert sum(numel for numel, _, _ in saved) <= full + 3 * N * T + T * V  # + tokens, logsumexp, banned mask

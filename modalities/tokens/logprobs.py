@@ -37,9 +37,13 @@ DEFAULT_CHUNK = 4096
 
 
 def token_logprobs(
-    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, banned: Tensor | None = None,
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    banned: Tensor | None = None,
     chunk: int = DEFAULT_CHUNK,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """fp32 ``log softmax(mask(logits) / temperature)`` at ``tokens``, differentiable w.r.t. ``logits``.
 
     ``logits`` may be in any float dtype (bf16 logits are upcast chunk by chunk, so the result is that of
@@ -59,9 +63,13 @@ def token_logprobs(
 
 
 def banned_mask(
-    vocab_size: int, always: Sequence[int] = (), early: Sequence[int] = (), early_steps: int = 0, steps: int = 1,
+    vocab_size: int,
+    always: Sequence[int] = (),
+    early: Sequence[int] = (),
+    early_steps: int = 0,
+    steps: int = 1,
     device: torch.device | str | None = None,
-) -> Tensor | None:  # fmt: skip
+) -> Tensor | None:
     """The ``banned`` argument of :func:`token_logprobs`: ``always`` at every position, ``early`` at the first
     ``early_steps`` of ``steps`` positions (a min-new-tokens EOS ban, Whisper's begin-suppressed tokens).
 
