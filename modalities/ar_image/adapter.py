@@ -56,6 +56,7 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from ..tokens.policy import TokenPolicy
+from ..tokens.logprobs import token_logprobs
 from .tiny import resolve_model_path
 
 CFG_LOGPROBS = ("guided", "cond", "scaled")
@@ -298,9 +299,8 @@ class ARImageAdapter(TokenPolicy):
 
     def _token_logprobs(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> Tensor:
         cond, uncond = self._unit_logits(model, state, index)  # [n, T, V] each
-        logp = torch.log_softmax(self._distribution_logits(cond, uncond), dim=-1)  # [n, T, V] fp32
-        tokens = state.image_tokens[index].to(logp.device)
-        return logp.gather(-1, tokens[..., None]).squeeze(-1)  # [n, T]
+        scores = self._distribution_logits(cond, uncond)  # [n, T, V] fp32
+        return token_logprobs(scores, state.image_tokens[index].to(scores.device))  # [n, T], log softmax(scores)
 
     # ---------------------------------------------------------------------------------------- sampling
 

@@ -13,7 +13,8 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: the model's
   ``generation_config.suppress_tokens`` at every step and ``begin_suppress_tokens`` at the first step are
   banned, as are Whisper's special tokens other than end-of-text (and the timestamp tokens unless
-  ``timestamps``), then logits / temperature, log-softmax in fp32. The same masks are applied in the training
+  ``timestamps``), then logits / temperature, log-softmax in fp32 (in the training forward without an [n, T, V]
+  log-softmax: ``modalities/tokens/logprobs.py``). The same masks are applied in the training
   forward, so the first ratio is 1. Departure: with ``timestamps`` the timestamp tokens are allowed freely
   (HF's ``WhisperTimeStampLogitsProcessor`` pairing rules are not applied), so the ratio stays exact.
 - A completion ends at the first ``<|endoftext|>`` (included in the loss); the rest is masked.
@@ -41,6 +42,7 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from ..tokens.policy import TokenPolicy
+from ..tokens.logprobs import banned_mask, token_logprobs
 from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
 from .audio import load_audio
 from .tiny import resolve_model_path
@@ -291,10 +293,11 @@ class WhisperAdapter(TokenPolicy):
         logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[
             :, Lp - 1 :
         ]  # [n, T, V]
-        first = torch.zeros((1, T, 1), dtype=torch.bool, device=self.device)
-        first[:, 0] = True
-        logp = torch.log_softmax(self._scores(logits, first), dim=-1)  # [n, T, V] fp32
-        return logp.gather(-1, comp[..., None]).squeeze(-1)  # [n, T]
+        # The bans of ``_scores``: suppressed tokens everywhere, begin-suppressed ones at the first token.
+        banned = banned_mask(
+            logits.shape[-1], self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=logits.device
+        )
+        return token_logprobs(logits, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)

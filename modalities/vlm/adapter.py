@@ -10,7 +10,8 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
   KV cache G ways, and log-prob forwards encode each prompt once with its completions attending to it.
 - Prompts are left-padded (a right-padded processor would shift multimodal positions, TRL #5785).
 - ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: log-softmax of
-  logits / temperature, in fp32. top-p / top-k truncation is applied when sampling but not in the
+  logits / temperature, in fp32 (bf16 logits upcast), computed without an [n, T, V] log-softmax
+  (``modalities/tokens/logprobs.py``). top-p / top-k truncation is applied when sampling but not in the
   log-probs (like TRL and verl without rollout correction), so keep them off for an unbiased ratio.
 - A completion ends at the first EOS (included in the loss); tokens after it are masked. A completion that
   used all ``max_new_tokens`` without EOS is ``truncated``; ``mask_truncated`` drops it from the loss (DAPO).
@@ -38,6 +39,7 @@ from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
+from ..tokens.logprobs import banned_mask, token_logprobs
 from ..tokens.media import ImageEncoder, MediaEncoder, count_parts, one_or_list
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
@@ -434,16 +436,21 @@ class VLMAdapter(TokenPolicy):
             comp = comp.to(self.device)
             logits = prefix_sharing.completion_logits(
                 model, batch, rows.to(self.device), comp, self._completion_mask(comp)
-            ).float()  # [n, T, V]
+            )  # [n, T, V], the model's dtype
         else:
             batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
-            logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1].float()  # [n, T, V]
-        if self.suppress_ids:
-            logits[..., self.suppress_ids] = float("-inf")  # never sampled: not part of the distribution
-        if self.args.min_new_tokens > 0:
-            logits[:, : self.args.min_new_tokens, self.eos_ids.tolist()] = float("-inf")  # EOS banned there too
-        logp = torch.log_softmax(logits / self.args.temperature, dim=-1)  # [n, T, V] fp32
-        return logp.gather(-1, comp.to(logp.device)[..., None]).squeeze(-1)  # [n, T]
+            logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
+        # Suppressed tokens are never sampled, nor is EOS before min_new_tokens: not part of the distribution.
+        banned = banned_mask(
+            logits.shape[-1],
+            self.suppress_ids,
+            self.eos_ids.tolist(),
+            self.args.min_new_tokens,
+            steps=T,
+            device=logits.device,
+        )
+        comp = comp.to(logits.device)
+        return token_logprobs(logits, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)

@@ -1,0 +1,48 @@
+"""bf16 weights on CPU: the tiny Qwen2.5-VL built with ``dtype="bfloat16"`` samples, and its log-probs are fp32 with a
+first ratio of 1 ± 1e-3, whether ``old_logprobs`` come from the no-grad recompute or from the sampler (a KV-cached
+decode, a different computation in bf16), on minibatches other than the rollout's forward batch.
+"""
+
+import pytest
+import torch
+
+from mmgrpo import losses
+from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+RATIO_ATOL = 1e-3
+
+
+@pytest.mark.parametrize("old_logprobs", ["recompute", "sampler"])
+def test_bf16_ratio_is_one_before_the_first_update(tiny_vlm_path, old_logprobs):
+    torch.manual_seed(0)
+    args = {"name_or_path": tiny_vlm_path, "max_new_tokens": 8, "temperature": 0.9, "old_logprobs": old_logprobs}
+    adapter = build_vlm_adapter(args, dtype="bfloat16")
+    assert next(adapter.model.parameters()).dtype == torch.bfloat16
+    rows = ShapesTask(ShapesArgs(train_size=3, eval_size=1)).train_rows()
+    rollout = adapter.rollout(rows, group_size=4)
+    assert rollout.old_logprobs.dtype == torch.float32
+    B, T = rollout.mask.shape
+    for index in [torch.arange(B), torch.tensor([1, 5, 6, 10]), torch.tensor([3])]:  # minibatches of the update
+        logp = adapter.logprobs(rollout, index)  # [n, T]
+        assert logp.dtype == torch.float32
+        mask = rollout.mask[index].bool()
+        assert mask.any()
+        ratio = torch.exp(logp.detach().cpu() - rollout.old_logprobs[index])[mask]
+        torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=RATIO_ATOL, rtol=0)
+    adv = torch.randn(B, 1).expand(B, T) * rollout.mask
+    per_unit, _ = losses.SURROGATES.get("ppo_clip")(
+        logp - rollout.old_logprobs[index].to(logp.device),
+        adv[index],
+        rollout.mask[index],
+        clip_low=0.2,
+        clip_high=0.2,
+        dual_clip=None,
+        tau_pos=1,
+        tau_neg=1,
+    )
+    loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask[index], max_units=T)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in adapter.trainable_parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
