@@ -58,8 +58,10 @@ def main() -> None:
             print(name, seed, json.dumps(r), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    lines = ["| log-probs | reward before | reward after | seeds beating base | realism before | realism after | wall s/run |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| log-probs | reward before | reward after | seeds beating base | realism before | realism after | wall s/run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, rows in results.items():
         col = {k: [r[k] for r in rows] for k in rows[0]}
         wins = sum(r["after/reward"] > r["before/reward"] for r in rows)

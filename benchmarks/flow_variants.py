@@ -29,11 +29,15 @@ VARIANTS = {
     "value_anchored": ("configs/flow_value_anchored.yaml", []),
 }
 EXTRA = {
-    "grpo_guard": ("configs/flow_temporal.yaml", ["algorithm.ratio_norm=true",
-                                                  "algorithm.shaping_args.weights=inv_dt"]),
+    "grpo_guard": (
+        "configs/flow_temporal.yaml",
+        ["algorithm.ratio_norm=true", "algorithm.shaping_args.weights=inv_dt"],
+    ),
     "tempflow_branching": ("configs/flow_temporal.yaml", ["model.args.steps=branching", "model.args.step_args={}"]),
-    "fast_window": ("configs/flow_grpo.yaml", ["model.args.steps=sde_window",
-                                               "model.args.step_args={window: 2, high: 4}"]),
+    "fast_window": (
+        "configs/flow_grpo.yaml",
+        ["model.args.steps=sde_window", "model.args.step_args={window: 2, high: 4}"],
+    ),
     "dance_sde": ("configs/flow_grpo.yaml", ["model.args.kernel=dance_sde", "model.args.noise_level=0.3"]),
     "cps": ("configs/flow_grpo.yaml", ["model.args.kernel=cps", "model.args.noise_level=0.8"]),
 }
@@ -110,8 +114,11 @@ def main() -> None:
             overrides = [f"output_dir={out / f'{name}-seed{seed}'}", f"seed={seed}", f"steps={a.steps}", *extra]
             r = run_one(config, overrides)
             results.setdefault(name, []).append({"seed": seed, **r})
-            print(f"{name} seed {seed}: reward {r['before/reward']:.3f} -> {r['after/reward']:.3f}, "
-                  f"realism {r['before/realism']:.3f} -> {r['after/realism']:.3f} ({r['wall_s']:.0f}s)", flush=True)
+            print(
+                f"{name} seed {seed}: reward {r['before/reward']:.3f} -> {r['after/reward']:.3f}, "
+                f"realism {r['before/realism']:.3f} -> {r['after/realism']:.3f} ({r['wall_s']:.0f}s)",
+                flush=True,
+            )
             (out / "results.json").write_text(json.dumps(results, indent=1))
     md = table(results)
     (out / "table.md").write_text(md)

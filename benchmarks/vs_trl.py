@@ -46,9 +46,16 @@ from pathlib import Path
 # Sizes of the benchmark model: the real Qwen2.5-VL architecture, small enough for a 2-core CPU, large enough that
 # matmuls (not Python overhead) dominate a step.
 MODEL_SIZES = dict(
-    text_hidden=128, text_layers=4, text_heads=4, text_kv_heads=2, text_intermediate=512,
-    vision_hidden=64, vision_depth=4, vision_heads=2, vision_intermediate=256,
-)  # fmt: skip
+    text_hidden=128,
+    text_layers=4,
+    text_heads=4,
+    text_kv_heads=2,
+    text_intermediate=512,
+    vision_hidden=64,
+    vision_depth=4,
+    vision_heads=2,
+    vision_intermediate=256,
+)
 MROPE_SECTION = [4, 6, 6]  # head_dim 32 → 16 rotary frequencies split over (t, h, w)
 QUESTIONS = ["colour", "shape"]
 
@@ -192,7 +199,9 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
 
     rows = [
         {
-            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT[r["question_type"]]}]}],
+            "prompt": [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT[r["question_type"]]}]}
+            ],
             "image": r["image"],
             "answer": r["answer"],
         }
@@ -245,9 +254,13 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
                 flop_box["flops"] = mode.get_total_flops()
 
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[bench_reward], args=args, train_dataset=Dataset.from_list(rows),
-        processing_class=processor, callbacks=[Timer()],
-    )  # fmt: skip
+        model=model,
+        reward_funcs=[bench_reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=processor,
+        callbacks=[Timer()],
+    )
     trainer._generate_single_turn = clock.wrap(trainer._generate_single_turn)
     seen: dict = {}
     tokenize = trainer._tokenize_prompts
@@ -272,9 +285,16 @@ def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     B, T = spec.prompts * spec.group_size, spec.completion_tokens
     total = spec.warmup + spec.steps + (1 if spec.flops else 0)
     model_args = {
-        "name_or_path": spec.model_dir, "max_new_tokens": T, "min_new_tokens": T, "temperature": 1.0,
-        "top_k": 0, "top_p": 1.0, "forward_batch_size": B, "max_pixels": 1024 * 28 * 28, **spec.mmgrpo_args,
-    }  # fmt: skip
+        "name_or_path": spec.model_dir,
+        "max_new_tokens": T,
+        "min_new_tokens": T,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "forward_batch_size": B,
+        "max_pixels": 1024 * 28 * 28,
+        **spec.mmgrpo_args,
+    }
     cfg = from_dict(
         TrainConfig,
         {
@@ -282,18 +302,32 @@ def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
             "seed": spec.seed,
             "steps": total,
             "model": {"adapter": "vlm", "args": model_args, "dtype": "float32"},
-            "task": {"name": "shapes", "args": {"questions": QUESTIONS, "image_size": spec.image_size,
-                                                 "train_size": len(_rows(spec)), "eval_size": 1}},
+            "task": {
+                "name": "shapes",
+                "args": {
+                    "questions": QUESTIONS,
+                    "image_size": spec.image_size,
+                    "train_size": len(_rows(spec)),
+                    "eval_size": 1,
+                },
+            },
             "rewards": [{"name": "bench_letters"}],
-            "algorithm": {"group_size": spec.group_size, "prompts_per_step": spec.prompts, "minibatch_size": B,
-                          "beta": 0.0, "epochs": 1, "clip_low": 0.2, "clip_high": 0.2},
+            "algorithm": {
+                "group_size": spec.group_size,
+                "prompts_per_step": spec.prompts,
+                "minibatch_size": B,
+                "beta": 0.0,
+                "epochs": 1,
+                "clip_low": 0.2,
+                "clip_high": 0.2,
+            },
             "optim": {"lr": 1e-5, "max_grad_norm": 1.0},
             "eval": {"before": False, "after": False},
             "logging": {"trackers": [], "progress": False, "plot": False},
             "checkpoint": {"every": 0, "save_final": False},
         },
         "benchmark",
-    )  # fmt: skip
+    )
     validate(cfg)
     trainer = Trainer(cfg)
     adapter = trainer.adapter
@@ -342,7 +376,7 @@ def worker(spec: RunSpec) -> None:
     import transformers  # noqa: F401
     import trl  # noqa: F401
 
-    import mmgrpo.modalities  # noqa: F401
+    import mmgrpo.modalities
     import mmgrpo.rewards  # noqa: F401
 
     torch.set_num_threads(spec.threads)
@@ -450,20 +484,32 @@ def plot(table: list[dict], toolkits: list[str], path: Path) -> None:
         if tk == "trl":
             continue
         style = "-" if tk == "mmgrpo" else ":"
-        for metric, label in (("step_s", "step time"), ("rollout_s", "rollout"), ("update_s", "log-prob+update"),
-                              ("peak_rss_mb", "peak RSS")):  # fmt: skip
+        for metric, label in (
+            ("step_s", "step time"),
+            ("rollout_s", "rollout"),
+            ("update_s", "log-prob+update"),
+            ("peak_rss_mb", "peak RSS"),
+        ):
             ax1.plot(x, [r[f"trl_over_{tk}"][metric] for r in table], style, marker="o", label=f"{label} ({tk})")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.axhline(2.0, color="grey", lw=0.8, ls="--")
-    ax1.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel="TRL / mmgrpo",
-            title="TRL ÷ mmgrpo (>1: mmgrpo better)")  # fmt: skip
+    ax1.set(
+        xscale="log",
+        xlabel="prefix : completion (L / T)",
+        ylabel="TRL / mmgrpo",
+        title="TRL ÷ mmgrpo (>1: mmgrpo better)",
+    )
     ax1.set_xticks(x, [f"{v:.0f}:1" for v in x])
     ax1.minorticks_off()
     ax1.legend(fontsize=7)
     for tk in toolkits:
         ax2.plot(x, [r[tk]["fraction_of_matmul"] for r in table], marker="o", label=tk)
-    ax2.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel="achieved FLOP/s ÷ matmul FLOP/s",
-            title="hardware efficiency (counted FLOPs / step time)")  # fmt: skip
+    ax2.set(
+        xscale="log",
+        xlabel="prefix : completion (L / T)",
+        ylabel="achieved FLOP/s ÷ matmul FLOP/s",
+        title="hardware efficiency (counted FLOPs / step time)",
+    )
     ax2.set_xticks(x, [f"{v:.0f}:1" for v in x])
     ax2.minorticks_off()
     ax2.legend(fontsize=7)
@@ -544,19 +590,31 @@ def main(argv: list[str] | None = None) -> int:
             for tk in order:
                 result = raw / f"{tk}_side{side}_rep{rep}.json"
                 spec = RunSpec(
-                    toolkit=tk, model_dir=str(model_dir), image_size=side, completion_tokens=T, prompts=a.prompts,
-                    group_size=a.group_size, warmup=a.warmup, steps=a.steps, threads=a.threads, seed=a.seed + rep,
-                    result=str(result), flops=rep == 0,
+                    toolkit=tk,
+                    model_dir=str(model_dir),
+                    image_size=side,
+                    completion_tokens=T,
+                    prompts=a.prompts,
+                    group_size=a.group_size,
+                    warmup=a.warmup,
+                    steps=a.steps,
+                    threads=a.threads,
+                    seed=a.seed + rep,
+                    result=str(result),
+                    flops=rep == 0,
                     mmgrpo_args={"prefix_sharing": False, "kv_expand_rollout": False} if tk == "mmgrpo_naive" else {},
-                )  # fmt: skip
+                )
                 _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
                 r = json.loads(result.read_text())
                 r["key"] = (side, L, T)
                 if r.get("prompt_lengths") and max(r["prompt_lengths"]) != L:
                     raise RuntimeError(f"{tk} fed prompts of {r['prompt_lengths']} tokens, expected max {L}")
                 runs.append(r)
-                print(f"[rep {rep}] {tk:13s} L:T={L}/{T} step {_median(r['step_s']):.2f}s "
-                      f"rollout {_median(r['rollout_s']):.2f}s peak {r['peak_rss_mb']:.0f}MB", flush=True)  # fmt: skip
+                print(
+                    f"[rep {rep}] {tk:13s} L:T={L}/{T} step {_median(r['step_s']):.2f}s "
+                    f"rollout {_median(r['rollout_s']):.2f}s peak {r['peak_rss_mb']:.0f}MB",
+                    flush=True,
+                )
             mm = raw / f"matmul_rep{rep}_{i}.json"
             mm_spec = json.dumps({"threads": a.threads, "result": str(mm)})
             _launch(["--worker", "matmul", "--spec", mm_spec], a.threads, 600)
@@ -571,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": _environment(a.threads),
         "matmul_flops_per_s": matmul,
         "table": table,
-        "runs": [{k: v for k, v in r.items()} for r in runs],
+        "runs": [dict(r.items()) for r in runs],
         "wall_s": time.perf_counter() - t_start,
     }
     (out / "vs_trl.json").write_text(json.dumps(report, indent=1, default=str))
@@ -595,10 +653,14 @@ def _environment(threads: int) -> dict:
     import trl
 
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "trl": trl.__version__, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
         "threads": threads,
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

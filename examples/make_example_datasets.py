@@ -65,9 +65,16 @@ def write_vlm_r1_rec(root: Path, n: int = 16, seed: int = 0) -> Path:
         name = f"images/rec_{i:05d}.png"
         img.save(root / name)
         question = f"<image>Please provide the bounding box coordinate of the region this sentence describes: the {colour} square."
-        lines.append({"id": i, "image": name, "conversations": [
-            {"from": "human", "value": question}, {"from": "gpt", "value": json.dumps(box)},
-        ]})  # fmt: skip
+        lines.append(
+            {
+                "id": i,
+                "image": name,
+                "conversations": [
+                    {"from": "human", "value": question},
+                    {"from": "gpt", "value": json.dumps(box)},
+                ],
+            }
+        )
     path = root / "train.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
@@ -117,21 +124,33 @@ def write_video_r1(root: Path, n: int = 8, seed: int = 0, size: int = 56, frames
         direction = rng.choice(directions)
         name = f"videos/clip_{i:05d}.mp4"
         write_mp4(root / name, _moving_square(rng, size, frames, direction), fps)
-        rows.append({
-            "problem_id": i, "problem": "Which way does the square move?", "data_type": "video",
-            "problem_type": "multiple choice", "options": [f"{letters[k]}. {d}" for k, d in enumerate(directions)],
-            "solution": f"<answer>{letters[directions.index(direction)]}</answer>", "path": f"./{name}",
-            "data_source": "synthetic-motion",
-        })  # fmt: skip
+        rows.append(
+            {
+                "problem_id": i,
+                "problem": "Which way does the square move?",
+                "data_type": "video",
+                "problem_type": "multiple choice",
+                "options": [f"{letters[k]}. {d}" for k, d in enumerate(directions)],
+                "solution": f"<answer>{letters[directions.index(direction)]}</answer>",
+                "path": f"./{name}",
+                "data_source": "synthetic-motion",
+            }
+        )
     img, colour, _ = rec_image(rng, size)
     img.save(root / "images" / "still_00000.png")
     options = [f"{letters[k]}. {c}" for k, c in enumerate(COLOURS)]
-    rows.append({
-        "problem_id": n, "problem": "What colour is the left square?", "data_type": "image",
-        "problem_type": "multiple choice", "options": options,
-        "solution": f"<answer>{letters[list(COLOURS).index(colour)]}</answer>", "path": "./images/still_00000.png",
-        "data_source": "synthetic-shapes",
-    })  # fmt: skip
+    rows.append(
+        {
+            "problem_id": n,
+            "problem": "What colour is the left square?",
+            "data_type": "image",
+            "problem_type": "multiple choice",
+            "options": options,
+            "solution": f"<answer>{letters[list(COLOURS).index(colour)]}</answer>",
+            "path": "./images/still_00000.png",
+            "data_source": "synthetic-shapes",
+        }
+    )
     path = root / "train.json"
     path.write_text(json.dumps(rows, indent=1))
     return path
@@ -145,16 +164,34 @@ def write_trl_conversational(root: Path, n: int = 16, seed: int = 0) -> Path:
     prompts, images, answers = [], [], []
     for _ in range(n):
         img, colour, _ = rec_image(rng)
-        prompts.append([{"role": "user", "content": [
-            {"type": "image"}, {"type": "text", "text": "What colour is the left square? Answer with <answer>colour</answer>."},
-        ]}])  # fmt: skip
+        prompts.append(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image"},
+                        {
+                            "type": "text",
+                            "text": "What colour is the left square? Answer with <answer>colour</answer>.",
+                        },
+                    ],
+                }
+            ]
+        )
         images.append(img)
         answers.append(colour)
-    features = datasets.Features({
-        "prompt": [{"role": datasets.Value("string"),
-                    "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}]}],
-        "image": datasets.Image(), "answer": datasets.Value("string"),
-    })  # fmt: skip
+    features = datasets.Features(
+        {
+            "prompt": [
+                {
+                    "role": datasets.Value("string"),
+                    "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}],
+                }
+            ],
+            "image": datasets.Image(),
+            "answer": datasets.Value("string"),
+        }
+    )
     ds = datasets.Dataset.from_dict({"prompt": prompts, "image": images, "answer": answers}, features=features)
     ds.save_to_disk(str(root))
     return root

@@ -90,15 +90,18 @@ def pretrain(directory: str | os.PathLike, settings: PretrainSettings | None = N
         if missing:
             with torch.no_grad():
                 pe, _, pooled, _ = pipe.encode_prompt(
-                    missing, missing, missing, do_classifier_free_guidance=False,
+                    missing,
+                    missing,
+                    missing,
+                    do_classifier_free_guidance=False,
                     max_sequence_length=pipe.tokenizer_3.model_max_length,
-                )  # fmt: skip
+                )
             for i, p in enumerate(missing):
                 cache[p] = (pe[i], pooled[i])
         return torch.stack([cache[p][0] for p in prompts]), torch.stack([cache[p][1] for p in prompts])
 
     opt = torch.optim.AdamW(tr.parameters(), lr=s.flow_lr, weight_decay=0.0)
-    warm_cosine = lambda k: min(1.0, (k + 1) / 100) * 0.5 * (1 + math.cos(math.pi * k / s.flow_steps))  # noqa: E731
+    warm_cosine = lambda k: min(1.0, (k + 1) / 100) * 0.5 * (1 + math.cos(math.pi * k / s.flow_steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warm_cosine)
     t1 = time.perf_counter()
     for step in range(s.flow_steps):
@@ -110,8 +113,13 @@ def pretrain(directory: str | os.PathLike, settings: PretrainSettings | None = N
         sigma = torch.sigmoid(torch.randn(x.shape[0]))  # [n]
         eps = torch.randn_like(z0)
         zs = (1 - sigma.view(-1, 1, 1, 1)) * z0 + sigma.view(-1, 1, 1, 1) * eps
-        v = tr(hidden_states=zs, timestep=sigma * 1000, encoder_hidden_states=pe, pooled_projections=pooled,
-               return_dict=False)[0]  # fmt: skip
+        v = tr(
+            hidden_states=zs,
+            timestep=sigma * 1000,
+            encoder_hidden_states=pe,
+            pooled_projections=pooled,
+            return_dict=False,
+        )[0]
         loss = (v - (eps - z0)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -124,8 +132,6 @@ def pretrain(directory: str | os.PathLike, settings: PretrainSettings | None = N
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out), safe_serialization=True)
     return out
-
-
 
 
 def main() -> None:

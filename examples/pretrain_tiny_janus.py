@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from mmgrpo.modalities.ar_image.adapter import JanusFamily
 from PIL import Image
 
+from mmgrpo.modalities.ar_image.adapter import JanusFamily
 from mmgrpo.modalities.ar_image.tiny import RESOLUTION, SHIPPED, build_tiny_janus
 from mmgrpo.tasks.flow_shapes import random_render
 
@@ -81,7 +80,9 @@ def train_vq(model, steps: int, batch: int, lr: float, rng: random.Random) -> No
 
 
 def _lm_loss(model, family: JanusFamily, prompt_ids: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    embeds = torch.cat([model.get_input_embeddings()(prompt_ids), model.prepare_embeddings_for_image_generation(codes[:, :-1])], 1)
+    embeds = torch.cat(
+        [model.get_input_embeddings()(prompt_ids), model.prepare_embeddings_for_image_generation(codes[:, :-1])], 1
+    )
     hidden = family.backbone(model)(inputs_embeds=embeds, use_cache=False).last_hidden_state  # [n, L+T-1, D]
     logits = model.model.generation_head(hidden[:, prompt_ids.shape[1] - 1 :])  # [n, T, V]
     return F.cross_entropy(logits.flatten(0, 1).float(), codes.flatten())

@@ -41,7 +41,7 @@ Everything runs in fp32, without host synchronisation (no ``.item()``, masks by 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -189,8 +189,9 @@ def combine_rewards(rewards: Tensor, weights: Tensor) -> Tensor:
     if rewards.dim() != 3:
         raise ValueError(f"rewards must be [P, G, K]; got shape {tuple(rewards.shape)}")
     if weights.shape != (rewards.shape[2],):
-        raise ValueError(f"weights must be [K] = [{rewards.shape[2]}] (one per reward function); "
-                         f"got shape {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be [K] = [{rewards.shape[2]}] (one per reward function); got shape {tuple(weights.shape)}"
+        )
     r = rewards.float()  # [P, G, K]
     w = weights.to(device=r.device, dtype=torch.float32)  # [K]
     valid = ~torch.isnan(r)  # [P, G, K]

@@ -174,7 +174,7 @@ def verify(directory: Path, *, num_processes: int = 1) -> None:
         if path.name.startswith("rng-"):
             continue
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
+            for key in f:
                 t = f.get_tensor(key)
                 if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                     raise CheckpointError(f"checkpoint {directory}: {path.name}[{key}] is not finite")
@@ -199,11 +199,13 @@ def _save_rng(state: Path, rank: int) -> None:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     atomic_write_text(
         state / f"rng-{rank}.json",
-        json.dumps({
-            "python": [version, list(internal), gauss],
-            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        }),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "python": [version, list(internal), gauss],
+                "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            }
+        ),
+    )
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):

@@ -22,7 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--dry-run", action="store_true", help="resolve, validate and print the config; do not train")
     d = sub.add_parser("demo", help="serve a Gradio app comparing a run's base and trained models (needs .[demo])")
     d.add_argument("run_dir", help="run directory written by mmgrpo train (config.yaml, checkpoints/)")
-    d.add_argument("--checkpoint", help="trained checkpoint: a path or a name under checkpoints/ (default: final, else newest step)")
+    d.add_argument(
+        "--checkpoint",
+        help="trained checkpoint: a path or a name under checkpoints/ (default: final, else newest step)",
+    )
     d.add_argument("--base", help="compare against this checkpoint instead of the base model the config names")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free one)")

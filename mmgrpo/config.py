@@ -10,8 +10,10 @@ against its own dataclass with :func:`from_dict`, so they get the same errors.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import itertools
 import math
 import types
 import typing
@@ -40,8 +42,12 @@ class Range:
     """Inclusive upper bound."""
 
     def check(self, value: float, where: str) -> None:
-        bounds = [(">", self.gt, value > (self.gt or 0)), (">=", self.ge, value >= (self.ge or 0)),
-                  ("<", self.lt, value < (self.lt or 0)), ("<=", self.le, value <= (self.le or 0))]  # fmt: skip
+        bounds = [
+            (">", self.gt, value > (self.gt or 0)),
+            (">=", self.ge, value >= (self.ge or 0)),
+            ("<", self.lt, value < (self.lt or 0)),
+            ("<=", self.le, value <= (self.le or 0)),
+        ]
         failed = [f"{op} {bound}" for op, bound, ok in bounds if bound is not None and not ok]
         if failed:
             wanted = " and ".join(f"{op} {bound}" for op, bound, _ in bounds if bound is not None)
@@ -336,10 +342,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)
         elif isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: accept what float() accepts
-            try:
+            with contextlib.suppress(ValueError):
                 number = float(value)
-            except ValueError:
-                pass
         if number is None:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         if math.isnan(number):
@@ -407,7 +411,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
-    for prev, node in zip(body, body[1:]):
+    for prev, node in itertools.pairwise(body):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docs[prev.target.id] = str(node.value.value)  # type: ignore[attr-defined]
     return docs
@@ -492,7 +496,6 @@ def validate(cfg: TrainConfig) -> None:
         ("algorithm.estimator", a.estimator, advantages.ESTIMATORS),
         ("algorithm.surrogate", a.surrogate, losses.SURROGATES),
         ("algorithm.aggregation", a.aggregation, losses.AGGREGATIONS),
-
         ("algorithm.ratio_level", a.ratio_level, losses.RATIO_LEVELS),
         ("algorithm.shaping", a.shaping, shaping.SHAPERS),
     ]:
@@ -534,7 +537,9 @@ def validate(cfg: TrainConfig) -> None:
     if a.surrogate == "reinforce" and a.epochs != 1:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:
-        raise ConfigError("algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)")
+        raise ConfigError(
+            "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
+        )
     check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
@@ -566,8 +571,15 @@ def _validate_rewards(cfg: TrainConfig) -> None:
             raise ConfigError(f"rewards[{i}] ({spec.name}): {e}") from None
 
 
-_TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
-                    "aim": "aim", "clearml": "clearml", "dvclive": "dvclive"}  # fmt: skip
+_TRACKER_MODULES = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+}
 
 
 def _check_trackers(trackers: list[str]) -> None:
@@ -577,8 +589,10 @@ def _check_trackers(trackers: list[str]) -> None:
     for name in trackers:
         _check_choice("logging.trackers", name, list(_TRACKER_MODULES))
         if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
-            raise ConfigError(f"logging.trackers: {name!r} is not installed; pip install {name} "
-                              f"or remove it (logging.trackers=[] for none)")  # fmt: skip
+            raise ConfigError(
+                f"logging.trackers: {name!r} is not installed; pip install {name} "
+                f"or remove it (logging.trackers=[] for none)"
+            )
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:

@@ -81,7 +81,9 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
         if not path.is_absolute() and not path.exists():
             path = run_dir / "checkpoints" / checkpoint  # a name such as final or step-000010
         if not (path / "COMPLETE").is_file() or _weights(path) is None:
-            raise DemoError(f"--checkpoint {checkpoint}: not a complete mmgrpo checkpoint (COMPLETE and state/model.safetensors)")
+            raise DemoError(
+                f"--checkpoint {checkpoint}: not a complete mmgrpo checkpoint (COMPLETE and state/model.safetensors)"
+            )
         return path
     final = run_dir / "checkpoints" / "final"
     if (final / "COMPLETE").is_file() and _weights(final) is not None:
@@ -133,9 +135,12 @@ class Models:
 
                 rt = self.cfg.reward_runtime
                 rewards = RewardRunner(
-                    [(r.name, r.weight, r.kwargs) for r in self.cfg.rewards], timeout_s=rt.timeout_s,
-                    on_error="nan", max_workers=rt.workers, reward_types=[r.reward_types for r in self.cfg.rewards],
-                )  # fmt: skip
+                    [(r.name, r.weight, r.kwargs) for r in self.cfg.rewards],
+                    timeout_s=rt.timeout_s,
+                    on_error="nan",
+                    max_workers=rt.workers,
+                    reward_types=[r.reward_types for r in self.cfg.rewards],
+                )
                 self._built = {
                     "base": build_policy(self.cfg, self.base_checkpoint),
                     "trained": build_policy(self.cfg, self.checkpoint),
@@ -204,7 +209,9 @@ def answer(models: Models, row: dict, seed: int, group: int, with_ground_truth: 
             torch.manual_seed(seed)
             sampled = list(adapter.rollout([row], group).outputs)
         lines = score(rewards, [greedy] + sampled, row, with_ground_truth)
-        shown = [sample_files.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)]
+        shown = [
+            sample_files.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)
+        ]
         result[name] = {"greedy": shown[0], "samples": shown[1:], "rewards": lines}
     return result
 
@@ -270,7 +277,14 @@ def sample_views(run_dir: Path) -> tuple[list, list[list], list[str]]:
                 audio.append(rec["output"])
             elif rec.get("input_kind") == "audio":
                 audio.append(rec["input"])
-            table.append([stage, rec["prompt"], str(rec.get("answer")), rec["output"] if rec["output_kind"] == "text" else rec["output_kind"]])
+            table.append(
+                [
+                    stage,
+                    rec["prompt"],
+                    str(rec.get("answer")),
+                    rec["output"] if rec["output_kind"] == "text" else rec["output_kind"],
+                ]
+            )
     return gallery, table, audio
 
 
@@ -289,7 +303,9 @@ def build_app(run_dir: Path, models: Models, cfg=None):
     scratch = Path(tempfile.mkdtemp(prefix="mmgrpo-demo-"))
     group = cfg.algorithm.group_size
     ckpt_name = str(models.checkpoint) if models.checkpoint else "(none)"
-    base_name = str(models.base_checkpoint) if models.base_checkpoint else f"{cfg.model.args.get('name_or_path', 'base')}"
+    base_name = (
+        str(models.base_checkpoint) if models.base_checkpoint else f"{cfg.model.args.get('name_or_path', 'base')}"
+    )
 
     with gr.Blocks(title=f"mmgrpo demo — {run_dir.name}") as app:
         gr.Markdown(
@@ -298,11 +314,15 @@ def build_app(run_dir: Path, models: Models, cfg=None):
         )
         with gr.Tab(f"ask ({kind})" if kind else "generate", elem_id="tab-model"):
             labels = [f"{i}: {str(r.get('prompt'))[:70]}" for i, r in enumerate(rows)]
-            example = gr.Dropdown(choices=labels, value=labels[0] if labels else None, label="held-out example", elem_id="example")
+            example = gr.Dropdown(
+                choices=labels, value=labels[0] if labels else None, label="held-out example", elem_id="example"
+            )
             with gr.Row():
                 upload = None
                 if kind == "image":
-                    upload = gr.Image(type="filepath", sources=["upload"], label="image (upload to replace)", height=224)
+                    upload = gr.Image(
+                        type="filepath", sources=["upload"], label="image (upload to replace)", height=224
+                    )
                 elif kind == "video":
                     upload = gr.Video(sources=["upload"], label="video clip (upload to replace)", height=224)
                 elif kind == "audio":
@@ -321,12 +341,21 @@ def build_app(run_dir: Path, models: Models, cfg=None):
                     with gr.Column():
                         gr.Markdown(f"### {side}")
                         sides[side] = dict(
-                            text=gr.Textbox(label=f"{side} answer (greedy)", elem_id=f"{side}-text", lines=2, max_lines=6),
-                            image=gr.Image(label=f"{side} image (small outputs shown enlarged)", elem_id=f"{side}-image", visible=False, height=224),
+                            text=gr.Textbox(
+                                label=f"{side} answer (greedy)", elem_id=f"{side}-text", lines=2, max_lines=6
+                            ),
+                            image=gr.Image(
+                                label=f"{side} image (small outputs shown enlarged)",
+                                elem_id=f"{side}-image",
+                                visible=False,
+                                height=224,
+                            ),
                             video=gr.Video(label=f"{side} video", elem_id=f"{side}-video", visible=False),
                             audio=gr.Audio(label=f"{side} audio", elem_id=f"{side}-audio", visible=False),
                             reward=gr.Markdown(elem_id=f"{side}-reward"),
-                            samples_text=gr.Textbox(label=f"{side} samples", lines=4, visible=False, elem_id=f"{side}-samples"),
+                            samples_text=gr.Textbox(
+                                label=f"{side} samples", lines=4, visible=False, elem_id=f"{side}-samples"
+                            ),
                             gallery=gr.Gallery(label=f"{side} samples", visible=False, columns=4, height=200),
                         )
 
@@ -384,7 +413,9 @@ def build_app(run_dir: Path, models: Models, cfg=None):
                     value = r["greedy"].get("text", r["greedy"].get("file"))
                     samples = r["samples"]
                     media_samples = [s["file"] for s in samples if "file" in s and s["kind"] in ("image", "video")]
-                    text_samples = "\n".join(f"{s.get('text', s.get('file'))}   [{line}]" for s, line in zip(samples, r["rewards"][1:]))
+                    text_samples = "\n".join(
+                        f"{s.get('text', s.get('file'))}   [{line}]" for s, line in zip(samples, r["rewards"][1:])
+                    )
                     updates += [
                         gr.update(value=value if g_kind == "text" else "", visible=g_kind == "text"),
                         gr.update(value=value if g_kind == "image" else None, visible=g_kind == "image"),
@@ -403,10 +434,16 @@ def build_app(run_dir: Path, models: Models, cfg=None):
         with gr.Tab("training", elem_id="tab-training"):
             refresh = gr.Button("Refresh from the run directory", elem_id="refresh")
             plot = gr.Plot(label="reward curve")
-            table = gr.Dataframe(headers=["step", "stage", "metric", "value"], label="eval metrics", elem_id="eval-table")
-            gallery = gr.Gallery(label="samples written during training (images / video)", columns=6, height=260, elem_id="train-gallery")
+            table = gr.Dataframe(
+                headers=["step", "stage", "metric", "value"], label="eval metrics", elem_id="eval-table"
+            )
+            gallery = gr.Gallery(
+                label="samples written during training (images / video)", columns=6, height=260, elem_id="train-gallery"
+            )
             audio_files = gr.Files(label="audio samples written during training")
-            text = gr.Dataframe(headers=["stage", "prompt", "answer", "output"], label="samples", wrap=True, elem_id="train-samples")
+            text = gr.Dataframe(
+                headers=["stage", "prompt", "answer", "output"], label="samples", wrap=True, elem_id="train-samples"
+            )
 
             def load_training():
                 history = read_metrics(run_dir)
@@ -441,8 +478,16 @@ def _pil(path):
     return Image.open(path).convert("RGB")
 
 
-def serve(run_dir: str, checkpoint: str | None = None, base: str | None = None, *, host: str = "127.0.0.1",
-          port: int | None = None, share: bool = False, block: bool = True):  # fmt: skip
+def serve(
+    run_dir: str,
+    checkpoint: str | None = None,
+    base: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    share: bool = False,
+    block: bool = True,
+):
     """Check the run directory, load both models, and serve the app; returns the Blocks (non-blocking mode)."""
     run_dir_p = Path(run_dir)
     cfg = load_run_config(run_dir_p)
@@ -453,7 +498,13 @@ def serve(run_dir: str, checkpoint: str | None = None, base: str | None = None, 
     app = build_app(run_dir_p, models)
     app.queue(default_concurrency_limit=1)
     app.launch(
-        server_name=host, server_port=port, share=share, max_file_size=MAX_FILE_SIZE, prevent_thread_lock=not block,
-        allowed_paths=[str(run_dir_p / "samples"), str(app.scratch_dir)], show_error=True, inbrowser=False,
-    )  # fmt: skip
+        server_name=host,
+        server_port=port,
+        share=share,
+        max_file_size=MAX_FILE_SIZE,
+        prevent_thread_lock=not block,
+        allowed_paths=[str(run_dir_p / "samples"), str(app.scratch_dir)],
+        show_error=True,
+        inbrowser=False,
+    )
     return app

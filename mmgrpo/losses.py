@@ -46,7 +46,7 @@ All math in fp32; masks enter as float multiplications or ``torch.where`` (no bo
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -178,12 +178,16 @@ def chunk_level(log_ratio: Tensor, mask: Tensor, *, chunk_sizes: list[int] | Non
     """
     T = log_ratio.shape[-1]
     if chunk_sizes is None:
-        raise ValueError("ratio level 'chunk' needs chunk_sizes: set chunk_sizes to a list of positive chunk "
-                         f"lengths that sums to the number of action units T={T} (e.g. [2, 3, 4, 7] for T=16)")
+        raise ValueError(
+            "ratio level 'chunk' needs chunk_sizes: set chunk_sizes to a list of positive chunk "
+            f"lengths that sums to the number of action units T={T} (e.g. [2, 3, 4, 7] for T=16)"
+        )
     sizes = [int(s) for s in chunk_sizes]
     if any(s <= 0 for s in sizes) or sum(sizes) != T:
-        raise ValueError(f"chunk_sizes={sizes} must be positive and sum to the number of action units T={T}; "
-                         f"they sum to {sum(sizes)}")
+        raise ValueError(
+            f"chunk_sizes={sizes} must be positive and sum to the number of action units T={T}; "
+            f"they sum to {sum(sizes)}"
+        )
     ids = [c for c, s in enumerate(sizes) for _ in range(s)]
     return segment_mean(log_ratio, mask, torch.tensor(ids, dtype=torch.long, device=log_ratio.device))  # [n, T]
 
@@ -203,8 +207,17 @@ def _prepare(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tenso
 
 
 @SURROGATES.register("ppo_clip")
-def ppo_clip(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
-             dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_clip(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with asymmetric bounds and optional dual clip.
 
     ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)); with dual clip c > 1, for A < 0: ℓ = min(ℓ, −c·A)
@@ -236,8 +249,17 @@ def ppo_clip(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: f
 
 
 @SURROGATES.register("sapo")
-def sapo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
-         dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+def sapo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO soft gate (arXiv 2511.20347): ℓ = −(4/τ)·σ(τ(r − 1))·A, τ = τ_pos if A > 0 else τ_neg.
 
     The gradient is −4σ(1−σ)·A·r·∇log π: equal to the plain policy gradient at r = 1 and decaying smoothly as r
@@ -256,8 +278,17 @@ def sapo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float
 
 
 @SURROGATES.register("gmpo")
-def gmpo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
-         dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+def gmpo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): maximise the geometric mean of clipped token ratios.
 
     With Â_i the masked mean advantage of sequence i and s = sign(Â_i), each token's log-ratio is clipped in log
@@ -292,8 +323,17 @@ def gmpo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float
 
 
 @SURROGATES.register("cispo")
-def cispo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
-          dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): ℓ = −sg(min(r, 1 + ε_high))·A·log r.
 
     The IS weight is clipped and detached, never the token's gradient: ∇ℓ = −min(r, 1+ε_high)·A·∇log π_θ.
@@ -309,14 +349,25 @@ def cispo(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: floa
     ratio = lr.exp()  # [n, T]
     weight = ratio.clamp(max=1.0 + clip_high).detach()  # [n, T]
     loss = -weight * adv * lr  # [n, T]
-    metrics = {"loss/clip_fraction": _masked_mean((ratio > 1.0 + clip_high).float(), m),
-               **_ratio_metrics(ratio, valid, m)}
+    metrics = {
+        "loss/clip_fraction": _masked_mean((ratio > 1.0 + clip_high).float(), m),
+        **_ratio_metrics(ratio, valid, m),
+    }
     return loss * m, {k: v.detach() for k, v in metrics.items()}
 
 
 @SURROGATES.register("reinforce")
-def reinforce(log_ratio: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float,
-              dual_clip: float | None, tau_pos: float, tau_neg: float) -> tuple[Tensor, dict[str, Tensor]]:
+def reinforce(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE with a group baseline: ℓ = −A·log r, gradient −A·∇log π_θ (unweighted, even off-policy).
 
     Shape:
@@ -369,8 +420,9 @@ def seq_sum_const_norm(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
     """
     _check_same_shape(loss=loss, mask=mask)
     if max_units <= 0:
-        raise ValueError(f"seq_sum_const_norm needs max_units > 0 (the maximum number of action units); "
-                         f"got {max_units}")
+        raise ValueError(
+            f"seq_sum_const_norm needs max_units > 0 (the maximum number of action units); got {max_units}"
+        )
     n = max(loss.shape[0], 1)
     return (loss.float() * mask.float()).sum() / float(n * max_units)
 

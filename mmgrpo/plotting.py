@@ -18,14 +18,19 @@ def plot_reward_curve(history: list[dict], path: Path, title: str = "") -> None:
     ax.plot(steps, rewards, alpha=0.35, label="train reward (per step)")
     window = max(1, len(rewards) // 20)
     if len(rewards) >= window > 1:
-        smooth = [sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1]) for i in range(len(rewards))]
+        smooth = [
+            sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+            for i in range(len(rewards))
+        ]
         ax.plot(steps, smooth, label=f"train reward (mean of {window})")
     for h in history:
         for key, value in h.items():
             if key.startswith("eval/") and key.count("/") == 2 and key.endswith(("accuracy", "reward")):
                 stage = key.split("/")[1]
                 ax.scatter([h["step"]], [value], marker="o", zorder=3)
-                ax.annotate(f"{stage} {value:.2f}", (h["step"], value), textcoords="offset points", xytext=(4, 4), fontsize=8)
+                ax.annotate(
+                    f"{stage} {value:.2f}", (h["step"], value), textcoords="offset points", xytext=(4, 4), fontsize=8
+                )
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward / held-out metric")
     ax.set_title(title)

@@ -21,5 +21,5 @@ TASKS: Registry = Registry("task")
 
 def load_builtins() -> None:
     """Import the built-in adapters and tasks so they register."""
-    import mmgrpo.modalities  # noqa: F401
+    import mmgrpo.modalities
     import mmgrpo.tasks  # noqa: F401

@@ -6,7 +6,8 @@ rewards each have their own. Duplicate names raise; an unknown name lists the va
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -27,8 +27,20 @@ from PIL import Image
 
 INPUT_KEYS = ("image", "images", "video", "audio")
 """Row columns holding the model's media input (written next to the output so a sample can be read alone)."""
-_SUFFIX = {".png": "image", ".jpg": "image", ".jpeg": "image", ".webp": "image", ".mp4": "video", ".webm": "video",
-           ".avi": "video", ".mov": "video", ".wav": "audio", ".flac": "audio", ".mp3": "audio", ".ogg": "audio"}  # fmt: skip
+_SUFFIX = {
+    ".png": "image",
+    ".jpg": "image",
+    ".jpeg": "image",
+    ".webp": "image",
+    ".mp4": "video",
+    ".webm": "video",
+    ".avi": "video",
+    ".mov": "video",
+    ".wav": "audio",
+    ".flac": "audio",
+    ".mp3": "audio",
+    ".ogg": "audio",
+}
 
 
 def _audio_parts(value: Any) -> tuple[np.ndarray, int] | None:

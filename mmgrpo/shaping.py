@@ -104,7 +104,10 @@ def step_sizes(sigmas: Tensor) -> Tensor:
 
 @SHAPERS.register("temporal")
 def temporal(
-    advantages: Tensor, inputs: ShapingInputs, weights: Literal["tempflow", "inv_dt"] = "tempflow", normalize: bool = True
+    advantages: Tensor,
+    inputs: ShapingInputs,
+    weights: Literal["tempflow", "inv_dt"] = "tempflow",
+    normalize: bool = True,
 ) -> Tensor:
     """A_{b,t} = A_b · w_t: the sample's advantage re-weighted per denoising step.
 
@@ -123,8 +126,10 @@ def temporal(
         advantages: [P, G]; inputs.sigmas: [B, T] (required) -> [B, T]
     """
     if inputs.sigmas is None:
-        raise ValueError("shaping=temporal needs per-unit noise levels (Rollout.unit_sigmas); "
-                         "only flow/diffusion adapters provide them")
+        raise ValueError(
+            "shaping=temporal needs per-unit noise levels (Rollout.unit_sigmas); "
+            "only flow/diffusion adapters provide them"
+        )
     if weights == "tempflow":
         w = tempflow_weights(inputs.sigmas)  # [B, T]
     elif weights == "inv_dt":
@@ -162,8 +167,13 @@ def lambda_returns(values: Tensor, rewards: Tensor, lam: float) -> Tensor:
 
 @SHAPERS.register("value_anchored")
 def value_anchored(
-    advantages: Tensor, inputs: ShapingInputs, lam: float = 1.0, tau: float = 0.05, abs_scale: float = 1.0,
-    relative: Literal["per_step", "estimator"] = "per_step", eps: float = 1e-4,
+    advantages: Tensor,
+    inputs: ShapingInputs,
+    lam: float = 1.0,
+    tau: float = 0.05,
+    abs_scale: float = 1.0,
+    relative: Literal["per_step", "estimator"] = "per_step",
+    eps: float = 1e-4,
 ) -> Tensor:
     """Value-anchored per-unit advantages (the VGPO family, arXiv 2512.12387) — exactly:
 
@@ -185,8 +195,10 @@ def value_anchored(
         advantages: [P, G]; inputs.values: [B, T] (required); inputs.rewards: [P, G] -> [B, T]
     """
     if inputs.values is None:
-        raise ValueError("shaping=value_anchored needs per-unit values (Rollout.unit_values); for the flow "
-                         "adapter set model.args.value_rewards to the reward(s) that score the x̂₀ predictions")
+        raise ValueError(
+            "shaping=value_anchored needs per-unit values (Rollout.unit_values); for the flow "
+            "adapter set model.args.value_rewards to the reward(s) that score the x̂₀ predictions"
+        )
     P, G = inputs.rewards.shape
     r = inputs.rewards.float()  # [P, G]
     valid = torch.isfinite(r)  # [P, G]
@@ -217,7 +229,11 @@ def value_anchored(
 
 
 def ratio_norm(
-    log_ratio: Tensor, mask: Tensor, sigmas: Tensor | None = None, *, std: Tensor | None = None,
+    log_ratio: Tensor,
+    mask: Tensor,
+    sigmas: Tensor | None = None,
+    *,
+    std: Tensor | None = None,
     mean_sq_dist: Tensor | None = None,
 ) -> Tensor:
     """GRPO-Guard RatioNorm of per-step log-ratios (arXiv 2510.22319; flow_grpo ``scripts/train_sd3_GRPO_Guard.py``).
@@ -239,8 +255,10 @@ def ratio_norm(
         log_ratio, mask: [n, T]; std, mean_sq_dist: [n, T] -> [n, T] (0 where mask is 0)
     """
     if std is None:
-        raise ValueError("ratio_norm needs the per-unit transition std: the trainer must pass "
-                         "**adapter.ratio_norm_inputs(rollout, index) (flow adapters provide it)")
+        raise ValueError(
+            "ratio_norm needs the per-unit transition std: the trainer must pass "
+            "**adapter.ratio_norm_inputs(rollout, index) (flow adapters provide it)"
+        )
     s = std.float()
     out = log_ratio.float()
     if mean_sq_dist is not None:
@@ -250,7 +268,12 @@ def ratio_norm(
 
 
 def gaussian_kl(
-    mean: Tensor, ref_mean: Tensor, std: Tensor, *, variant: str = "exact", dt: Tensor | None = None,
+    mean: Tensor,
+    ref_mean: Tensor,
+    std: Tensor,
+    *,
+    variant: str = "exact",
+    dt: Tensor | None = None,
     reduction: str = "mean",
 ) -> Tensor:
     """KL(N(μ_θ, s²I) ‖ N(μ_ref, s²I)) of one transition, reduced over the D latent elements like the log-prob.

@@ -157,9 +157,12 @@ class Trainer:
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = PromptSampler(
-            len(self.task.train_rows()), cfg.algorithm.prompts_per_step, self.acc.num_processes,
-            self.acc.process_index, cfg.seed,
-        )  # fmt: skip
+            len(self.task.train_rows()),
+            cfg.algorithm.prompts_per_step,
+            self.acc.num_processes,
+            self.acc.process_index,
+            cfg.seed,
+        )
         set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
         self.summary: dict[str, float] = {"train/processes": self.acc.num_processes}
         self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
@@ -201,8 +204,11 @@ class Trainer:
                     saved = self._save(step)
                 if signalled and step < cfg.steps:
                     if acc.is_main_process:
-                        print(f"mmgrpo: {stop.received or 'signal'} received: saved {saved} at step {step}; "
-                              "continue with resume=latest", file=sys.stderr)  # fmt: skip
+                        print(
+                            f"mmgrpo: {stop.received or 'signal'} received: saved {saved} at step {step}; "
+                            "continue with resume=latest",
+                            file=sys.stderr,
+                        )
                     bar.close()
                     acc.end_training()
                     return self.summary
@@ -233,8 +239,12 @@ class Trainer:
         self.summary["train/no_signal_steps"] = self.summary.get("train/no_signal_steps", 0) + 1
         new = [c for c in causes if c not in self._no_signal_warned]
         if new and self.acc.is_main_process:
-            logger.warning("step %d has no learning signal: %s (later steps like this are only counted in "
-                           "summary.json train/no_signal_steps)", step, "; ".join(new))  # fmt: skip
+            logger.warning(
+                "step %d has no learning signal: %s (later steps like this are only counted in "
+                "summary.json train/no_signal_steps)",
+                step,
+                "; ".join(new),
+            )
         self._no_signal_warned = self._no_signal_warned | set(new)
 
     _no_signal_warned: frozenset = frozenset()
@@ -255,9 +265,14 @@ class Trainer:
 
         scale = adv_lib.DEFAULT_SCALE[a.estimator] if a.scale == "auto" else a.scale
         advantages, adv_metrics = adv_lib.compute_advantages(
-            rewards, self.rewards.weights, combine=a.combine, estimator=a.estimator, scale=scale,
-            unbiased=a.std_unbiased, eps=a.eps,
-        )  # [P, G]  # fmt: skip
+            rewards,
+            self.rewards.weights,
+            combine=a.combine,
+            estimator=a.estimator,
+            scale=scale,
+            unbiased=a.std_unbiased,
+            eps=a.eps,
+        )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
         mask = rollout.mask.clone()  # [B, T]
         if a.filter_zero_variance:
@@ -392,9 +407,15 @@ class Trainer:
                             log_ratio = shaping.ratio_norm(log_ratio, m, sig, **extra)
                         log_ratio = ratio_level(log_ratio, m, chunk_sizes=a.chunk_sizes)
                         per_unit, mets = surrogate(
-                            log_ratio, unit_adv[idx].to(device), m, clip_low=a.clip_low, clip_high=a.clip_high,
-                            dual_clip=a.dual_clip, tau_pos=a.tau_pos, tau_neg=a.tau_neg,
-                        )  # [n, T]  # fmt: skip
+                            log_ratio,
+                            unit_adv[idx].to(device),
+                            m,
+                            clip_low=a.clip_low,
+                            clip_high=a.clip_high,
+                            dual_clip=a.dual_clip,
+                            tau_pos=a.tau_pos,
+                            tau_neg=a.tau_neg,
+                        )  # [n, T]
                         policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
                         loss = policy_loss
                         if a.beta > 0:
@@ -446,8 +467,12 @@ class Trainer:
                     "check the rewards for NaN/inf and lower optim.lr (checkpoints hold the last finite weights)"
                 )
             if self.acc.is_main_process:
-                logger.warning("optimizer update skipped: gradient norm is %s (%d in a row, limit %d)",
-                               float(norm), self._skipped_in_a_row, limit)  # fmt: skip
+                logger.warning(
+                    "optimizer update skipped: gradient norm is %s (%d in a row, limit %d)",
+                    float(norm),
+                    self._skipped_in_a_row,
+                    limit,
+                )
             return norm
         self._skipped_in_a_row = 0
         self.optimizer.step()
@@ -580,10 +605,18 @@ class Trainer:
         """Checkpoint with the optimizer, scheduler, trainer state, config and model card (all processes)."""
         cfg = self.cfg
         return ckpt.save(
-            self.acc, self.adapter, self.out, step, keep_last=cfg.checkpoint.keep_last, final=final,
-            optimizer=self.optimizer, scheduler=self.scheduler, trainer_state=self.state.state_dict(),
-            config_text=dump_config(cfg), model_files=_model_files(cfg, self.adapter, step),
-        )  # fmt: skip
+            self.acc,
+            self.adapter,
+            self.out,
+            step,
+            keep_last=cfg.checkpoint.keep_last,
+            final=final,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=self.state.state_dict(),
+            config_text=dump_config(cfg),
+            model_files=_model_files(cfg, self.adapter, step),
+        )
 
     def _finish(self) -> None:
         acc, cfg = self.acc, self.cfg
@@ -692,8 +725,14 @@ def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
     report = getattr(adapter, "sampling_settings", None)
     settings = report() if callable(report) else {}
     model = to_dict(cfg)["model"]
-    sampling = {"adapter": cfg.model.adapter, "model_args": model.get("args", {}), "lora": model.get("lora"),
-                "dtype": cfg.model.dtype, "sampling_settings": settings, "step": step}  # fmt: skip
+    sampling = {
+        "adapter": cfg.model.adapter,
+        "model_args": model.get("args", {}),
+        "lora": model.get("lora"),
+        "dtype": cfg.model.dtype,
+        "sampling_settings": settings,
+        "step": step,
+    }
     base = model.get("args", {}).get("name_or_path", "(the adapter default)")
     call = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     card = f"""# mmgrpo policy: {cfg.task.name}, {step} steps

@@ -13,6 +13,7 @@ Public API:
 """
 
 from . import parsing
+from .model_based import CLIPScore, PickScore
 from .registry import (
     ENTRY_POINT_GROUP,
     REWARDS,
@@ -23,6 +24,7 @@ from .registry import (
     register_reward,
 )
 from .runner import RewardError, RewardRunner
+from .speech import cer, corpus_wer, hallucination, wer
 from .text import (
     accuracy,
     bleu,
@@ -39,7 +41,7 @@ from .text import (
     repetition_penalty,
     rouge,
 )
-from .speech import cer, corpus_wer, hallucination, wer
+from .video import temporal_contrast, temporal_iou_frames  # noqa: F401  (T-GRPO contrast; frame-number IoU)
 from .visual import (
     BoxSpace,
     ImageGeometry,
@@ -60,17 +62,54 @@ from .visual import (
     to_normalized,
     tracking_iou,
 )
-from .model_based import CLIPScore, PickScore
-from .video import temporal_contrast, temporal_iou_frames  # noqa: F401  (T-GRPO contrast; frame-number IoU)
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "REWARDS", "UnknownRewardError", "check_reward_spec", "list_rewards", "load_reward", "register_reward",
-    "RewardError", "RewardRunner", "parsing",
-    "accuracy", "bleu", "exact_match", "format_reward", "length_band", "length_cosine", "length_kimi",
-    "math_accuracy", "multiple_choice", "multiple_choice_partial", "numeric", "regression", "repetition_penalty",
-    "rouge", "cer", "corpus_wer", "hallucination", "wer",
-    "BoxSpace", "ImageGeometry", "box_giou", "box_iou", "convert_coords", "to_normalized", "count_exact",
-    "count_fuzzy", "detection_visual_rft", "detection_weighted", "giou", "gui_point_distance", "gui_point_in_box",
-    "iou", "multi_span_iou", "span_iou", "temporal_iou", "tracking_iou",
-    "CLIPScore", "PickScore",
+    "ENTRY_POINT_GROUP",
+    "REWARDS",
+    "BoxSpace",
+    "CLIPScore",
+    "ImageGeometry",
+    "PickScore",
+    "RewardError",
+    "RewardRunner",
+    "UnknownRewardError",
+    "accuracy",
+    "bleu",
+    "box_giou",
+    "box_iou",
+    "cer",
+    "check_reward_spec",
+    "convert_coords",
+    "corpus_wer",
+    "count_exact",
+    "count_fuzzy",
+    "detection_visual_rft",
+    "detection_weighted",
+    "exact_match",
+    "format_reward",
+    "giou",
+    "gui_point_distance",
+    "gui_point_in_box",
+    "hallucination",
+    "iou",
+    "length_band",
+    "length_cosine",
+    "length_kimi",
+    "list_rewards",
+    "load_reward",
+    "math_accuracy",
+    "multi_span_iou",
+    "multiple_choice",
+    "multiple_choice_partial",
+    "numeric",
+    "parsing",
+    "register_reward",
+    "regression",
+    "repetition_penalty",
+    "rouge",
+    "span_iou",
+    "temporal_iou",
+    "to_normalized",
+    "tracking_iou",
+    "wer",
 ]

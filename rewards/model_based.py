@@ -27,7 +27,8 @@ PickScore        ``raw`` = exp(logit_scale)·cos (default; the papers' ~21–24 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -40,7 +41,11 @@ _PICK_SCALES = ("raw", "flow_grpo", "cosine")
 
 
 def _is_image(x: Any) -> bool:
-    return (hasattr(x, "convert") and hasattr(x, "size")) or isinstance(x, torch.Tensor) or hasattr(x, "__array_interface__")
+    return (
+        (hasattr(x, "convert") and hasattr(x, "size"))
+        or isinstance(x, torch.Tensor)
+        or hasattr(x, "__array_interface__")
+    )
 
 
 def to_pil(x: Any):
@@ -72,7 +77,9 @@ def _pairs(completions: list, prompts: list | None, columns: dict, image_key: st
     return images, [completion_text(c) for c in completions]
 
 
-def _batched(images: list, texts: list, batch_size: int, score: Callable[[list, list], torch.Tensor]) -> list[float | None]:
+def _batched(
+    images: list, texts: list, batch_size: int, score: Callable[[list, list], torch.Tensor]
+) -> list[float | None]:
     out: list[float | None] = [None] * len(images)
     idx = [i for i, (im, t) in enumerate(zip(images, texts)) if im is not None and t is not None]
     for start in range(0, len(idx), batch_size):
@@ -87,7 +94,10 @@ def _device(device: str | torch.device | None) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@register_reward("clip_score", "CLIP image-text similarity via open_clip (cosine by default; Flow-GRPO /30, Hessel 2.5*max(cos,0) scalings)")
+@register_reward(
+    "clip_score",
+    "CLIP image-text similarity via open_clip (cosine by default; Flow-GRPO /30, Hessel 2.5*max(cos,0) scalings)",
+)
 class CLIPScore:
     """CLIP score of (image, text) pairs with open_clip.
 
@@ -168,7 +178,9 @@ class CLIPScore:
             torch.cuda.empty_cache()
 
 
-@register_reward("pickscore", "PickScore human-preference score via transformers CLIPModel (raw exp(s)*cos ~21-24; Flow-GRPO /26)")
+@register_reward(
+    "pickscore", "PickScore human-preference score via transformers CLIPModel (raw exp(s)*cos ~21-24; Flow-GRPO /26)"
+)
 class PickScore:
     """PickScore of (image, prompt) pairs.
 
@@ -219,7 +231,9 @@ class PickScore:
             images=images, text=texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
         )
         dtype = next(self.model.parameters()).dtype
-        inputs = {k: (v.to(self.device, dtype) if k == "pixel_values" else v.to(self.device)) for k, v in inputs.items()}
+        inputs = {
+            k: (v.to(self.device, dtype) if k == "pixel_values" else v.to(self.device)) for k, v in inputs.items()
+        }
         out = self.model(**inputs)
         e_i = torch.nn.functional.normalize(out.image_embeds.float(), dim=-1)  # [n, D]
         e_t = torch.nn.functional.normalize(out.text_embeds.float(), dim=-1)  # [n, D]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Literal, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 Which = Literal["first", "last"]
 
@@ -248,7 +249,7 @@ def parse_choice(text: str, choices: str = "ABCDEFGH", which: Which = "first") -
         letter, end = m.group(1), m.end()
         rest = text[end:]
         # "A cat" (article) vs "A. cat" / "A) cat" / "(A)": a bare letter followed by a space and a word is prose.
-        bracketed = m.start() > 0 and text[m.start() - 1] in "([" or rest[:1] in ").:]"
+        bracketed = (m.start() > 0 and text[m.start() - 1] in "([") or rest[:1] in ").:]"
         if not bracketed and letter in "AI" and re.match(r"\s+[a-z]", rest):  # English words "A", "I"
             continue
         found.append(letter)

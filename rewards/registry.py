@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 import importlib.metadata
 import inspect
-from typing import Any, Callable
+import math
+from collections.abc import Callable
+from typing import Any
 
 from mmgrpo.registry import Registry
 
@@ -38,7 +39,7 @@ _HOW_TO = (
     "Provide a reward in one of three ways: (1) a registry name (see `mmgrpo rewards list`, or decorate your "
     "function with @mmgrpo.rewards.register_reward('name') and import its module); (2) an import path "
     "'package.module:function' (or ':Class'); (3) an entry point in the group 'mmgrpo.rewards' of an installed "
-    "package ([project.entry-points.\"mmgrpo.rewards\"] name = \"package.module:function\" in its pyproject.toml)."
+    'package ([project.entry-points."mmgrpo.rewards"] name = "package.module:function" in its pyproject.toml).'
 )
 
 

@@ -43,6 +43,7 @@ counts its samples.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
@@ -51,8 +52,9 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -121,14 +123,18 @@ class _Caller:
             self._warned |= shadowed
             logger.warning(
                 "reward %r: column(s) %s have the names of its options and are not passed to it (options come "
-                "from the config)", self.name, sorted(shadowed),
+                "from the config)",
+                self.name,
+                sorted(shadowed),
             )
         kw: dict[str, Any] = {"prompts": prompts, **{k: v for k, v in columns.items() if k not in shadowed}}
         if not self.var_kw:
             kw = {k: v for k, v in kw.items() if k in self.params}
         for extra in _TRL_EXTRAS:  # only to functions that name them
             if extra in self.params and extra not in kw:
-                kw[extra] = log_metric if extra == "log_metric" else (lambda *a, **k: None) if extra == "log_extra" else None
+                kw[extra] = (
+                    log_metric if extra == "log_metric" else (lambda *a, **k: None) if extra == "log_extra" else None
+                )
         skip = {"completions", self.first_positional}
         missing = [
             n
@@ -172,7 +178,9 @@ def _to_floats(out: Any, rows: list[int], name: str) -> tuple[list[float], list[
             reward=name,
         )
     if len(out) != n:
-        raise RewardError(f"reward {name!r} returned {len(out)} values for {n} samples; it must return one per sample", reward=name)
+        raise RewardError(
+            f"reward {name!r} returned {len(out)} values for {n} samples; it must return one per sample", reward=name
+        )
     vals, bad = [], []
     for i, v in enumerate(out):
         if v is None:
@@ -302,7 +310,9 @@ class RewardRunner:
             i += 1
         return f"{name}_{i}"
 
-    def __call__(self, completions: list, prompts: list, columns: dict[str, list]) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(
+        self, completions: list, prompts: list, columns: dict[str, list]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Score B samples. Returns ``(rewards [B, K] float32 with NaN = not applicable, metrics)``."""
         if self._closed:
             raise RuntimeError("RewardRunner is closed")
@@ -311,7 +321,9 @@ class RewardRunner:
             raise RewardError(f"got {B} completions but {len(prompts)} prompts; pass one prompt per completion")
         for key, values in columns.items():
             if len(values) != B:
-                raise RewardError(f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample")
+                raise RewardError(
+                    f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample"
+                )
         if B and all(_is_chat(p) for p in prompts):  # TRL's convention for conversational prompts
             completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
         rewards = torch.full((B, len(self.names)), math.nan, dtype=torch.float32)  # [B, K]
@@ -323,7 +335,14 @@ class RewardRunner:
             if len(rows) == B:
                 job = _Job(k, caller, rows, list(completions), list(prompts), dict(columns))
             else:
-                job = _Job(k, caller, rows, _take(completions, rows), _take(prompts, rows), {c: _take(v, rows) for c, v in columns.items()})
+                job = _Job(
+                    k,
+                    caller,
+                    rows,
+                    _take(completions, rows),
+                    _take(prompts, rows),
+                    {c: _take(v, rows) for c, v in columns.items()},
+                )
             jobs.append(job)
         metrics: dict[str, float] = {}
         errors = 0
@@ -336,11 +355,15 @@ class RewardRunner:
                     index, value = job.bad[0]
                     raise RewardError(_nonfinite_message(name, value, index), reward=name, index=index)
                 for index, value in job.bad:
-                    logger.warning("%s; scoring NaN for this sample (on_error='nan')", _nonfinite_message(name, value, index))
+                    logger.warning(
+                        "%s; scoring NaN for this sample (on_error='nan')", _nonfinite_message(name, value, index)
+                    )
                 if job.failed:
                     logger.warning(
                         "%s; scoring NaN for the %d sample(s) it fails on: %s (on_error='nan')",
-                        self._error(job), len(job.failed), job.failed[:10],
+                        self._error(job),
+                        len(job.failed),
+                        job.failed[:10],
                     )
                 errors += len(job.bad) + len(job.failed)
                 continue
@@ -359,7 +382,8 @@ class RewardRunner:
             logger.warning(
                 "every reward is NaN or None for all %d samples of this batch (rewards %s): it carries no learning "
                 "signal. Check that the rewards apply to this data (columns, reward_types, answer format)",
-                B, self.names,
+                B,
+                self.names,
             )
         return rewards, metrics
 
@@ -385,12 +409,12 @@ class RewardRunner:
                 if self.isolated[job.k]:
                     self._start_process(job, done)
                 else:
-                    threading.Thread(target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}").start()
+                    threading.Thread(
+                        target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}"
+                    ).start()
                 running[job] = time.monotonic() + self.timeout_s
-            try:
+            with contextlib.suppress(queue.Empty):
                 running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
-            except queue.Empty:
-                pass
             now = time.monotonic()
             for job, deadline in list(running.items()):
                 if now >= deadline and not job.finished.is_set():
@@ -421,7 +445,7 @@ class RewardRunner:
         except RewardError as e:
             job.exc = e
             job.index = e.index
-        except BaseException as e:  # noqa: BLE001 - reported with the reward's name, raised in the main thread
+        except BaseException as e:
             job.exc = e
             if self.on_error == "nan":
                 self._score_one_by_one(job, log_metric)
@@ -436,7 +460,7 @@ class RewardRunner:
             try:
                 out = job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
                 (value,), b = _to_floats(out, [i], job.caller.name)
-            except Exception:  # noqa: BLE001 - this sample fails on its own
+            except Exception:
                 failed.append(i)
                 value, b = math.nan, []
             values.append(value)
@@ -452,7 +476,9 @@ class RewardRunner:
         deadline by :meth:`_run`)."""
         ctx = multiprocessing.get_context("fork")
         receive, send = ctx.Pipe(duplex=False)
-        job.proc = ctx.Process(target=self._child, args=(job, send), daemon=True, name=f"mmgrpo-reward-{job.caller.name}")
+        job.proc = ctx.Process(
+            target=self._child, args=(job, send), daemon=True, name=f"mmgrpo-reward-{job.caller.name}"
+        )
         job.proc.start()
         send.close()  # the child holds the only write end: a killed child makes recv() raise EOFError
         threading.Thread(target=self._receive, args=(job, receive, done), daemon=True).start()
@@ -485,7 +511,7 @@ class RewardRunner:
             cols = {c: _take(v, [j]) for c, v in job.columns.items()}
             try:
                 job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 job.index = i
                 return
         job.where = "no single sample fails on its own (the failure needs the whole batch)"
@@ -494,7 +520,8 @@ class RewardRunner:
         name = job.caller.name
         if job.timed_out or job.exc is None:
             fate = (
-                "its worker process was killed" if job.proc is not None
+                "its worker process was killed"
+                if job.proc is not None
                 else "its thread was abandoned and keeps running in the background (reward_runtime.isolation: "
                 "process kills it instead)"
             )
@@ -527,7 +554,7 @@ class RewardRunner:
                 close()
         self._closed = True
 
-    def __enter__(self) -> "RewardRunner":
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -546,13 +573,15 @@ class _RemoteError(Exception):
         return (_RemoteError, (str(self), self.type_name, self.is_reward_error))
 
     @classmethod
-    def of(cls, exc: BaseException) -> "_RemoteError":
+    def of(cls, exc: BaseException) -> _RemoteError:
         return cls(str(exc), type(exc).__name__, isinstance(exc, RewardError))
 
 
 def _is_chat(prompt: Any) -> bool:
     """A conversational prompt: a non-empty list of ``{"role": ..., "content": ...}`` messages."""
-    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    return (
+        isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    )
 
 
 def _metric_name(spec: Any) -> str:

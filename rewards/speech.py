@@ -72,7 +72,13 @@ def wer(
     ``accuracy_reward``).
     """
     return _error_rate_reward(
-        completions, columns, metric="wer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
+        completions,
+        columns,
+        metric="wer",
+        which=which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        normalize=normalize,
     )
 
 
@@ -96,7 +102,13 @@ def cer(
     Chinese/Japanese (Morris et al. 2004 define both rates).
     """
     return _error_rate_reward(
-        completions, columns, metric="cer", which=which, answer_key=answer_key, require_tags=require_tags, normalize=normalize
+        completions,
+        columns,
+        metric="cer",
+        which=which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        normalize=normalize,
     )
 
 

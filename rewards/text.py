@@ -40,7 +40,10 @@ from .parsing import (
 from .registry import register_reward
 
 
-@register_reward("format", "1 if the completion is exactly <think>…</think><answer>…</answer> (think=False: <answer>…</answer>), else 0")
+@register_reward(
+    "format",
+    "1 if the completion is exactly <think>…</think><answer>…</answer> (think=False: <answer>…</answer>), else 0",
+)
 def format_reward(completions: list, *, prompts: list | None = None, think: bool = True, **columns: Any) -> list[float]:
     """Think/answer format reward.
 
@@ -139,7 +142,9 @@ def exact_match(
             continue
         pred = answer_or_text(c, which, require_tags)
         gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
-        ok = pred is not None and normalize_answer(pred, normalize) in {normalize_answer(ground_truth_text(g, which), normalize) for g in gts}
+        ok = pred is not None and normalize_answer(pred, normalize) in {
+            normalize_answer(ground_truth_text(g, which), normalize) for g in gts
+        }
         out.append(float(ok))
     return out
 
@@ -177,7 +182,9 @@ def multiple_choice(
     return out
 
 
-@register_reward("multiple_choice_partial", "|pred|/|gt| if the chosen letters are a non-empty subset of the correct ones, else 0")
+@register_reward(
+    "multiple_choice_partial", "|pred|/|gt| if the chosen letters are a non-empty subset of the correct ones, else 0"
+)
 def multiple_choice_partial(
     completions: list,
     *,
@@ -201,7 +208,9 @@ def multiple_choice_partial(
         if gt is None:
             out.append(None)
             continue
-        gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
+        gt_set = (
+            set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
+        )
         if not gt_set:
             raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
         pred = answer_or_text(c, which, require_tags)
@@ -210,7 +219,9 @@ def multiple_choice_partial(
     return out
 
 
-@register_reward("numeric", "1 if the answer's number is within tolerance of the ground truth: |p-g| <= max(abs_tol, rel_tol*|g|)")
+@register_reward(
+    "numeric", "1 if the answer's number is within tolerance of the ground truth: |p-g| <= max(abs_tol, rel_tol*|g|)"
+)
 def numeric(
     completions: list,
     *,
@@ -336,7 +347,13 @@ def normalize_math(expr: str) -> str:
     return re.sub(r"\s+", "", s)
 
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv, ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
 
 
 MAX_MATH_CHARS = 256
@@ -370,7 +387,12 @@ def safe_eval(expr: str) -> float | None:
             if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
                 raise OverflowError
             return _BINOPS[type(node.op)](a, b)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "sqrt" and len(node.args) == 1:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "sqrt"
+            and len(node.args) == 1
+        ):
             v = ev(node.args[0])
             if v < 0:
                 raise ValueError
@@ -435,7 +457,7 @@ def _math_verify(pred: str, gt: str) -> bool | None:
                 return None
             parsed.append(found)
         return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
-    except Exception:  # noqa: BLE001 - a parser failure on model output is "cannot tell", not an error
+    except Exception:
         return None
 
 
@@ -481,7 +503,10 @@ def _simple_math_equal(pred: str, gt: str, rel_tol: float) -> bool:
     return True
 
 
-@register_reward("math_accuracy", "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth after normalisation or numerically")
+@register_reward(
+    "math_accuracy",
+    "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth after normalisation or numerically",
+)
 def math_accuracy(
     completions: list,
     *,
@@ -523,7 +548,11 @@ def math_accuracy(
             pred = text.strip()
         g_text = completion_text(gt) if not isinstance(gt, (int, float)) else str(gt)
         g_tag = extract_tag(g_text, "answer", which)
-        g = (last_boxed(g_tag) if g_tag is not None else None) or last_boxed(g_text) or (g_tag if g_tag is not None else g_text.strip())
+        g = (
+            (last_boxed(g_tag) if g_tag is not None else None)
+            or last_boxed(g_text)
+            or (g_tag if g_tag is not None else g_text.strip())
+        )
         out.append(float(pred is not None and math_equal(pred, g, rel_tol, verifier=verifier)))
     return out
 
@@ -627,7 +656,10 @@ def cosine_interp(length: float, max_len: float, start: float, end: float) -> fl
     return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * length / max_len))
 
 
-@register_reward("length_cosine", "cosine length reward: short correct answers earn most, short wrong ones lose most (Yeo et al. 2025)")
+@register_reward(
+    "length_cosine",
+    "cosine length reward: short correct answers earn most, short wrong ones lose most (Yeo et al. 2025)",
+)
 def length_cosine(
     completions: list,
     *,
@@ -669,7 +701,7 @@ def length_cosine(
     for c, L in zip(correct, lens):
         if c is None:
             out.append(None)
-        elif L > max_len and exceed is not None:
+        elif max_len < L and exceed is not None:
             out.append(float(exceed))
         else:
             start, end = (correct_start, correct_end) if c else (wrong_start, wrong_end)
@@ -718,7 +750,10 @@ def length_kimi(
     return out
 
 
-@register_reward("length_band", "Video-R1 length bonus: +bonus for correct answers with length in [lo, hi] when >= min_correct of the group are correct")
+@register_reward(
+    "length_band",
+    "Video-R1 length bonus: +bonus for correct answers with length in [lo, hi] when >= min_correct of the group are correct",
+)
 def length_band(
     completions: list,
     *,
@@ -757,7 +792,9 @@ def length_band(
     ]
 
 
-@register_reward("repetition_penalty", "n-gram repetition penalty: max_penalty * (1 - unique n-grams / n-grams), in [max_penalty, 0]")
+@register_reward(
+    "repetition_penalty", "n-gram repetition penalty: max_penalty * (1 - unique n-grams / n-grams), in [max_penalty, 0]"
+)
 def repetition_penalty(
     completions: list,
     *,

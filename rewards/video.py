@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 import math
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ._common import column, group_ids
 from .parsing import Which, answer_or_text, parse_time_span
@@ -30,8 +31,9 @@ def _call(fn: Callable, completions: list, prompts: list, columns: dict[str, lis
     return list(fn(completions, **kw))
 
 
-def contrast_bonus(ordered: list[float | None], shuffled: list[float | None], *, mu: float, alpha: float,
-                   threshold: float) -> tuple[list[float | None], float | None, float | None]:  # fmt: skip
+def contrast_bonus(
+    ordered: list[float | None], shuffled: list[float | None], *, mu: float, alpha: float, threshold: float
+) -> tuple[list[float | None], float | None, float | None]:
     """T-GRPO bonus for one group.
 
     ``p = mean(ordered)``, ``p̃ = mean(shuffled)`` (``None`` entries left out); if ``p ≥ μ·p̃`` every ordered
@@ -48,7 +50,10 @@ def contrast_bonus(ordered: list[float | None], shuffled: list[float | None], *,
     return bonus, p, p_shuf
 
 
-@register_reward("temporal_contrast", "T-GRPO (Video-R1) bonus: +alpha to correct samples of a group whose ordered accuracy >= mu x shuffled-frame accuracy")
+@register_reward(
+    "temporal_contrast",
+    "T-GRPO (Video-R1) bonus: +alpha to correct samples of a group whose ordered accuracy >= mu x shuffled-frame accuracy",
+)
 def temporal_contrast(
     completions: list,
     *,
@@ -119,7 +124,10 @@ def temporal_contrast(
     return out
 
 
-@register_reward("temporal_iou_frames", "temporal IoU of a span given in sampled-frame numbers, converted to seconds with the frames' real timestamps")
+@register_reward(
+    "temporal_iou_frames",
+    "temporal IoU of a span given in sampled-frame numbers, converted to seconds with the frames' real timestamps",
+)
 def temporal_iou_frames(
     completions: list,
     *,

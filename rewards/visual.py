@@ -27,9 +27,10 @@ malformed: it scores 0, never an exception. A zero union scores 0 (not a divisio
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any
 
 from ._common import column, gt_number
 from .parsing import (
@@ -107,13 +108,17 @@ def to_normalized(coords: Sequence[float], space: BoxSpace | str, geo: ImageGeom
     return [v / (sx if i % 2 == 0 else sy) for i, v in enumerate(coords)]
 
 
-def from_normalized(coords: Sequence[float], space: BoxSpace | str, geo: ImageGeometry = ImageGeometry()) -> list[float]:
+def from_normalized(
+    coords: Sequence[float], space: BoxSpace | str, geo: ImageGeometry = ImageGeometry()
+) -> list[float]:
     """Inverse of :func:`to_normalized`."""
     sx, sy = _scale(box_space(space), geo)
     return [v * (sx if i % 2 == 0 else sy) for i, v in enumerate(coords)]
 
 
-def convert_coords(coords: Sequence[float], src: BoxSpace | str, dst: BoxSpace | str, geo: ImageGeometry = ImageGeometry()) -> list[float]:
+def convert_coords(
+    coords: Sequence[float], src: BoxSpace | str, dst: BoxSpace | str, geo: ImageGeometry = ImageGeometry()
+) -> list[float]:
     """Alternating ``x, y`` coordinates from space ``src`` to space ``dst`` (through ``normalized_0_1``)."""
     return from_normalized(to_normalized(coords, src, geo), dst, geo)
 
@@ -233,7 +238,9 @@ def _one_gt_box(gt: Any, reward: str) -> list[float]:
     return boxes[0]
 
 
-def _box_reward(name, metric, completions, columns, *, pred_space, gt_space, which, box_which, answer_key, require_tags, patch_size):
+def _box_reward(
+    name, metric, completions, columns, *, pred_space, gt_space, which, box_which, answer_key, require_tags, patch_size
+):
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     answers = column(columns, answer_key, name, len(completions))
     out: list[float | None] = []
@@ -249,7 +256,9 @@ def _box_reward(name, metric, completions, columns, *, pred_space, gt_space, whi
     return out
 
 
-@register_reward("iou", "IoU of the predicted box with the ground-truth box, both converted from explicit coordinate spaces")
+@register_reward(
+    "iou", "IoU of the predicted box with the ground-truth box, both converted from explicit coordinate spaces"
+)
 def iou(
     completions: list,
     *,
@@ -275,15 +284,26 @@ def iou(
     guarded zero union and explicit spaces; ``threshold=0.5`` is its commented-out hard variant.
     """
     scores = _box_reward(
-        "iou", box_iou, completions, columns, pred_space=pred_space, gt_space=gt_space, which=which,
-        box_which=box_which, answer_key=answer_key, require_tags=require_tags, patch_size=patch_size,
+        "iou",
+        box_iou,
+        completions,
+        columns,
+        pred_space=pred_space,
+        gt_space=gt_space,
+        which=which,
+        box_which=box_which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        patch_size=patch_size,
     )
     if threshold is None:
         return scores
     return [None if s is None else float(s > threshold) for s in scores]
 
 
-@register_reward("giou", "generalised IoU (in [-1, 1]) of the predicted and ground-truth boxes in explicit coordinate spaces")
+@register_reward(
+    "giou", "generalised IoU (in [-1, 1]) of the predicted and ground-truth boxes in explicit coordinate spaces"
+)
 def giou(
     completions: list,
     *,
@@ -307,8 +327,17 @@ def giou(
     VLM-R1's IoU reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
     return _box_reward(
-        "giou", box_giou, completions, columns, pred_space=pred_space, gt_space=gt_space, which=which,
-        box_which=box_which, answer_key=answer_key, require_tags=require_tags, patch_size=patch_size,
+        "giou",
+        box_giou,
+        completions,
+        columns,
+        pred_space=pred_space,
+        gt_space=gt_space,
+        which=which,
+        box_which=box_which,
+        answer_key=answer_key,
+        require_tags=require_tags,
+        patch_size=patch_size,
     )
 
 
@@ -417,7 +446,10 @@ def visual_rft_score(preds: list[dict], gts: list[dict], iou_threshold: float = 
     return sum(ious) / max(len(gts), len(preds)), sum(conf) / len(preds)
 
 
-@register_reward("detection_visual_rft", "Visual-RFT detection reward: R_IoU + R_conf with confidence-ordered IoU>0.5 matching, in [0, 2]")
+@register_reward(
+    "detection_visual_rft",
+    "Visual-RFT detection reward: R_IoU + R_conf with confidence-ordered IoU>0.5 matching, in [0, 2]",
+)
 def detection_visual_rft(
     completions: list,
     *,
@@ -459,7 +491,10 @@ def detection_visual_rft(
 
 
 def weighted_detection_score(
-    preds: list[dict], gts: list[dict], iou_threshold: float = 0.5, weights: tuple[float, float, float] = (0.7, 0.0, 0.3)
+    preds: list[dict],
+    gts: list[dict],
+    iou_threshold: float = 0.5,
+    weights: tuple[float, float, float] = (0.7, 0.0, 0.3),
 ) -> float:
     """VLM-R1's ``weighted_sum`` detection score for boxes in one space.
 
@@ -496,7 +531,10 @@ def weighted_detection_score(
     return (w_pos * pos / len(gts) + w_label * label_ok / len(gts) + w_compl * compl) / total
 
 
-@register_reward("detection_weighted", "VLM-R1 weighted_sum detection score: 0.7*mean matched IoU + 0.3*completeness (greedy IoU>=0.5 matching)")
+@register_reward(
+    "detection_weighted",
+    "VLM-R1 weighted_sum detection score: 0.7*mean matched IoU + 0.3*completeness (greedy IoU>=0.5 matching)",
+)
 def detection_weighted(
     completions: list,
     *,
@@ -670,7 +708,9 @@ def _gt_span(gt: Any, reward: str) -> tuple[float, float]:
     return s, e
 
 
-@register_reward("temporal_iou", "temporal IoU of the predicted (start, end) span with the ground truth, seconds or normalised")
+@register_reward(
+    "temporal_iou", "temporal IoU of the predicted (start, end) span with the ground truth, seconds or normalised"
+)
 def temporal_iou(
     completions: list,
     *,
@@ -769,7 +809,9 @@ def multi_span_iou(
     return out
 
 
-@register_reward("tracking_iou", "mean IoU over frames of the predicted track (one box per frame) with the ground-truth track")
+@register_reward(
+    "tracking_iou", "mean IoU over frames of the predicted track (one box per frame) with the ground-truth track"
+)
 def tracking_iou(
     completions: list,
     *,
@@ -890,7 +932,10 @@ def gui_point_in_box(
     return out
 
 
-@register_reward("gui_point_distance", "distance reward exp(-d/sigma) (or linear) between the predicted point and the target, d in normalised units")
+@register_reward(
+    "gui_point_distance",
+    "distance reward exp(-d/sigma) (or linear) between the predicted point and the target, d in normalised units",
+)
 def gui_point_distance(
     completions: list,
     *,

@@ -121,14 +121,16 @@ def test_combine_rewards_weighted_nansum():
 
 
 def test_zero_variance_groups():
-    r = torch.tensor([
-        [1.0, 1.0, 1.0],
-        [1.0, 2.0, 1.0],
-        [NAN, 4.0, 4.0],  # NaN ignored → constant
-        [NAN, NAN, NAN],  # no signal at all
-        [1.0, 1.0 + 1e-7, 1.0],  # within tol
-        [NAN, 0.0, 1.0],
-    ])
+    r = torch.tensor(
+        [
+            [1.0, 1.0, 1.0],
+            [1.0, 2.0, 1.0],
+            [NAN, 4.0, 4.0],  # NaN ignored → constant
+            [NAN, NAN, NAN],  # no signal at all
+            [1.0, 1.0 + 1e-7, 1.0],  # within tol
+            [NAN, 0.0, 1.0],
+        ]
+    )
     assert zero_variance_groups(r).tolist() == [True, False, True, True, True, False]
     assert zero_variance_groups(torch.tensor([[0.0, 0.5]]), tol=1.0).tolist() == [True]
 
@@ -137,8 +139,15 @@ def test_sum_then_normalize():
     # K=2: r1 = [1,0,1,0], r2 = [0,0,1,1], w = [1, 2] → combined [1, 0, 3, 2]; mean 1.5, deviations
     # [-.5,-1.5,1.5,.5], population std sqrt(5/4) = 1.1180340 → [-0.4472136, -1.3416408, 1.3416408, 0.4472136]
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]]])
-    adv, _ = compute_advantages(rewards, torch.tensor([1.0, 2.0]), combine="sum_then_normalize", estimator="grpo",
-                                scale="group", unbiased=False, eps=0.0)
+    adv, _ = compute_advantages(
+        rewards,
+        torch.tensor([1.0, 2.0]),
+        combine="sum_then_normalize",
+        estimator="grpo",
+        scale="group",
+        unbiased=False,
+        eps=0.0,
+    )
     close(adv, [[-0.4472136, -1.3416408, 1.3416408, 0.4472136]])
 
 
@@ -150,12 +159,14 @@ def test_normalize_then_sum_gdpo():
     # [0.7962252, 0.4597008, 0.4597008, -1.7156269]
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]]])
     w = torch.tensor([1.0, 1.0])
-    adv, _ = compute_advantages(rewards, w, combine="normalize_then_sum", estimator="grpo",
-                                scale="group", unbiased=False, eps=0.0)
+    adv, _ = compute_advantages(
+        rewards, w, combine="normalize_then_sum", estimator="grpo", scale="group", unbiased=False, eps=0.0
+    )
     close(adv, [[0.7962252, 0.4597008, 0.4597008, -1.7156269]])
     # the point of GDPO: samples 0-2 all have combined reward 1, and sum_then_normalize cannot tell them apart
-    grpo, _ = compute_advantages(rewards, w, combine="sum_then_normalize", estimator="grpo",
-                                 scale="group", unbiased=False, eps=0.0)
+    grpo, _ = compute_advantages(
+        rewards, w, combine="sum_then_normalize", estimator="grpo", scale="group", unbiased=False, eps=0.0
+    )
     close(grpo[0, 0], grpo[0, 1])
     assert adv[0, 0] - adv[0, 1] > 0.3
 
@@ -165,8 +176,15 @@ def test_normalize_then_sum_weights_the_per_reward_advantages():
     # -2.5773503], mean 0, Σx² = (7-4√3) + 2·(13/3-4/√3) + (13/3+4/√3) = 0.0717968 + 4.0478645 + 6.6427344
     # = 10.7623957, pop std sqrt(10.7623957/4) = 1.6403045 → [-0.1633533, 0.8673083, 0.8673083, -1.5712633]
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]]])
-    adv, _ = compute_advantages(rewards, torch.tensor([1.0, 2.0]), combine="normalize_then_sum", estimator="grpo",
-                                scale="group", unbiased=False, eps=0.0)
+    adv, _ = compute_advantages(
+        rewards,
+        torch.tensor([1.0, 2.0]),
+        combine="normalize_then_sum",
+        estimator="grpo",
+        scale="group",
+        unbiased=False,
+        eps=0.0,
+    )
     close(adv, [[-0.1633533, 0.8673083, 0.8673083, -1.5712633]])
 
 
@@ -177,8 +195,15 @@ def test_normalize_then_sum_with_nan_rewards():
     # sum = [0.7071068, -0.4142136, -0.2928932], mean 0, Σx² = .5+.1715729+.0857864 = 0.7573593,
     # pop std sqrt(0.7573593/3) = 0.5024471 → [1.4073258, -0.8243924, -0.5829334]; sample 3 → 0
     rewards = torch.tensor([[[1.0, NAN], [0.0, 1.0], [1.0, 0.0], [NAN, NAN]]])
-    adv, m = compute_advantages(rewards, torch.tensor([1.0, 1.0]), combine="normalize_then_sum", estimator="grpo",
-                                scale="group", unbiased=False, eps=0.0)
+    adv, m = compute_advantages(
+        rewards,
+        torch.tensor([1.0, 1.0]),
+        combine="normalize_then_sum",
+        estimator="grpo",
+        scale="group",
+        unbiased=False,
+        eps=0.0,
+    )
     close(adv, [[1.4073258, -0.8243924, -0.5829334, 0.0]])
     close(m["reward/nan_fraction"], 3 / 8)
 
@@ -186,8 +211,15 @@ def test_normalize_then_sum_with_nan_rewards():
 def test_metrics():
     # P=2, K=1: [[1,2,3,4], [2,2,2,2]], grpo, group, population, eps 0
     rewards = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0]]).unsqueeze(-1)
-    adv, m = compute_advantages(rewards, torch.tensor([1.0]), combine="sum_then_normalize", estimator="grpo",
-                                scale="group", unbiased=False, eps=0.0)
+    adv, m = compute_advantages(
+        rewards,
+        torch.tensor([1.0]),
+        combine="sum_then_normalize",
+        estimator="grpo",
+        scale="group",
+        unbiased=False,
+        eps=0.0,
+    )
     close(adv, [[-1.3416408, -0.4472136, 0.4472136, 1.3416408], [0.0] * 4])
     close(m["reward/mean"], 2.25)  # 18 / 8
     close(m["reward/std"], 0.8291562)  # Σ(r-2.25)² = 1.5625+.0625+.5625+3.0625+4·.0625 = 5.5; sqrt(5.5/8)
@@ -205,8 +237,7 @@ def test_compute_advantages_errors():
     with pytest.raises(ValueError, match="sum_then_normalize, normalize_then_sum"):
         compute_advantages(rewards, torch.ones(1), combine="mean", **kw)
     with pytest.raises(KeyError, match="valid: dr_grpo, grpo, rloo"):
-        compute_advantages(rewards, torch.ones(1), combine="sum_then_normalize",
-                           **{**kw, "estimator": "gae"})
+        compute_advantages(rewards, torch.ones(1), combine="sum_then_normalize", **{**kw, "estimator": "gae"})
     with pytest.raises(ValueError, match="group, batch, none"):
         compute_advantages(rewards, torch.ones(1), combine="normalize_then_sum", **{**kw, "scale": "auto"})
     with pytest.raises(ValueError, match=r"weights must be \[K\]"):

@@ -14,10 +14,18 @@ from mmgrpo.trainer import Trainer
 from tests.test_trainer import QUICK
 
 TINY = [
-    "algorithm.prompts_per_step=1", "algorithm.group_size=4", "model.args.max_new_tokens=5",
-    "model.args.min_new_tokens=5", "task.args.train_size=8", "task.args.eval_size=4", "warmup.steps=0",
-    "logging.trackers=[]", "logging.progress=false", "optim.max_grad_norm=0", "algorithm.beta=0",
-]  # fmt: skip
+    "algorithm.prompts_per_step=1",
+    "algorithm.group_size=4",
+    "model.args.max_new_tokens=5",
+    "model.args.min_new_tokens=5",
+    "task.args.train_size=8",
+    "task.args.eval_size=4",
+    "warmup.steps=0",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "optim.max_grad_norm=0",
+    "algorithm.beta=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +60,32 @@ def _whole_update_grads(t: Trainer, unit_adv, mask) -> list[torch.Tensor]:
     t.optimizer.zero_grad(set_to_none=True)
     logp = t.adapter.logprobs(r, torch.arange(r.batch_size))  # [B, T]
     per_unit, _ = losses.SURROGATES.get(a.surrogate)(
-        logp - r.old_logprobs, unit_adv, mask, clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=None,
-        tau_pos=a.tau_pos, tau_neg=a.tau_neg,
-    )  # fmt: skip
+        logp - r.old_logprobs,
+        unit_adv,
+        mask,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=None,
+        tau_pos=a.tau_pos,
+        tau_neg=a.tau_neg,
+    )
     losses.AGGREGATIONS.get(a.aggregation)(per_unit, mask, max_units=mask.shape[1]).backward()
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in t.adapter.trainable_parameters()]
+    grads = [
+        torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in t.adapter.trainable_parameters()
+    ]
     t.optimizer.zero_grad(set_to_none=True)
     return grads
 
 
-CASES = [("token_mean", 1), ("token_mean", 3), ("token_mean", 4), ("seq_mean_token_mean", 1),
-         ("seq_mean_token_mean", 3), ("seq_sum_const_norm", 1), ("seq_sum_const_norm", 3)]  # B = 4: 4 is "all"
+CASES = [
+    ("token_mean", 1),
+    ("token_mean", 3),
+    ("token_mean", 4),
+    ("seq_mean_token_mean", 1),
+    ("seq_mean_token_mean", 3),
+    ("seq_sum_const_norm", 1),
+    ("seq_sum_const_norm", 3),
+]  # B = 4: 4 is "all"
 
 
 @pytest.mark.parametrize("aggregation,minibatch_size", CASES)

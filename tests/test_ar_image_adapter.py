@@ -158,7 +158,9 @@ def test_cfg_logprob_modes_and_their_identities(adapter):
 def test_one_grpo_step_changes_parameters(ratio_level, mmgrpo_cache):
     ad = make()
     ro = ad.rollout(PROMPTS, G)
-    red = torch.tensor([float(torch.tensor(list(im.getchannel(0).get_flattened_data())).float().mean()) for im in ro.outputs])
+    red = torch.tensor(
+        [float(torch.tensor(list(im.getchannel(0).get_flattened_data())).float().mean()) for im in ro.outputs]
+    )
     r = red.view(len(PROMPTS), G)
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).flatten()  # [B]
     unit_adv = adv[:, None].expand(-1, T)  # [B, T]
@@ -168,8 +170,9 @@ def test_one_grpo_step_changes_parameters(ratio_level, mmgrpo_cache):
     logp = ad.logprobs(ro, idx)
     chunks = [4, 4, 4, 4] if ratio_level == "chunk" else None  # rows of the 4×4 token grid
     log_ratio = losses.RATIO_LEVELS.get(ratio_level)(logp - ro.old_logprobs, ro.mask, chunk_sizes=chunks)
-    per_unit, _ = losses.SURROGATES.get("ppo_clip")(log_ratio, unit_adv, ro.mask, clip_low=0.2, clip_high=0.2,
-                                                     dual_clip=None, tau_pos=1.0, tau_neg=1.05)  # fmt: skip
+    per_unit, _ = losses.SURROGATES.get("ppo_clip")(
+        log_ratio, unit_adv, ro.mask, clip_low=0.2, clip_high=0.2, dual_clip=None, tau_pos=1.0, tau_neg=1.05
+    )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, ro.mask, max_units=T)
     assert torch.isfinite(loss)
     loss.backward()
@@ -200,7 +203,10 @@ def test_save_pretrained_lora_roundtrip(adapter, tmp_path):
     idx = torch.arange(3)
     with torch.no_grad():
         torch.testing.assert_close(
-            ad2._token_logprobs(ad2.model, state, idx), adapter._token_logprobs(adapter.model, state, idx), atol=1e-5, rtol=0
+            ad2._token_logprobs(ad2.model, state, idx),
+            adapter._token_logprobs(adapter.model, state, idx),
+            atol=1e-5,
+            rtol=0,
         )
 
 
@@ -212,9 +218,13 @@ def test_no_guidance_runs_one_branch(mmgrpo_cache):
 
 @pytest.mark.parametrize(
     "over, match",
-    [({"cfg_logprob": "uncond"}, "cfg_logprob"), ({"temperature": 0.0}, "temperature"), ({"top_k": -1}, "top_k"),
-     ({"bogus": 1}, "bogus")],
-)  # fmt: skip
+    [
+        ({"cfg_logprob": "uncond"}, "cfg_logprob"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
 def test_config_errors_name_the_field(over, match, mmgrpo_cache):
     with pytest.raises(ConfigError, match=match):
         make(**over)

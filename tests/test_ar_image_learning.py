@@ -13,8 +13,10 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHIPPED["tiny-janus-shapes"] / "config.json").is_file(),
-                    reason="tiny-janus-shapes not built: python examples/pretrain_tiny_janus.py")  # fmt: skip
+@pytest.mark.skipif(
+    not (SHIPPED["tiny-janus-shapes"] / "config.json").is_file(),
+    reason="tiny-janus-shapes not built: python examples/pretrain_tiny_janus.py",
+)
 def test_ar_image_grpo_beats_the_base_model(tmp_path):
     cfg = load_config(CONFIGS / "ar_image_grpo.yaml", [f"output_dir={tmp_path}", "seed=0"])
     s = train(cfg)

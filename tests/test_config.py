@@ -22,8 +22,10 @@ def test_every_shipped_config_loads_and_validates(path):
 
 
 def test_overrides_set_nested_values_with_yaml_types():
-    cfg = load_config(ROOT / "configs/quickstart.yaml", ["algorithm.beta=0.04", "steps=3", "output_dir=/tmp/x",
-                                                         "algorithm.dual_clip=3", "logging.trackers=[]"])  # fmt: skip
+    cfg = load_config(
+        ROOT / "configs/quickstart.yaml",
+        ["algorithm.beta=0.04", "steps=3", "output_dir=/tmp/x", "algorithm.dual_clip=3", "logging.trackers=[]"],
+    )
     assert cfg.algorithm.beta == 0.04 and cfg.steps == 3 and cfg.output_dir == "/tmp/x"
     assert cfg.algorithm.dual_clip == 3.0 and cfg.logging.trackers == []
 
@@ -86,8 +88,10 @@ def test_cli_dry_run_prints_resolved_config(capsys):
 def test_cli_config_error_is_one_line_without_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "mmgrpo", "train", str(ROOT / "configs/quickstart.yaml"), "algorithm.surrogate=ppo"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("mmgrpo: config error: algorithm.surrogate: 'ppo'")
@@ -95,7 +99,14 @@ def test_cli_config_error_is_one_line_without_traceback(tmp_path):
 
 
 def test_cli_adapter_args_error_is_reported(tmp_path, capsys):
-    code = main(["train", str(ROOT / "configs/quickstart.yaml"), "model.args.max_new_tokenz=3",
-                 f"output_dir={tmp_path}", "logging.trackers=[]"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(ROOT / "configs/quickstart.yaml"),
+            "model.args.max_new_tokenz=3",
+            f"output_dir={tmp_path}",
+            "logging.trackers=[]",
+        ]
+    )
     assert code == 2
     assert "unknown field 'model.args.max_new_tokenz'" in capsys.readouterr().err

@@ -24,7 +24,11 @@ BAD = [
     (QUICK, "checkpoint.every=-1", "checkpoint.every: must be >= 0"),
     (QUICK, "task.args.train_size=0", "task.args.train_size: must be >= 1"),
     (QUICK, "algorithm.ratio_norm=true", "algorithm.ratio_norm: true needs an adapter with ratio_norm_inputs()"),
-    (QUICK, "algorithm.beta=0.1 algorithm.kl=gaussian_exact", "algorithm.kl: gaussian_exact needs an adapter with exact_kl()"),
+    (
+        QUICK,
+        "algorithm.beta=0.1 algorithm.kl=gaussian_exact",
+        "algorithm.kl: gaussian_exact needs an adapter with exact_kl()",
+    ),
     (QUICK, "algorithm.shaping_args.lam=0.5", "unknown field 'algorithm.shaping_args.lam'"),
     (FLOW, "algorithm.shaping=temporal algorithm.shaping_args.weights=foo", "algorithm.shaping_args.weights: 'foo'"),
     (FLOW, "algorithm.shaping=value_anchored algorithm.shaping_args.lamda=1", "'algorithm.shaping_args.lamda'"),
@@ -41,8 +45,16 @@ def test_bad_value_is_a_one_line_config_error(path, overrides, message):
 
 
 def test_valid_values_still_load():
-    cfg = load_config(FLOW, ["algorithm.shaping=temporal", "algorithm.shaping_args.weights=inv_dt",
-                             "algorithm.ratio_norm=true", "model.args.kernel=cps", "algorithm.eps=0"])  # fmt: skip
+    cfg = load_config(
+        FLOW,
+        [
+            "algorithm.shaping=temporal",
+            "algorithm.shaping_args.weights=inv_dt",
+            "algorithm.ratio_norm=true",
+            "model.args.kernel=cps",
+            "algorithm.eps=0",
+        ],
+    )
     assert cfg.algorithm.shaping_args == {"weights": "inv_dt"} and cfg.algorithm.ratio_norm
     assert load_config(QUICK, ["model.args.temperature=0.7"]).model.args["temperature"] == 0.7
 

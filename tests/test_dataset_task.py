@@ -20,7 +20,9 @@ CONFIGS = ROOT / "configs"
 
 
 def _examples():
-    spec = importlib.util.spec_from_file_location("make_example_datasets", ROOT / "examples" / "make_example_datasets.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_example_datasets", ROOT / "examples" / "make_example_datasets.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("make_example_datasets", module)
     spec.loader.exec_module(module)
@@ -29,12 +31,30 @@ def _examples():
 
 EX = _examples()
 
-TOKEN_SMALL = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=4",
-               "model.args.max_new_tokens=4", "eval.max_rows=2", "eval.batch_size=2", "logging.progress=false",
-               "logging.plot=false", "logging.trackers=[]", "checkpoint.save_final=false"]  # fmt: skip
-FLOW_SMALL = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=4",
-              "model.args.num_steps=4", "model.args.eval_num_steps=2", "eval.max_rows=2", "logging.plot=false",
-              "checkpoint.save_final=false"]  # fmt: skip
+TOKEN_SMALL = [
+    "steps=2",
+    "algorithm.group_size=2",
+    "algorithm.prompts_per_step=2",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=4",
+    "eval.max_rows=2",
+    "eval.batch_size=2",
+    "logging.progress=false",
+    "logging.plot=false",
+    "logging.trackers=[]",
+    "checkpoint.save_final=false",
+]
+FLOW_SMALL = [
+    "steps=2",
+    "algorithm.group_size=2",
+    "algorithm.prompts_per_step=2",
+    "algorithm.minibatch_size=4",
+    "model.args.num_steps=4",
+    "model.args.eval_num_steps=2",
+    "eval.max_rows=2",
+    "logging.plot=false",
+    "checkpoint.save_final=false",
+]
 
 
 def _run(config: str, tmp_path: Path, overrides: list[str]) -> tuple[dict, list[dict]]:
@@ -51,9 +71,15 @@ def _steps(metrics: list[dict]) -> list[dict]:
 
 def test_vlm_r1_rec_jsonl_trains_with_iou_reward(tmp_path, mmgrpo_cache):
     train = EX.write_vlm_r1_rec(tmp_path / "rec", n=8)
-    summary, metrics = _run("dataset_vlm_r1_rec.yaml", tmp_path, [
-        *TOKEN_SMALL, f"task.args.train={train}", f"task.args.media_root={train.parent}",
-    ])  # fmt: skip
+    summary, metrics = _run(
+        "dataset_vlm_r1_rec.yaml",
+        tmp_path,
+        [
+            *TOKEN_SMALL,
+            f"task.args.train={train}",
+            f"task.args.media_root={train.parent}",
+        ],
+    )
     steps = _steps(metrics)
     assert len(steps) == 2 and all(math.isfinite(s["loss/policy"]) for s in steps)
     assert all("reward/iou" in s and s["data/skipped_rows"] == 0 for s in steps)
@@ -67,10 +93,17 @@ def test_vlm_r1_rec_jsonl_trains_with_iou_reward(tmp_path, mmgrpo_cache):
 
 def test_video_r1_json_with_mp4_paths_trains(tmp_path, mmgrpo_cache):
     train = EX.write_video_r1(tmp_path / "vr1", n=4)
-    summary, metrics = _run("dataset_video_r1.yaml", tmp_path, [
-        *TOKEN_SMALL, f"task.args.train={train}", f"task.args.media_root={train.parent}", "task.args.eval_fraction=0.4",
-        "model.args.video.max_frames=4",
-    ])  # fmt: skip
+    summary, metrics = _run(
+        "dataset_video_r1.yaml",
+        tmp_path,
+        [
+            *TOKEN_SMALL,
+            f"task.args.train={train}",
+            f"task.args.media_root={train.parent}",
+            "task.args.eval_fraction=0.4",
+            "model.args.video.max_frames=4",
+        ],
+    )
     steps = _steps(metrics)
     assert len(steps) == 2 and all(math.isfinite(s["loss/policy"]) for s in steps)
     assert 0 <= summary["eval/after/multiple_choice"] <= 1
@@ -87,9 +120,15 @@ def test_trl_conversational_save_to_disk_trains(tmp_path, mmgrpo_cache):
 
 def test_flow_grpo_prompt_txt_trains(tmp_path, mmgrpo_cache):
     train, test = EX.write_flow_grpo_prompts(tmp_path / "flow")
-    summary, metrics = _run("dataset_flow_prompts.yaml", tmp_path, [
-        *FLOW_SMALL, f"task.args.train={train}", f"task.args.eval={test}",
-    ])  # fmt: skip
+    summary, metrics = _run(
+        "dataset_flow_prompts.yaml",
+        tmp_path,
+        [
+            *FLOW_SMALL,
+            f"task.args.train={train}",
+            f"task.args.eval={test}",
+        ],
+    )
     assert len(_steps(metrics)) == 2
     assert 0 <= summary["eval/after/flow_shape_match"] <= 1
 
@@ -118,11 +157,23 @@ def _one_line_error(args: dict) -> str:
 
 def test_dry_run_reports_a_missing_image_with_file_row_and_column(tmp_path, capsys):
     _png(tmp_path / "images" / "a.png")
-    data = _jsonl(tmp_path / "train.jsonl", [
-        {"question": "q1", "img": "images/a.png"}, {"question": "q2", "img": "images/missing.png"},
-    ])  # fmt: skip
-    rc = main(["train", str(CONFIGS / "dataset_trl_conversational.yaml"), f"task.args.train={data}",
-               "task.args.columns={prompt: question, image: img}", "task.args.eval_fraction=0", "--dry-run"])  # fmt: skip
+    data = _jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"question": "q1", "img": "images/a.png"},
+            {"question": "q2", "img": "images/missing.png"},
+        ],
+    )
+    rc = main(
+        [
+            "train",
+            str(CONFIGS / "dataset_trl_conversational.yaml"),
+            f"task.args.train={data}",
+            "task.args.columns={prompt: question, image: img}",
+            "task.args.eval_fraction=0",
+            "--dry-run",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert str(data) in err and "line 2" in err and "column 'image'" in err and "missing.png" in err
@@ -180,9 +231,23 @@ def test_an_unreadable_row_is_skipped_and_counted_at_train_time(tmp_path, mmgrpo
     rows[3]["image"] = "images/deleted.png"  # past the start-up check (check_rows=2)
     data = _jsonl(tmp_path / "train.jsonl", rows)
     out = tmp_path / "run"
-    assert main(["train", str(CONFIGS / "dataset_trl_conversational.yaml"), *TOKEN_SMALL, f"output_dir={out}",
-                 f"task.args.train={data}", "task.args.check_rows=2", "task.args.eval_fraction=0",
-                 "algorithm.prompts_per_step=4", "eval.before=false", "eval.after=false"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(CONFIGS / "dataset_trl_conversational.yaml"),
+                *TOKEN_SMALL,
+                f"output_dir={out}",
+                f"task.args.train={data}",
+                "task.args.check_rows=2",
+                "task.args.eval_fraction=0",
+                "algorithm.prompts_per_step=4",
+                "eval.before=false",
+                "eval.after=false",
+            ]
+        )
+        == 0
+    )
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[0]["data/skipped_rows"] >= 1  # 4 prompts per step over 4 rows: the bad one was drawn
     assert steps[-1]["data/skipped_rows"] >= steps[0]["data/skipped_rows"]
@@ -198,14 +263,29 @@ def test_100k_row_jsonl_starts_training_without_opening_every_image(tmp_path, mm
         _png(tmp_path / "images" / f"{k}.png")
     with open(tmp_path / "big.jsonl", "w") as f:
         for i in range(100_000):
-            f.write(json.dumps({"prompt": f"What colour is shape {i}?", "image": f"images/{i % 4}.png", "answer": "red"}) + "\n")
+            f.write(
+                json.dumps({"prompt": f"What colour is shape {i}?", "image": f"images/{i % 4}.png", "answer": "red"})
+                + "\n"
+            )
     opened = []
     original = media.Image.open
     monkeypatch.setattr(media.Image, "open", lambda fp, *a, **k: opened.append(fp) or original(fp, *a, **k))
     out = tmp_path / "run"
-    assert main(["train", str(CONFIGS / "dataset_trl_conversational.yaml"), *TOKEN_SMALL, "steps=1",
-                 f"output_dir={out}", f"task.args.train={tmp_path / 'big.jsonl'}", "task.args.eval_fraction=0.0001",
-                 "eval.before=false"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(CONFIGS / "dataset_trl_conversational.yaml"),
+                *TOKEN_SMALL,
+                "steps=1",
+                f"output_dir={out}",
+                f"task.args.train={tmp_path / 'big.jsonl'}",
+                "task.args.eval_fraction=0.0001",
+                "eval.before=false",
+            ]
+        )
+        == 0
+    )
     # start-up check (8 train + 8 held-out rows) + 2 sampled rows + 2 evaluated: a few dozen at most, not 100k
     assert 0 < len(opened) <= 40, len(opened)
     assert len(json.loads((out / "summary.json").read_text())) > 0
@@ -217,21 +297,39 @@ def test_100k_row_jsonl_starts_training_without_opening_every_image(tmp_path, mm
 def test_columns_templates_system_prompt_and_conversations(tmp_path):
     _png(tmp_path / "a.png")
     _png(tmp_path / "b.png")
-    data = _jsonl(tmp_path / "d.jsonl", [
-        {"problem": "Which is red?", "pics": ["a.png", "b.png"], "solution": "A", "boxes": [[1, 2, 3, 4]]},
-        {"id": 7, "image": "a.png", "conversations": [{"from": "human", "value": "<image>Where is it?"},
-                                                      {"from": "gpt", "value": "[1, 2, 3, 4]"}]},
-    ])  # fmt: skip
-    task = build_dataset_task({"train": str(data), "columns": {"prompt": "problem", "image": "pics", "answer": "solution"},
-                               "prompt_template": "{prompt} Output the thinking process in <think></think>.",
-                               "system_prompt": "You are a helpful assistant.", "check_rows": 1})  # fmt: skip
+    data = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"problem": "Which is red?", "pics": ["a.png", "b.png"], "solution": "A", "boxes": [[1, 2, 3, 4]]},
+            {
+                "id": 7,
+                "image": "a.png",
+                "conversations": [
+                    {"from": "human", "value": "<image>Where is it?"},
+                    {"from": "gpt", "value": "[1, 2, 3, 4]"},
+                ],
+            },
+        ],
+    )
+    task = build_dataset_task(
+        {
+            "train": str(data),
+            "columns": {"prompt": "problem", "image": "pics", "answer": "solution"},
+            "prompt_template": "{prompt} Output the thinking process in <think></think>.",
+            "system_prompt": "You are a helpful assistant.",
+            "check_rows": 1,
+        }
+    )
     row = task.train_rows()[0]
     assert row["boxes"] == [[1, 2, 3, 4]] and row["answer"] == "A"  # other columns reach the rewards unchanged
     assert [img.size for img in row["image"]] == [(28, 28), (28, 28)]  # multi-image, opened from media_root
     system, user = row["prompt"]
     assert system == {"role": "system", "content": "You are a helpful assistant."}
-    assert user["content"] == [{"type": "image"}, {"type": "image"},
-                               {"type": "text", "text": "Which is red? Output the thinking process in <think></think>."}]  # fmt: skip
+    assert user["content"] == [
+        {"type": "image"},
+        {"type": "image"},
+        {"type": "text", "text": "Which is red? Output the thinking process in <think></think>."},
+    ]
     with pytest.raises(DataError, match="column 'problem'"):
         task.train_rows()[1]
     plain = build_dataset_task({"train": str(data), "check_rows": 0}).train_rows()[1]
@@ -312,7 +410,9 @@ def test_hub_ids_go_through_load_dataset(monkeypatch):
         raise ConnectionError("Couldn't reach 'org/vqa' on the Hub (LocalEntryNotFoundError)\nmore detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConfigError, match="'org/vqa' is neither a local file/directory nor loadable from the hub") as info:
+    with pytest.raises(
+        ConfigError, match="'org/vqa' is neither a local file/directory nor loadable from the hub"
+    ) as info:
         build_dataset_task({"train": "org/vqa"})
     assert "\n" not in str(info.value)
 

@@ -71,10 +71,14 @@ def test_media_logs_images_to_tensorboard(tmp_path):
     from accelerate.utils import ProjectConfiguration
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = Accelerator(log_with="tensorboard", project_config=ProjectConfiguration(str(tmp_path), logging_dir=str(tmp_path / "logs")))
+    acc = Accelerator(
+        log_with="tensorboard", project_config=ProjectConfiguration(str(tmp_path), logging_dir=str(tmp_path / "logs"))
+    )
     acc.init_trackers("t")
     tone = (np.zeros(800, dtype=np.float32), 8000)
-    records = sample_files.write_samples(tmp_path, "after", [({"prompt": "p"}, Image.new("RGB", (8, 8))), ({"prompt": "q"}, tone)])
+    records = sample_files.write_samples(
+        tmp_path, "after", [({"prompt": "p"}, Image.new("RGB", (8, 8))), ({"prompt": "q"}, tone)]
+    )
     sample_files.log_samples(acc, "after", records, tmp_path, step=1)
     acc.end_training()
     events = EventAccumulator(str(next((tmp_path / "logs").rglob("events.*")).parent)).Reload()
@@ -124,8 +128,17 @@ def test_app_builds_for_every_shipped_config(config, tmp_path):
 def _train(tmp_path: Path, config: str, *overrides: str) -> Path:
     out = tmp_path / Path(config).stem
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, "-m", "mmgrpo", "train", str(ROOT / config), f"output_dir={out}", "logging.progress=false",
-           "checkpoint.save_final=true", *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmgrpo",
+        "train",
+        str(ROOT / config),
+        f"output_dir={out}",
+        "logging.progress=false",
+        "checkpoint.save_final=true",
+        *overrides,
+    ]
     subprocess.run(cmd, check=True, env=env, cwd=tmp_path, capture_output=True, timeout=900)
     return out
 
@@ -138,9 +151,18 @@ def _browser(tmp_path: Path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1400",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
         opts.add_argument(flag)
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
 
@@ -155,7 +177,9 @@ def _wait(driver, predicate, timeout=600, what=""):
         except Exception:  # element not rendered yet
             pass
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; page text: {driver.find_element('tag name', 'body').text[:2000]}")
+    raise AssertionError(
+        f"timed out waiting for {what}; page text: {driver.find_element('tag name', 'body').text[:2000]}"
+    )
 
 
 def _serve(run_dir: Path):
@@ -168,7 +192,11 @@ def _serve(run_dir: Path):
 def _listening_addresses(port: int) -> set[str]:
     import psutil
 
-    return {c.laddr.ip for c in psutil.Process().net_connections(kind="inet") if c.status == "LISTEN" and c.laddr.port == port}
+    return {
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == "LISTEN" and c.laddr.port == port
+    }
 
 
 def _run_model_tab(driver, shots: Path, name: str, media_kind: str | None):
@@ -197,16 +225,27 @@ def _run_training_tab(driver, shots: Path, name: str, gallery_min: int):
     driver.find_element(By.CSS_SELECTOR, "#refresh").click()
     table = _wait(driver, lambda d: "after" in d.find_element(By.CSS_SELECTOR, "#eval-table").text, 120, "eval table")
     assert table
-    imgs = _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#train-gallery img")) >= gallery_min, 60, "gallery")
+    imgs = _wait(
+        driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#train-gallery img")) >= gallery_min, 60, "gallery"
+    )
     assert imgs
     driver.save_screenshot(str(shots / f"{name}_training.png"))
 
 
 @pytest.mark.slow
 def test_demo_in_chromium_vlm_run(tmp_path):
-    run = _train(tmp_path, "configs/quickstart.yaml", "steps=2", "warmup.steps=2", "task.args.train_size=16",
-                 "task.args.eval_size=4", "algorithm.prompts_per_step=2", "algorithm.group_size=2",
-                 "algorithm.minibatch_size=4", "eval.every=0")  # fmt: skip
+    run = _train(
+        tmp_path,
+        "configs/quickstart.yaml",
+        "steps=2",
+        "warmup.steps=2",
+        "task.args.train_size=16",
+        "task.args.eval_size=4",
+        "algorithm.prompts_per_step=2",
+        "algorithm.group_size=2",
+        "algorithm.minibatch_size=4",
+        "eval.every=0",
+    )
     assert load_run_config(run).model.adapter == "vlm"
     app, url = _serve(run)
     driver = _browser(tmp_path)
@@ -227,8 +266,15 @@ def test_demo_in_chromium_vlm_run(tmp_path):
 
 @pytest.mark.slow
 def test_demo_in_chromium_flow_run(tmp_path):
-    run = _train(tmp_path, "configs/flow_grpo.yaml", "steps=1", "algorithm.prompts_per_step=2",
-                 "algorithm.group_size=2", "algorithm.minibatch_size=4", "task.args.eval_seeds=1")  # fmt: skip
+    run = _train(
+        tmp_path,
+        "configs/flow_grpo.yaml",
+        "steps=1",
+        "algorithm.prompts_per_step=2",
+        "algorithm.group_size=2",
+        "algorithm.minibatch_size=4",
+        "task.args.eval_seeds=1",
+    )
     app, url = _serve(run)
     driver = _browser(tmp_path)
     shots = tmp_path / "screenshots"

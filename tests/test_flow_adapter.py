@@ -19,8 +19,15 @@ KINDS = {
 
 
 def make(kind, lora=True, need_reference=False, **over):
-    args = {**KINDS[kind], "num_steps": T, "eval_num_steps": 3, "resolution": 32, "guidance_scale": 2.0,
-            "device": "cpu", **over}  # fmt: skip
+    args = {
+        **KINDS[kind],
+        "num_steps": T,
+        "eval_num_steps": 3,
+        "resolution": 32,
+        "guidance_scale": 2.0,
+        "device": "cpu",
+        **over,
+    }
     targets = UNET_TARGETS if kind == "unet" else FLOW_LORA_TARGETS
     cfg = LoraConfig(enabled=lora, r=4, alpha=8, target_modules=targets)
     return build_flow_adapter(args, seed=0, lora=cfg, need_reference=need_reference)
@@ -39,7 +46,7 @@ def _perturb(ad, scale=0.05, seed=1):
 
 
 def test_rollout_contract(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     ro = ad.rollout(PROMPTS, G)
     B = len(PROMPTS) * G
     assert len(ro.outputs) == B and ro.outputs[0].size == (32, 32)
@@ -53,7 +60,7 @@ def test_rollout_contract(adapter):
 
 
 def test_ratio_is_one_before_the_first_update(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     ro = ad.rollout(PROMPTS, G)
     idx = torch.tensor([4, 0, 2])  # any minibatch, any order
     lp = ad.logprobs(ro, idx)
@@ -75,8 +82,9 @@ def test_one_grpo_step_changes_parameters(kind, mmgrpo_cache):
     idx = torch.arange(ro.batch_size)
     logp = ad.logprobs(ro, idx)
     log_ratio = losses.RATIO_LEVELS.get("token")(logp - ro.old_logprobs, ro.mask, chunk_sizes=None)
-    per_unit, _ = losses.SURROGATES.get("ppo_clip")(log_ratio, unit_adv, ro.mask, clip_low=1e-4, clip_high=1e-4,
-                                                     dual_clip=None, tau_pos=1.0, tau_neg=1.05)  # fmt: skip
+    per_unit, _ = losses.SURROGATES.get("ppo_clip")(
+        log_ratio, unit_adv, ro.mask, clip_low=1e-4, clip_high=1e-4, dual_clip=None, tau_pos=1.0, tau_neg=1.05
+    )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, ro.mask, max_units=T)
     assert torch.isfinite(loss)
     loss.backward()
@@ -102,16 +110,18 @@ def test_guided_cfg_logprob_matches_naive_two_pass(mmgrpo_cache):
     v_c = be.forward(ad.model, x, st.t_model[1:2, t], cond)
     v_u = be.forward(ad.model, x, st.t_model[1:2, t], st.cond.uncond)
     v = v_u + 2.0 * (v_c - v_u)
-    naive = K.flow_sde(v, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]),
-                       prev_sample=nxt)  # fmt: skip
+    naive = K.flow_sde(
+        v, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
+    )
     torch.testing.assert_close(lp[0, t], naive.logprob[0], atol=1e-6, rtol=0)
     g_batched = torch.autograd.grad(lp[0, t], ad.trainable_parameters(), retain_graph=True)
     g_naive = torch.autograd.grad(naive.logprob[0], ad.trainable_parameters(), retain_graph=True)
     for a, b in zip(g_batched, g_naive):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     # the unconditional branch matters: dropping it changes the gradient
-    cond_only = K.flow_sde(v_c, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7,
-                           sigma_max=float(st.coef[0, 1]), prev_sample=nxt)  # fmt: skip
+    cond_only = K.flow_sde(
+        v_c, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
+    )
     g_cond = torch.autograd.grad(cond_only.logprob[0], ad.trainable_parameters())
     assert any(not torch.allclose(a, b) for a, b in zip(g_batched, g_cond))
 
@@ -158,9 +168,8 @@ def test_exact_kl_matches_reference_means(mmgrpo_cache):
     idx = torch.tensor([1, 2])
     ad.logprobs(ro, idx)
     kl = ad.exact_kl(ro, idx)
-    with ad._reference() as ref:
-        with torch.no_grad():
-            _, k_ref, rows, steps = ad._forward_units(ref, ro, idx)
+    with ad._reference() as ref, torch.no_grad():
+        _, k_ref, rows, steps = ad._forward_units(ref, ro, idx)
     st = ro.state
     b = idx[rows]
     expected = ((ad._last.mean - k_ref.mean) ** 2).flatten(1).mean(1) / (2 * st.std[b, steps] ** 2)
@@ -169,8 +178,15 @@ def test_exact_kl_matches_reference_means(mmgrpo_cache):
 
 
 def test_cps_last_step_masked_and_full_finetune_reference(mmgrpo_cache):
-    ad = make("sd3", lora=False, need_reference=True, kernel="cps", noise_level=0.8,
-              steps="fraction", step_args={"fraction": 1.0})  # fmt: skip
+    ad = make(
+        "sd3",
+        lora=False,
+        need_reference=True,
+        kernel="cps",
+        noise_level=0.8,
+        steps="fraction",
+        step_args={"fraction": 1.0},
+    )
     ro = ad.rollout(PROMPTS, 2)
     assert ro.mask[:, :3].all() and not ro.mask[:, 3].any()  # σ_T = 0: deterministic, never trained
     assert (ro.state.std[:, 3] == 0).all()
@@ -211,7 +227,7 @@ def test_value_rewards_fill_unit_values(mmgrpo_cache):
 
 
 def test_evaluate_is_deterministic_and_seeded(adapter):
-    kind, ad = adapter
+    _kind, ad = adapter
     rows = [{"prompt": "a red circle top left", "seed": 1}, {"prompt": "a red circle top left", "seed": 2}]
     a, b = ad.evaluate(rows), ad.evaluate(rows)
     assert [list(x.get_flattened_data()) for x in a] == [list(x.get_flattened_data()) for x in b]
@@ -254,5 +270,7 @@ def test_config_errors_name_the_field(over, match, mmgrpo_cache):
 
 def test_lora_targets_error_suggests_flow_targets(mmgrpo_cache):
     with pytest.raises(ConfigError, match="to_add_out"):
-        build_flow_adapter({"name_or_path": "tiny-sd3", "resolution": 32, "device": "cpu"},
-                           lora=LoraConfig(enabled=True, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+        build_flow_adapter(
+            {"name_or_path": "tiny-sd3", "resolution": 32, "device": "cpu"},
+            lora=LoraConfig(enabled=True, target_modules=["q_proj", "v_proj"]),
+        )

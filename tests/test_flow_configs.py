@@ -11,8 +11,14 @@ CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/flow_*.yaml")
 
 def test_all_flow_configs_are_found():
     names = {p.stem for p in CONFIGS}
-    assert {"flow_grpo", "flow_chunk", "flow_temporal", "flow_value_anchored",
-            "flow_sd35m_recipe", "flow_flux_dev_recipe"} <= names  # fmt: skip
+    assert {
+        "flow_grpo",
+        "flow_chunk",
+        "flow_temporal",
+        "flow_value_anchored",
+        "flow_sd35m_recipe",
+        "flow_flux_dev_recipe",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)

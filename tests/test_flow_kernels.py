@@ -36,8 +36,15 @@ def test_zero_noise_reproduces_flow_match_euler_step(name):
 @pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
 @pytest.mark.parametrize("set_alpha_to_one", [True, False])
 def test_ddim_eta0_reproduces_ddim_scheduler_step(prediction_type, set_alpha_to_one):
-    sch = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False,
-                        set_alpha_to_one=set_alpha_to_one, steps_offset=1, prediction_type=prediction_type)
+    sch = DDIMScheduler(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        clip_sample=False,
+        set_alpha_to_one=set_alpha_to_one,
+        steps_offset=1,
+        prediction_type=prediction_type,
+    )
     sch.set_timesteps(8)
     x = torch.randn(SHAPE)
     for t in sch.timesteps:
@@ -71,8 +78,9 @@ def test_logprob_is_independent_gaussian_density(name, level):
         assert torch.all(out.std > 0)
         torch.testing.assert_close(out.logprob, _normal_logprob(out.prev_sample, out.mean, out.std), atol=1e-5, rtol=0)
         # scoring the same sample again (training) gives the same log-prob: ratio == 1
-        again = K.FLOW_KERNELS[name](v, x, s, sn, noise_level=level, sigma_max=float(sig[1]),
-                                     prev_sample=out.prev_sample)  # fmt: skip
+        again = K.FLOW_KERNELS[name](
+            v, x, s, sn, noise_level=level, sigma_max=float(sig[1]), prev_sample=out.prev_sample
+        )
         assert torch.equal(again.logprob, out.logprob)
         # sum reduction is the full log-density
         full = K.gaussian_logprob(out.prev_sample, out.mean, out.std, reduction="sum")

@@ -60,8 +60,9 @@ def test_splits_hold_out_prompts():
 def test_shipped_base_is_a_sensible_model():
     """The checkpoint made by examples/pretrain_tiny_flow.py draws the prompt most of the time, not perfectly."""
     task = TASKS.get("flow_shapes")({"eval_seeds": 2}, seed=0)
-    ad = build_flow_adapter({"name_or_path": "tiny-sd3-flow-shapes", "resolution": 32, "cfg": "none",
-                             "eval_num_steps": 16, "device": "cpu"})  # fmt: skip
+    ad = build_flow_adapter(
+        {"name_or_path": "tiny-sd3-flow-shapes", "resolution": 32, "cfg": "none", "eval_num_steps": 16, "device": "cpu"}
+    )
     scores = task.score(ad.evaluate(task.eval_rows()), task.eval_rows())
     assert 0.5 < scores["reward"] < 0.8 and scores["realism"] > 0.6
 
@@ -73,8 +74,9 @@ def test_pretrain_smoke(tmp_path):
     script = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "pretrain_tiny_flow.py"))
     settings = script["PretrainSettings"](vae_steps=2, flow_steps=2, batch_size=4)
     out = script["pretrain"](tmp_path / "base", settings, log=lambda s: None)
-    ad = build_flow_adapter({"name_or_path": str(out), "resolution": 32, "cfg": "none", "eval_num_steps": 2,
-                             "device": "cpu"})  # fmt: skip
+    ad = build_flow_adapter(
+        {"name_or_path": str(out), "resolution": 32, "cfg": "none", "eval_num_steps": 2, "device": "cpu"}
+    )
     img = ad.evaluate([{"prompt": "a red circle top left"}])[0]
     assert img.size == (32, 32)
     vae = ad.pipe.vae.config
@@ -86,10 +88,14 @@ def test_t2i_prompts_task(tmp_path):
     train.write_text("a red circle top left\n\na blue square top right\na green circle bottom left\n")
     evalf = tmp_path / "eval.jsonl"
     evalf.write_text(json.dumps({"prompt": "a yellow square bottom right", "tag": 1}) + "\n")
-    task = build_t2i_prompts({"train_path": str(train), "eval_path": str(evalf),
-                              "eval_rewards": [{"name": "flow_shape_match"}]})  # fmt: skip
-    assert [r["prompt"] for r in task.train_rows()] == ["a red circle top left", "a blue square top right",
-                                                         "a green circle bottom left"]  # fmt: skip
+    task = build_t2i_prompts(
+        {"train_path": str(train), "eval_path": str(evalf), "eval_rewards": [{"name": "flow_shape_match"}]}
+    )
+    assert [r["prompt"] for r in task.train_rows()] == [
+        "a red circle top left",
+        "a blue square top right",
+        "a green circle bottom left",
+    ]
     assert task.eval_rows() == [{"prompt": "a yellow square bottom right", "tag": 1}]
     img = ft.render("yellow", "square", "bottom right")
     assert task.score([img], task.eval_rows())["flow_shape_match"] > 0.8
@@ -102,8 +108,9 @@ def test_t2i_prompts_task(tmp_path):
 
 
 def test_eval_seed_column_changes_noise():
-    ad = build_flow_adapter({"name_or_path": "tiny-sd3-flow-shapes", "resolution": 32, "cfg": "none",
-                             "eval_num_steps": 4, "device": "cpu"})  # fmt: skip
+    ad = build_flow_adapter(
+        {"name_or_path": "tiny-sd3-flow-shapes", "resolution": 32, "cfg": "none", "eval_num_steps": 4, "device": "cpu"}
+    )
     a = ad.evaluate([{"prompt": "a red circle top left", "seed": 1}])[0]
     b = ad.evaluate([{"prompt": "a red circle top left", "seed": 2}])[0]
     assert not torch.equal(torch.tensor(np.asarray(a)), torch.tensor(np.asarray(b)))

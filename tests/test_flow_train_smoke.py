@@ -11,9 +11,18 @@ from mmgrpo.trainer import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
-SMALL = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=2",
-         "model.args.num_steps=4", "model.args.eval_num_steps=2", "eval.before=false", "eval.after=true",
-         "eval.max_rows=2", "task.args.eval_seeds=1"]  # fmt: skip
+SMALL = [
+    "steps=2",
+    "algorithm.group_size=2",
+    "algorithm.prompts_per_step=2",
+    "algorithm.minibatch_size=2",
+    "model.args.num_steps=4",
+    "model.args.eval_num_steps=2",
+    "eval.before=false",
+    "eval.after=true",
+    "eval.max_rows=2",
+    "task.args.eval_seeds=1",
+]
 
 
 @pytest.mark.parametrize(

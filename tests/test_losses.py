@@ -195,8 +195,9 @@ def test_gmpo_sign_aware_log_clip_and_geometric_mean():
 
 def test_gmpo_uses_masked_mean_advantage_per_sequence():
     # per-unit advantages [3, 0, 0, (9 masked)] → sequence advantage 1; ratio 1 → loss -1 on valid units
-    loss, _ = SURROGATES.get("gmpo")(torch.zeros(1, 4), torch.tensor([[3.0, 0.0, 0.0, 9.0]]),
-                                     torch.tensor([[1.0, 1.0, 1.0, 0.0]]), **KW)
+    loss, _ = SURROGATES.get("gmpo")(
+        torch.zeros(1, 4), torch.tensor([[3.0, 0.0, 0.0, 9.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]]), **KW
+    )
     close(loss, [[-1.0, -1.0, -1.0, 0.0]])
 
 

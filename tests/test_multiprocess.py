@@ -25,10 +25,25 @@ def test_two_processes_log_the_global_reward_mean(tmp_path, mmgrpo_cache):
     (tmp_path / "rank_rewards.py").write_text(REWARD)
     out = tmp_path / "run"
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
-           "-m", "mmgrpo", "train", str(QUICK), *SMALL, "steps=2", "warmup.steps=0", "eval.before=false",
-           "eval.after=false", "checkpoint.save_final=false", "logging.plot=false",
-           "rewards=[{name: 'rank_rewards:rank_reward'}]", f"output_dir={out}"]  # fmt: skip
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--config_file",
+        str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+        "-m",
+        "mmgrpo",
+        "train",
+        str(QUICK),
+        *SMALL,
+        "steps=2",
+        "warmup.steps=0",
+        "eval.before=false",
+        "eval.after=false",
+        "checkpoint.save_final=false",
+        "logging.plot=false",
+        "rewards=[{name: 'rank_rewards:rank_reward'}]",
+        f"output_dir={out}",
+    ]
     pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)

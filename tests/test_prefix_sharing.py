@@ -139,9 +139,16 @@ def _text_adapter(model_type: str):
 
     tok = build_tokenizer()
     config = AutoConfig.for_model(
-        model_type, vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        model_type,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
     return VLMAdapter(model, tok, VLMArgs(max_new_tokens=5), reference=None)
@@ -201,15 +208,29 @@ def test_qwen2_vl_is_covered(tiny_vlm_path):
     t = c["text_config"]
     config = Qwen2VLConfig(
         text_config=dict(
-            vocab_size=t["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, pad_token_id=t["pad_token_id"],
-            bos_token_id=t["pad_token_id"], eos_token_id=t["eos_token_id"],
+            vocab_size=t["vocab_size"],
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=t["pad_token_id"],
+            bos_token_id=t["pad_token_id"],
+            eos_token_id=t["eos_token_id"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
         ),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2),
+        vision_config=dict(
+            depth=2,
+            embed_dim=32,
+            hidden_size=64,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        ),
         **{k: c[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")},
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = Qwen2VLForConditionalGeneration(config).train()
     adapter = VLMAdapter(model, AutoProcessor.from_pretrained(tiny_vlm_path), VLMArgs(max_new_tokens=5), None)

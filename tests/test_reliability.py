@@ -23,11 +23,21 @@ from mmgrpo.trainer import Trainer, train
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"
 TINY = [
-    "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.minibatch_size=8",
-    "model.args.max_new_tokens=4", "task.args.train_size=16", "task.args.eval_size=4", "warmup.steps=0",
-    "eval.before=false", "eval.after=false", "eval.every=0", "logging.trackers=[]", "logging.progress=false",
-    "logging.plot=false", "optim.lr=1e-3",
-]  # fmt: skip
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=8",
+    "model.args.max_new_tokens=4",
+    "task.args.train_size=16",
+    "task.args.eval_size=4",
+    "warmup.steps=0",
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "logging.plot=false",
+    "optim.lr=1e-3",
+]
 
 
 def _cfg(out: Path, *extra: str):
@@ -91,8 +101,11 @@ def test_nan_gradients_are_skipped_and_never_reach_a_checkpoint(tmp_path, mmgrpo
     for k, v in before_nan.items():  # the skipped update left the weights untouched
         if k in saved:
             torch.testing.assert_close(saved[k], v, atol=0, rtol=0, msg=k)
-    summary = train(_cfg(out, "steps=3", "checkpoint.every=1", "checkpoint.keep_last=1",
-                         "optim.max_skipped_steps=2", "resume=latest"))  # fmt: skip
+    summary = train(
+        _cfg(
+            out, "steps=3", "checkpoint.every=1", "checkpoint.keep_last=1", "optim.max_skipped_steps=2", "resume=latest"
+        )
+    )
     assert summary["train/steps"] == 3 and _all_finite(out / "checkpoints/final")
     assert _steps(out) == [1, 2, 3]
 
@@ -101,7 +114,7 @@ def test_save_refuses_non_finite_weights_and_keeps_the_last_good_checkpoint(tmp_
     out = tmp_path / "run"
     trainer = Trainer(_cfg(out, "steps=1"))
     trainer._save(1)
-    name, param = next(iter(trainer.adapter.model.named_parameters()))
+    _name, param = next(iter(trainer.adapter.model.named_parameters()))
     with torch.no_grad():
         param.view(-1)[0] = float("inf")
     with pytest.raises(ckpt.CheckpointError, match="refusing to save step-000002: 1 non-finite"):
@@ -115,9 +128,17 @@ def test_inf_reward_never_produces_a_non_finite_checkpoint(tmp_path, mmgrpo_cach
     """A reward returning +inf for one sample at step 2 (on_error=nan): the run goes on and every checkpoint,
     including the one kept by keep_last=1 and final/, is finite."""
     out = tmp_path / "run"
-    spec = f"{{name: 'tests.test_reliability:inf_on_call', weight: 1.0, kwargs: {{counter: '{tmp_path / 'n'}', at: 2}}}}"
-    cfg = _cfg(out, "steps=3", "checkpoint.every=1", "checkpoint.keep_last=1", "reward_runtime.on_error=nan",
-               f"rewards=[{spec}]")  # fmt: skip
+    spec = (
+        f"{{name: 'tests.test_reliability:inf_on_call', weight: 1.0, kwargs: {{counter: '{tmp_path / 'n'}', at: 2}}}}"
+    )
+    cfg = _cfg(
+        out,
+        "steps=3",
+        "checkpoint.every=1",
+        "checkpoint.keep_last=1",
+        "reward_runtime.on_error=nan",
+        f"rewards=[{spec}]",
+    )
     train(cfg)
     assert int((tmp_path / "n").read_text()) == 3  # the reward ran each step, +inf at step 2
     assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step-000003"]
@@ -133,8 +154,11 @@ def test_second_run_into_a_used_output_dir_fails_in_one_line_and_leaves_the_firs
     before = _snapshot(out)
     proc = subprocess.run(
         [sys.executable, "-m", "mmgrpo", "train", str(QUICK), *TINY, "steps=1", f"output_dir={out}"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "already holds a run" in lines[0] and "resume=latest" in lines[0] and "overwrite=true" in lines[0]
@@ -150,12 +174,30 @@ def test_resume_refuses_a_changed_config_and_replaces_re_run_metrics(tmp_path, m
     train(_cfg(out, "steps=3", "checkpoint.every=2", "checkpoint.keep_last=5", "checkpoint.save_final=false"))
     assert _steps(out) == [1, 2, 3] and [p.name for p in ckpt.complete_checkpoints(out)] == ["step-000002"]
     with pytest.raises(ConfigError) as err:
-        Trainer(_cfg(out, "steps=4", "checkpoint.every=2", "checkpoint.keep_last=5", "checkpoint.save_final=false",
-                     "resume=latest", "optim.lr=0.01", "seed=3"))  # fmt: skip
+        Trainer(
+            _cfg(
+                out,
+                "steps=4",
+                "checkpoint.every=2",
+                "checkpoint.keep_last=5",
+                "checkpoint.save_final=false",
+                "resume=latest",
+                "optim.lr=0.01",
+                "seed=3",
+            )
+        )
     message = str(err.value)
     assert "\n" not in message and "optim.lr: 0.001 -> 0.01" in message and "seed: 0 -> 3" in message
-    train(_cfg(out, "steps=4", "checkpoint.every=2", "checkpoint.keep_last=5", "checkpoint.save_final=false",
-               "resume=latest"))  # fmt: skip
+    train(
+        _cfg(
+            out,
+            "steps=4",
+            "checkpoint.every=2",
+            "checkpoint.keep_last=5",
+            "checkpoint.save_final=false",
+            "resume=latest",
+        )
+    )
     assert _steps(out) == [1, 2, 3, 4]  # step 3 re-run from the step-2 checkpoint: replaced, not duplicated
 
 
@@ -194,12 +236,28 @@ def test_a_pickle_planted_in_a_checkpoint_is_never_unpickled(tmp_path, mmgrpo_ca
     sentinel = tmp_path / "pwned"
     payload = pickle.dumps(_Payload(sentinel))
     target = out / "checkpoints/step-000002"
-    for name in ("custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl", "random_states_0.pkl", "optimizer.bin",
-                 "scheduler.bin", "pytorch_model.bin", "state/optimizer.pt", "state/rng-0.pkl",
-                 "model/training_args.bin"):  # fmt: skip
+    for name in (
+        "custom_checkpoint_0.pkl",
+        "custom_checkpoint_1.pkl",
+        "random_states_0.pkl",
+        "optimizer.bin",
+        "scheduler.bin",
+        "pytorch_model.bin",
+        "state/optimizer.pt",
+        "state/rng-0.pkl",
+        "model/training_args.bin",
+    ):
         (target / name).write_bytes(payload)
-    summary = train(_cfg(out, "steps=3", "checkpoint.every=1", "checkpoint.keep_last=5",
-                         "checkpoint.save_final=false", "resume=latest"))  # fmt: skip
+    summary = train(
+        _cfg(
+            out,
+            "steps=3",
+            "checkpoint.every=1",
+            "checkpoint.keep_last=5",
+            "checkpoint.save_final=false",
+            "resume=latest",
+        )
+    )
     assert summary["train/steps"] == 3 and _steps(out) == [1, 2, 3]
     assert not sentinel.exists()
 

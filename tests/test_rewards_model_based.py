@@ -56,9 +56,10 @@ def test_clip_score_formula_scales_and_batching(tiny_open_clip):
     cos = (e_i * e_t).sum(-1)
     got = scorer(images, prompts=TEXTS)
     assert got == pytest.approx(cos.tolist(), abs=1e-5)
-    assert len(set(round(v, 6) for v in got)) == 5  # a real model: different pairs, different scores
+    assert len({round(v, 6) for v in got}) == 5  # a real model: different pairs, different scores
     assert scorer(images, prompts=TEXTS) == pytest.approx(
-        CLIPScore(TINY_OPEN_CLIP, pretrained=tiny_open_clip, device="cpu", batch_size=16)(images, prompts=TEXTS), abs=1e-5
+        CLIPScore(TINY_OPEN_CLIP, pretrained=tiny_open_clip, device="cpu", batch_size=16)(images, prompts=TEXTS),
+        abs=1e-5,
     )
     scale = scorer.model.logit_scale.exp().item()
     for name, fn in {
@@ -91,7 +92,9 @@ def test_clip_score_image_or_text_completions_and_missing_pairs(tiny_open_clip):
 
 
 def test_clip_score_through_registry_and_runner(tiny_open_clip):
-    runner = RewardRunner([("clip_score", 1.0, {"model_name": TINY_OPEN_CLIP, "pretrained": tiny_open_clip, "device": "cpu"})])
+    runner = RewardRunner(
+        [("clip_score", 1.0, {"model_name": TINY_OPEN_CLIP, "pretrained": tiny_open_clip, "device": "cpu"})]
+    )
     rewards, metrics = runner(_images(2), TEXTS[:2], {})
     direct = load_reward("clip_score", model_name=TINY_OPEN_CLIP, pretrained=tiny_open_clip, device="cpu")(
         _images(2), prompts=TEXTS[:2]
@@ -117,9 +120,20 @@ def tiny_pickscore_dir(tmp_path_factory):
     tokenizer = CLIPTokenizer.from_pretrained(d, model_max_length=77)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(d)
-    text = dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8)
+    text = dict(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
+    )
     CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(d)
     return str(d)
 
@@ -151,8 +165,14 @@ def test_pickscore_formula_scales_and_loading_path(tiny_pickscore_dir):
 
 
 def test_pickscore_through_registry(tiny_pickscore_dir):
-    fn = load_reward("pickscore", model_name=tiny_pickscore_dir, processor_name=tiny_pickscore_dir, device="cpu",
-                     scale="flow_grpo", dtype="float32")
+    fn = load_reward(
+        "pickscore",
+        model_name=tiny_pickscore_dir,
+        processor_name=tiny_pickscore_dir,
+        device="cpu",
+        scale="flow_grpo",
+        dtype="float32",
+    )
     assert isinstance(fn, PickScore)
     rewards, _ = RewardRunner([(fn, 1.0, {})])(_images(2), [[{"role": "user", "content": "a cat"}]] * 2, {})
     assert rewards.shape == (2, 1) and not torch.isnan(rewards).any()

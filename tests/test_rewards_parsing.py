@@ -54,7 +54,10 @@ def test_answer_or_text_fallback_and_multiline():
 def test_completion_and_prompt_text():
     assert completion_text(None) == ""
     assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]) == "hi"
-    chat = [{"role": "system", "content": "sys"}, {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a cat"}]}]
+    chat = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a cat"}]},
+    ]
     assert prompt_text(chat) == "a cat"
     assert prompt_text("a dog") == "a dog"
 
@@ -68,7 +71,11 @@ def test_completion_and_prompt_text():
         ("<answer>a</answer>", True, False),
         ("<think>r</think><answer>a</answer> trailing", True, False),
         ("prefix <think>r</think><answer>a</answer>", True, False),
-        ("<think>r</think><answer>a</answer><answer>b</answer>", True, False),  # the reference implementations' regex lets this pass
+        (
+            "<think>r</think><answer>a</answer><answer>b</answer>",
+            True,
+            False,
+        ),  # the reference implementations' regex lets this pass
         ("<think>r<think>x</think><answer>a</answer>", True, False),
         ("<think>r</think><answer>a", True, False),
         ("<answer>a</answer>", False, True),
@@ -154,8 +161,10 @@ def test_time_spans_all_forms():
 
 
 def test_json_with_repairs():
-    assert parse_json("```json\n[{\"a\": 1}]\n```") == [{"a": 1}]
-    assert parse_json("[{'Position': [1, 2, 3, 4], 'Confidence': 0.9},]") == [{"Position": [1, 2, 3, 4], "Confidence": 0.9}]
+    assert parse_json('```json\n[{"a": 1}]\n```') == [{"a": 1}]
+    assert parse_json("[{'Position': [1, 2, 3, 4], 'Confidence': 0.9},]") == [
+        {"Position": [1, 2, 3, 4], "Confidence": 0.9}
+    ]
     assert parse_json("no json") is None and parse_json(None) is None
 
 

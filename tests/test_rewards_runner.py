@@ -61,7 +61,7 @@ def test_none_is_nan_and_metrics_ignore_it():
 
 
 def test_all_nan_metric_is_nan():
-    rewards, metrics = RewardRunner([(lambda completions, **kw: [None] * len(completions), 1.0, {})])(["a"], ["p"], {})
+    _rewards, metrics = RewardRunner([(lambda completions, **kw: [None] * len(completions), 1.0, {})])(["a"], ["p"], {})
     assert math.isnan(metrics["reward/<lambda>"]) and metrics["reward/<lambda>_nan_fraction"] == 1.0
 
 
@@ -288,7 +288,9 @@ def gil_holder(completions, **kw):
 
 
 def test_gil_holding_reward_is_killed_in_process_isolation():
-    runner = RewardRunner([("format", 1.0, {}), (gil_holder, 1.0, {})], timeout_s=1, on_error="nan", isolation="process")
+    runner = RewardRunner(
+        [("format", 1.0, {}), (gil_holder, 1.0, {})], timeout_s=1, on_error="nan", isolation="process"
+    )
     assert runner.isolated == [True, True]
     t0 = time.monotonic()
     rewards, metrics = runner(COMPLETIONS, PROMPTS, {})
@@ -315,7 +317,9 @@ def test_process_isolation_returns_values_metrics_and_errors():
 
 
 def test_auto_isolation_uses_processes_for_import_paths_only():
-    runner = RewardRunner([("accuracy", 1.0, {}), ("mmgrpo.rewards.text:accuracy", 1.0, {}), (_returns([0.0]), 1.0, {})])
+    runner = RewardRunner(
+        [("accuracy", 1.0, {}), ("mmgrpo.rewards.text:accuracy", 1.0, {}), (_returns([0.0]), 1.0, {})]
+    )
     assert runner.isolated == [False, True, False]
     rewards, _ = runner(COMPLETIONS[:1], PROMPTS[:1], {"answer": ["4"]})
     assert rewards[0, :2].tolist() == [1.0, 1.0]

@@ -127,7 +127,14 @@ def test_math_accuracy():
         "",
         r"\boxed{x",  # truncated
     ]
-    assert math_accuracy(c, answer=["1/2", "1/2", r"\boxed{\frac12}", "0.5", "0.5", "1"]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert math_accuracy(c, answer=["1/2", "1/2", r"\boxed{\frac12}", "0.5", "0.5", "1"]) == [
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
     assert math_accuracy(["<answer>0.5</answer>"], answer=[None]) == [None]
 
 
@@ -211,7 +218,10 @@ def test_length_band_video_r1():
     lens = [[0] * 400, [0] * 100, [0] * 600, [0] * 400]
     assert length_band(c, prompts=["p"] * 4, answer=["4"] * 4, completion_ids=lens) == [0.2, 0.0, 0.0, 0.0]
     # only one correct sample in the group: no bonus (Video-R1's |S| > 1)
-    assert length_band(c[:1] + c[3:], prompts=["p"] * 2, answer=["4"] * 2, completion_ids=[lens[0], lens[3]]) == [0.0, 0.0]
+    assert length_band(c[:1] + c[3:], prompts=["p"] * 2, answer=["4"] * 2, completion_ids=[lens[0], lens[3]]) == [
+        0.0,
+        0.0,
+    ]
 
 
 def test_repetition_penalty_worked_by_hand():

@@ -72,7 +72,11 @@ def test_coordinate_spaces_convert_to_a_common_space():
 
 def test_iou_reward_with_qwen25vl_grid_and_original_gt():
     image = Image.new("RGB", (1000, 500))
-    cols = {"answer": [[100, 50, 500, 250]] * 3, "image": [image] * 3, "image_grid_thw": [torch.tensor([[1, 20, 40]])] * 3}
+    cols = {
+        "answer": [[100, 50, 500, 250]] * 3,
+        "image": [image] * 3,
+        "image_grid_thw": [torch.tensor([[1, 20, 40]])] * 3,
+    }
     c = [ans("[56, 28, 280, 140]"), ans('{"bbox_2d": [56, 28, 168, 140]}'), ans("no box")]
     r = iou(c, prompts=["p"] * 3, pred_space="qwen25vl_abs_resized", gt_space="original_pixels", **cols)
     # second: normalised [0.1, 0.1, 0.3, 0.5] inside [0.1, 0.1, 0.5, 0.5]: half the area -> 0.5
@@ -80,7 +84,11 @@ def test_iou_reward_with_qwen25vl_grid_and_original_gt():
     # the silent failure the explicit spaces prevent: reading resized pixels as original ones
     wrong = iou(c[:1], pred_space="original_pixels", gt_space="original_pixels", **{k: v[:1] for k, v in cols.items()})
     assert wrong[0] < 0.5
-    assert iou(c, pred_space="qwen25vl_abs_resized", gt_space="original_pixels", threshold=0.5, **cols) == [1.0, 0.0, 0.0]
+    assert iou(c, pred_space="qwen25vl_abs_resized", gt_space="original_pixels", threshold=0.5, **cols) == [
+        1.0,
+        0.0,
+        0.0,
+    ]
 
 
 def test_iou_reward_edge_cases_and_required_spaces():
@@ -89,8 +97,13 @@ def test_iou_reward_edge_cases_and_required_spaces():
     kw = dict(pred_space="qwen2vl_0_1000", gt_space="qwen2vl_0_1000")
     c = [ans("[0, 0, 10, 10]"), ans("[10, 10, 0, 0]"), "", ans("[0,0,10,10]")]
     assert iou(c, answer=["[0,0,10,10]", [0, 0, 10, 10], [0, 0, 10, 10], None], **kw) == [1.0, 0.0, 0.0, None]
-    assert iou([ans("[0, 0, 10, 10]")], image_size=[(100, 50)], answer=[{"bbox": [0, 0, 100, 50]}],
-               pred_space="normalized_0_1", gt_space="original_pixels") == [pytest.approx(0.01)]  # GT = whole image: 1/100
+    assert iou(
+        [ans("[0, 0, 10, 10]")],
+        image_size=[(100, 50)],
+        answer=[{"bbox": [0, 0, 100, 50]}],
+        pred_space="normalized_0_1",
+        gt_space="original_pixels",
+    ) == [pytest.approx(0.01)]  # GT = whole image: 1/100
     with pytest.raises(ValueError, match="exactly one valid box"):
         iou([ans("[0,0,1,1]")], answer=[[[0, 0, 1, 1], [2, 2, 3, 3]]], **kw)
     assert giou([ans("[0,0,1,1]"), "nothing"], answer=[[2, 0, 3, 1]] * 2, **kw) == pytest.approx([-1 / 3, -1.0])
@@ -122,7 +135,10 @@ def test_visual_rft_edge_cases():
     assert detection_visual_rft(c, answer=gt, **KW) == pytest.approx([2.0, 0.0, 0.0, 1.4, 0.0])
     dup = '[{"Position": [0,0,2,2], "Confidence": 1.0}, {"Position": [0,0,2,2], "Confidence": 1.0}]'
     assert len(parse_detections(dup)) == 1
-    assert visual_rft_score([{"box": [0, 0, 1, 1], "confidence": 1.5}], [{"box": [5, 5, 6, 6]}]) == (0.0, 0.0)  # c clipped
+    assert visual_rft_score([{"box": [0, 0, 1, 1], "confidence": 1.5}], [{"box": [5, 5, 6, 6]}]) == (
+        0.0,
+        0.0,
+    )  # c clipped
 
 
 def test_weighted_detection_worked_by_hand():
@@ -217,8 +233,9 @@ def test_gui_point_in_box_and_distance():
     assert gui_point_distance(c2, **kw, **cols2) == pytest.approx([math.exp(-1 / math.sqrt(2)), 1.0, 0.0])
     lin = gui_point_distance(c2[:1], kernel="linear", **kw, **{k: v[:1] for k, v in cols.items()})
     assert lin == [pytest.approx(1 - 1 / math.sqrt(2))]
-    assert gui_point_distance([ans("(0.5, 0.5)")], answer=[[0.5, 0.5]], pred_space="normalized_0_1",
-                              gt_space="normalized_0_1") == [1.0]  # a point ground truth
+    assert gui_point_distance(
+        [ans("(0.5, 0.5)")], answer=[[0.5, 0.5]], pred_space="normalized_0_1", gt_space="normalized_0_1"
+    ) == [1.0]  # a point ground truth
     with pytest.raises(ValueError, match="needs a ground-truth box"):
         gui_point_in_box([ans("(1, 1)")], answer=[[1, 1]], pred_space="normalized_0_1", gt_space="normalized_0_1")
     with pytest.raises(ValueError, match="sigma must be > 0"):

@@ -136,8 +136,9 @@ def test_audio_tokens_are_never_sampled(tiny_audio_llm_path, qa_rows):
 
 
 def test_reference_is_policy_at_lora_init_and_a_step_changes_parameters(tiny_audio_llm_path, qa_rows):
-    adapter = build_audio_llm_adapter({"name_or_path": tiny_audio_llm_path, "max_new_tokens": 5},
-                                      lora=LoraConfig(enabled=True, r=4, alpha=8))  # fmt: skip
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": tiny_audio_llm_path, "max_new_tokens": 5}, lora=LoraConfig(enabled=True, r=4, alpha=8)
+    )
     rollout = adapter.rollout(qa_rows[:2], group_size=3)
     idx = torch.arange(6)
     ref_before = adapter.ref_logprobs(rollout, idx)

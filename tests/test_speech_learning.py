@@ -10,9 +10,18 @@ from mmgrpo.config import load_config
 from mmgrpo.trainer import train
 
 QUIET = ["logging.progress=false", "logging.trackers=[]", "logging.plot=false"]
-SMALL = ["steps=2", "warmup.steps=2", "warmup.batch_size=4", "eval.every=0", "eval.max_rows=4",
-         "task.args.train_size=8", "task.args.eval_size=4", "task.args.warmup_size=8",
-         "algorithm.prompts_per_step=2", "algorithm.group_size=4"]  # fmt: skip
+SMALL = [
+    "steps=2",
+    "warmup.steps=2",
+    "warmup.batch_size=4",
+    "eval.every=0",
+    "eval.max_rows=4",
+    "task.args.train_size=8",
+    "task.args.eval_size=4",
+    "task.args.warmup_size=8",
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +30,9 @@ def _needs_espeak():
         pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no speech to synthesise")
 
 
-@pytest.mark.parametrize("config, metric", [("configs/speech_whisper_asr.yaml", "wer"),
-                                            ("configs/speech_qwen2audio_qa.yaml", "accuracy")])  # fmt: skip
+@pytest.mark.parametrize(
+    "config, metric", [("configs/speech_whisper_asr.yaml", "wer"), ("configs/speech_qwen2audio_qa.yaml", "accuracy")]
+)
 def test_speech_configs_run_through_the_trainer(tmp_path, mmgrpo_cache, config, metric):
     out = tmp_path / "smoke"
     s = train(load_config(config, [f"output_dir={out}", *SMALL, *QUIET]))

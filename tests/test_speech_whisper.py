@@ -102,8 +102,11 @@ def test_decoder_prompt_is_the_models(tiny_whisper_path):
     adapter = _adapter(tiny_whisper_path)
     tok = adapter.tokenizer
     assert tok.convert_ids_to_tokens(adapter.prefix.tolist()) == [
-        "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"
-    ]  # fmt: skip
+        "<|startoftranscript|>",
+        "<|en|>",
+        "<|transcribe|>",
+        "<|notimestamps|>",
+    ]
     timestamp = tok.convert_tokens_to_ids("<|0.02|>")
     assert timestamp in adapter.suppress_ids  # no timestamps unless asked
     assert adapter.eos_id not in adapter.suppress_ids and adapter.eos_id in adapter.begin_suppress_ids

@@ -20,11 +20,19 @@ from mmgrpo.trainer import PromptSampler, lr_lambda, reward_columns, train
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"
 SMALL = [
-    "algorithm.prompts_per_step=2", "algorithm.group_size=4", "algorithm.minibatch_size=4",
-    "model.args.max_new_tokens=5", "task.args.train_size=32", "task.args.eval_size=8",
-    "warmup.steps=3", "warmup.batch_size=4", "eval.every=0", "logging.trackers=[]", "logging.progress=false",
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=32",
+    "task.args.eval_size=8",
+    "warmup.steps=3",
+    "warmup.batch_size=4",
+    "eval.every=0",
+    "logging.trackers=[]",
+    "logging.progress=false",
     "optim.lr=1e-3",
-]  # fmt: skip
+]
 
 
 def _final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -111,7 +119,13 @@ def _cli(*args, **kw):
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_parameters(tmp_path, mmgrpo_cache):
     """SIGKILL a real run after its step-2 checkpoint, resume it, compare with an uninterrupted run."""
-    common = SMALL + ["steps=6", "checkpoint.every=2", "checkpoint.keep_last=5", "eval.before=false", "eval.after=false"]
+    common = SMALL + [
+        "steps=6",
+        "checkpoint.every=2",
+        "checkpoint.keep_last=5",
+        "eval.before=false",
+        "eval.after=false",
+    ]
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert _cli(*common, f"output_dir={full}").wait(timeout=600) == 0
     proc = _cli(*common, f"output_dir={killed}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -133,8 +147,19 @@ def test_accelerate_launch_two_cpu_processes(tmp_path, mmgrpo_cache):
     """The shipped CPU launch recipe starts two processes that train together (not two copies of one run)."""
     out = tmp_path / "ddp"
     accelerate = Path(sys.executable).parent / "accelerate"
-    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
-           "-m", "mmgrpo", "train", str(QUICK), *SMALL, "steps=3", f"output_dir={out}"]  # fmt: skip
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--config_file",
+        str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+        "-m",
+        "mmgrpo",
+        "train",
+        str(QUICK),
+        *SMALL,
+        "steps=3",
+        f"output_dir={out}",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -142,7 +167,10 @@ def test_accelerate_launch_two_cpu_processes(tmp_path, mmgrpo_cache):
     assert summary["train/processes"] == 2  # the world size the trainer saw
     final = out / "checkpoints/final"
     assert (final / "COMPLETE").is_file()
-    assert sorted(p.name for p in (final / "state").glob("rng-*.json")) == ["rng-0.json", "rng-1.json"]  # one per process
+    assert sorted(p.name for p in (final / "state").glob("rng-*.json")) == [
+        "rng-0.json",
+        "rng-1.json",
+    ]  # one per process
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "reward/mean" in r] == [1, 2, 3]  # written once, not once per process
     assert sum(1 for r in records if "eval/after/accuracy" in r) == 1

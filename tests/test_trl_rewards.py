@@ -26,7 +26,9 @@ class ChatSumsTask:
     """Sums as conversational prompts; the ground truth is TRL's ``solution`` column."""
 
     def __init__(self, args: dict, *, seed: int = 0):
-        self._rows = [{"prompt": _chat(f"What is {a} + {b}?"), "solution": f"${a + b}$"} for a in range(4) for b in range(4)]
+        self._rows = [
+            {"prompt": _chat(f"What is {a} + {b}?"), "solution": f"${a + b}$"} for a in range(4) for b in range(4)
+        ]
 
     def train_rows(self) -> list[dict]:
         return self._rows
@@ -60,15 +62,25 @@ def test_trl_rewards_run_unchanged_in_a_training_step(tmp_path, mmgrpo_cache):
     cfg = load_config(
         None,
         [
-            f"output_dir={out}", "steps=1", "seed=0",
-            "model.adapter=vlm", f"model.args.name_or_path={lm}", "model.args.max_new_tokens=6",
+            f"output_dir={out}",
+            "steps=1",
+            "seed=0",
+            "model.adapter=vlm",
+            f"model.args.name_or_path={lm}",
+            "model.args.max_new_tokens=6",
             "task.name=trl_chat_sums",
             "rewards=[{name: 'trl.rewards:think_format_reward'}, {name: 'trl.rewards:accuracy_reward'}]",
-            "algorithm.group_size=4", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=8", "algorithm.beta=0",
-            "eval.before=false", "eval.after=false", "logging.trackers=[]", "logging.progress=false",
+            "algorithm.group_size=4",
+            "algorithm.prompts_per_step=2",
+            "algorithm.minibatch_size=8",
+            "algorithm.beta=0",
+            "eval.before=false",
+            "eval.after=false",
+            "logging.trackers=[]",
+            "logging.progress=false",
             "checkpoint.save_final=false",
         ],
-    )  # fmt: skip
+    )
     train(cfg)
     step = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert step["reward/errors"] == 0.0

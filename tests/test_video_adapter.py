@@ -123,7 +123,14 @@ def test_ratio_is_one_before_update_and_loss_changes_parameters(task, tiny_vlm_p
     torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
     adv = torch.randn(B, 1).expand(B, T) * rollout.mask
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
-        logp - rollout.old_logprobs, adv, rollout.mask, clip_low=0.2, clip_high=0.2, dual_clip=None, tau_pos=1, tau_neg=1
+        logp - rollout.old_logprobs,
+        adv,
+        rollout.mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        dual_clip=None,
+        tau_pos=1,
+        tau_neg=1,
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask, max_units=T)
     assert torch.isfinite(loss)
@@ -159,8 +166,9 @@ def test_clip_is_decoded_once_and_serves_all_group_samples(task, tiny_vlm_path, 
     clip_mb = 6 * 3 * 56 * 56 / 2**20  # one uint8 clip
     small = _adapter(tiny_vlm_path, decode_cache_mb=clip_mb * 2.5)  # room for two clips: LRU evicts the third
     small.rollout(rows, group_size=2)
-    assert list(k[0] for k in small.video.lru) == [r["video"] for r in rows[1:]]
+    assert [k[0] for k in small.video.lru] == [r["video"] for r in rows[1:]]
     assert small.video.lru_bytes == 2 * 6 * 3 * 56 * 56
+
 
 def test_shuffle_frames_is_a_non_identity_permutation():
     frames = torch.arange(6.0).view(6, 1, 1, 1).expand(6, 3, 2, 2)
@@ -193,8 +201,11 @@ def test_shuffled_frame_rollouts_never_receive_gradient(task, tiny_vlm_path):
     assert "shuffled_completions" not in r_plain.extras
     # every rollout forward (ordered and shuffled) ran without autograd
     assert spy.calls and not any(c["grad"] for c in spy.calls)
-    shuffled_pixels = [c for c in spy.calls if c["pixels"].shape == spy.calls[0]["pixels"].shape
-                       and not torch.equal(c["pixels"], spy.calls[0]["pixels"])]  # fmt: skip
+    shuffled_pixels = [
+        c
+        for c in spy.calls
+        if c["pixels"].shape == spy.calls[0]["pixels"].shape and not torch.equal(c["pixels"], spy.calls[0]["pixels"])
+    ]
     assert shuffled_pixels, "no forward saw the frame-shuffled clip"
 
     # the loss gradient is exactly the one without the contrast rollouts
@@ -220,8 +231,10 @@ def test_rows_without_video_and_frame_lists(tiny_vlm_path):
 
     adapter = _adapter(tiny_vlm_path, temporal_contrast={"enabled": True})
     frames = [Image.new("RGB", (56, 56), (40 * i, 0, 0)) for i in range(3)]  # odd count: padded to 4
-    rows = [{"prompt": "What colour is the shape?", "image": Image.new("RGB", (56, 56))},
-            {"prompt": "Which way does the object move?", "video": frames, "video_fps": 4.0}]  # fmt: skip
+    rows = [
+        {"prompt": "What colour is the shape?", "image": Image.new("RGB", (56, 56))},
+        {"prompt": "Which way does the object move?", "video": frames, "video_fps": 4.0},
+    ]
     rollout = adapter.rollout(rows, group_size=2)
     assert rollout.extras["shuffled_completions"][:2] == [None, None]
     assert rollout.extras["sample_fps"] == [None, None, 4.0, 4.0]

@@ -14,9 +14,18 @@ QUIET = ["logging.progress=false", "logging.trackers=[]", "logging.plot=false"]
 def test_tgrpo_config_runs_through_the_trainer(tmp_path, mmgrpo_cache):
     """Two steps of configs/video_motion_tgrpo.yaml on a small split: the contrast reward gets its column and logs."""
     out = tmp_path / "smoke"
-    small = ["steps=2", "warmup.steps=0", "eval.before=false", "eval.every=0", "eval.max_rows=4",
-             "task.args.train_size=8", "task.args.eval_size=2", "algorithm.prompts_per_step=2",
-             "algorithm.group_size=4", "model.args.max_new_tokens=4"]  # fmt: skip
+    small = [
+        "steps=2",
+        "warmup.steps=0",
+        "eval.before=false",
+        "eval.every=0",
+        "eval.max_rows=4",
+        "task.args.train_size=8",
+        "task.args.eval_size=2",
+        "algorithm.prompts_per_step=2",
+        "algorithm.group_size=4",
+        "model.args.max_new_tokens=4",
+    ]
     s = train(load_config("configs/video_motion_tgrpo.yaml", [f"output_dir={out}", *small, *QUIET]))
     assert s["train/steps"] == 2 and "eval/after/accuracy_shuffled" in s
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -50,9 +50,16 @@ def test_eval_split_adds_order_destroyed_copies(task):
     rows = task.eval_rows()
     shuffled = [r for r in rows if r["question_type"] == "direction_shuffled"]
     ordered = {r["video"].replace("_shuffled", ""): r for r in shuffled}
-    assert len(shuffled) == 2 and all(r["answer"] == ordered[r["video"].replace("_shuffled", "")]["answer"] for r in shuffled)
+    assert len(shuffled) == 2 and all(
+        r["answer"] == ordered[r["video"].replace("_shuffled", "")]["answer"] for r in shuffled
+    )
     a = decord.VideoReader(shuffled[0]["video"]).get_batch(list(range(16))).asnumpy().astype(int)
-    b = decord.VideoReader(shuffled[0]["video"].replace("_shuffled", "")).get_batch(list(range(16))).asnumpy().astype(int)
+    b = (
+        decord.VideoReader(shuffled[0]["video"].replace("_shuffled", ""))
+        .get_batch(list(range(16)))
+        .asnumpy()
+        .astype(int)
+    )
     assert not np.array_equal(a, b)
     # same frames, other order (up to codec rounding): each shuffled frame matches some ordered frame
     assert all(min(np.abs(fa - fb).mean() for fb in b) < 2.0 for fa in a)

@@ -26,7 +26,14 @@ def test_ratio_is_one_before_update_and_loss_changes_parameters(tiny_vlm_path):
 
     adv = torch.randn(B, 1).expand(B, T) * rollout.mask
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
-        logp - rollout.old_logprobs, adv, rollout.mask, clip_low=0.2, clip_high=0.2, dual_clip=None, tau_pos=1, tau_neg=1
+        logp - rollout.old_logprobs,
+        adv,
+        rollout.mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        dual_clip=None,
+        tau_pos=1,
+        tau_neg=1,
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask, max_units=T)
     assert torch.isfinite(loss)
@@ -48,10 +55,19 @@ def test_logprobs_match_the_sampling_distribution(tiny_vlm_path):
     torch.manual_seed(0)
     model = adapter._unwrapped()
     out = model.generate(
-        **batch, max_new_tokens=5, do_sample=True, temperature=0.7, top_k=0, top_p=1.0, num_return_sequences=2,
-        output_scores=True, return_dict_in_generate=True, pad_token_id=adapter.pad_id, eos_token_id=adapter.eos_ids.tolist(),
+        **batch,
+        max_new_tokens=5,
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        top_p=1.0,
+        num_return_sequences=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+        pad_token_id=adapter.pad_id,
+        eos_token_id=adapter.eos_ids.tolist(),
         suppress_tokens=adapter.suppress_ids,
-    )  # fmt: skip
+    )
     seq = out.sequences[:, batch["input_ids"].shape[1] :]
     scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # [B, T, V] processed = logits / temperature
     gen_logp = scores.gather(-1, seq[..., None]).squeeze(-1)
@@ -107,7 +123,7 @@ def test_rollout_columns_give_box_rewards_their_geometry(tiny_vlm_path):
     rollout = adapter.rollout(rows, group_size=2)
     prompts, columns = reward_columns(rows, 2, rollout.extras)
     for b in range(rollout.batch_size):
-        t, gh, gw = columns["image_grid_thw"][b]
+        _t, gh, gw = columns["image_grid_thw"][b]
         assert columns["resized_image_size"][b] == (gw * 14, gh * 14)
         assert columns["image_size"][b] == rows[b // 2]["image"].size
     kwargs = dict(pred_space="qwen25vl_abs_resized", gt_space="original_pixels", answer_key="box", prompts=prompts)
@@ -126,7 +142,9 @@ def test_lora_reference_is_adapter_disabled(tiny_vlm_path):
     rollout = adapter.rollout(_rows(2), group_size=2)
     idx = torch.arange(4)
     # LoRA B starts at zero: policy == reference before training.
-    torch.testing.assert_close(adapter.ref_logprobs(rollout, idx), adapter.logprobs(rollout, idx).detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adapter.ref_logprobs(rollout, idx), adapter.logprobs(rollout, idx).detach(), atol=1e-6, rtol=0
+    )
     with torch.no_grad():
         for n, p in adapter._unwrapped().named_parameters():
             if "lora_B" in n:

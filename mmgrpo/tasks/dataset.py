@@ -40,9 +40,10 @@ import csv
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.media import as_list, open_image
@@ -139,7 +140,9 @@ class _JsonlSource(_Source):
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{self.where(i)}: not valid JSON ({getattr(e, 'msg', e)}); fix or delete that line") from None
+            raise DataError(
+                f"{self.where(i)}: not valid JSON ({getattr(e, 'msg', e)}); fix or delete that line"
+            ) from None
         if not isinstance(row, dict):
             raise DataError(f"{self.where(i)}: expected a JSON object, got {type(row).__name__}")
         return row
@@ -197,7 +200,9 @@ def _open_source(spec: str, split: str, field_name: str) -> _Source:
         try:
             import datasets
         except ImportError:
-            raise ConfigError(f"task.args.{field_name}: {spec} is a directory; reading it needs `pip install datasets`") from None
+            raise ConfigError(
+                f"task.args.{field_name}: {spec} is a directory; reading it needs `pip install datasets`"
+            ) from None
         if not ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
             raise ConfigError(f"task.args.{field_name}: {spec} is a directory but not one written by save_to_disk")
         data = datasets.load_from_disk(str(path))
@@ -223,10 +228,14 @@ def _open_source(spec: str, split: str, field_name: str) -> _Source:
 
         data = datasets.load_dataset(spec, split=split)
     except ImportError:
-        raise ConfigError(f"task.args.{field_name}: loading hub dataset {spec!r} needs `pip install datasets`") from None
-    except Exception as e:  # noqa: BLE001 - the hub/network/dataset-script error, in one line
+        raise ConfigError(
+            f"task.args.{field_name}: loading hub dataset {spec!r} needs `pip install datasets`"
+        ) from None
+    except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"task.args.{field_name}: {spec!r} is neither a local file/directory nor loadable from the hub ({first})") from None
+        raise ConfigError(
+            f"task.args.{field_name}: {spec!r} is neither a local file/directory nor loadable from the hub ({first})"
+        ) from None
     return _ArrowSource(spec, Path.cwd(), data)
 
 
@@ -375,7 +384,9 @@ class RowBuilder:
                 prompt = [{"role": "system", "content": a.system_prompt}, *prompt]
             return prompt
         if not isinstance(prompt, str):
-            raise DataError(f"{where}: column 'prompt' must be text or a list of chat messages, got {type(prompt).__name__}")
+            raise DataError(
+                f"{where}: column 'prompt' must be text or a list of chat messages, got {type(prompt).__name__}"
+            )
         template = a.prompt_template
         if isinstance(template, dict):
             key = row.get(a.template_column) if a.template_column else None
@@ -386,7 +397,9 @@ class RowBuilder:
             try:
                 prompt = template.format_map(values)
             except KeyError as e:
-                raise DataError(f"{where}: task.args.prompt_template uses {{{e.args[0]}}}, which the row has no column for") from None
+                raise DataError(
+                    f"{where}: task.args.prompt_template uses {{{e.args[0]}}}, which the row has no column for"
+                ) from None
         if not a.system_prompt:
             return prompt
         parts = []
@@ -408,9 +421,11 @@ def _probe_video(path: str, where: str) -> None:
         return
     try:
         n = len(decord.VideoReader(path, num_threads=1))
-    except Exception as e:  # noqa: BLE001 - decord raises its own error types
+    except Exception as e:
         text = str(e).strip().splitlines()
-        raise DataError(f"{where}: column 'video': {path!r} cannot be decoded ({(text[0] if text else type(e).__name__)[:160]})") from None
+        raise DataError(
+            f"{where}: column 'video': {path!r} cannot be decoded ({(text[0] if text else type(e).__name__)[:160]})"
+        ) from None
     if n == 0:
         raise DataError(f"{where}: column 'video': {path!r} has no frames")
 
@@ -447,7 +462,7 @@ class DatasetTask:
         else:
             order = list(range(n))
             random.Random(args.seed if args.seed is not None else seed).shuffle(order)
-            k = int(round(args.eval_fraction * n))
+            k = round(args.eval_fraction * n)
             held = set(order[:k])
             train_idx = [i for i in range(n) if i not in held] if k else range(n)
             self._eval = Rows(RowBuilder(args, train_source), sorted(held))
@@ -460,7 +475,9 @@ class DatasetTask:
 
             for i, spec in enumerate(args.eval_rewards):
                 if "name" not in spec:
-                    raise ConfigError(f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}")
+                    raise ConfigError(
+                        f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}"
+                    )
                 self._metrics.append((spec["name"], load_reward(spec["name"], **spec.get("kwargs", {}))))
         self.check(args.check_rows)
 
@@ -490,7 +507,9 @@ class DatasetTask:
 
 def _validate(a: DatasetArgs) -> None:
     if not a.train:
-        raise ConfigError("task.args.train: give a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk directory or a hub id")
+        raise ConfigError(
+            "task.args.train: give a .jsonl/.json/.csv/.parquet/.txt file, a save_to_disk directory or a hub id"
+        )
     if not 0 <= a.eval_fraction < 1:
         raise ConfigError(f"task.args.eval_fraction: must be in [0, 1), got {a.eval_fraction}")
     if a.eval and a.eval_fraction:

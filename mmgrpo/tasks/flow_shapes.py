@@ -44,14 +44,21 @@ BACKGROUND = (40, 40, 40)
 COLOURS = {"red": (220, 40, 40), "green": (40, 190, 70), "blue": (60, 90, 235), "yellow": (235, 215, 40)}
 SHAPES = ("circle", "square")
 POSITIONS = {
-    "top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75), "bottom right": (0.75, 0.75),
-}  # fmt: skip
+    "top left": (0.25, 0.25),
+    "top right": (0.75, 0.25),
+    "bottom left": (0.25, 0.75),
+    "bottom right": (0.75, 0.75),
+}
 HELD_OUT = (
-    ("red", "circle", "top right"), ("red", "square", "bottom left"),
-    ("green", "circle", "bottom right"), ("green", "square", "top left"),
-    ("blue", "circle", "bottom left"), ("blue", "square", "top right"),
-    ("yellow", "circle", "top left"), ("yellow", "square", "bottom right"),
-)  # fmt: skip
+    ("red", "circle", "top right"),
+    ("red", "square", "bottom left"),
+    ("green", "circle", "bottom right"),
+    ("green", "square", "top left"),
+    ("blue", "circle", "bottom left"),
+    ("blue", "square", "top right"),
+    ("yellow", "circle", "top left"),
+    ("yellow", "square", "bottom right"),
+)
 """The 8 evaluation prompts: every colour with both shapes, every shape in every quadrant."""
 
 TAU = 0.25  # colour-similarity width, RGB in [0, 1]
@@ -74,8 +81,16 @@ def all_combos() -> list[tuple[str, str, str]]:
     return list(itertools.product(COLOURS, SHAPES, POSITIONS))
 
 
-def render(colour: str, shape: str, position: str, radius: float = NOMINAL_RADIUS, dx: float = 0.0, dy: float = 0.0,
-           size: int = RESOLUTION, supersample: int = 4) -> Image.Image:  # fmt: skip
+def render(
+    colour: str,
+    shape: str,
+    position: str,
+    radius: float = NOMINAL_RADIUS,
+    dx: float = 0.0,
+    dy: float = 0.0,
+    size: int = RESOLUTION,
+    supersample: int = 4,
+) -> Image.Image:
     """Draw one anti-aliased shape (drawn at ``supersample``× and box-downsampled)."""
     big = size * supersample
     img = Image.new("RGB", (big, big), BACKGROUND)
@@ -153,8 +168,11 @@ def template_bank() -> torch.Tensor:
     if _BANK is None:
         rows = [
             to_array(render(c, s, p, radius=r, dx=dx, dy=dy)).reshape(-1)
-            for c, s, p in all_combos() for r in (5.0, 6.0, 7.0) for dx in range(-2, 3) for dy in range(-2, 3)
-        ]  # fmt: skip
+            for c, s, p in all_combos()
+            for r in (5.0, 6.0, 7.0)
+            for dx in range(-2, 3)
+            for dy in range(-2, 3)
+        ]
         _BANK = torch.from_numpy(np.stack(rows))
     return _BANK
 
@@ -198,8 +216,9 @@ class FlowShapesTask:
             eval_combos += [c for c in all_combos() if c not in held]
         self._eval = [
             {"prompt": prompt_of(*c), "seed": 10_000 + 97 * i + k, "held_out": c in held}
-            for i, c in enumerate(eval_combos) for k in range(args.eval_seeds)
-        ]  # fmt: skip
+            for i, c in enumerate(eval_combos)
+            for k in range(args.eval_seeds)
+        ]
 
     def train_rows(self) -> list[dict]:
         return self._train

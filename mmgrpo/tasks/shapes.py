@@ -128,7 +128,10 @@ class ShapesTask:
     def warmup_rows(self, seed: int) -> list[dict]:
         """Format-only supervised targets: a random answer word of the right type (image-independent)."""
         rng = random.Random(seed)
-        return [dict(row, target=f"<answer>{rng.choice(self.answers(row['question_type']))}</answer>") for row in self._train]
+        return [
+            dict(row, target=f"<answer>{rng.choice(self.answers(row['question_type']))}</answer>")
+            for row in self._train
+        ]
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix."""

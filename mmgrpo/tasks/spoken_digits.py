@@ -157,11 +157,18 @@ class SpokenDigitsTask:
         specs = []
         for k in range(n):
             words = [rng.choice(a.words) for _ in range(rng.randint(a.min_words, a.max_words))]
-            specs.append(dict(
-                words=words, voice=rng.choice(a.voices), speed=rng.randint(*a.speed), pitch=rng.randint(*a.pitch),
-                gap=rng.randint(0, 6), snr_db=rng.uniform(*a.snr_db), noise_seed=rng.getrandbits(32),
-                path=str(self.audio_dir / f"{split}_{k:05d}.wav"),
-            ))  # fmt: skip
+            specs.append(
+                dict(
+                    words=words,
+                    voice=rng.choice(a.voices),
+                    speed=rng.randint(*a.speed),
+                    pitch=rng.randint(*a.pitch),
+                    gap=rng.randint(0, 6),
+                    snr_db=rng.uniform(*a.snr_db),
+                    noise_seed=rng.getrandbits(32),
+                    path=str(self.audio_dir / f"{split}_{k:05d}.wav"),
+                )
+            )
         return specs
 
     def _render(self, spec: dict, path: Path) -> None:
@@ -197,9 +204,13 @@ class SpokenDigitsTask:
         q = self.args.question
         answer = " ".join(spec["words"]) if q == "transcribe" else spec["words"][1]
         return {
-            "prompt": QUESTIONS[q], "audio": spec["path"], "answer": answer, "transcript": " ".join(spec["words"]),
-            "question_type": q, "voice": spec["voice"],
-        }  # fmt: skip
+            "prompt": QUESTIONS[q],
+            "audio": spec["path"],
+            "answer": answer,
+            "transcript": " ".join(spec["words"]),
+            "question_type": q,
+            "voice": spec["voice"],
+        }
 
     def train_rows(self) -> list[dict]:
         return self._train

@@ -120,7 +120,7 @@ def direction_frames(rng: random.Random, size: int, n: int, direction: str) -> l
 def when_frames(rng: random.Random, size: int, n: int, fps: float) -> tuple[list[np.ndarray], tuple[float, float]]:
     """Frames of a static square visible during one or two whole 0.5 s segments [i, j], and that span in seconds."""
     duration = n / fps
-    segments = max(1, int(round(duration / SEGMENT_S)))
+    segments = max(1, round(duration / SEGMENT_S))
     i = rng.randrange(segments)
     j = min(segments - 1, i + rng.randrange(2))
     start, end = i * SEGMENT_S, (j + 1) * SEGMENT_S
@@ -235,7 +235,7 @@ class VideoMotionTask:
     def warmup_rows(self, seed: int) -> list[dict]:
         """Format-only supervised targets: a random answer of the row's type, independent of the video."""
         rng = random.Random(seed)
-        segments = max(1, int(round(self.args.num_frames / self.args.fps / SEGMENT_S)))
+        segments = max(1, round(self.args.num_frames / self.args.fps / SEGMENT_S))
         rows = []
         for row in self._train:
             if row["question_type"] == "direction":
@@ -267,8 +267,9 @@ class VideoMotionTask:
             idx = by_type.get(qtype)
             if not idx:
                 continue
-            scores = load_reward(reward)([outputs[i] for i in idx], prompts=[prompts[i] for i in idx],
-                                         answer=[rows[i]["answer"] for i in idx])  # fmt: skip
+            scores = load_reward(reward)(
+                [outputs[i] for i in idx], prompts=[prompts[i] for i in idx], answer=[rows[i]["answer"] for i in idx]
+            )
             out[name] = sum(scores) / len(scores)
         if "direction" in by_type:
             out["chance"] = 1 / len(self.args.directions)

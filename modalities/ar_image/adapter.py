@@ -109,7 +109,9 @@ class JanusFamily:
         gen = getattr(model.generation_config, "generation_kwargs", None) or {}
         self.boi_id = int(gen.get("boi_token_id", tokenizer.convert_tokens_to_ids("<begin_of_image>")))
         self.bos_id = tokenizer.bos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.text_config.pad_token_id
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.config.text_config.pad_token_id
+        )
         side = model.model.vqmodel.quantize.quant_state_dims
         self.grid = (int(side[0]), int(side[1]))  # (h, w) image tokens
 
@@ -234,9 +236,11 @@ class ARImageAdapter(TokenPolicy):
         base = self._base(model)
         positions = (mask.cumsum(1) - 1).clamp(min=0)  # [m, L]
         out = self.family.backbone(base)(
-            inputs_embeds=self.family.embed_text(base, ids), attention_mask=mask, position_ids=positions,
+            inputs_embeds=self.family.embed_text(base, ids),
+            attention_mask=mask,
+            position_ids=positions,
             use_cache=True,
-        )  # fmt: skip
+        )
         return out.past_key_values, out.last_hidden_state[:, -1]
 
     def _continue(self, model, cache, mask: Tensor, tokens: Tensor, start: Tensor) -> Tensor:
@@ -244,9 +248,12 @@ class ARImageAdapter(TokenPolicy):
         base = self._base(model)
         positions = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [m, t]
         out = self.family.backbone(base)(
-            inputs_embeds=self.family.embed_image(base, tokens), attention_mask=mask, position_ids=positions,
-            past_key_values=cache, use_cache=True,
-        )  # fmt: skip
+            inputs_embeds=self.family.embed_image(base, tokens),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
         return out.last_hidden_state  # [m, t, D]
 
     def _unit_logits(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -273,7 +280,9 @@ class ARImageAdapter(TokenPolicy):
             embeds = torch.cat([fam.embed_text(base, ids), fam.embed_image(base, both[:, :-1])], 1)  # [2n, L+T-1, D]
             full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], self.T - 1)], 1)
             positions = (full_mask.cumsum(1) - 1).clamp(min=0)
-            out = fam.backbone(base)(inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False)
+            out = fam.backbone(base)(
+                inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False
+            )
             hidden = out.last_hidden_state[:, L - 1 :]  # [2n, T, D]
         return self._split(fam.image_logits(base, hidden).float())
 

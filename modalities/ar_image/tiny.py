@@ -20,13 +20,78 @@ import torch
 
 from .. import _hf
 
-WORDS = (
-    "a an the of on in at with and or to is are this that photo picture image drawing painting render "
-    "red green blue yellow purple orange white black gray cyan magenta pink brown "
-    "circle square triangle disk box dot shape shapes object ring star "
-    "top bottom left right center middle upper lower corner side "
-    "small large big tiny one two three four cat dog house tree car sky sea"
-).split()
+WORDS = [
+    "a",
+    "an",
+    "the",
+    "of",
+    "on",
+    "in",
+    "at",
+    "with",
+    "and",
+    "or",
+    "to",
+    "is",
+    "are",
+    "this",
+    "that",
+    "photo",
+    "picture",
+    "image",
+    "drawing",
+    "painting",
+    "render",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "purple",
+    "orange",
+    "white",
+    "black",
+    "gray",
+    "cyan",
+    "magenta",
+    "pink",
+    "brown",
+    "circle",
+    "square",
+    "triangle",
+    "disk",
+    "box",
+    "dot",
+    "shape",
+    "shapes",
+    "object",
+    "ring",
+    "star",
+    "top",
+    "bottom",
+    "left",
+    "right",
+    "center",
+    "middle",
+    "upper",
+    "lower",
+    "corner",
+    "side",
+    "small",
+    "large",
+    "big",
+    "tiny",
+    "one",
+    "two",
+    "three",
+    "four",
+    "cat",
+    "dog",
+    "house",
+    "tree",
+    "car",
+    "sky",
+    "sea",
+]
 
 SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>", "<image_placeholder>", "<begin_of_image>", "<end_of_image>")
 RESOLUTION = 16  # the VQ works at 16×16; rewards resize the decoded image to their own resolution
@@ -51,9 +116,14 @@ def build_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Punctuation()])
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-        additional_special_tokens=list(SPECIAL[4:]), model_max_length=32,
-    )  # fmt: skip
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        additional_special_tokens=list(SPECIAL[4:]),
+        model_max_length=32,
+    )
 
 
 def build_tiny_janus(seed: int = 0):
@@ -65,23 +135,46 @@ def build_tiny_janus(seed: int = 0):
     tok = build_tokenizer()
     hidden = 64
     text = LlamaConfig(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     grid = RESOLUTION // PATCH
     vision = JanusVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=RESOLUTION,
-        patch_size=PATCH, projection_dim=hidden, num_image_tokens=grid * grid, depth=1,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=RESOLUTION,
+        patch_size=PATCH,
+        projection_dim=hidden,
+        num_image_tokens=grid * grid,
+        depth=1,
+    )
     vq = JanusVQVAEConfig(
-        embed_dim=8, num_embeddings=CODEBOOK, latent_channels=64, base_channels=32, channel_multiplier=[1, 1, 2],
-        num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden, num_hidden_layers=2,
-    )  # fmt: skip
+        embed_dim=8,
+        num_embeddings=CODEBOOK,
+        latent_channels=64,
+        base_channels=32,
+        channel_multiplier=[1, 1, 2],
+        num_res_blocks=1,
+        projection_dim=hidden,
+        image_token_embed_dim=hidden,
+        num_hidden_layers=2,
+    )
     config = JanusConfig(
-        text_config=text, vision_config=vision, vq_config=vq,
+        text_config=text,
+        vision_config=vision,
+        vq_config=vq,
         image_token_id=tok.convert_tokens_to_ids("<image_placeholder>"),
-    )  # fmt: skip
+    )
     model = JanusForConditionalGeneration(config)
     gc = model.generation_config
     gc.bos_token_id, gc.pad_token_id, gc.eos_token_id = tok.bos_token_id, tok.pad_token_id, tok.eos_token_id

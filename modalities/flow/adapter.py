@@ -53,9 +53,15 @@ from .steps import STEP_SELECTORS, StepPlan
 from .tiny import resolve_pipeline
 
 FLOW_LORA_TARGETS = [
-    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-]  # fmt: skip
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
 """Flow-GRPO's LoRA targets for SD3/FLUX (``scripts/train_sd3.py`` line 430). UNets: to_q, to_k, to_v, to_out.0."""
 
 
@@ -175,28 +181,40 @@ class _SD3Backend(_Backend):
     @torch.no_grad()
     def encode(self, texts):
         pe, _, pooled, _ = self.pipe.encode_prompt(
-            prompt=texts, prompt_2=texts, prompt_3=texts, device=self.device, do_classifier_free_guidance=False,
+            prompt=texts,
+            prompt_2=texts,
+            prompt_3=texts,
+            device=self.device,
+            do_classifier_free_guidance=False,
             max_sequence_length=self._max_len(),
-        )  # fmt: skip
+        )
         return {"prompt_embeds": pe, "pooled": pooled}
 
     def forward(self, model, x, t_model, cond):
         dtype = self.pipe.vae.dtype
         return model(
-            hidden_states=x.to(dtype), timestep=t_model.to(dtype), encoder_hidden_states=cond["prompt_embeds"],
-            pooled_projections=cond["pooled"], return_dict=False,
-        )[0].float()  # fmt: skip
+            hidden_states=x.to(dtype),
+            timestep=t_model.to(dtype),
+            encoder_hidden_states=cond["prompt_embeds"],
+            pooled_projections=cond["pooled"],
+            return_dict=False,
+        )[0].float()
 
     def schedule(self, num_steps):
         sch = copy.deepcopy(self.pipe.scheduler)
         if sch.config.get("use_dynamic_shifting", False):
             from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-            c, h, w = self.latent_shape()
+            _c, h, w = self.latent_shape()
             seq = (h // 2) * (w // 2)
             cfg = sch.config
-            mu = calculate_shift(seq, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                                 cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))  # fmt: skip
+            mu = calculate_shift(
+                seq,
+                cfg.get("base_image_seq_len", 256),
+                cfg.get("max_image_seq_len", 4096),
+                cfg.get("base_shift", 0.5),
+                cfg.get("max_shift", 1.15),
+            )
             sch.set_timesteps(sigmas=list(torch.linspace(1.0, 1.0 / num_steps, num_steps).numpy()), mu=mu)
         else:
             sch.set_timesteps(num_steps)
@@ -230,10 +248,15 @@ class _FluxBackend(_SD3Backend):
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((n,), self.args.flux_guidance, device=x.device, dtype=torch.float32)
         out = model(
-            hidden_states=packed, timestep=t_model.to(dtype), guidance=guidance, pooled_projections=cond["pooled"],
-            encoder_hidden_states=cond["prompt_embeds"], txt_ids=cond["text_ids"][0], img_ids=img_ids,
+            hidden_states=packed,
+            timestep=t_model.to(dtype),
+            guidance=guidance,
+            pooled_projections=cond["pooled"],
+            encoder_hidden_states=cond["prompt_embeds"],
+            txt_ids=cond["text_ids"][0],
+            img_ids=img_ids,
             return_dict=False,
-        )[0]  # fmt: skip
+        )[0]
         out = out.view(n, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(n, c, h, w)
         return out.float()
 
@@ -288,8 +311,10 @@ def _backend_for(pipe, args: FlowArgs) -> _Backend:
         return _FluxBackend(pipe, args)
     if "StableDiffusion3" in name:
         return _SD3Backend(pipe, args)
-    raise ConfigError(f"model.args.name_or_path: pipeline {name} is not supported; use an SD3/SD3.5, FLUX.1 or "
-                      "Stable Diffusion (UNet + DDIM) pipeline")
+    raise ConfigError(
+        f"model.args.name_or_path: pipeline {name} is not supported; use an SD3/SD3.5, FLUX.1 or "
+        "Stable Diffusion (UNet + DDIM) pipeline"
+    )
 
 
 # -------------------------------------------------------------------------------------------- rollout
@@ -337,8 +362,9 @@ class FlowAdapter:
         self.model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
         self.lora, self.reference = lora, reference
         if args.kernel == "ddim" and self.backend.is_flow:
-            raise ConfigError("model.args.kernel: ddim is for UNet (DDIM-scheduler) pipelines; "
-                              "use flow_sde | dance_sde | cps")
+            raise ConfigError(
+                "model.args.kernel: ddim is for UNet (DDIM-scheduler) pipelines; use flow_sde | dance_sde | cps"
+            )
         if args.kernel != "ddim" and not self.backend.is_flow:
             raise ConfigError(f"model.args.kernel: {args.kernel} needs a flow-matching pipeline; UNets use ddim")
         self.selector = STEP_SELECTORS.get(args.steps)
@@ -360,23 +386,32 @@ class FlowAdapter:
         """Move the frozen components to the denoiser's device (the trainer may have moved it)."""
         dev = self.device
         if self.pipe.vae.device != dev:
-            for name, comp in self.pipe.components.items():
+            for _name, comp in self.pipe.components.items():
                 if isinstance(comp, torch.nn.Module) and comp is not self._unwrapped():
                     comp.to(dev)
             if self.reference is not None:
                 self.reference.to(dev)
 
-    def _kernel(self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float, *, stochastic=True,
-                **kw) -> K.KernelOutput:  # fmt: skip
+    def _kernel(
+        self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float, *, stochastic=True, **kw
+    ) -> K.KernelOutput:
         a = self.args
         if not self.backend.is_flow:
-            return K.ddim(out, x, coef, coef_next, eta=a.noise_level if stochastic else 0.0,
-                          prediction_type=self.pipe.scheduler.config.prediction_type, **kw)  # fmt: skip
+            return K.ddim(
+                out,
+                x,
+                coef,
+                coef_next,
+                eta=a.noise_level if stochastic else 0.0,
+                prediction_type=self.pipe.scheduler.config.prediction_type,
+                **kw,
+            )
         if not stochastic:
             return K.ode(out, x, coef, coef_next, **kw)
         fn = K.FLOW_KERNELS[a.kernel]
-        return fn(out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob,
-                  **kw)  # fmt: skip
+        return fn(
+            out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob, **kw
+        )
 
     def _velocity(
         self, model, x: Tensor, t_model: Tensor, cond: Cond, prompt_of: Tensor, guidance: float | None
@@ -455,15 +490,26 @@ class FlowAdapter:
         mask = (train & plan.sde & (std > 0)).float()  # [B, T]
         outputs = self.backend.decode(x)
         state = FlowState(
-            latents=lat, old_means=torch.stack(means, 1), std=std,
-            t_model=sched["t_model"].expand(B, T).clone(), coef=sched["coef"].expand(B, T).clone(),
-            coef_next=sched["coef_next"].expand(B, T).clone(), prompt_of=prompt_of, cond=cond,
-        )  # fmt: skip
+            latents=lat,
+            old_means=torch.stack(means, 1),
+            std=std,
+            t_model=sched["t_model"].expand(B, T).clone(),
+            coef=sched["coef"].expand(B, T).clone(),
+            coef_next=sched["coef_next"].expand(B, T).clone(),
+            prompt_of=prompt_of,
+            cond=cond,
+        )
         return Rollout(
-            outputs=outputs, old_logprobs=logp * mask, mask=mask, group_size=G, prompt_index=prompt_of,
-            truncated=torch.zeros(B, dtype=torch.bool), state=state,
-            unit_sigmas=sched["sigma"].expand(B, T).clone(), unit_values=values,
-        )  # fmt: skip
+            outputs=outputs,
+            old_logprobs=logp * mask,
+            mask=mask,
+            group_size=G,
+            prompt_index=prompt_of,
+            truncated=torch.zeros(B, dtype=torch.bool),
+            state=state,
+            unit_sigmas=sched["sigma"].expand(B, T).clone(),
+            unit_values=values,
+        )
 
     def _value(self, x0: Tensor, prompts: list[dict], G: int) -> Tensor:
         """Σ_k w_k·reward_k(decode(x̂₀)) for every sample (dense value of the state). Shape: [B, C, H, W] -> [B]."""
@@ -488,8 +534,14 @@ class FlowAdapter:
         x = st.latents[b, steps].to(dev)  # [N, C, H, W]
         x_next = st.latents[b, steps + 1].to(dev)
         guided = self.args.cfg == "guided"
-        out = self._velocity(model, x, st.t_model[b, steps].to(dev), st.cond, st.prompt_of[b].to(dev),
-                             self.args.guidance_scale if guided else None)  # fmt: skip
+        out = self._velocity(
+            model,
+            x,
+            st.t_model[b, steps].to(dev),
+            st.cond,
+            st.prompt_of[b].to(dev),
+            self.args.guidance_scale if guided else None,
+        )
         sigma_max = float(st.coef[0, 1]) if st.coef.shape[1] > 1 else None
         coef, coef_next = st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev)
         k = self._kernel(out, x, coef, coef_next, sigma_max, prev_sample=x_next)
@@ -611,14 +663,17 @@ class FlowAdapter:
         cond = self._encode(texts, guided and scale != 1.0)
         sched = self.backend.schedule(a.eval_num_steps)
         shape = self.backend.latent_shape()
-        seeds = [int(r["seed"]) + a.eval_seed if r.get("seed") is not None else _text_seed(t, a.eval_seed)
-                 for r, t in zip(prompts, texts)]  # fmt: skip
+        seeds = [
+            int(r["seed"]) + a.eval_seed if r.get("seed") is not None else _text_seed(t, a.eval_seed)
+            for r, t in zip(prompts, texts)
+        ]
         x = torch.stack([torch.randn(*shape, generator=torch.Generator().manual_seed(s)) for s in seeds]).to(dev)
         rows = torch.arange(len(texts), device=dev)
         for i in range(a.eval_num_steps):
             n = len(texts)
-            out = self._velocity(model, x, sched["t_model"][i].expand(n).to(dev), cond, rows,
-                                 scale if cond.uncond is not None else None)  # fmt: skip
+            out = self._velocity(
+                model, x, sched["t_model"][i].expand(n).to(dev), cond, rows, scale if cond.uncond is not None else None
+            )
             c, cn = sched["coef"][i].expand(n).to(dev), sched["coef_next"][i].expand(n).to(dev)
             x = self._kernel(out, x, c, cn, None, stochastic=False).prev_sample
         return self.backend.decode(x)
@@ -679,7 +734,7 @@ def build_flow_adapter(
     pipe.set_progress_bar_config(disable=True)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     pipe.to(device)
-    for name, comp in pipe.components.items():
+    for _name, comp in pipe.components.items():
         if isinstance(comp, torch.nn.Module):
             comp.requires_grad_(False).eval()
     model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer

@@ -33,8 +33,8 @@ score a stored transition (training); leave it None to sample one (rollout), wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -82,7 +82,11 @@ def gaussian_logprob(x: Tensor, mean: Tensor, std: Tensor, reduction: str = "mea
 
 
 def _sample_or_score(
-    mean: Tensor, std: Tensor, prev_sample: Tensor | None, noise: Tensor | None, generator: torch.Generator | None,
+    mean: Tensor,
+    std: Tensor,
+    prev_sample: Tensor | None,
+    noise: Tensor | None,
+    generator: torch.Generator | None,
     reduction: str,
 ) -> KernelOutput:
     """Draw x' = mean + std·z (or take the given ``prev_sample``) and return its log-prob."""
@@ -103,15 +107,21 @@ def _flow_terms(velocity: Tensor, sample: Tensor, sigma, sigma_next):
 
 
 def ode(
-    velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, *,
-    prev_sample: Tensor | None = None, reduction: str = "mean", **_: object,
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: Tensor | float,
+    sigma_next: Tensor | float,
+    *,
+    prev_sample: Tensor | None = None,
+    reduction: str = "mean",
+    **_: object,
 ) -> KernelOutput:
     """Euler ODE step x' = x + v·(σ_{i+1} − σ_i); std 0 and log-prob 0 (deterministic, masked out).
 
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, _s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     mean = x + v * dt  # [B, *D]
     zero = torch.zeros(x.shape[0], device=x.device)
     out = mean.detach() if prev_sample is None else prev_sample.detach().float()
@@ -131,9 +141,18 @@ def flow_sde_noise(sigma: Tensor, noise_level: float, sigma_max: float | None) -
 
 
 def flow_sde(
-    velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, *,
-    noise_level: float = 0.7, sigma_max: float | None = None, prev_sample: Tensor | None = None,
-    noise: Tensor | None = None, generator: torch.Generator | None = None, reduction: str = "mean", **_: object,
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: Tensor | float,
+    sigma_next: Tensor | float,
+    *,
+    noise_level: float = 0.7,
+    sigma_max: float | None = None,
+    prev_sample: Tensor | None = None,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+    **_: object,
 ) -> KernelOutput:
     """Flow-GRPO SDE step (Liu et al. 2025, arXiv 2505.05470, eq. 9;
     yifan123/flow_grpo ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``).
@@ -144,7 +163,7 @@ def flow_sde(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     s_i = _per_sample(flow_sde_noise(s.reshape(-1), noise_level, sigma_max), x)  # [B, 1, ...]
     mean = x * (1 + s_i**2 * dt / (2 * s)) + v * (1 + s_i**2 * (1 - s) / (2 * s)) * dt  # [B, *D]
     std = (s_i * (-dt).clamp_min(0).sqrt()).reshape(-1)  # [B]
@@ -152,9 +171,17 @@ def flow_sde(
 
 
 def dance_sde(
-    velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, *,
-    noise_level: float = 0.3, prev_sample: Tensor | None = None, noise: Tensor | None = None,
-    generator: torch.Generator | None = None, reduction: str = "mean", **_: object,
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: Tensor | float,
+    sigma_next: Tensor | float,
+    *,
+    noise_level: float = 0.3,
+    prev_sample: Tensor | None = None,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+    **_: object,
 ) -> KernelOutput:
     """DanceGRPO SDE step (Xue et al. 2025, arXiv 2505.07818; XueZeyue/DanceGRPO ``fastvideo/train_grpo_flux.py``),
     constant noise η = ``noise_level``.
@@ -164,7 +191,7 @@ def dance_sde(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     eps_hat = x + (1 - s) * v  # [B, *D]
     mean = x + v * dt + (noise_level**2 / (2 * s)) * eps_hat * dt  # [B, *D]
     std = noise_level * torch.sqrt((-dt).reshape(-1).clamp_min(0))  # [B]
@@ -172,9 +199,17 @@ def dance_sde(
 
 
 def cps(
-    velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, *,
-    noise_level: float = 0.8, prev_sample: Tensor | None = None, noise: Tensor | None = None,
-    generator: torch.Generator | None = None, reduction: str = "mean", cps_logprob: str = "gaussian",
+    velocity: Tensor,
+    sample: Tensor,
+    sigma: Tensor | float,
+    sigma_next: Tensor | float,
+    *,
+    noise_level: float = 0.8,
+    prev_sample: Tensor | None = None,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+    cps_logprob: str = "gaussian",
     **_: object,
 ) -> KernelOutput:
     """Coefficients-preserving sampling step (arXiv 2509.05952; flow_grpo ``sde_type='cps'``).
@@ -186,7 +221,7 @@ def cps(
     Shape:
         velocity, sample: [B, *D]; sigma, sigma_next: scalar or [B] -> KernelOutput
     """
-    v, x, s, s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
+    v, x, s, s_next, _dt = _flow_terms(velocity, sample, sigma, sigma_next)
     std_b = s_next * math.sin(noise_level * math.pi / 2)  # [B, 1, ...]
     x0_hat = x - s * v
     eps_hat = x + (1 - s) * v
@@ -214,10 +249,19 @@ def ddim_std(alpha_prod: Tensor, alpha_prod_prev: Tensor, eta: float) -> Tensor:
 
 
 def ddim(
-    model_output: Tensor, sample: Tensor, alpha_prod: Tensor | float, alpha_prod_prev: Tensor | float, *,
-    eta: float = 1.0, prediction_type: str = "epsilon", clip_sample_range: float | None = None,
-    prev_sample: Tensor | None = None, noise: Tensor | None = None, generator: torch.Generator | None = None,
-    reduction: str = "mean", **_: object,
+    model_output: Tensor,
+    sample: Tensor,
+    alpha_prod: Tensor | float,
+    alpha_prod_prev: Tensor | float,
+    *,
+    eta: float = 1.0,
+    prediction_type: str = "epsilon",
+    clip_sample_range: float | None = None,
+    prev_sample: Tensor | None = None,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "mean",
+    **_: object,
 ) -> KernelOutput:
     """DDPO's DDIM step with log-prob (kvablack/ddpo-pytorch ``ddim_with_logprob.py``; diffusers
     ``DDIMScheduler.step`` for η = 0).

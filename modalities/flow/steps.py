@@ -36,8 +36,8 @@ The adapter additionally masks out transitions whose kernel is deterministic (st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -94,8 +94,14 @@ def fraction(
 
 @STEP_SELECTORS.register("random_subset")
 def random_subset(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
-    fraction: float = 0.6, exclude_last: bool = True,
+    num_steps: int,
+    batch_size: int,
+    group_size: int,
+    *,
+    generator=None,
+    iteration: int = 0,
+    fraction: float = 0.6,
+    exclude_last: bool = True,
 ) -> StepPlan:
     """All steps SDE; each sample trains a random ⌊fraction·T'⌋ of its steps (DanceGRPO 0.6, last excluded)."""
     usable = num_steps - 1 if exclude_last else num_steps
@@ -108,23 +114,41 @@ def random_subset(
 
 @STEP_SELECTORS.register("sde_window")
 def sde_window(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
-    window: int = 3, low: int = 0, high: int | None = None,
+    num_steps: int,
+    batch_size: int,
+    group_size: int,
+    *,
+    generator=None,
+    iteration: int = 0,
+    window: int = 3,
+    low: int = 0,
+    high: int | None = None,
 ) -> StepPlan:
     """Flow-GRPO-Fast: one SDE+trained window [s, s+window), s ~ U{low, …, high − window}; high = T//2 by default."""
     if window == 0:
         return _window_plan(batch_size, num_steps, 0, num_steps - 1)
     high = num_steps // 2 if high is None else high
     if not 0 <= low <= high - window or high > num_steps:
-        raise ValueError(f"steps: sde_window needs 0 <= low <= high - window and high <= T={num_steps}; "
-                         f"got low={low}, high={high}, window={window}")
+        raise ValueError(
+            f"steps: sde_window needs 0 <= low <= high - window and high <= T={num_steps}; "
+            f"got low={low}, high={high}, window={window}"
+        )
     return _window_plan(batch_size, num_steps, _randint(low, high - window, generator), window)
 
 
 @STEP_SELECTORS.register("sliding_window")
 def sliding_window(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
-    window: int = 4, stride: int = 1, every: int = 25, strategy: str = "progressive", roll_back: bool = True,
+    num_steps: int,
+    batch_size: int,
+    group_size: int,
+    *,
+    generator=None,
+    iteration: int = 0,
+    window: int = 4,
+    stride: int = 1,
+    every: int = 25,
+    strategy: str = "progressive",
+    roll_back: bool = True,
     max_steps: int | None = None,
 ) -> StepPlan:
     """MixGRPO window [c, c+window) with c = (iteration // every)·stride (``progressive``) or c ~ U (``random``).
@@ -148,8 +172,14 @@ def sliding_window(
 
 @STEP_SELECTORS.register("branching")
 def branching(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
-    low: int = 0, high: int | None = None,
+    num_steps: int,
+    batch_size: int,
+    group_size: int,
+    *,
+    generator=None,
+    iteration: int = 0,
+    low: int = 0,
+    high: int | None = None,
 ) -> StepPlan:
     """TempFlow-GRPO branching: per group one branch step k ~ U{low, …, high − 1}; only k is SDE and trained.
 
@@ -182,8 +212,13 @@ def relative_latent_change(latents: Tensor) -> Tensor:
 
 
 def sample_chunks(
-    latents: Tensor, chunk_sizes: list[int], fraction: float, weighting: str = "uniform", probs: str = "normalized",
-    exclude_last: bool = True, generator: torch.Generator | None = None,
+    latents: Tensor,
+    chunk_sizes: list[int],
+    fraction: float,
+    weighting: str = "uniform",
+    probs: str = "normalized",
+    exclude_last: bool = True,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Chunk-GRPO chunk subsampling: per sample, ⌊fraction·M⌋ of the M chunks, drawn without replacement.
 
@@ -197,7 +232,7 @@ def sample_chunks(
     B, T = latents.shape[0], latents.shape[1] - 1
     ids = chunk_ids(chunk_sizes, T)  # [T]
     M = len(chunk_sizes)
-    k = max(1, int(math.floor(fraction * M)))
+    k = max(1, math.floor(fraction * M))
     if weighting == "uniform":
         w = torch.ones(B, M)
     elif weighting == "latent_change":
@@ -216,9 +251,17 @@ def sample_chunks(
 
 @STEP_SELECTORS.register("chunks")
 def chunks(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0,
-    chunk_sizes: list[int] | None = None, fraction: float = 1.0, weighting: str = "uniform",
-    probs: str = "normalized", exclude_last: bool = True,
+    num_steps: int,
+    batch_size: int,
+    group_size: int,
+    *,
+    generator=None,
+    iteration: int = 0,
+    chunk_sizes: list[int] | None = None,
+    fraction: float = 1.0,
+    weighting: str = "uniform",
+    probs: str = "normalized",
+    exclude_last: bool = True,
 ) -> StepPlan:
     """All steps SDE; after the rollout each sample trains ⌊fraction·M⌋ chunks (see :func:`sample_chunks`).
 

@@ -27,13 +27,78 @@ from .._hf import cached_build
 
 TINY_NAMES = ("tiny-sd3", "tiny-flux", "tiny-unet")
 
-WORDS = (
-    "a an the of on in at with and or to is are this that photo picture image drawing painting render "
-    "red green blue yellow purple orange white black gray cyan magenta pink brown "
-    "circle square triangle disk box dot shape shapes object ring star "
-    "top bottom left right center middle upper lower corner side "
-    "small large big tiny one two three four cat dog house tree car sky sea"
-).split()
+WORDS = [
+    "a",
+    "an",
+    "the",
+    "of",
+    "on",
+    "in",
+    "at",
+    "with",
+    "and",
+    "or",
+    "to",
+    "is",
+    "are",
+    "this",
+    "that",
+    "photo",
+    "picture",
+    "image",
+    "drawing",
+    "painting",
+    "render",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "purple",
+    "orange",
+    "white",
+    "black",
+    "gray",
+    "cyan",
+    "magenta",
+    "pink",
+    "brown",
+    "circle",
+    "square",
+    "triangle",
+    "disk",
+    "box",
+    "dot",
+    "shape",
+    "shapes",
+    "object",
+    "ring",
+    "star",
+    "top",
+    "bottom",
+    "left",
+    "right",
+    "center",
+    "middle",
+    "upper",
+    "lower",
+    "corner",
+    "side",
+    "small",
+    "large",
+    "big",
+    "tiny",
+    "one",
+    "two",
+    "three",
+    "four",
+    "cat",
+    "dog",
+    "house",
+    "tree",
+    "car",
+    "sky",
+    "sea",
+]
 
 CLIP_SPECIAL = {"pad": "<|pad|>", "bos": "<|startoftext|>", "eos": "<|endoftext|>", "unk": "[UNK]"}
 T5_SPECIAL = {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"}
@@ -97,20 +162,38 @@ def _clip_config(vocab: int, s: TinyFlowSizes):
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
-        vocab_size=vocab, hidden_size=s.text_hidden, intermediate_size=2 * s.text_hidden, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=s.text_max_length, projection_dim=s.text_hidden,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, hidden_act="gelu",
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=s.text_hidden,
+        intermediate_size=2 * s.text_hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=s.text_max_length,
+        projection_dim=s.text_hidden,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        hidden_act="gelu",
+    )
 
 
 def _t5(vocab: int, s: TinyFlowSizes):
     from transformers import T5Config, T5EncoderModel
 
     cfg = T5Config(
-        vocab_size=vocab, d_model=s.t5_hidden, d_ff=2 * s.t5_hidden, d_kv=16, num_layers=1, num_heads=4,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16, pad_token_id=0, eos_token_id=1,
-        decoder_start_token_id=0, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
-    )  # fmt: skip
+        vocab_size=vocab,
+        d_model=s.t5_hidden,
+        d_ff=2 * s.t5_hidden,
+        d_kv=16,
+        num_layers=1,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+    )
     return T5EncoderModel(cfg)
 
 
@@ -119,11 +202,20 @@ def _vae(s: TinyFlowSizes, shift_factor: float, scaling_factor: float):
 
     n = len(s.vae_channels)
     return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n, block_out_channels=tuple(s.vae_channels), layers_per_block=1,
-        latent_channels=s.latent_channels, norm_num_groups=min(s.vae_channels), sample_size=s.resolution,
-        shift_factor=shift_factor, scaling_factor=scaling_factor, use_quant_conv=False, use_post_quant_conv=False,
-    )  # fmt: skip
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(s.vae_channels),
+        layers_per_block=1,
+        latent_channels=s.latent_channels,
+        norm_num_groups=min(s.vae_channels),
+        sample_size=s.resolution,
+        shift_factor=shift_factor,
+        scaling_factor=scaling_factor,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
 
 
 def build_tiny_sd3(seed: int = 0, sizes: TinyFlowSizes | None = None):
@@ -136,11 +228,18 @@ def build_tiny_sd3(seed: int = 0, sizes: TinyFlowSizes | None = None):
     tok, tok_t5 = build_word_tokenizer("clip", s.text_max_length), build_word_tokenizer("t5", s.text_max_length)
     latent = s.resolution // 2 ** (len(s.vae_channels) - 1)
     transformer = SD3Transformer2DModel(
-        sample_size=latent, patch_size=s.patch_size, in_channels=s.latent_channels, out_channels=s.latent_channels,
-        num_layers=s.layers, attention_head_dim=s.head_dim, num_attention_heads=s.heads,
-        joint_attention_dim=s.t5_hidden, caption_projection_dim=s.heads * s.head_dim,
-        pooled_projection_dim=2 * s.text_hidden, pos_embed_max_size=max(16, latent // s.patch_size),
-    )  # fmt: skip
+        sample_size=latent,
+        patch_size=s.patch_size,
+        in_channels=s.latent_channels,
+        out_channels=s.latent_channels,
+        num_layers=s.layers,
+        attention_head_dim=s.head_dim,
+        num_attention_heads=s.heads,
+        joint_attention_dim=s.t5_hidden,
+        caption_projection_dim=s.heads * s.head_dim,
+        pooled_projection_dim=2 * s.text_hidden,
+        pos_embed_max_size=max(16, latent // s.patch_size),
+    )
     return StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
@@ -163,15 +262,25 @@ def build_tiny_flux(seed: int = 0, sizes: TinyFlowSizes | None = None):
     torch.manual_seed(seed)
     tok, tok_t5 = build_word_tokenizer("clip", s.text_max_length), build_word_tokenizer("t5", s.text_max_length)
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=4 * s.latent_channels, num_layers=max(1, s.layers // 2),
-        num_single_layers=max(1, s.layers // 2), attention_head_dim=s.head_dim, num_attention_heads=s.heads,
-        joint_attention_dim=s.t5_hidden, pooled_projection_dim=s.text_hidden, guidance_embeds=True,
+        patch_size=1,
+        in_channels=4 * s.latent_channels,
+        num_layers=max(1, s.layers // 2),
+        num_single_layers=max(1, s.layers // 2),
+        attention_head_dim=s.head_dim,
+        num_attention_heads=s.heads,
+        joint_attention_dim=s.t5_hidden,
+        pooled_projection_dim=s.text_hidden,
+        guidance_embeds=True,
         axes_dims_rope=(s.head_dim // 4, 3 * s.head_dim // 8, 3 * s.head_dim // 8),
-    )  # fmt: skip
+    )
     scheduler = FlowMatchEulerDiscreteScheduler(
-        shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
         max_image_seq_len=4096,
-    )  # fmt: skip
+    )
     return FluxPipeline(
         scheduler=scheduler,
         vae=_vae(s, shift_factor=0.0, scaling_factor=1.0),
@@ -193,20 +302,35 @@ def build_tiny_unet(seed: int = 0, sizes: TinyFlowSizes | None = None, set_alpha
     tok = build_word_tokenizer("clip", s.text_max_length)
     latent = s.resolution // 2 ** (len(s.vae_channels) - 1)
     unet = UNet2DConditionModel(
-        sample_size=latent, in_channels=s.latent_channels, out_channels=s.latent_channels, layers_per_block=1,
-        block_out_channels=(16, 32), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=s.text_hidden,
-        attention_head_dim=8, norm_num_groups=8,
-    )  # fmt: skip
+        sample_size=latent,
+        in_channels=s.latent_channels,
+        out_channels=s.latent_channels,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=s.text_hidden,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
     scheduler = DDIMScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-        set_alpha_to_one=set_alpha_to_one, steps_offset=1,
-    )  # fmt: skip
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=set_alpha_to_one,
+        steps_offset=1,
+    )
     return StableDiffusionPipeline(
-        vae=_vae(s, shift_factor=0.0, scaling_factor=1.0), text_encoder=CLIPTextModel(_clip_config(len(tok), s)),
-        tokenizer=tok, unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
+        vae=_vae(s, shift_factor=0.0, scaling_factor=1.0),
+        text_encoder=CLIPTextModel(_clip_config(len(tok), s)),
+        tokenizer=tok,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
         requires_safety_checker=False,
-    )  # fmt: skip
+    )
 
 
 BUILDERS = {"tiny-sd3": build_tiny_sd3, "tiny-flux": build_tiny_flux, "tiny-unet": build_tiny_unet}

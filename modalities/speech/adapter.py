@@ -151,8 +151,11 @@ class WhisperAdapter(TokenPolicy):
         waves = []
         for i, row in enumerate(rows):
             where = f"row {i} 'audio'" + (f" (id {row['id']})" if "id" in row else "")
-            waves.append(load_audio(row.get("audio"), self.sampling_rate, where=where,
-                                    silence_threshold=self.args.silence_threshold))  # fmt: skip
+            waves.append(
+                load_audio(
+                    row.get("audio"), self.sampling_rate, where=where, silence_threshold=self.args.silence_threshold
+                )
+            )
         feats = self.feature_extractor(waves, sampling_rate=self.sampling_rate, return_tensors="pt").input_features
         return AudioCache(feats, waves)  # [P, M, F]
 
@@ -198,8 +201,15 @@ class WhisperAdapter(TokenPolicy):
             # shape, so a stride-0 view of one row stands in for the B rows (no G-fold copy).
             enc = enc[:1].expand(rows.shape[0], -1, -1)  # [B, S, d] view
             logits = out.logits[:, -1][rows]  # [B, V]
-            spec = SamplingSpec(self.args.max_new_tokens, [self.eos_id], self.pad_id, self.args.temperature,
-                                self.args.top_k, self.args.top_p, greedy=greedy)  # fmt: skip
+            spec = SamplingSpec(
+                self.args.max_new_tokens,
+                [self.eos_id],
+                self.pad_id,
+                self.args.temperature,
+                self.args.top_k,
+                self.args.top_p,
+                greedy=greedy,
+            )
             B, T = rows.shape[0], spec.max_new_tokens
             ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=self.device)  # [B, T]
             logprobs = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
@@ -293,8 +303,10 @@ class WhisperAdapter(TokenPolicy):
     def supervised_loss(self, rows: list[dict]) -> Tensor:
         """Mean token cross-entropy of ``row['target']`` (the transcript) + end-of-text given the audio."""
         cache = self._audio_cache(rows)
-        targets = [self.tokenizer(" " + str(r["target"]).strip(), add_special_tokens=False)["input_ids"] + [self.eos_id]
-                   for r in rows]  # fmt: skip
+        targets = [
+            self.tokenizer(" " + str(r["target"]).strip(), add_special_tokens=False)["input_ids"] + [self.eos_id]
+            for r in rows
+        ]
         T = max(len(t) for t in targets)
         comp = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
         valid = torch.zeros((len(rows), T))

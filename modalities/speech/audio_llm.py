@@ -77,8 +77,19 @@ class AudioLLMArgs:
 
     def token_args(self) -> dict[str, Any]:
         """The options of the token policy (``vlm`` adapter), with prompt sharing on."""
-        keep = ("max_new_tokens", "temperature", "top_p", "top_k", "min_new_tokens", "mask_truncated",
-                "system_prompt", "forward_batch_size", "old_logprobs", "attn_implementation", "extra")  # fmt: skip
+        keep = (
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_new_tokens",
+            "mask_truncated",
+            "system_prompt",
+            "forward_batch_size",
+            "old_logprobs",
+            "attn_implementation",
+            "extra",
+        )
         return {k: getattr(self, k) for k in keep} | {"prefix_sharing": True, "kv_expand_rollout": True}
 
 
@@ -113,8 +124,10 @@ def build_audio_llm_adapter(
     if a.temperature <= 0:
         raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
     if a.max_new_tokens < 1 or not 0 <= a.min_new_tokens <= a.max_new_tokens:
-        raise ConfigError(f"model.args.max_new_tokens/min_new_tokens: need 0 <= min <= max, max >= 1; got "
-                          f"{a.min_new_tokens}, {a.max_new_tokens}")  # fmt: skip
+        raise ConfigError(
+            f"model.args.max_new_tokens/min_new_tokens: need 0 <= min <= max, max >= 1; got "
+            f"{a.min_new_tokens}, {a.max_new_tokens}"
+        )
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     path = resolve_model_path(a.name_or_path, seed=seed)
@@ -134,8 +147,10 @@ def build_audio_llm_adapter(
     model.train()
     reason = prefix_sharing.unsupported_reason(model)
     if reason is not None:
-        raise ConfigError(f"model.args.name_or_path {a.name_or_path!r}: the audio_llm adapter needs prompt sharing, "
-                          f"which does not cover it: {reason}")  # fmt: skip
+        raise ConfigError(
+            f"model.args.name_or_path {a.name_or_path!r}: the audio_llm adapter needs prompt sharing, "
+            f"which does not cover it: {reason}"
+        )
     return AudioLLMAdapter(model, processor, a, reference)
 
 

@@ -115,7 +115,7 @@ def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyW
 
     s = sizes or TinyWhisperSizes()
     tok = build_whisper_tokenizer(s)
-    ids = lambda t: tok.convert_tokens_to_ids(t)  # noqa: E731
+    ids = lambda t: tok.convert_tokens_to_ids(t)
     eot, sot = ids("<|endoftext|>"), ids("<|startoftranscript|>")
     frames = s.chunk_length * 100  # hop 160 at 16 kHz
     config = WhisperConfig(
@@ -234,10 +234,16 @@ def build_qwen_audio_tokenizer(vocab_size: int = 400):
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", padding_side="left",
-        extra_special_tokens={"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>",
-                              "audio_eos_token": "<|audio_eos|>"},
-    )  # fmt: skip
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        extra_special_tokens={
+            "audio_token": "<|AUDIO|>",
+            "audio_bos_token": "<|audio_bos|>",
+            "audio_eos_token": "<|audio_eos|>",
+        },
+    )
     fast.add_tokens(TAG_TOKENS)
     fast.chat_template = QWEN_AUDIO_CHAT_TEMPLATE
     return fast
@@ -259,17 +265,28 @@ def build_tiny_qwen2_audio(
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     config = Qwen2AudioConfig(
         audio_config=dict(
-            num_mel_bins=s.num_mel_bins, encoder_layers=s.audio_layers, encoder_attention_heads=s.audio_heads,
-            encoder_ffn_dim=s.audio_ffn, d_model=s.audio_d_model, max_source_positions=s.chunk_length * 50,
+            num_mel_bins=s.num_mel_bins,
+            encoder_layers=s.audio_layers,
+            encoder_attention_heads=s.audio_heads,
+            encoder_ffn_dim=s.audio_ffn,
+            d_model=s.audio_d_model,
+            max_source_positions=s.chunk_length * 50,
         ),
         text_config=dict(
-            vocab_size=len(tok), hidden_size=s.text_hidden, intermediate_size=s.text_intermediate,
-            num_hidden_layers=s.text_layers, num_attention_heads=s.text_heads, num_key_value_heads=s.text_kv_heads,
-            max_position_embeddings=4096, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True,
+            vocab_size=len(tok),
+            hidden_size=s.text_hidden,
+            intermediate_size=s.text_intermediate,
+            num_hidden_layers=s.text_layers,
+            num_attention_heads=s.text_heads,
+            num_key_value_heads=s.text_kv_heads,
+            max_position_embeddings=4096,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            tie_word_embeddings=True,
         ),
         audio_token_index=ids["<|AUDIO|>"],
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = Qwen2AudioForConditionalGeneration(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]

@@ -135,7 +135,7 @@ class PromptPrefix:
     attention_mask: Tensor  # [U, L]
     next_position: Tensor  # [R, U]
 
-    def select(self, rows: Tensor) -> "PromptPrefix":
+    def select(self, rows: Tensor) -> PromptPrefix:
         """Row ``rows[i]`` of every field for each i (differentiable; the cache is re-indexed in place)."""
         self.cache.reorder_cache(rows)
         return PromptPrefix(self.cache, self.last_logits[rows], self.attention_mask[rows], self.next_position[:, rows])

@@ -59,8 +59,6 @@ class VideoSampling:
     """Pixel budget of the whole clip: a frame gets at most total_pixels / n · 2 (None = qwen-vl-utils' default)."""
 
 
-
-
 @dataclass(frozen=True)
 class Clip:
     """Frames sampled from one video, with where they came from.
@@ -94,9 +92,13 @@ class Clip:
 
         _, _, H, W = self.frames.shape
         return VideoMetadata(
-            total_num_frames=self.total_frames, fps=self.video_fps, width=W, height=H,
-            duration=self.duration, frames_indices=list(self.frame_indices),
-        )  # fmt: skip
+            total_num_frames=self.total_frames,
+            fps=self.video_fps,
+            width=W,
+            height=H,
+            duration=self.duration,
+            frames_indices=list(self.frame_indices),
+        )
 
 
 def fetch_video(ele: dict, image_patch_size: int) -> tuple[Tensor, dict, float]:
@@ -118,8 +120,15 @@ def _compact(frames: Tensor) -> Tensor:
     return frames.float()
 
 
-def decode_clip(video: Any, sampling: VideoSampling, *, image_patch_size: int = 14, start: float | None = None,
-                end: float | None = None, frames_fps: float = 2.0) -> Clip:  # fmt: skip
+def decode_clip(
+    video: Any,
+    sampling: VideoSampling,
+    *,
+    image_patch_size: int = 14,
+    start: float | None = None,
+    end: float | None = None,
+    frames_fps: float = 2.0,
+) -> Clip:
     """Decode and sample one video (a path, or a list of PIL images / HWC arrays at ``frames_fps``)."""
     ele: dict[str, Any] = {"min_pixels": sampling.min_pixels, "max_pixels": sampling.max_pixels}
     if sampling.total_pixels is not None:
@@ -165,7 +174,7 @@ def _decode_reason(path: str, error: Exception) -> str:
         import decord
 
         decord.VideoReader(path.removeprefix("file://"))
-    except Exception as e:  # noqa: BLE001 - any decoder failure is the reason we report
+    except Exception as e:
         error = e
     text = str(error).strip().splitlines()
     return (text[0] if text else type(error).__name__)[:200]
@@ -184,8 +193,6 @@ def shuffle_frames(frames: Tensor, generator: torch.Generator | None = None) -> 
     while F > 1 and torch.equal(order, torch.arange(F)):
         order = torch.randperm(F, generator=generator)
     return frames[order], order
-
-
 
 
 class VideoEncoder:
@@ -228,9 +235,13 @@ class VideoEncoder:
             self.lru.move_to_end(key)
         if clip is None:
             clip = decode_clip(
-                row["video"], self.sampling, image_patch_size=self.patch_size, start=row.get("video_start"),
-                end=row.get("video_end"), frames_fps=float(row.get("video_fps", 2.0)),
-            )  # fmt: skip
+                row["video"],
+                self.sampling,
+                image_patch_size=self.patch_size,
+                start=row.get("video_start"),
+                end=row.get("video_end"),
+                frames_fps=float(row.get("video_fps", 2.0)),
+            )
             self.decode_count += 1
             budget = self.decode_cache_mb * 2**20
             size = clip.frames.numel() * clip.frames.element_size()
@@ -247,7 +258,11 @@ class VideoEncoder:
         return [] if row.get("video") is None else [self.clip(row)]
 
     def processor_kwargs(self, media: list[Clip]) -> dict[str, Any]:
-        return {"videos": [c.frames for c in media], "video_metadata": [c.metadata() for c in media], **self.video_kwargs}
+        return {
+            "videos": [c.frames for c in media],
+            "video_metadata": [c.metadata() for c in media],
+            **self.video_kwargs,
+        }
 
     def check(self, encoding: dict[str, Any], media: list[Clip]) -> None:
         encoding.pop("video_metadata", None)  # not a model input

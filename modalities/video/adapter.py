@@ -103,7 +103,9 @@ class VideoAdapter(VLMAdapter):
         for i in video_rows:
             clip = self.video.clip(prompts[i])  # pinned: no decode
             shuffled, _ = shuffle_frames(clip.frames)
-            encodings.append(self._encode_prompt(prompts[i], media={"video": [VideoEncoder.with_frames(clip, shuffled)]}))
+            encodings.append(
+                self._encode_prompt(prompts[i], media={"video": [VideoEncoder.with_frames(clip, shuffled)]})
+            )
         texts = self._decode(self._generate(encodings, n, greedy=False))  # [len(video_rows)·n]
         for j, i in enumerate(video_rows):
             out[i] = texts[j * n : (j + 1) * n]
@@ -134,9 +136,12 @@ def build_video_adapter(
         raise ConfigError(f"model.args.temporal_contrast.num_shuffled: must be >= 1 or null (G // 2), got {n}")
     shared = {f.name for f in fields(VLMArgs)}
     base = build_vlm_adapter(
-        {k: val for k, val in (args or {}).items() if k in shared}, seed=seed, lora=lora, dtype=dtype,
+        {k: val for k, val in (args or {}).items() if k in shared},
+        seed=seed,
+        lora=lora,
+        dtype=dtype,
         need_reference=need_reference,
-    )  # fmt: skip
+    )
     return VideoAdapter(base.model, base.processor, a, base.reference)
 
 
@@ -144,6 +149,13 @@ build_video_adapter.args_class = VideoArgs
 build_video_adapter.adapter_class = VideoAdapter  # its optional capabilities are checked at config load
 
 __all__ = [
-    "Clip", "TemporalContrastArgs", "VideoAdapter", "VideoArgs", "VideoSampling", "build_video_adapter", "decode_clip",
-    "fetch_video", "shuffle_frames",
-]  # fmt: skip
+    "Clip",
+    "TemporalContrastArgs",
+    "VideoAdapter",
+    "VideoArgs",
+    "VideoSampling",
+    "build_video_adapter",
+    "decode_clip",
+    "fetch_video",
+    "shuffle_frames",
+]

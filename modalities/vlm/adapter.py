@@ -120,9 +120,13 @@ class VLMAdapter(TokenPolicy):
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
     def __init__(
-        self, model: torch.nn.Module, processor: Any, args: VLMArgs, reference: torch.nn.Module | None,
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        args: VLMArgs,
+        reference: torch.nn.Module | None,
         encoders: list[MediaEncoder] | None = None,
-    ):  # fmt: skip
+    ):
         self.model = model
         self.processor = processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -226,11 +230,13 @@ class VLMAdapter(TokenPolicy):
             return enc
         L, T = enc["input_ids"].shape[1], self.args.max_new_tokens
         budget = self.context_length - T
-        if L <= budget:
+        if budget >= L:
             return enc
         media_cut = bool(torch.isin(enc["input_ids"][0, : L - budget], torch.tensor(self.suppress_ids)).any())
         if self.args.overlong_prompts != "truncate" or budget < 1 or media_cut:
-            why = "truncating would cut media tokens; " if media_cut and self.args.overlong_prompts == "truncate" else ""
+            why = (
+                "truncating would cut media tokens; " if media_cut and self.args.overlong_prompts == "truncate" else ""
+            )
             raise DataError(
                 f"row 'prompt': {L} prompt tokens + max_new_tokens {T} exceed the model's context of "
                 f"{self.context_length} tokens; {why}shorten the prompt, lower max_new_tokens or set "
@@ -240,8 +246,10 @@ class VLMAdapter(TokenPolicy):
         if self.truncated_prompts == 1:
             logging.getLogger("mmgrpo.data").warning(
                 "mmgrpo: a %d-token prompt was truncated to its last %d tokens (overlong_prompts: truncate); "
-                "further truncations are counted in adapter.truncated_prompts", L, budget,
-            )  # fmt: skip
+                "further truncations are counted in adapter.truncated_prompts",
+                L,
+                budget,
+            )
         return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
     def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
@@ -266,7 +274,11 @@ class VLMAdapter(TokenPolicy):
             out["input_ids"] = torch.cat([out["input_ids"], completions], dim=1)
             for key in list(out):
                 if key != "input_ids" and out[key].dim() == 2 and out[key].shape[1] == L:
-                    extra = comp_mask.to(out[key].dtype) if key == "attention_mask" else out[key].new_zeros((len(encodings), T))
+                    extra = (
+                        comp_mask.to(out[key].dtype)
+                        if key == "attention_mask"
+                        else out[key].new_zeros((len(encodings), T))
+                    )
                     out[key] = torch.cat([out[key], extra], dim=1)
         device = self.device
         return {k: v.to(device) for k, v in out.items()}
@@ -304,10 +316,16 @@ class VLMAdapter(TokenPolicy):
         try:
             if self._shares_prefix(model, "sampling", self.args.kv_expand_rollout):
                 spec = prefix_sharing.SamplingSpec(
-                    max_new_tokens=self.args.max_new_tokens, eos_ids=self.eos_ids.tolist(), pad_id=self.pad_id,
-                    temperature=self.args.temperature, top_k=self.args.top_k, top_p=self.args.top_p,
-                    min_new_tokens=self.args.min_new_tokens, suppress_ids=tuple(self.suppress_ids), greedy=greedy,
-                )  # fmt: skip
+                    max_new_tokens=self.args.max_new_tokens,
+                    eos_ids=self.eos_ids.tolist(),
+                    pad_id=self.pad_id,
+                    temperature=self.args.temperature,
+                    top_k=self.args.top_k,
+                    top_p=self.args.top_p,
+                    min_new_tokens=self.args.min_new_tokens,
+                    suppress_ids=tuple(self.suppress_ids),
+                    greedy=greedy,
+                )
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
@@ -328,7 +346,9 @@ class VLMAdapter(TokenPolicy):
             model.train(was_training)
         completion = out[:, batch["input_ids"].shape[1] :].cpu()  # [P·G, ≤T]
         if completion.shape[1] < self.args.max_new_tokens:  # all rows stopped early: pad to T
-            pad = completion.new_full((completion.shape[0], self.args.max_new_tokens - completion.shape[1]), self.pad_id)
+            pad = completion.new_full(
+                (completion.shape[0], self.args.max_new_tokens - completion.shape[1]), self.pad_id
+            )
             completion = torch.cat([completion, pad], dim=1)
         mask = self._completion_mask(completion)
         return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id)), None  # [B, T]
@@ -455,7 +475,9 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     except (OSError, ValueError) as e:  # HFValidationError ("Repo id must be in the form ...") is a ValueError
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         if Path(path).is_dir():
-            raise ConfigError(f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})") from None
+            raise ConfigError(
+                f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})"
+            ) from None
         raise ConfigError(
             f"model.args.name_or_path: {name_or_path!r} is neither a local directory nor reachable on the hub "
             f"(check the path, or the hub id and network / HF_HUB_OFFLINE; {reason})"
