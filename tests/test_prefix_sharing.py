@@ -242,3 +242,70 @@ def test_qwen2_vl_is_covered(tiny_vlm_path):
         torch.manual_seed(4)
         ids[kv] = adapter._sample([adapter._encode_prompt(r) for r in _rows()], 3, greedy=False)[0]
     assert torch.equal(ids[True], ids[False])
+
+
+def _attention_calls(model) -> list[int]:
+    """Batch sizes of every call of the first decoder layer's attention (recomputations included)."""
+    decoder = prefix_sharing.core_model(model).model  # Qwen2Model, or Qwen2_5_VLModel holding language_model
+    layers = getattr(decoder, "language_model", decoder).layers
+    calls: list[int] = []
+    layers[0].self_attn.register_forward_hook(lambda m, args, out: calls.append(out[0].shape[0]))
+    return calls
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_keeps_prompt_sharing_exact(tiny_vlm_path, lora, caplog):
+    """Checkpointed layers drop the KV cache, so the shared forward packs [prompt ; completion slots] into one
+    forward with a 4-D mask; it equals the naive forward (also checkpointed) and really recomputes its layers."""
+    from mmgrpo.config import LoraConfig
+
+    adapter = build_vlm_adapter(
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 7, "gradient_checkpointing": True},
+        lora=LoraConfig(enabled=True, r=4, alpha=8) if lora else None,
+    )
+    model = adapter._unwrapped()
+    if lora:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+    assert prefix_sharing.checkpointing(model) and prefix_sharing.unsupported_reason(model) is None
+    state = _state(adapter, _rows(), G=3, T=7)
+    prefix_sharing._warned.clear()
+    with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
+        _assert_same(adapter, state, torch.arange(6))  # whole groups
+        _assert_same(adapter, state, torch.tensor([5, 0, 3, 4]))  # across groups, unordered
+    assert not [r for r in caplog.records if r.name == prefix_sharing.__name__]  # no fallback
+    calls = _attention_calls(model)
+    _logp_and_grads(adapter, state, torch.tensor([5, 0, 3, 4]), shared=True)
+    assert calls == [2, 2]  # one packed row per prompt, forward then the checkpoint's recompute in backward
+    calls.clear()
+    _logp_and_grads(adapter, state, torch.tensor([5, 0, 3, 4]), shared=False)
+    assert calls == [4, 4]  # the naive path: one row per completion
+
+
+def test_gradient_checkpointing_text_only_qwen2():
+    adapter = _text_adapter("qwen2")
+    adapter.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert prefix_sharing.checkpointing(adapter.model) and prefix_sharing.unsupported_reason(adapter.model) is None
+    rows = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Why?"}]
+    state = _state(adapter, rows, G=3, T=5)
+    _assert_same(adapter, state, torch.arange(6))
+    calls = _attention_calls(adapter.model)
+    _assert_same(adapter, state, torch.tensor([1, 4, 5]))  # one completion of prompt 0, two of prompt 1
+    assert calls == [3, 3, 2, 2]  # naive (3 rows) then packed (2 rows), each forward + recompute
+
+
+def test_gradient_checkpointing_rollout_keeps_the_kv_expanded_sampler(tiny_vlm_path):
+    """Sampling runs in eval mode (the cache stays on); the checkpointed training forward scores its tokens."""
+    adapter = build_vlm_adapter(
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 5, "old_logprobs": "sampler", "gradient_checkpointing": True}
+    )
+    patches = []
+    adapter._unwrapped().model.visual.register_forward_hook(lambda m, a, out: patches.append(a[0].shape[0]))
+    rollout = adapter.rollout(_rows(), group_size=3)
+    assert len(patches) == 1  # one prefill: the KV-expanded sampler ran
+    logp = adapter.logprobs(rollout, torch.arange(6))
+    assert len(patches) == 2 and prefix_sharing.checkpointing(adapter._unwrapped())  # one packed training forward
+    m = rollout.mask.bool()
+    torch.testing.assert_close(logp[m].detach(), rollout.old_logprobs[m], atol=LOGP_ATOL, rtol=0)

@@ -55,8 +55,8 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
-from ..tokens.policy import TokenPolicy
 from ..tokens.logprobs import token_logprobs
+from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
 
 CFG_LOGPROBS = ("guided", "cond", "scaled")

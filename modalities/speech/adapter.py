@@ -41,8 +41,8 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
-from ..tokens.policy import TokenPolicy
 from ..tokens.logprobs import banned_mask, token_logprobs
+from ..tokens.policy import TokenPolicy
 from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
 from .audio import load_audio
 from .tiny import resolve_model_path

@@ -35,10 +35,18 @@ through every projection and MLP and G vision encoders; the shared one L + G·T 
 attention scores G·(L+T)²/2 → L²/2 + G·T·(L + T/2). The cost is the expanded prompt K/V, G·L keys and values
 per layer (2·L·d_kv each, small beside the G·L hidden states of the naive path).
 
+Gradient checkpointing. transformers' checkpointed layers (``GradientCheckpointingLayer``) turn the KV cache off
+in training, so under checkpointing the training forward does not go through the cache: each prompt and the
+completions that continue it are packed into one row, [prompt ; completion 1 ; … ; completion k], and a 4-D
+attention mask lets each completion attend to its prompt and causally to itself only, with rope positions that
+continue the prompt's (:func:`packed_completion_logits`; the layout of Prefix Grouper, arXiv 2506.05433, §3). One
+checkpointable forward, no cache; the vision encoder and the prompt tokens still run once per prompt.
+
 Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE), text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain
-``DynamicCache`` and whose positions are computed here. Any other family, sliding-window attention, or gradient
-checkpointing (which drops the cache) falls back to the naive path with a one-time warning that names the
-reason (:func:`unsupported_reason`).
+``DynamicCache`` and whose positions are computed here; under gradient checkpointing Qwen2-VL, Qwen2.5-VL and Qwen2
+with the ``sdpa`` or ``eager`` attention kernel (those that take a custom 4-D mask as given). Any other family,
+sliding-window attention, or checkpointing outside that set falls back to the naive path with a one-time warning
+that names the reason (:func:`unsupported_reason`).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -59,6 +67,8 @@ logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 TEXT_MODEL_TYPES = frozenset({"qwen2", "qwen2_audio"})  # 1-D RoPE (Qwen2-Audio: audio features fill <|AUDIO|> slots)
+PACKED_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2"}  # the packed forward (gradient checkpointing) passes a 4-D mask
+PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 
 
@@ -69,6 +79,13 @@ def core_model(model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     return model
+
+
+def checkpointing(model: torch.nn.Module) -> bool:
+    """Whether a training forward of ``model`` recomputes its layers (transformers' gradient checkpointing, which
+    turns the KV cache off inside every checkpointed layer)."""
+    core = core_model(model)
+    return core.training and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules())
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -82,8 +99,12 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     text = config.get_text_config()
     if getattr(text, "use_sliding_window", False) or "sliding_attention" in (getattr(text, "layer_types", None) or []):
         return "sliding-window attention layers keep a different cache"
-    if core.training and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules()):
-        return "gradient checkpointing drops the KV cache"
+    if checkpointing(model):
+        if model_type not in PACKED_MODEL_TYPES:
+            return f"gradient checkpointing drops the KV cache and {model_type!r} has no packed path"
+        kernel = getattr(text, "_attn_implementation", None)
+        if kernel not in PACKED_KERNELS:
+            return f"gradient checkpointing needs a custom attention mask, which {kernel!r} attention does not take"
     if model_type in MROPE_MODEL_TYPES and not hasattr(getattr(core, "model", core), "get_rope_index"):
         return f"{type(core).__name__} has no get_rope_index"
     return None
@@ -204,6 +225,8 @@ def completion_logits(
         rows: [n] prompt row of each completion; completions, completion_mask: [n, T]
         returns logits [n, T, V] (the model's dtype)
     """
+    if checkpointing(model):
+        return packed_completion_logits(model, batch, rows, completions, completion_mask)
     prefix = prefill(model, batch).select(rows)
     first = prefix.last_logits[:, None]  # [n, 1, V]
     T = completions.shape[1]
@@ -211,6 +234,62 @@ def completion_logits(
         return first
     mask = torch.cat([prefix.attention_mask, completion_mask[:, : T - 1].to(prefix.attention_mask.dtype)], dim=1)
     rest = continue_prefix(model, prefix, completions[:, : T - 1], mask, offset=0)  # [n, T-1, V]
+    return torch.cat([first, rest], dim=1)  # [n, T, V]
+
+
+def packed_completion_logits(
+    model: torch.nn.Module, batch: dict[str, Tensor], rows: Tensor, completions: Tensor, completion_mask: Tensor
+) -> Tensor:
+    """:func:`completion_logits` in one cache-free forward, for gradient checkpointing (Prefix Grouper's layout).
+
+    Row u of the forward packs prompt u and the completions that continue it, each in its own slot of T-1
+    tokens: [prompt_u ; completion slot 0 ; … ; slot K-1]. A 4-D mask lets prompt tokens attend causally to the
+    prompt, and a completion's tokens to its prompt and causally to its own slot only — the attention pattern of
+    the cache path — and the positions of every slot continue the prompt's rope index (``prompt_positions``), so
+    each completion token sees the keys, values and rotary phases it sees in the naive [prompt ; completion]
+    forward. Slots a prompt does not fill (fewer completions than the fullest prompt) are padding. The cost over
+    the cache path is the masked-out slot×slot score blocks, K·(T-1) keys per completion query.
+
+    Shape:
+        batch: left-padded prompts, input_ids/attention_mask [U, L] (+ media tensors)
+        rows: [n] prompt row of each completion; completions, completion_mask: [n, T]
+        returns logits [n, T, V] (the model's dtype)
+    """
+    ids, prompt_mask = batch["input_ids"], batch["attention_mask"]  # [U, L]
+    U, L = ids.shape
+    t = completions.shape[1] - 1  # completion tokens fed (the last one is only predicted)
+    member = torch.nn.functional.one_hot(rows, U)  # [n, U]
+    slot = ((member.cumsum(0) - 1) * member).sum(1)  # [n] rank of each completion among its prompt's
+    K = int(slot.max()) + 1 if t > 0 else 0
+    S = L + K * t
+    tokens = ids.new_zeros((U, K, t))  # [U, K, t] (empty slots: token 0, never attended to)
+    tokens[rows, slot] = completions[:, :t].to(ids.dtype)
+    valid = torch.zeros((U, K, t), dtype=torch.bool, device=ids.device)  # [U, K, t]
+    valid[rows, slot] = completion_mask[:, :t].bool()
+    positions, next_position = prompt_positions(model, batch)  # [R, U, L], [R, U]
+    steps = torch.arange(t, device=ids.device)  # [t]
+    slot_positions = (next_position[..., None] + steps).repeat(1, 1, K)  # [R, U, K·t]
+    segment = torch.cat([steps.new_full((L,), -1), torch.arange(K, device=ids.device).repeat_interleave(t)])  # [S]
+    index = torch.arange(S, device=ids.device)  # [S]
+    pattern = (index[None] <= index[:, None]) & ((segment[None] == -1) | (segment[None] == segment[:, None]))  # [S, S]
+    keys = torch.cat([prompt_mask.bool(), valid.view(U, K * t)], dim=1)  # [U, S]
+    allowed = (pattern & keys[:, None]) | torch.eye(S, dtype=torch.bool, device=ids.device)  # [U, S, S]
+    # A query always sees itself, so a padding row is never all masked (NaN); no real query sees a padding key.
+    dtype = next(model.parameters()).dtype
+    mask = allowed[:, None]  # [U, 1, S, S] True = attend (sdpa)
+    if core_model(model).config.get_text_config()._attn_implementation == "eager":  # eager adds the mask
+        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
+    packed = dict(batch, input_ids=torch.cat([ids, tokens.view(U, K * t)], dim=1), attention_mask=mask)  # [U, S]
+    for key, value in batch.items():  # other sequence-aligned keys (mm_token_type_ids): text in the slots
+        if key not in ("input_ids", "attention_mask") and value.dim() == 2 and value.shape == (U, L):
+            packed[key] = torch.cat([value, value.new_zeros((U, K * t))], dim=1)
+    position_ids = _position_arg(torch.cat([positions, slot_positions], dim=-1))  # [R, U, S] or [U, S]
+    logits = model(**packed, position_ids=position_ids, use_cache=False, logits_to_keep=S - L + 1).logits
+    # logits [U, 1 + K·t, V]: index 0 is the last prompt position, 1 + k·t + a completion token a of slot k
+    first = logits[rows, :1]  # [n, 1, V]
+    if t == 0:
+        return first
+    rest = logits[rows[:, None], 1 + slot[:, None] * t + steps]  # [n, t, V]
     return torch.cat([first, rest], dim=1)  # [n, T, V]
 
 

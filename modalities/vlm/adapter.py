@@ -81,6 +81,10 @@ class VLMArgs:
     """Log-prob forwards encode each prompt once and let its completions attend to it (split attention,
     modalities/tokens/prefix_sharing.py; equal to the naive forward up to float rounding). Uncovered families fall
     back."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder and vision layer in the backward pass instead of keeping its activations
+    (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
+    working (one packed forward per minibatch, modalities/tokens/prefix_sharing.py)."""
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
     HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
@@ -522,6 +526,12 @@ def build_vlm_adapter(
         for name, p in model.named_parameters():
             if "visual" in name or "vision" in name:
                 p.requires_grad_(False)
+    if a.gradient_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers ≥ 5.x name
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)
