@@ -3,6 +3,9 @@ first ratio of 1 ± 1e-3, whether ``old_logprobs`` come from the no-grad recompu
 decode, a different computation in bf16), on minibatches other than the rollout's forward batch.
 """
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -46,3 +49,25 @@ def test_bf16_ratio_is_one_before_the_first_update(tiny_vlm_path, old_logprobs):
     loss.backward()
     grads = [p.grad for p in adapter.trainable_parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
+
+
+def test_accelerate_bf16_trainer_step_keeps_fp32_ratio(tmp_path, monkeypatch, mmgrpo_cache):
+    """``accelerate launch --mixed_precision bf16`` (the environment variable it sets): the model runs under bf16
+    autocast, and the first update's ratio (one minibatch = the whole rollout, before any step) is 1 ± 1e-3."""
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+    from tests.test_trainer import QUICK, SMALL
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    overrides = ["algorithm.minibatch_size=8", "steps=1", "eval.before=false", "eval.after=false", "warmup.steps=1"]
+    trainer = Trainer(load_config(QUICK, SMALL + overrides + [f"output_dir={tmp_path / 'run'}"]))
+    assert trainer.acc.mixed_precision == "bf16"
+    seen = set()
+    head = trainer.acc.unwrap_model(trainer.adapter.model).get_output_embeddings()
+    head.register_forward_hook(lambda mod, args, out: seen.add(out.dtype))
+    trainer.run()
+    assert torch.bfloat16 in seen, f"lm_head never ran under bf16 autocast: {seen}"
+    step = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines() if '"reward/mean"' in x]
+    assert len(step) == 1
+    assert abs(step[0]["loss/ratio_mean"] - 1.0) <= RATIO_ATOL and step[0]["loss/ratio_max"] <= 1.0 + RATIO_ATOL
+    assert all(math.isfinite(v) for v in step[0].values())
