@@ -51,14 +51,18 @@ def test_bf16_ratio_is_one_before_the_first_update(tiny_vlm_path, old_logprobs):
     assert grads and all(g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
 
 
-def test_accelerate_bf16_trainer_step_keeps_fp32_ratio(tmp_path, monkeypatch, mmgrpo_cache):
+def test_accelerate_bf16_trainer_step_keeps_fp32_ratio(tmp_path, monkeypatch, request, mmgrpo_cache):
     """``accelerate launch --mixed_precision bf16`` (the environment variable it sets): the model runs under bf16
     autocast, and the first update's ratio (one minibatch = the whole rollout, before any step) is 1 ± 1e-3."""
+    from accelerate.state import AcceleratorState
+
     from mmgrpo.config import load_config
     from mmgrpo.trainer import Trainer
     from tests.test_trainer import QUICK, SMALL
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    AcceleratorState._reset_state()  # an earlier test's Accelerator (mixed_precision "no") would be reused
+    request.addfinalizer(AcceleratorState._reset_state)  # and later tests must not inherit bf16
     overrides = ["algorithm.minibatch_size=8", "steps=1", "eval.before=false", "eval.after=false", "warmup.steps=1"]
     trainer = Trainer(load_config(QUICK, SMALL + overrides + [f"output_dir={tmp_path / 'run'}"]))
     assert trainer.acc.mixed_precision == "bf16"
