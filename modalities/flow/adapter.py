@@ -113,6 +113,11 @@ class FlowArgs:
     """exact_kl(): exact (‖Δμ‖²/(2s²h), mean over D) | flow_grpo (Flow-GRPO's ‖Δμ‖²/(2s²), = exact·h)."""
     forward_batch_size: int = 64
     """Rows per denoiser forward (CFG doubles them)."""
+    encode_batch_size: Annotated[int, Range(ge=0)] = 0
+    """Prompts per text-encoder call (0: all of a rollout's prompts in one). 1 makes each prompt's embedding
+    independent of the batch it came in (a text encoder's output moves by ~1e-7 with its batch size), so that
+    with ``rollout_noise: keyed`` 1 process × P prompts and W processes × P/W prompts sample bit-identical
+    rollouts (docs/architecture.md, "World-size invariance")."""
     eval_seed: int = 1234
     """Seed of the per-prompt evaluation noise."""
     device: str = "auto"
@@ -442,7 +447,9 @@ class FlowAdapter:
         return torch.cat(outs)
 
     def _encode(self, texts: list[str], guided: bool) -> Cond:
-        tensors = self.backend.encode(texts)
+        step = self.args.encode_batch_size or max(1, len(texts))
+        parts = [self.backend.encode(texts[s : s + step]) for s in range(0, len(texts), step)]
+        tensors = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}  # [P, ...] each
         uncond = self.backend.encode([self.args.negative_prompt]) if guided else None
         return Cond(tensors, uncond)
 
