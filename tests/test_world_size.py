@@ -58,6 +58,27 @@ def test_vlm_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache
         adapter.rollout(rows, 3)  # keys made for other prompts
 
 
+@pytest.mark.slow  # builds four more tiny models (minutes on CPU)
+@pytest.mark.parametrize(
+    "config,overrides",
+    [
+        ("video_motion.yaml", ["model.args.max_new_tokens=4"]),
+        ("speech_qwen2audio_qa.yaml", ["model.args.max_new_tokens=4"]),
+        ("speech_whisper_asr.yaml", ["model.args.max_new_tokens=4"]),
+        ("ar_image_grpo.yaml", []),
+    ],
+    ids=["video", "audio_llm", "whisper", "ar_image"],
+)
+def test_other_token_adapters_key_their_draws(config, overrides, mmgrpo_cache):
+    adapter, rows = _adapter_and_rows(config, overrides, 4)
+    whole, parts = _split_rollouts(adapter, rows, G=2)
+    field = "image_tokens" if hasattr(whole.state, "image_tokens") else "completion_ids"
+    tokens = torch.cat([getattr(p.state, field) for p in parts])  # [B, T]
+    assert torch.equal(getattr(whole.state, field), tokens)
+    old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
+    assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
+
+
 def test_flow_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):
     adapter, rows = _adapter_and_rows("flow_grpo.yaml", ["model.args.num_steps=3", "model.args.encode_batch_size=1"], 4)
     whole, parts = _split_rollouts(adapter, rows, G=2)
