@@ -106,9 +106,11 @@ def current() -> NoiseKeys | None:
     return _CURRENT.get()
 
 
-def uniforms(generators: list[torch.Generator], n: int) -> Tensor:
-    """n uniforms in [0, 1) per generator, float64. Shape: [B] generators → [B, n]."""
-    return torch.stack([torch.rand(n, generator=g, dtype=torch.float64) for g in generators])
+def uniforms(generators: list[torch.Generator], n: int, device: torch.device | str | None = None) -> Tensor:
+    """n uniforms in [0, 1) per generator, float64, moved to ``device`` once (kept on the CPU for MPS, which has
+    no float64). Shape: [B] generators → [B, n]."""
+    u = torch.stack([torch.rand(n, generator=g, dtype=torch.float64) for g in generators])  # [B, n]
+    return u if device is None or torch.device(device).type == "mps" else u.to(device)
 
 
 def normals(generators: list[torch.Generator], shape: tuple[int, ...]) -> Tensor:
@@ -126,9 +128,12 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     Shape:
         probs: [n, V] non-negative (need not sum to 1), u: [n] in [0, 1) → [n] long
     """
+    device = probs.device
+    if device.type == "mps":  # no float64 there: the (small) cumulative sums run on the CPU
+        probs = probs.cpu()
     cdf = probs.double().cumsum(dim=-1)  # [n, V]
     target = (u.double().to(cdf.device) * cdf[:, -1]).unsqueeze(1)  # [n, 1]
     token = torch.searchsorted(cdf, target, right=True).squeeze(1)  # [n]
     V = probs.shape[-1]
     last = V - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # [n] last token of positive probability
-    return torch.minimum(token, last)
+    return torch.minimum(token, last).to(device)

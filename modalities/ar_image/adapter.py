@@ -327,7 +327,7 @@ class ARImageAdapter(TokenPolicy):
             keys = None if greedy or generator is not None else noise.current()  # keyed: one uniform per row, step
             if keys is not None:
                 keys.check(B, "ar_image rollout")
-                u = noise.uniforms(keys.generators(), self.T).to(self.device)  # [B, T]
+                u = noise.uniforms(keys.generators(), self.T, self.device)  # [B, T] float64
             for t in range(self.T):
                 cond, uncond = self._split(self.family.image_logits(base, last).float())  # [B, V] each
                 scores = guided_logits(cond, uncond, s) / tau  # [B, V]

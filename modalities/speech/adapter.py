@@ -220,7 +220,7 @@ class WhisperAdapter(TokenPolicy):
             keys = None if greedy else noise.current()  # keyed rollout noise: one uniform per row and step
             if keys is not None:
                 keys.check(B, "whisper rollout")
-                u = noise.uniforms(keys.generators(), T).to(self.device)  # [B, T]
+                u = noise.uniforms(keys.generators(), T, self.device)  # [B, T] float64
             for t in range(T):
                 scores = self._scores(logits, t == 0, greedy)  # [B, V]
                 if greedy:

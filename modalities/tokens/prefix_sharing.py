@@ -371,7 +371,7 @@ def sample(
     keys = None if spec.greedy else noise.current()
     if keys is not None:
         keys.check(B, "prefix_sharing.sample")
-        u = noise.uniforms(keys.generators(), T).to(device)  # [B, T] float64, one per row and step
+        u = noise.uniforms(keys.generators(), T, device)  # [B, T] float64, one per row and step
     for t in range(T):
         scores = sampling_scores(logits, t, spec)  # [B, V]
         warped = truncate(scores, spec.top_k, spec.top_p) if not spec.greedy else scores
