@@ -1,7 +1,9 @@
 """The training loop: sample → reward → advantage → update → log, on accelerate. Reads top to bottom.
 
 One step:
-  1. ``adapter.rollout(rows, G)``: B = P·G samples with ``old_logprobs [B, T]`` (no grad).
+  1. ``adapter.rollout(rows, G)``: B = P·G samples with ``old_logprobs [B, T]`` (no grad); with
+     ``rollout_noise: keyed`` each sample's noise is keyed by (seed, step, global prompt position, sample)
+     (``mmgrpo/noise.py``), so the rollouts do not depend on the number of processes.
   2. rewards ``[P, G, K]`` from the reward runner (NaN = not applicable).
   3. advantages ``[P, G]`` (estimator, scale, multi-reward combination), optional zero-variance filter,
      then per-unit shaping to ``[B, T]``.
