@@ -99,6 +99,7 @@ VLM = [
     "warmup.steps=0",
     "optim.warmup_steps=0",
     "rewards=[{name: 'ws_rewards:distinct_chars'}]",  # varies within groups: a real gradient
+    "algorithm.filter_zero_variance=true",  # the reward is constant on the 'blue' group (prompt 0, on process 0)
 ]
 FLOW = [
     "configs/flow_grpo.yaml",
@@ -118,9 +119,9 @@ QUIET = [
     "checkpoint.save_final=false",
 ]
 REWARD = '''
-def distinct_chars(completions, **kwargs):
-    """A tenth of the number of distinct characters of each completion."""
-    return [len(set(c)) / 10.0 for c in completions]
+def distinct_chars(completions, answer, **kwargs):
+    """A tenth of the number of distinct characters of each completion; 0 for the rows whose answer is blue."""
+    return [0.0 if a == "blue" else len(set(c)) / 10.0 for c, a in zip(completions, answer)]
 '''
 
 
@@ -166,8 +167,14 @@ def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4) -> dict[s
 
 
 @pytest.mark.slow
-def test_vlm_one_step_is_the_same_on_one_and_two_processes(tmp_path, mmgrpo_cache):
-    d = compare_world_sizes(tmp_path, VLM)
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_sum_const_norm"])
+def test_vlm_one_step_is_the_same_on_one_and_two_processes(aggregation, tmp_path, mmgrpo_cache):
+    """Process 0's first group is filtered out (zero reward variance), so the processes train on different unit
+    counts: the update equals the 1-process one only if the loss is normalised by the global count."""
+    d = compare_world_sizes(tmp_path, [*VLM, f"algorithm.aggregation={aggregation}"])
+    scores = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=False)["scores"][:, 0] for r in (0, 1)]
+    assert float(scores[0][:4].std()) == 0 and all(float(s[4:].std()) > 0 for s in scores)
+    assert float(scores[1][:4].std()) > 0  # rank 1 keeps both groups: uneven trained units
     assert d["completion_ids"] == 0 and d["mask"] == 0 and d["scores"] == 0
     assert d["old_logprobs"] <= 1e-5
     assert d["params"] <= 1e-5
