@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -243,6 +243,12 @@ class TrainConfig:
     """Run directory: config.yaml, metrics.jsonl, summary.json, checkpoints/."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
+    rollout_noise: Literal["keyed", "per_process"] = "keyed"
+    """Sampling noise of rollouts. ``keyed``: each sample draws from its own generator seeded by (seed, step,
+    global prompt position, sample index), so 1 process × P prompts and W processes × P/W prompts sample the
+    same rollouts (docs/architecture.md, "World-size invariance"; adapters that key their noise: vlm, video,
+    audio-LLM via the KV-expanded sampler, flow). ``per_process``: each process's global RNG stream (seeded by
+    seed and process index), the draws of HF ``generate`` for the token samplers."""
     steps: int = 100
     """GRPO training steps (one rollout batch each)."""
     resume: str | None = None

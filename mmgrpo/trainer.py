@@ -1,7 +1,9 @@
 """The training loop: sample → reward → advantage → update → log, on accelerate. Reads top to bottom.
 
 One step:
-  1. ``adapter.rollout(rows, G)``: B = P·G samples with ``old_logprobs [B, T]`` (no grad).
+  1. ``adapter.rollout(rows, G)``: B = P·G samples with ``old_logprobs [B, T]`` (no grad); with
+     ``rollout_noise: keyed`` each sample's noise is keyed by (seed, step, global prompt position, sample)
+     (``mmgrpo/noise.py``), so the rollouts do not depend on the number of processes.
   2. rewards ``[P, G, K]`` from the reward runner (NaN = not applicable).
   3. advantages ``[P, G]`` (estimator, scale, multi-reward combination), optional zero-variance filter,
      then per-unit shaping to ``[B, T]``.
@@ -33,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, shaping, sharding
+from mmgrpo import losses, noise, shaping, sharding
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -74,10 +76,18 @@ class PromptSampler:
     def __init__(self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int):
         self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
 
-    def indices(self, step: int) -> list[int]:
+    def positions(self, step: int) -> list[int]:
+        """[P] global positions of this process's prompts at ``step``: the keys of their rollout noise.
+
+        Position ``step·W·P + r·P + i``: the global batch of a step is the same W·P positions at any world size
+        (with ``prompts_per_step`` scaled to keep W·P fixed), and process r holds a contiguous slice of it."""
         start = (step * self.world + self.rank) * self.P
+        return list(range(start, start + self.P))
+
+    def indices(self, step: int) -> list[int]:
+        """[P] dataset rows at this process's :meth:`positions`."""
         out = []
-        for pos in range(start, start + self.P):
+        for pos in self.positions(step):
             epoch, offset = divmod(pos, self.n)
             perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
             out.append(int(perm[offset]))
@@ -169,7 +179,7 @@ class Trainer:
             self.acc.process_index,
             cfg.seed,
         )
-        set_seed(cfg.seed, device_specific=True)  # different sampling noise per process, same weights
+        set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
             "train/processes": self.acc.num_processes,
             "train/sharded": float(self.acc.distributed_type == DistributedType.FSDP),  # 1: FSDP, parameters sharded
@@ -264,7 +274,11 @@ class Trainer:
         a = self.cfg.algorithm
         t0 = time.perf_counter()
         rows = self._sample_rows(step)
-        rollout = self.adapter.rollout(rows, a.group_size)
+        keys = None
+        if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
+            keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
+        with noise.keyed(keys):
+            rollout = self.adapter.rollout(rows, a.group_size)
         t1 = time.perf_counter()
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)

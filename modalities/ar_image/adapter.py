@@ -50,6 +50,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from mmgrpo import noise
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
@@ -323,6 +324,10 @@ class ARImageAdapter(TokenPolicy):
             tokens = torch.zeros(B, self.T, dtype=torch.long, device=self.device)
             logprobs = torch.zeros(B, self.T)
             s, tau = self.args.guidance_scale, self.args.temperature
+            keys = None if greedy or generator is not None else noise.current()  # keyed: one uniform per row, step
+            if keys is not None:
+                keys.check(B, "ar_image rollout")
+                u = noise.uniforms(keys.generators(), self.T, self.device)  # [B, T] float64
             for t in range(self.T):
                 cond, uncond = self._split(self.family.image_logits(base, last).float())  # [B, V] each
                 scores = guided_logits(cond, uncond, s) / tau  # [B, V]
@@ -330,7 +335,10 @@ class ARImageAdapter(TokenPolicy):
                     nxt = scores.argmax(-1)
                 else:
                     probs = torch.softmax(_top_k(scores, self.args.top_k), -1)
-                    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+                    if keys is not None:
+                        nxt = noise.inverse_cdf(probs, u[:, t])  # [B]
+                    else:
+                        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
                 tokens[:, t] = nxt
                 logprobs[:, t] = torch.log_softmax(scores, -1).gather(-1, nxt[:, None]).squeeze(-1).cpu()
                 if t == self.T - 1:

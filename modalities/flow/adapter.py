@@ -22,9 +22,13 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``; 
 - Rewards receive decoded PIL images. ``unit_sigmas`` holds each transition's σ_i (DDIM: the VP state mapped to
   the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
   ``value_rewards`` is set (value-anchored shaping).
-- Sampling noise and step plans come from torch's global CPU RNG, which the trainer seeds per process and
-  the trainer checkpoints, so a resumed run draws what an uninterrupted one would (``sliding_window``'s iteration
-  counter is the adapter's own and restarts at 0 on resume).
+- Sampling noise: under the trainer's ``rollout_noise: keyed`` (``mmgrpo.noise``) each sample's initial latent
+  and per-step SDE noise come from its own generator keyed by (seed, step, global prompt position, sample), and
+  the step plan from a generator keyed by (seed, step), so rollouts do not depend on the number of processes
+  (except the per-sample random plans ``random_subset``, ``branching`` and chunk sampling, drawn for the process's
+  B rows). Otherwise (``per_process``, direct calls) noise and step plans come from torch's global CPU RNG, which
+  the trainer seeds per process and checkpoints, so a resumed run draws what an uninterrupted one would
+  (``sliding_window``'s iteration counter is the adapter's own and restarts at 0 on resume).
 - Optional trainer hooks: ``exact_kl(rollout, index)`` (Gaussian KL to the reference per unit, for
   ``algorithm.kl: gaussian_exact``) and ``ratio_norm_inputs(rollout, index)`` (std and mean_D(μθ − μ_old)² for
   GRPO-Guard RatioNorm); both reuse the means of the preceding ``logprobs`` call on the same rows.
@@ -42,6 +46,7 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
+from mmgrpo import noise
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.shaping import gaussian_kl
@@ -108,6 +113,11 @@ class FlowArgs:
     """exact_kl(): exact (‖Δμ‖²/(2s²h), mean over D) | flow_grpo (Flow-GRPO's ‖Δμ‖²/(2s²), = exact·h)."""
     forward_batch_size: int = 64
     """Rows per denoiser forward (CFG doubles them)."""
+    encode_batch_size: Annotated[int, Range(ge=0)] = 0
+    """Prompts per text-encoder call (0: all of a rollout's prompts in one). 1 makes each prompt's embedding
+    independent of the batch it came in (a text encoder's output moves by ~1e-7 with its batch size), so that
+    with ``rollout_noise: keyed`` 1 process × P prompts and W processes × P/W prompts sample bit-identical
+    rollouts (docs/architecture.md, "World-size invariance")."""
     eval_seed: int = 1234
     """Seed of the per-prompt evaluation noise."""
     device: str = "auto"
@@ -437,7 +447,9 @@ class FlowAdapter:
         return torch.cat(outs)
 
     def _encode(self, texts: list[str], guided: bool) -> Cond:
-        tensors = self.backend.encode(texts)
+        step = self.args.encode_batch_size or max(1, len(texts))
+        parts = [self.backend.encode(texts[s : s + step]) for s in range(0, len(texts), step)]
+        tensors = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}  # [P, ...] each
         uncond = self.backend.encode([self.args.negative_prompt]) if guided else None
         return Cond(tensors, uncond)
 
@@ -454,12 +466,23 @@ class FlowAdapter:
         guided = a.cfg == "guided"
         cond = self._encode([str(r["prompt"]) for r in prompts], guided)
         prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
-        plan: StepPlan = self.selector(T, B, G, generator=self.generator, iteration=self.iteration, **a.step_args)
+        keys = noise.current()  # keyed rollout noise (trainer's rollout_noise: keyed), else the global RNG
+        plan_gen = self.generator
+        if keys is not None:
+            keys.check(B, "flow rollout")
+            plan_gen = torch.Generator().manual_seed(noise.mix(keys.seed, keys.step))  # same on every process
+        plan: StepPlan = self.selector(T, B, G, generator=plan_gen, iteration=self.iteration, **a.step_args)
         self.iteration += 1
         sched = self.backend.schedule(T)
         sigma_max = float(sched["coef"][1]) if T > 1 else None
         shape = self.backend.latent_shape()
-        if plan.shared_noise or a.same_noise:
+        shared = plan.shared_noise or a.same_noise
+        if keys is not None:  # per sample: initial latent, then the noise of every step, from its own generator
+            gens = keys.generators()
+            x = noise.normals(keys.generators(shared=True), shape).repeat_interleave(G, 0) if shared else None
+            x = noise.normals(gens, shape) if x is None else x  # [B, C, H, W]
+            step_noise = noise.normals(gens, (T, *shape))  # [B, T, C, H, W]
+        elif shared:
             x = torch.randn(P, *shape, generator=self.generator).repeat_interleave(G, 0)
         else:
             x = torch.randn(B, *shape, generator=self.generator)
@@ -472,8 +495,8 @@ class FlowAdapter:
             t_i = sched["t_model"][i].expand(B).to(dev)
             out = self._velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
             c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
-            noise = torch.randn(x.shape, generator=self.generator).to(dev)
-            sde = self._kernel(out, x, c, cn, sigma_max, noise=noise)
+            eps = step_noise[:, i] if keys is not None else torch.randn(x.shape, generator=self.generator)
+            sde = self._kernel(out, x, c, cn, sigma_max, noise=eps.to(dev))
             det = self._kernel(out, x, c, cn, sigma_max, stochastic=False, noise=torch.zeros_like(x))
             on = plan.sde[:, i].to(dev)  # [B]
             on_d = on.view(-1, *([1] * (x.dim() - 1)))
@@ -486,7 +509,7 @@ class FlowAdapter:
             x = x_next
             latents.append(x)
         lat = torch.stack(latents, 1).cpu()  # [B, T+1, C, H, W]
-        train = plan.train if plan.post is None else plan.post(lat, self.generator)
+        train = plan.train if plan.post is None else plan.post(lat, plan_gen)
         mask = (train & plan.sde & (std > 0)).float()  # [B, T]
         outputs = self.backend.decode(x)
         state = FlowState(

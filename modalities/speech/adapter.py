@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mmgrpo import noise
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
@@ -216,13 +217,20 @@ class WhisperAdapter(TokenPolicy):
             ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=self.device)  # [B, T]
             logprobs = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
             done = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B]
+            keys = None if greedy else noise.current()  # keyed rollout noise: one uniform per row and step
+            if keys is not None:
+                keys.check(B, "whisper rollout")
+                u = noise.uniforms(keys.generators(), T, self.device)  # [B, T] float64
             for t in range(T):
                 scores = self._scores(logits, t == 0, greedy)  # [B, V]
                 if greedy:
                     token = scores.argmax(dim=-1)  # [B]
                 else:
-                    warped = truncate(scores, spec.top_k, spec.top_p)
-                    token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
+                    probs = truncate(scores, spec.top_k, spec.top_p).softmax(dim=-1)  # [B, V]
+                    if keys is not None:
+                        token = noise.inverse_cdf(probs, u[:, t])  # [B]
+                    else:
+                        token = torch.multinomial(probs, num_samples=1).squeeze(1)  # [B]
                 token = torch.where(done, torch.full_like(token, self.pad_id), token)
                 step_logp = scores.log_softmax(dim=-1).gather(1, token[:, None]).squeeze(1)  # [B]
                 ids[:, t] = token

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmgrpo import sharding
+from mmgrpo import noise, sharding
 
 logger = logging.getLogger(__name__)
 
@@ -347,6 +347,11 @@ def sample(
     ``spec.pad_id`` with log-prob 0; the loop stops when every row has finished or T tokens were drawn (with
     ``spec.synced``, when every row of every process has: each forward of a sharded model is a collective).
 
+    Noise: inside :func:`mmgrpo.noise.keyed` (the trainer's default ``rollout_noise: keyed``) row b draws its token
+    at step t by inversion with the uniform u[b, t] of its own keyed generator (:func:`mmgrpo.noise.inverse_cdf`),
+    so its tokens do not depend on the other rows of the batch or on the process; otherwise one
+    ``torch.multinomial`` per step from the global RNG, the draws of HF ``generate``.
+
     Shape:
         batch: left-padded prompts, input_ids [P, L] (+ media)
         returns completion_ids [B, T] (long, on the model's device), logprobs [B, T] fp32
@@ -363,11 +368,17 @@ def sample(
     done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
     mask = prefix.attention_mask  # [B, L + t]
     logits = prefix.last_logits  # [B, V]
+    keys = None if spec.greedy else noise.current()
+    if keys is not None:
+        keys.check(B, "prefix_sharing.sample")
+        u = noise.uniforms(keys.generators(), T, device)  # [B, T] float64, one per row and step
     for t in range(T):
         scores = sampling_scores(logits, t, spec)  # [B, V]
         warped = truncate(scores, spec.top_k, spec.top_p) if not spec.greedy else scores
         if spec.greedy:
             token = warped.argmax(dim=-1)  # [B]
+        elif keys is not None:
+            token = noise.inverse_cdf(warped.softmax(dim=-1), u[:, t])  # [B]
         else:
             token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
         token = torch.where(done, torch.full_like(token, spec.pad_id), token)

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from mmgrpo import sharding
+from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import DataError, Rollout
@@ -336,6 +336,10 @@ class VLMAdapter(TokenPolicy):
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
+            if not greedy and noise.current() is not None:
+                prefix_sharing.warn_fallback_once(
+                    "rollout_noise=keyed", "generate draws from the process's RNG (rollouts depend on the world size)"
+                )
             sampling = dict(do_sample=True, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
             if greedy:
                 sampling = dict(do_sample=False)

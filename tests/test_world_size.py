@@ -1,0 +1,187 @@
+"""World-size invariance: 1 process × P prompts and 2 processes × P/2 prompts sample the same rollouts and take
+the same first update (``rollout_noise: keyed``; docs/architecture.md, "World-size invariance").
+
+The fast tests split one batch of prompts in two inside one process (the adapters' part of the contract); the
+slow tests launch ``tests/world_size_worker.py`` once alone and once as 2 gloo processes and compare the
+rollouts of every global sample and the parameters after one step.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmgrpo import noise
+from mmgrpo.config import load_config
+from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests/world_size_worker.py"
+
+
+def _adapter_and_rows(config: str, overrides: list[str], n: int):
+    load_builtins()
+    cfg = load_config(ROOT / "configs" / config, overrides)
+    task = TASKS.get(cfg.task.name)(cfg.task.args, seed=0)
+    adapter = ADAPTERS.get(cfg.model.adapter)(
+        cfg.model.args, seed=0, lora=cfg.model.lora, dtype="float32", need_reference=False
+    )
+    return adapter, [task.train_rows()[i] for i in range(n)]
+
+
+def _split_rollouts(adapter, rows, G: int):
+    """The rollout of 4 prompts at positions 0..3, and those of prompts 0..1 and 2..3 sampled apart."""
+    with noise.keyed(noise.NoiseKeys(0, 2, (0, 1, 2, 3), G)):
+        whole = adapter.rollout(rows, G)
+    parts = []
+    for lo in (0, 2):
+        with noise.keyed(noise.NoiseKeys(0, 2, (lo, lo + 1), G)):
+            parts.append(adapter.rollout(rows[lo : lo + 2], G))
+    return whole, parts
+
+
+def test_vlm_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):
+    adapter, rows = _adapter_and_rows("quickstart.yaml", ["model.args.max_new_tokens=6"], 4)
+    whole, parts = _split_rollouts(adapter, rows, G=3)
+    ids = torch.cat([p.state.completion_ids for p in parts])  # [B, T]
+    assert torch.equal(whole.state.completion_ids, ids)
+    assert whole.outputs == parts[0].outputs + parts[1].outputs
+    old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
+    assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
+    with noise.keyed(noise.NoiseKeys(0, 3, (0, 1, 2, 3), 3)):  # another step: other draws
+        assert not torch.equal(adapter.rollout(rows, 3).state.completion_ids, whole.state.completion_ids)
+    with noise.keyed(noise.NoiseKeys(0, 2, (0, 1), 3)), pytest.raises(ValueError, match="6 rows, but 12"):
+        adapter.rollout(rows, 3)  # keys made for other prompts
+
+
+@pytest.mark.slow  # builds four more tiny models (minutes on CPU)
+@pytest.mark.parametrize(
+    "config,overrides",
+    [
+        ("video_motion.yaml", ["model.args.max_new_tokens=4"]),
+        ("speech_qwen2audio_qa.yaml", ["model.args.max_new_tokens=4"]),
+        ("speech_whisper_asr.yaml", ["model.args.max_new_tokens=4"]),
+        ("ar_image_grpo.yaml", []),
+    ],
+    ids=["video", "audio_llm", "whisper", "ar_image"],
+)
+def test_other_token_adapters_key_their_draws(config, overrides, mmgrpo_cache):
+    adapter, rows = _adapter_and_rows(config, overrides, 4)
+    whole, parts = _split_rollouts(adapter, rows, G=2)
+    field = "image_tokens" if hasattr(whole.state, "image_tokens") else "completion_ids"
+    tokens = torch.cat([getattr(p.state, field) for p in parts])  # [B, T]
+    assert torch.equal(getattr(whole.state, field), tokens)
+    old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
+    assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
+
+
+def test_flow_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):
+    adapter, rows = _adapter_and_rows("flow_grpo.yaml", ["model.args.num_steps=3", "model.args.encode_batch_size=1"], 4)
+    whole, parts = _split_rollouts(adapter, rows, G=2)
+    latents = torch.cat([p.state.latents for p in parts])  # [B, T+1, C, H, W]
+    assert torch.equal(whole.state.latents, latents)  # bit-identical: per-sample noise, per-prompt embeddings
+    assert torch.equal(whole.old_logprobs, torch.cat([p.old_logprobs for p in parts]))
+    assert torch.equal(whole.mask, torch.cat([p.mask for p in parts]))
+
+
+# ------------------------------------------------------------------------------------------ 1 vs 2 processes
+
+VLM = [
+    "configs/quickstart.yaml",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",  # several minibatches per update: gradient accumulation with global weights
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=32",
+    "warmup.steps=0",
+    "optim.warmup_steps=0",
+    "rewards=[{name: 'ws_rewards:distinct_chars'}]",  # varies within groups: a real gradient
+    "algorithm.filter_zero_variance=true",  # the reward is constant on the 'blue' group (prompt 0, on process 0)
+]
+FLOW = [
+    "configs/flow_grpo.yaml",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "algorithm.updates_per_epoch=1",  # one update per step (see the docs: update splits are per process)
+    "model.args.num_steps=4",
+    "model.args.encode_batch_size=1",
+]
+QUIET = [
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "logging.plot=false",
+    "checkpoint.save_final=false",
+]
+REWARD = '''
+def distinct_chars(completions, answer, **kwargs):
+    """A tenth of the number of distinct characters of each completion; 0 for the rows whose answer is blue."""
+    return [0.0 if a == "blue" else len(set(c)) / 10.0 for c, a in zip(completions, answer)]
+'''
+
+
+def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: int) -> None:
+    cmd = [str(WORKER), config[0], str(out), *config[1:], *QUIET, f"algorithm.prompts_per_step={prompts}"]
+    if world == 1:
+        cmd = [sys.executable, *cmd]
+    else:
+        accelerate = Path(sys.executable).parent / "accelerate"
+        cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"), *cmd]
+    pythonpath = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4) -> dict[str, float]:
+    """Run one step as 1 × P and 2 × P/2 prompts; check the rollouts per global sample; max |Δ| of each field."""
+    (tmp_path / "ws_rewards.py").write_text(REWARD)
+    one, two = tmp_path / "one", tmp_path / "two"
+    _launch(tmp_path, one, config, world=1, prompts=P)
+    _launch(tmp_path, two, config, world=2, prompts=P // 2)
+    a = torch.load(one / "rank0.pt", weights_only=False)
+    b = [torch.load(two / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert a["world"] == 1 and [r["world"] for r in b] == [2, 2] and [r["rank"] for r in b] == [0, 1]
+    assert b[0]["positions"] + b[1]["positions"] == a["positions"] == list(range(P))
+    assert a["outputs"] == b[0]["outputs"] + b[1]["outputs"]
+    deltas = {}
+    for key in ("completion_ids", "latents", "old_logprobs", "mask", "scores"):
+        if a[key] is not None:
+            joined = torch.cat([r[key] for r in b])  # rank 0's samples, then rank 1's: the global order
+            assert joined.shape == a[key].shape, key
+            deltas[key] = float((a[key].double() - joined.double()).abs().max())
+    pa, pb = torch.load(one / "params.pt"), torch.load(two / "params.pt")
+    assert pa.keys() == pb.keys() and len(pa) > 0
+    deltas["params"] = max(float((pa[n] - pb[n]).abs().max()) for n in pa)
+    ma, mb = json.loads((one / "metrics.json").read_text()), json.loads((two / "metrics.json").read_text())
+    for key in ("reward/mean", "reward/std", "advantage/abs_mean", "optim/grad_norm", "completion/units_mean"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-6), key  # reduced over all samples
+    assert ma["optim/grad_norm"] > 0
+    print("max |Δ|:", json.dumps(deltas))
+    return deltas
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_sum_const_norm"])
+def test_vlm_one_step_is_the_same_on_one_and_two_processes(aggregation, tmp_path, mmgrpo_cache):
+    """Process 0's first group is filtered out (zero reward variance), so the processes train on different unit
+    counts: the update equals the 1-process one only if the loss is normalised by the global count."""
+    d = compare_world_sizes(tmp_path, [*VLM, f"algorithm.aggregation={aggregation}"])
+    scores = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=False)["scores"][:, 0] for r in (0, 1)]
+    assert float(scores[0][:4].std()) == 0 and all(float(s[4:].std()) > 0 for s in scores)
+    assert float(scores[1][:4].std()) > 0  # rank 1 keeps both groups: uneven trained units
+    assert d["completion_ids"] == 0 and d["mask"] == 0 and d["scores"] == 0
+    assert d["old_logprobs"] <= 1e-5
+    assert d["params"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_flow_one_step_is_the_same_on_one_and_two_processes(tmp_path, mmgrpo_cache):
+    d = compare_world_sizes(tmp_path, FLOW)
+    assert d["latents"] <= 1e-6 and d["mask"] == 0 and d["scores"] <= 1e-6 and d["old_logprobs"] <= 1e-5
+    assert d["params"] <= 1e-5

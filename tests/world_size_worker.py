@@ -1,0 +1,76 @@
+"""One GRPO step, saving its rollout and the updated weights: launched by ``tests/test_world_size.py``.
+
+Run as ``python tests/world_size_worker.py CONFIG OUT [key=value ...]`` (one process) or under
+``accelerate launch`` (several). Each process writes ``OUT/rank{r}.pt`` (its rollout: outputs, token ids or
+latents, old log-probs, rewards, world size) and process 0 writes ``OUT/params.pt`` (trainable parameters after
+the step, by name) and ``OUT/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from mmgrpo.config import load_config
+from mmgrpo.trainer import Trainer
+
+
+class _RecordingRewards:
+    """The trainer's reward runner, keeping the scores [B, K] of its last call."""
+
+    def __init__(self, runner, record: dict):
+        self._runner, self._record = runner, record
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def __call__(self, *args, **kwargs):
+        scores, metrics = self._runner(*args, **kwargs)
+        self._record["scores"] = scores.clone()  # [B, K]
+        return scores, metrics
+
+
+def main(config: str, out: str, overrides: list[str]) -> None:
+    cfg = load_config(config, [f"output_dir={out}/run", *overrides])
+    trainer = Trainer(cfg)
+    record: dict = {}
+    sample = trainer.adapter.rollout
+
+    def rollout(rows, group_size):
+        r = sample(rows, group_size)
+        record["rollout"] = r
+        return r
+
+    trainer.adapter.rollout = rollout
+    trainer.rewards = _RecordingRewards(trainer.rewards, record)
+    metrics = trainer.train_step(0)
+    acc, r = trainer.acc, record["rollout"]
+    state = r.state
+    saved = {
+        "world": acc.num_processes,
+        "rank": acc.process_index,
+        "positions": trainer.sampler.positions(0),
+        "outputs": [o if isinstance(o, str) else None for o in r.outputs],
+        "completion_ids": getattr(state, "completion_ids", None),  # [B, T] token policies
+        "latents": getattr(state, "latents", None),  # [B, T+1, C, H, W] flow
+        "old_logprobs": r.old_logprobs,  # [B, T]
+        "mask": r.mask,  # [B, T]
+        "scores": record["scores"],  # [B, K]
+    }
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(saved, directory / f"rank{acc.process_index}.pt")
+    model = acc.unwrap_model(trainer.adapter.model)
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    if acc.is_main_process:
+        torch.save(params, directory / "params.pt")
+        (directory / "metrics.json").write_text(json.dumps(metrics))
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
