@@ -1,0 +1,65 @@
+"""benchmarks/flow_time_to_reward.py: the time-to-reward bookkeeping by hand; the whole machinery on 2 iterations."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "flow_time_to_reward.py"
+
+
+@pytest.fixture(scope="module")
+def ttr():
+    spec = importlib.util.spec_from_file_location("flow_time_to_reward", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's string annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def _run(seed: int, points: list[tuple[int, float, float]]) -> dict:
+    curve = [{"step": s, "train_cpu_s": c, "eval_cpu_s": 1.0, "reward": r} for s, c, r in points]
+    return {"seed": seed, "steps": points[-1][0], "curve": curve, "train_cpu_s": points[-1][1]}
+
+
+def test_target_and_first_reach_by_hand(ttr):
+    grpo = [_run(0, [(0, 0.0, 0.60), (10, 4.0, 0.70), (20, 8.0, 0.76)]),
+            _run(1, [(0, 0.0, 0.60), (10, 4.2, 0.74), (20, 8.2, 0.74)])]  # fmt: skip
+    fast = [_run(0, [(0, 0.0, 0.60), (16, 2.0, 0.755), (32, 4.0, 0.70)]),
+            _run(1, [(0, 0.0, 0.60), (16, 2.2, 0.70), (32, 4.4, 0.76)])]  # fmt: skip
+    s = ttr.summarize({"grpo": grpo, "sde_window": fast})
+    assert s["target"] == pytest.approx(0.75)  # mean of grpo's final rewards 0.76, 0.74
+    assert s["grpo_budget_cpu_s"] == pytest.approx(8.1)
+    g, f = s["rows"]["grpo"], s["rows"]["sde_window"]
+    assert g["reach_per_seed"] == [8.0, None]  # seed 1 never reaches 0.75
+    assert g["reach_mean_curve"] == pytest.approx(8.1)  # mean rewards 0.60, 0.72, 0.75
+    assert f["reach_per_seed"] == [2.0, 4.4]
+    assert f["reach_mean_curve"] is None  # mean rewards 0.60, 0.7275, 0.73: the mean curve never gets there
+    assert f["vs_grpo_budget"] is None
+    assert "not reached" in ttr.table(s)
+
+
+def test_mean_curve_keeps_only_points_every_seed_has(ttr):
+    runs = [_run(0, [(0, 0.0, 0.6), (10, 4.0, 0.7)]), _run(1, [(0, 0.0, 0.6)])]
+    c = ttr.mean_curve(runs)
+    assert [p["step"] for p in c] == [0]
+
+
+def test_benchmark_runs_two_iterations(ttr, tmp_path):
+    png = tmp_path / "ttr.png"
+    s = ttr.main(["--seeds", "0", "--steps", "2", "--eval-every", "1", "--settings", "grpo", "--out", str(tmp_path),
+                  "--plot", str(png), "--no-warmup"])  # fmt: skip
+    run = json.loads((tmp_path / "results.json").read_text())["grpo"][0]
+    curve = run["curve"]
+    assert [p["step"] for p in curve] == [0, 1, 2]  # before, eval.every = 1, after
+    cpu = [p["train_cpu_s"] for p in curve]
+    assert cpu[0] < 0.2 < cpu[1] < cpu[2]  # the clock starts at run(); each iteration costs CPU
+    assert all(p["eval_cpu_s"] > 0.1 for p in curve)  # evaluations are measured, and not in the clock
+    assert run["children_cpu_s"] < 0.05  # all the work ran in this process
+    assert s["target"] == pytest.approx(curve[-1]["reward"])
+    assert s["rows"]["grpo"]["reach_mean_curve"] <= cpu[-1]
+    assert png.stat().st_size > 1000
+    assert (tmp_path / "table.md").read_text().startswith("Target: grpo's final held-out reward")
