@@ -22,7 +22,8 @@ def ttr():
 
 def _run(seed: int, points: list[tuple[int, float, float]]) -> dict:
     curve = [{"step": s, "train_cpu_s": c, "eval_cpu_s": 1.0, "reward": r} for s, c, r in points]
-    return {"seed": seed, "steps": points[-1][0], "curve": curve, "train_cpu_s": points[-1][1]}
+    return {"seed": seed, "steps": points[-1][0], "curve": curve, "train_cpu_s": points[-1][1],
+            "eval_cpu_s": float(len(curve)), "wall_s": 0.0}  # fmt: skip
 
 
 def test_target_and_first_reach_by_hand(ttr):
@@ -40,6 +41,34 @@ def test_target_and_first_reach_by_hand(ttr):
     assert f["reach_mean_curve"] is None  # mean rewards 0.60, 0.7275, 0.73: the mean curve never gets there
     assert f["vs_grpo_budget"] is None
     assert "not reached" in ttr.table(s)
+
+
+def test_reward_at_interpolates_between_evaluations(ttr):
+    curve = _run(0, [(0, 0.0, 0.6), (1, 4.0, 0.7), (2, 8.0, 0.8)])["curve"]
+    assert ttr.reward_at(curve, 1.0) == pytest.approx(0.625)
+    assert ttr.reward_at(curve, 6.0) == pytest.approx(0.75)
+    assert ttr.reward_at(curve, 9.0) is None  # past the last evaluation: not extrapolated
+    grpo = [_run(0, [(0, 0.0, 0.60), (10, 4.0, 0.70), (20, 9.0, 0.76)])]
+    fast = [_run(0, [(0, 0.0, 0.60), (17, 2.0, 0.72), (34, 4.0, 0.77)])]
+    row = ttr.summarize({"grpo": grpo, "sde_window": fast})["rows"]["sde_window"]
+    assert row["reward_at_third"] == pytest.approx(0.745)  # 3.0 s = ⅓ of grpo's 9.0: halfway from 0.72 to 0.77
+    assert row["reach_per_seed"] == [4.0] and row["vs_grpo_budget"] == pytest.approx(4.0 / 9.0)
+
+
+def test_merge_reuses_recorded_runs_and_checks_their_length(ttr, tmp_path):
+    grpo = _run(0, [(0, 0.0, 0.60), (1, 1.0, 0.70), (2, 2.0, 0.74)])
+    fast = _run(0, [(0, 0.0, 0.60), (2, 1.0, 0.75), (3, 1.5, 0.76)])  # sde_window: round(2 × 1.7) = 3 iterations
+    for sub, runs in (("a", {"grpo": [grpo]}), ("b", {"sde_window": [fast]})):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "results.json").write_text(json.dumps(runs))
+    args = ["--seeds", "0", "--settings", "grpo", "sde_window", "--out", str(tmp_path / "m"), "--no-warmup",
+            "--merge", str(tmp_path / "a"), str(tmp_path / "b")]  # fmt: skip
+    s = ttr.main([*args, "--steps", "2"])  # nothing to train: a run would take seconds and change the curves
+    assert s["target"] == pytest.approx(0.74)
+    assert s["rows"]["sde_window"]["reach_per_seed"] == [1.0]
+    assert json.loads((tmp_path / "m" / "results.json").read_text()) == {"grpo": [grpo], "sde_window": [fast]}
+    with pytest.raises(SystemExit, match="recorded run has 2 iterations"):
+        ttr.main([*args, "--steps", "3"])
 
 
 def test_mean_curve_keeps_only_points_every_seed_has(ttr):
