@@ -147,6 +147,9 @@ def run_one(name: str, seed: int, steps: int, eval_every: int, out: Path) -> dic
     wall0 = time.perf_counter()
     trainer = TimedTrainer(cfg)
     trainer.run()
+    if trainer.curve[-1]["step"] != n_steps:  # SIGTERM / Ctrl-C: the trainer saved and stopped early
+        stop = trainer.curve[-1]["step"]
+        raise SystemExit(f"{name} seed {seed} stopped at iteration {stop} of {n_steps}; the run is not recorded")
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "setting": name,
