@@ -279,7 +279,7 @@ def plot(results: dict[str, list[dict]], target: float, grpo_budget: float, path
     ax.set_ylabel("held-out reward (8 prompts × 4 noises)")
     ax.set_title("flow_shapes: held-out reward vs CPU time (mean, band = min–max over seeds)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
