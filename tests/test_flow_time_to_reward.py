@@ -92,3 +92,13 @@ def test_benchmark_runs_two_iterations(ttr, tmp_path):
     assert s["rows"]["grpo"]["reach_mean_curve"] <= cpu[-1]
     assert png.stat().st_size > 1000
     assert (tmp_path / "table.md").read_text().startswith("Target: grpo's final held-out reward")
+
+
+def test_a_run_that_stopped_early_is_not_recorded(ttr, tmp_path, monkeypatch):
+    def stopped(self):  # what Trainer.run leaves after SIGTERM at iteration 1 of 2: before, then the final eval
+        self.curve = [{"step": 0, "train_cpu_s": 0.0, "reward": 0.6}, {"step": 1, "train_cpu_s": 0.5, "reward": 0.6}]
+        return {}
+
+    monkeypatch.setattr(ttr.TimedTrainer, "run", stopped)
+    with pytest.raises(SystemExit, match="stopped at iteration 1 of 2"):
+        ttr.run_one("grpo", 0, 2, 1, tmp_path)
