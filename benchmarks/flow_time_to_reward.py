@@ -131,7 +131,7 @@ class TimedTrainer(Trainer):
         return result
 
 
-def run_one(name: str, seed: int, steps: int, eval_every: int, out: Path) -> dict:
+def run_one(name: str, seed: int, steps: int, eval_every: int, out: Path, extra: tuple[str, ...] = ()) -> dict:
     s = SETTINGS[name]
     run_dir = out / f"{name}-seed{seed}"
     if run_dir.exists():
@@ -140,7 +140,7 @@ def run_one(name: str, seed: int, steps: int, eval_every: int, out: Path) -> dic
     every = max(1, round(eval_every * s.scale))
     overrides = [
         f"output_dir={run_dir}", f"seed={seed}", f"steps={n_steps}", f"eval.every={every}", "eval.before=true",
-        "eval.after=true", "checkpoint.save_final=false", *s.overrides,
+        "eval.after=true", "checkpoint.save_final=false", *s.overrides, *extra,
     ]  # fmt: skip
     cfg = load_config(ROOT / s.config, overrides)
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-every", type=int, default=10, help="grpo's evaluation interval (× scale for the others)")
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--out", default="runs/flow_ttr")
+    ap.add_argument(
+        "--override", nargs="*", default=[], help="extra config overrides for every run, e.g. rollout_noise=per_process"
+    )
     ap.add_argument("--plot", default=None, help="PNG path for the plot (none if omitted)")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in OUT/results.json")
     ap.add_argument("--merge", nargs="+", default=[], help="also keep the runs in these dirs' results.json")
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, list[dict]] = {name: [] for name in a.settings}
     for seed in a.seeds:  # seeds outer: an interrupted benchmark has every setting at its first seeds
         for name in a.settings:
-            r = _reuse(done, name, seed, a.steps) or run_one(name, seed, a.steps, a.eval_every, out)
+            r = _reuse(done, name, seed, a.steps) or run_one(name, seed, a.steps, a.eval_every, out, tuple(a.override))
             results[name].append(r)
             kept = {n: [d for d in done.get(n, []) if d["seed"] not in {x["seed"] for x in results.get(n, [])}]
                     for n in {*done, *results}}  # fmt: skip

@@ -62,7 +62,7 @@ def test_vlm_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache
 @pytest.mark.parametrize(
     "config,overrides",
     [
-        ("video_motion.yaml", ["model.args.max_new_tokens=4"]),
+        ("video_motion_tgrpo.yaml", ["model.args.max_new_tokens=4"]),  # + T-GRPO shuffled rollouts
         ("speech_qwen2audio_qa.yaml", ["model.args.max_new_tokens=4"]),
         ("speech_whisper_asr.yaml", ["model.args.max_new_tokens=4"]),
         ("ar_image_grpo.yaml", []),
@@ -77,6 +77,9 @@ def test_other_token_adapters_key_their_draws(config, overrides, mmgrpo_cache):
     assert torch.equal(getattr(whole.state, field), tokens)
     old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
     assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
+    if "shuffled_completions" in whole.extras:  # T-GRPO: the shuffled-frame rollouts are keyed too
+        shuffled = parts[0].extras["shuffled_completions"] + parts[1].extras["shuffled_completions"]
+        assert whole.extras["shuffled_completions"] == shuffled
 
 
 def test_flow_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):

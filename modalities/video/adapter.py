@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from mmgrpo import noise
 from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
@@ -39,6 +40,9 @@ from mmgrpo.types import Rollout
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, build_vlm_adapter
+
+SHUFFLED_NOISE = 0x5F1E
+"""Tag mixed into the seed of the T-GRPO shuffled rollouts' keyed noise (apart from the ordered rollouts')."""
 
 
 @dataclass
@@ -99,14 +103,24 @@ class VideoAdapter(VLMAdapter):
         out: list = [None] * len(prompts)
         if not video_rows:
             return out
+        # Under the trainer's keyed rollout noise the shuffled rollouts get keys of their own (mmgrpo/noise.py):
+        # the video prompts' global positions, n samples each, under a seed apart from the ordered rollouts'; the
+        # permutation of each prompt comes from its group-shared generator. Otherwise both use the global RNG.
+        keys = noise.current()
+        if keys is not None:
+            keys = noise.NoiseKeys(
+                noise.mix(keys.seed, SHUFFLED_NOISE), keys.step, tuple(keys.positions[i] for i in video_rows), n
+            )
+        orders = keys.generators(shared=True) if keys is not None else [None] * len(video_rows)
         encodings = []
-        for i in video_rows:
+        for i, generator in zip(video_rows, orders, strict=True):
             clip = self.video.clip(prompts[i])  # pinned: no decode
-            shuffled, _ = shuffle_frames(clip.frames)
+            shuffled, _ = shuffle_frames(clip.frames, generator)
             encodings.append(
                 self._encode_prompt(prompts[i], media={"video": [VideoEncoder.with_frames(clip, shuffled)]})
             )
-        texts = self._decode(self._generate(encodings, n, greedy=False))  # [len(video_rows)·n]
+        with noise.keyed(keys):
+            texts = self._decode(self._generate(encodings, n, greedy=False))  # [len(video_rows)·n]
         for j, i in enumerate(video_rows):
             out[i] = texts[j * n : (j + 1) * n]
         return out
