@@ -324,7 +324,7 @@ def test_inverse_cdf_draws_the_softmax_distribution(V):
     for _ in range(n // 500):
         index, total = prefix_sharing.inverse_cdf(weights.repeat(250, 1), block=64)  # [500]
         counts.index_put_((torch.arange(500) % 2, index), torch.ones(500), accumulate=True)
-        torch.testing.assert_close(total[:2], weights.double().sum(1), rtol=1e-12, atol=0)
+        torch.testing.assert_close(total[:2], weights.double().sum(1), rtol=1e-6, atol=0)  # fp32 block sums
     assert counts[weights == 0].sum() == 0
     p = weights / weights.sum(1, keepdim=True)  # [2, V]
     expected = p * (n / 2)  # [2, V] draws per column
