@@ -85,6 +85,7 @@ class RunSpec:
     flops: bool = True
     mmgrpo_args: dict = field(default_factory=dict)
     profile: str = ""  # a path: profile the last timed step (torch.profiler) and write a summary there
+    trl_fused_head: str = "device"  # device (TRL as shipped) | compact (its CUDA/XPU rule: score labelled rows only)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -304,6 +305,13 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     B, T = spec.prompts * spec.group_size, spec.completion_tokens
+    if spec.trl_fused_head == "compact":
+        # TRL's add_fused_lm_head (trl/trainer/utils.py) scores only the labelled (completion) positions when
+        # kernels.chunked_logprob._use_triton(device) holds (CUDA/XPU) and every position elsewhere (CPU): run
+        # the GPU rule on CPU, to see what that costs TRL here. The chunked kernel itself stays on its CPU path.
+        import trl.trainer.utils as trl_utils
+
+        trl_utils._use_triton = lambda device: True
     model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32, attn_implementation="sdpa")
     processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
     from mmgrpo.tasks.shapes import QUESTIONS as TEXT
@@ -699,6 +707,7 @@ def profile(a, model_dir: Path, point: tuple[int, int], raw: Path, out: Path) ->
             result=str(raw / f"profiled_{tk}.json"),
             flops=False,
             profile=str(path),
+            trl_fused_head=a.trl_fused_head,
         )
         _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
         report["toolkits"][tk] = json.loads(path.read_text())
@@ -727,6 +736,13 @@ def main(argv: list[str] | None = None) -> int:
         "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
     )
     p.add_argument("--checkpointing", action="store_true", help="also run both toolkits with gradient checkpointing on")
+    p.add_argument(
+        "--trl-fused-head",
+        choices=["device", "compact"],
+        default="device",
+        help="device: TRL as shipped (on CPU its fused lm_head scores every prompt position too) | compact: the "
+        "rule TRL uses on CUDA/XPU, only the completion positions",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -785,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
                     result=str(result),
                     flops=rep == 0,
                     mmgrpo_args=MMGRPO_ARGS.get(tk, {}),
+                    trl_fused_head=a.trl_fused_head,
                 )
                 _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
                 r = json.loads(result.read_text())
