@@ -28,6 +28,14 @@ FLOP-counting step; ``working set`` = that peak minus the RSS after imports). A 
 its own subprocess after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step
 time) is reported as a fraction of its median. Ratios are TRL / mmgrpo per repeat; the table
 gives their median over repeats. Writes ``vs_trl.json`` and ``vs_trl.png`` under ``--out`` and prints one line.
+
+Options beyond the sweep. ``--vocab real`` resizes the model's tied embedding / lm_head to Qwen2.5-VL's 151,936
+rows (``VOCABS``). ``--checkpointing`` adds both toolkits with gradient checkpointing on (TRL
+``gradient_checkpointing=True``, mmgrpo ``model.args.gradient_checkpointing: true``). ``--trl-fused-head compact``
+makes TRL's fused lm_head score only the completion positions, the rule it follows on CUDA/XPU (on CPU it scores
+every position: ``add_fused_lm_head`` in huggingface/trl ``trl/trainer/utils.py``). ``--profile`` replaces the
+sweep by one ``torch.profiler`` step of each toolkit at the first ratio, with ``record_function`` scopes around
+the same calls in both (``PROFILE_SCOPES``), written to ``profile.json``.
 """
 
 from __future__ import annotations

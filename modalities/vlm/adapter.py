@@ -86,8 +86,9 @@ class VLMArgs:
     (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
     working (one packed forward per minibatch, modalities/tokens/prefix_sharing.py)."""
     kv_expand_rollout: bool = True
-    """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; same draws as
-    HF generate. False: generate(num_return_sequences=G), which prefills every prompt G times."""
+    """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; the same
+    distribution as HF generate (its very draws with sample_draw: multinomial). False:
+    generate(num_return_sequences=G), which prefills every prompt G times."""
     sample_draw: Literal["inverse_cdf", "multinomial"] = "inverse_cdf"
     """How the KV-expanded sampler draws each token from the same softmax: inverse_cdf (one uniform per row and
     step) | multinomial (torch.multinomial, HF generate's draws: a fixed seed gives generate's tokens; on CPU it
