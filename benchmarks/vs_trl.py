@@ -68,7 +68,7 @@ MODEL_SIZES = dict(
 MROPE_SECTION = [4, 6, 6]  # head_dim 32 → 16 rotary frequencies split over (t, h, w)
 QUESTIONS = ["colour", "shape"]
 # The text side's vocabulary: "small" keeps the tiny BPE tokenizer's ~600 rows; "real" resizes the (tied) embedding
-# and lm_head to Qwen2.5-VL's 151,936 rows (``vocab_size`` in Qwen/Qwen2.5-VL-7B-Instruct's config.json), so the
+# and lm_head to Qwen2.5-VL's 151,936 rows (``vocab_size`` in Qwen/Qwen2.5-VL-3B-Instruct's config.json), so the
 # lm_head (19.4M parameters at hidden size 128, 20× the 4 decoder layers) and the [B, V] logits of every decoding
 # step weigh as they do in the real model. The tokenizer is unchanged: ids past it decode to nothing, in both
 # toolkits alike.
