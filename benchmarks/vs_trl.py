@@ -28,6 +28,14 @@ FLOP-counting step; ``working set`` = that peak minus the RSS after imports). A 
 its own subprocess after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step
 time) is reported as a fraction of its median. Ratios are TRL / mmgrpo per repeat; the table
 gives their median over repeats. Writes ``vs_trl.json`` and ``vs_trl.png`` under ``--out`` and prints one line.
+
+Options beyond the sweep. ``--vocab real`` resizes the model's tied embedding / lm_head to Qwen2.5-VL's 151,936
+rows (``VOCABS``). ``--checkpointing`` adds both toolkits with gradient checkpointing on (TRL
+``gradient_checkpointing=True``, mmgrpo ``model.args.gradient_checkpointing: true``). ``--trl-fused-head compact``
+makes TRL's fused lm_head score only the completion positions, the rule it follows on CUDA/XPU (on CPU it scores
+every position: ``add_fused_lm_head`` in huggingface/trl ``trl/trainer/utils.py``). ``--profile`` replaces the
+sweep by one ``torch.profiler`` step of each toolkit at the first ratio, with ``record_function`` scopes around
+the same calls in both (``PROFILE_SCOPES``), written to ``profile.json``.
 """
 
 from __future__ import annotations
@@ -59,13 +67,19 @@ MODEL_SIZES = dict(
 )
 MROPE_SECTION = [4, 6, 6]  # head_dim 32 → 16 rotary frequencies split over (t, h, w)
 QUESTIONS = ["colour", "shape"]
+# The text side's vocabulary: "small" keeps the tiny BPE tokenizer's ~600 rows; "real" resizes the (tied) embedding
+# and lm_head to Qwen2.5-VL's 151,936 rows (``vocab_size`` in Qwen/Qwen2.5-VL-3B-Instruct's config.json), so the
+# lm_head (19.4M parameters at hidden size 128, 20× the 4 decoder layers) and the [B, V] logits of every decoding
+# step weigh as they do in the real model. The tokenizer is unchanged: ids past it decode to nothing, in both
+# toolkits alike.
+VOCABS = {"small": None, "real": 151_936}
 
 
 @dataclass
 class RunSpec:
     """One worker run (one toolkit, one prompt length)."""
 
-    toolkit: str  # trl | mmgrpo | mmgrpo_naive
+    toolkit: str  # trl | mmgrpo | mmgrpo_naive | trl_ckpt | mmgrpo_ckpt (…_ckpt: gradient checkpointing on)
     model_dir: str
     image_size: int
     completion_tokens: int
@@ -78,6 +92,8 @@ class RunSpec:
     result: str
     flops: bool = True
     mmgrpo_args: dict = field(default_factory=dict)
+    profile: str = ""  # a path: profile the last timed step (torch.profiler) and write a summary there
+    trl_fused_head: str = "device"  # device (TRL as shipped) | compact (its CUDA/XPU rule: score labelled rows only)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -106,6 +122,25 @@ def build_model(directory: Path, seed: int) -> Path:
     if isinstance(getattr(ip, "size", None), dict):
         ip.size = {"shortest_edge": ip.min_pixels, "longest_edge": ip.max_pixels}
     processor.save_pretrained(tmp)
+    os.replace(tmp, directory)
+    return directory
+
+
+def resize_vocab(model_dir: Path, vocab: int) -> Path:
+    """A copy of the benchmark model whose tied embedding / lm_head has ``vocab`` rows (new rows: the model's
+    normal init), built once under ``<model_dir>_v<vocab>``."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    directory = model_dir.with_name(f"{model_dir.name}_v{vocab}")
+    if (directory / "config.json").is_file():
+        return directory
+    tmp = directory.with_name(directory.name + ".build")
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.save_pretrained(tmp)
+    AutoProcessor.from_pretrained(model_dir).save_pretrained(tmp)
     os.replace(tmp, directory)
     return directory
 
@@ -161,30 +196,114 @@ def _suppressed_ids(tokenizer) -> list[int]:
 
 
 class _Clock:
-    """Per-step wall times: ``step`` and the time spent inside the wrapped sampling call."""
+    """Per-step wall times: ``step`` and the time spent inside the wrapped sampling call; optionally one step
+    (``profile_step``) under ``torch.profiler``, summarised into ``profile_path``."""
 
-    def __init__(self):
+    def __init__(self, profile_step: int = -1, profile_path: str = ""):
         self.step: list[float] = []
         self.rollout: list[float] = []
         self._t0 = 0.0
         self._in_rollout = 0.0
+        self.profile_step, self.profile_path, self._prof = profile_step, profile_path, None
 
     def begin(self) -> None:
+        if len(self.step) == self.profile_step:
+            import torch
+
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            self._prof.__enter__()
         self._t0, self._in_rollout = time.perf_counter(), 0.0
 
     def end(self) -> None:
         self.step.append(time.perf_counter() - self._t0)
         self.rollout.append(self._in_rollout)
+        if self._prof is not None:
+            self._prof.__exit__(None, None, None)
+            _write_profile(self._prof, self.step[-1], self.rollout[-1], self.profile_path)
+            self._prof = None
 
     def wrap(self, fn):
         def timed(*args, **kwargs):
+            from torch.profiler import record_function
+
             t = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                with record_function("bench/sampling"):
+                    return fn(*args, **kwargs)
             finally:
                 self._in_rollout += time.perf_counter() - t
 
         return timed
+
+
+# Regions of a step named in the profile (record_function scopes around the same calls in both toolkits).
+PROFILE_SCOPES = (
+    "bench/sampling",
+    "bench/lm_head",
+    "bench/logprob_forward",
+    "bench/token_logprobs",
+    "bench/backward",
+    "bench/optimizer",
+    "bench/processor",
+)
+
+
+def _scoped(fn, name: str):
+    def scoped(*args, **kwargs):
+        from torch.profiler import record_function
+
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return scoped
+
+
+def _annotate_for_profile() -> None:
+    """Wrap the calls both toolkits share (backward, AdamW step, the Qwen2.5-VL processor, the lm_head module) and
+    each toolkit's log-prob forward in ``record_function`` scopes; called in a profiling worker only."""
+    import torch
+    import trl.trainer.grpo_trainer as trl_grpo
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl, processing_qwen2_5_vl
+
+    from mmgrpo.modalities.tokens import logprobs as mm_logprobs
+    from mmgrpo.modalities.vlm.adapter import VLMAdapter
+
+    torch.autograd.backward = _scoped(torch.autograd.backward, "bench/backward")
+    torch.optim.AdamW.step = _scoped(torch.optim.AdamW.step, "bench/optimizer")
+    proc = processing_qwen2_5_vl.Qwen2_5_VLProcessor
+    proc.__call__ = _scoped(proc.__call__, "bench/processor")
+    trl_cls = trl_grpo.GRPOTrainer
+    trl_cls._get_per_token_logps_and_entropies = _scoped(
+        trl_cls._get_per_token_logps_and_entropies, "bench/logprob_forward"
+    )
+    VLMAdapter._token_logprobs = _scoped(VLMAdapter._token_logprobs, "bench/logprob_forward")
+    mm_logprobs._TokenLogProbs.apply = _scoped(mm_logprobs._TokenLogProbs.apply, "bench/token_logprobs")
+    cls = modeling_qwen2_5_vl.Qwen2_5_VLForConditionalGeneration
+    init = cls.__init__
+
+    def init_and_scope(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.lm_head.forward = _scoped(self.lm_head.forward, "bench/lm_head")
+
+    cls.__init__ = init_and_scope
+
+
+def _write_profile(prof, step_s: float, rollout_s: float, path: str) -> None:
+    """Scope totals and the top operators (self CPU time) of one profiled step, as JSON."""
+    events = prof.key_averages()
+    scopes = {e.key: e.cpu_time_total / 1e6 for e in events if e.key in PROFILE_SCOPES}
+    ops = sorted((e for e in events if not e.key.startswith("bench/")), key=lambda e: -e.self_cpu_time_total)
+    top = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in ops[:25]]
+    by_shape = sorted(
+        (e for e in prof.key_averages(group_by_input_shape=True) if not e.key.startswith("bench/")),
+        key=lambda e: -e.self_cpu_time_total,
+    )
+    shapes = [
+        {"op": e.key, "shapes": str(e.input_shapes)[:200], "self_s": e.self_cpu_time_total / 1e6, "calls": e.count}
+        for e in by_shape[:25]
+    ]
+    out = {"step_s": step_s, "rollout_s": rollout_s, "scopes_s": scopes, "top_ops": top, "top_ops_by_shape": shapes}
+    Path(path).write_text(json.dumps(out, indent=1))
 
 
 def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
@@ -194,6 +313,13 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     B, T = spec.prompts * spec.group_size, spec.completion_tokens
+    if spec.trl_fused_head == "compact":
+        # TRL's add_fused_lm_head (trl/trainer/utils.py) scores only the labelled (completion) positions when
+        # kernels.chunked_logprob._use_triton(device) holds (CUDA/XPU) and every position elsewhere (CPU): run
+        # the GPU rule on CPU, to see what that costs TRL here. The chunked kernel itself stays on its CPU path.
+        import trl.trainer.utils as trl_utils
+
+        trl_utils._use_triton = lambda device: True
     model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32, attn_implementation="sdpa")
     processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
     from mmgrpo.tasks.shapes import QUESTIONS as TEXT
@@ -231,7 +357,7 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
         bf16=False,
         fp16=False,
         use_cpu=True,
-        gradient_checkpointing=False,
+        gradient_checkpointing=spec.toolkit == "trl_ckpt",
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
         disable_tqdm=True,
@@ -382,9 +508,12 @@ def worker(spec: RunSpec) -> None:
 
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
-    clock, flop_box = _Clock(), {}
+    if spec.profile:
+        _annotate_for_profile()
+    clock = _Clock(spec.warmup + spec.steps - 1 if spec.profile else -1, spec.profile)
+    flop_box = {}
     rss_start = _maxrss_kb()
-    if spec.toolkit == "trl":
+    if spec.toolkit.startswith("trl"):
         info = _run_trl(spec, clock, flop_box)
     else:
         info = _run_mmgrpo(spec, clock, flop_box)
@@ -482,7 +611,7 @@ def plot(table: list[dict], toolkits: list[str], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     x = [r["ratio"] for r in table]
     for tk in toolkits:
-        if tk == "trl":
+        if tk not in ("mmgrpo", "mmgrpo_naive"):
             continue
         style = "-" if tk == "mmgrpo" else ":"
         for metric, label in (
@@ -536,12 +665,64 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
             f"| {t['flops_per_step'] / 1e9:.1f} / {m['flops_per_step'] / 1e9:.1f} | {t['fraction_of_matmul']:.3f} "
             f"| {m['fraction_of_matmul']:.3f} |"
         )
+    if "mmgrpo_ckpt" in toolkits:
+        lines += [
+            "",
+            "| L:T | gradient checkpointing | step TRL (s) | step mmgrpo (s) | step × | peak RSS TRL (MB) "
+            "| peak RSS mmgrpo (MB) | peak RSS saved | working set TRL / mmgrpo (MB) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in table:
+            for label, t_key, m_key in (("off", "trl", "mmgrpo"), ("on", "trl_ckpt", "mmgrpo_ckpt")):
+                t, m = r[t_key], r[m_key]
+                lines.append(
+                    f"| {r['ratio']:.1f}:1 | {label} | {t['step_s']:.2f} | {m['step_s']:.2f} "
+                    f"| {t['step_s'] / m['step_s']:.2f} | {t['peak_rss_mb']:.0f} | {m['peak_rss_mb']:.0f} "
+                    f"| {1 - m['peak_rss_mb'] / t['peak_rss_mb']:.0%} "
+                    f"| {t['working_set_mb']:.0f} / {m['working_set_mb']:.0f} |"
+                )
     if "mmgrpo_naive" in toolkits:
         lines += ["", "| L:T | step × (TRL / mmgrpo naive path) | peak RSS × |", "|---|---|---|"]
         for r in table:
             q = r["trl_over_mmgrpo_naive"]
             lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['peak_rss_mb']:.2f} |")
     return "\n".join(lines)
+
+
+MMGRPO_ARGS = {
+    "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
+    "mmgrpo_ckpt": {"gradient_checkpointing": True},
+}
+
+
+def profile(a, model_dir: Path, point: tuple[int, int], raw: Path, out: Path) -> int:
+    """One warm-up step, then one step of each toolkit under torch.profiler (one thread, as in the sweep)."""
+    side, L = point
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "prompt_tokens": L, "toolkits": {}}
+    for tk in ("trl", "mmgrpo"):
+        path = raw / f"profile_{tk}.json"
+        spec = RunSpec(
+            toolkit=tk,
+            model_dir=str(model_dir),
+            image_size=side,
+            completion_tokens=a.completion_tokens,
+            prompts=a.prompts,
+            group_size=a.group_size,
+            warmup=a.warmup,
+            steps=1,
+            threads=a.threads,
+            seed=a.seed,
+            result=str(raw / f"profiled_{tk}.json"),
+            flops=False,
+            profile=str(path),
+            trl_fused_head=a.trl_fused_head,
+        )
+        _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
+        report["toolkits"][tk] = json.loads(path.read_text())
+        scopes = report["toolkits"][tk]["scopes_s"]
+        print(f"profile {tk}: step {report['toolkits'][tk]['step_s']:.2f}s " + json.dumps(scopes), flush=True)
+    (out / "profile.json").write_text(json.dumps(report, indent=1))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,6 +740,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads in every worker (1: robust on a shared CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--naive", action="store_true", help="also run mmgrpo with prefix_sharing/kv_expand_rollout off")
+    p.add_argument(
+        "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
+    )
+    p.add_argument("--checkpointing", action="store_true", help="also run both toolkits with gradient checkpointing on")
+    p.add_argument(
+        "--trl-fused-head",
+        choices=["device", "compact"],
+        default="device",
+        help="device: TRL as shipped (on CPU its fused lm_head scores every prompt position too) | compact: the "
+        "rule TRL uses on CUDA/XPU, only the completion positions",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the sweep: one torch.profiler step of each toolkit at the first ratio → profile.json",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker run")
     p.add_argument("--replot", action="store_true", help="only redraw vs_trl.png/.md from --out/vs_trl.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -576,15 +773,21 @@ def main(argv: list[str] | None = None) -> int:
     if a.replot:
         report = json.loads((out / "vs_trl.json").read_text())
         toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
+        toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if "trl_ckpt" in report["table"][0] else []
         (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
         plot(report["table"], toolkits, out / "vs_trl.png")
         return 0
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     model_dir = build_model(out / "model", a.seed)
+    if VOCABS[a.vocab]:
+        model_dir = resize_vocab(model_dir, VOCABS[a.vocab])
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
+    toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
     T = a.completion_tokens
     points = [image_side_for(model_dir, float(r), T) for r in a.ratios.split(",")]
+    if a.profile:
+        return profile(a, model_dir, points[0], raw, out)
     t_start = time.perf_counter()
     runs, matmul = [], []
     for rep in range(a.repeats):
@@ -605,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
                     seed=a.seed + rep,
                     result=str(result),
                     flops=rep == 0,
-                    mmgrpo_args={"prefix_sharing": False, "kv_expand_rollout": False} if tk == "mmgrpo_naive" else {},
+                    mmgrpo_args=MMGRPO_ARGS.get(tk, {}),
+                    trl_fused_head=a.trl_fused_head,
                 )
                 _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
                 r = json.loads(result.read_text())
@@ -628,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": vars(a),
-        "model_sizes": MODEL_SIZES,
+        "model_sizes": {**MODEL_SIZES, "vocab": VOCABS[a.vocab] or "tokenizer"},
         "environment": _environment(a.threads),
         "matmul_flops_per_s": matmul,
         "table": table,

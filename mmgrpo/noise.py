@@ -119,21 +119,45 @@ def normals(generators: list[torch.Generator], shape: tuple[int, ...]) -> Tensor
 
 
 def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """Exact categorical draws by inversion: the first token whose cumulative probability exceeds u·Σp.
+    """Exact categorical draws by inversion: the token whose interval of the cumulative distribution holds u·Σp
+    (:func:`draw_by_inversion`). Shape: probs [n, V] non-negative (need not sum to 1), u [n] in [0, 1) → [n] long.
+    """
+    return draw_by_inversion(probs, u)[0]
 
-    Token i is chosen iff cdf[i-1] ≤ u·Σp < cdf[i], an interval of length p[i]·(1 + O(ε)) for u ~ U[0, 1);
-    the cumulative sum is in float64, and a token of probability 0 is never chosen (its interval is empty;
-    a product that rounds up to Σp is sent to the last token of positive probability).
+
+def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Tensor, Tensor]:
+    """Index i of each row with probability ``weights[i] / weights.sum()``, chosen by the uniform ``u`` of the row.
+
+    Index i is chosen iff cdf[i-1] ≤ u·Σw < cdf[i], an interval of length w[i]·(1 + O(ε)) for u ~ U[0, 1)
+    (Devroye 1986, §III.2.1). In two levels, so no fp64 cumulative sum runs over all V columns (on one CPU thread
+    that costs ~3 ms per 10⁶ values, more than the exp of the softmax): the row is cut into blocks of ``block``
+    columns, a block is chosen from the fp64 cumulative sum of the block sums, then a column inside it from the fp64
+    cumulative sum of that block alone. A column of weight 0 is never chosen (a product that rounds past the last
+    positive column is sent back to it).
 
     Shape:
-        probs: [n, V] non-negative (need not sum to 1), u: [n] in [0, 1) → [n] long
+        weights: [B, V] non-negative, every row with a positive sum; u: [B] in [0, 1)
+        returns index [B] long, row sum [B] fp64
     """
-    device = probs.device
-    if device.type == "mps":  # no float64 there: the (small) cumulative sums run on the CPU
-        probs = probs.cpu()
-    cdf = probs.double().cumsum(dim=-1)  # [n, V]
-    target = (u.double().to(cdf.device) * cdf[:, -1]).unsqueeze(1)  # [n, 1]
-    token = torch.searchsorted(cdf, target, right=True).squeeze(1)  # [n]
-    V = probs.shape[-1]
-    last = V - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)  # [n] last token of positive probability
-    return torch.minimum(token, last).to(device)
+    device = weights.device
+    if device.type == "mps":  # no float64 there: the draw runs on the CPU
+        weights = weights.cpu()
+    B, V = weights.shape
+    full = V // block
+    # block sums in the weights' dtype (an fp64 reduction would first copy all [B, V] weights to fp64)
+    sums = weights[:, : full * block].reshape(B, full, block).sum(dim=-1)  # [B, full]
+    if full * block < V:  # the ragged last block, summed apart (no padded copy of the [B, V] weights)
+        sums = torch.cat([sums, weights[:, full * block :].sum(dim=-1, keepdim=True)], dim=1)
+    sums = sums.double()  # [B, nb]
+    cdf = sums.cumsum(dim=-1)  # [B, nb]
+    total = cdf[:, -1]  # [B]
+    x = u.double().to(cdf.device).reshape(B, 1) * total[:, None]  # [B, 1] in [0, total)
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())  # [B, 1] last block of positive weight
+    chosen = torch.minimum(torch.searchsorted(cdf, x, right=True), last)  # [B, 1]
+    rest = (x - (cdf.gather(1, chosen) - sums.gather(1, chosen))).clamp_(min=0)  # [B, 1] mass left in the block
+    columns = chosen * block + torch.arange(block, device=weights.device)  # [B, block]
+    inside = weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0)  # [B, block]
+    inner = inside.cumsum(dim=-1, dtype=torch.float64)  # [B, block]
+    last_column = torch.searchsorted(inner, inner[:, -1:].contiguous())  # [B, 1] caps the index against rounding
+    column = torch.minimum(torch.searchsorted(inner, rest, right=True), last_column)  # [B, 1]
+    return (chosen * block + column).squeeze(1).to(device), total.to(device)

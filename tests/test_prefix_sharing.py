@@ -106,7 +106,7 @@ def test_kv_expanded_rollout_draws_the_same_tokens_as_generate(tiny_vlm_path, sa
     rows, G = _rows(), 4
     args = {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "min_new_tokens": 2, **sampling}
     naive = build_vlm_adapter({**args, "kv_expand_rollout": False, "prefix_sharing": False})
-    shared = build_vlm_adapter({**args, "old_logprobs": "sampler"})
+    shared = build_vlm_adapter({**args, "old_logprobs": "sampler", "sample_draw": "multinomial"})
     patches = []
     shared._unwrapped().model.visual.register_forward_hook(lambda m, a, out: patches.append(a[0].shape[0]))
     torch.manual_seed(3)
@@ -233,7 +233,8 @@ def test_qwen2_vl_is_covered(tiny_vlm_path):
     )
     torch.manual_seed(0)
     model = Qwen2VLForConditionalGeneration(config).train()
-    adapter = VLMAdapter(model, AutoProcessor.from_pretrained(tiny_vlm_path), VLMArgs(max_new_tokens=5), None)
+    args = VLMArgs(max_new_tokens=5, sample_draw="multinomial")  # generate's draws
+    adapter = VLMAdapter(model, AutoProcessor.from_pretrained(tiny_vlm_path), args, None)
     assert prefix_sharing.unsupported_reason(model) is None
     _assert_same(adapter, _state(adapter, _rows(), G=2, T=5), torch.arange(4))
     ids = {}
@@ -309,3 +310,38 @@ def test_gradient_checkpointing_rollout_keeps_the_kv_expanded_sampler(tiny_vlm_p
     assert len(patches) == 2 and prefix_sharing.checkpointing(adapter._unwrapped())  # one packed training forward
     m = rollout.mask.bool()
     torch.testing.assert_close(logp[m].detach(), rollout.old_logprobs[m], atol=LOGP_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("V", [5, 3000])
+def test_inverse_cdf_draws_the_softmax_distribution(V):
+    """Empirical frequencies of inverse_cdf match the weights; zero-weight columns (banned) are never drawn."""
+    torch.manual_seed(0)
+    weights = torch.rand(2, V) ** 4  # [2, V]
+    weights[:, ::3] = 0.0
+    weights[1, -1] = 0.0
+    n = 20_000
+    counts = torch.zeros(2, V)
+    for _ in range(n // 500):
+        index, total = prefix_sharing.inverse_cdf(weights.repeat(250, 1), block=64)  # [500]
+        counts.index_put_((torch.arange(500) % 2, index), torch.ones(500), accumulate=True)
+        torch.testing.assert_close(total[:2], weights.double().sum(1), rtol=1e-6, atol=0)  # fp32 block sums
+    assert counts[weights == 0].sum() == 0
+    p = weights / weights.sum(1, keepdim=True)  # [2, V]
+    expected = p * (n / 2)  # [2, V] draws per column
+    sd = (expected * (1 - p)).sqrt()
+    assert ((counts - expected).abs() <= 6 * sd + 2).all()  # binomial: every column within 6 sd (+2 for tiny ones)
+    assert counts.sum() == n
+
+
+def test_draw_token_logprobs_equal_log_softmax():
+    """Both draws return log_softmax(scores)[token] (before top-k/top-p), without the [B, V] log-softmax."""
+    torch.manual_seed(0)
+    scores = torch.randn(6, 300) * 3
+    scores[:, 7] = float("-inf")
+    for draw in ("inverse_cdf", "multinomial"):
+        for top in (dict(), dict(top_k=20, top_p=0.8)):
+            spec = prefix_sharing.SamplingSpec(max_new_tokens=1, eos_ids=[0], pad_id=0, draw=draw, **top)
+            token, logp = prefix_sharing.draw_token(scores.clone(), spec)
+            assert (token != 7).all()
+            ref = scores.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+            torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)

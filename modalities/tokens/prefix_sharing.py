@@ -8,12 +8,14 @@ times per prompt, when sampling and again in every training forward. This module
 * **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
   prompt KV cache and the last-position logits are expanded G ways along the batch, and a small decoding loop
   draws the G continuations. The logits processing is that of HF ``generate`` in its order — min-new-tokens EOS
-  ban, suppressed tokens, temperature, top-k, top-p — followed by one ``torch.multinomial`` over the softmax per
-  step, the same random draws as ``generate(num_return_sequences=G)``: a fixed seed gives the same tokens unless
-  float rounding moves a draw across a boundary of the cumulative distribution. The loop also returns each
-  token's log-probability under the sampling distribution (before top-k/top-p truncation, as the training
-  forward computes it). Only the arguments given here shape the distribution; a checkpoint's
-  ``generation_config`` extras (repetition penalty...) do not silently change it.
+  ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical draw per row and step
+  (:func:`draw_token`): either ``torch.multinomial`` over the softmax, the same random draws as
+  ``generate(num_return_sequences=G)`` (a fixed seed gives the same tokens unless float rounding moves a draw
+  across a boundary of the cumulative distribution), or inverse-CDF sampling from one uniform per row, the same
+  distribution at a fraction of the cost on CPU at a real vocabulary. The loop also returns each token's
+  log-probability under the sampling distribution (before top-k/top-p truncation, as the training forward
+  computes it), as ``scores[token] − logsumexp(scores)``. Only the arguments given here shape the
+  distribution; a checkpoint's ``generation_config`` extras (repetition penalty...) do not silently change it.
 * **Split-attention training forward** (:func:`completion_logits`), the idea of Prefix Grouper (Liu et al. 2025, arXiv
   2506.05433; in verl since PR #4368, ``verl/trainer/ppo/prefix_grouper_utils.py``). The U distinct prompts of a
   minibatch are encoded once — vision encoder, prompt self-attention, MLPs — *with* autograd, keeping their per-layer
@@ -310,6 +312,7 @@ class SamplingSpec:
     suppress_ids: tuple[int, ...] = ()
     greedy: bool = False
     synced: bool = False  # sharded weights (FSDP): keep stepping until every process's rows have finished
+    draw: str = "multinomial"  # multinomial (HF generate's draws under a seed) | inverse_cdf (one uniform per row)
 
 
 def sampling_scores(logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
@@ -337,6 +340,56 @@ def truncate(scores: Tensor, top_k: int, top_p: float) -> Tensor:
     return scores
 
 
+def draw_token(scores: Tensor, spec: SamplingSpec, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One token per row from ``softmax(truncate(scores))`` and its log-prob under ``softmax(scores)``.
+
+    The log-prob is ``scores[token] − logsumexp(scores)``: one gather and one reduction, no ``[B, V]``
+    log-softmax. ``spec.draw`` picks how the categorical draw is made:
+
+    * ``multinomial``: ``torch.multinomial(softmax(warped))``, HF ``generate``'s draw, so a fixed seed gives
+      generate's tokens. On CPU its one-sample path draws V exponentials per row (the exponential race of
+      ``aten/src/ATen/native/Distributions.cpp``, pytorch/pytorch), ~40 ns each: at V = 151,936 and B = 32 that
+      is ~0.2 s per decoding step, more than the lm_head matmul.
+    * ``inverse_cdf``: :func:`inverse_cdf` with one uniform per row; the same distribution, other draws.
+
+    Given ``u`` (the row's keyed uniform, :mod:`mmgrpo.noise`) the draw is by inversion with it, whatever
+    ``spec.draw`` says.
+
+    Shape:
+        scores: [B, V] fp32 (banned tokens at −inf, temperature applied); u: [B] in [0, 1) or None
+        returns token [B] long, logprob [B] fp32
+    """
+    if spec.greedy:
+        token = scores.argmax(dim=-1)  # [B]
+        return token, scores.gather(1, token[:, None]).squeeze(1) - scores.logsumexp(dim=-1)
+    truncated = spec.top_k > 0 or spec.top_p < 1.0
+    warped = truncate(scores, spec.top_k, spec.top_p) if truncated else scores  # [B, V]
+    if u is not None or spec.draw == "inverse_cdf":
+        top = warped.amax(dim=-1, keepdim=True)  # [B, 1]
+        weights = (warped - top).exp_()  # [B, V] unnormalised probabilities, 0 at banned/truncated tokens
+        token, total = inverse_cdf(weights, u=u)  # [B], [B] fp64
+        lse = scores.logsumexp(dim=-1) if truncated else top.squeeze(1) + total.log().float()  # [B]
+    elif spec.draw == "multinomial":
+        token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
+        lse = scores.logsumexp(dim=-1)  # [B]
+    else:
+        raise ValueError(f"SamplingSpec.draw: {spec.draw!r} not allowed; choose multinomial | inverse_cdf")
+    return token, scores.gather(1, token[:, None]).squeeze(1) - lse
+
+
+def inverse_cdf(weights: Tensor, block: int = 1024, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Draw index i of each row with probability ``weights[i] / weights.sum()`` by inversion
+    (:func:`mmgrpo.noise.draw_by_inversion`), from ``u`` or, when it is None, one ``torch.rand`` uniform per row.
+
+    Shape:
+        weights: [B, V] non-negative, every row with a positive sum; u: [B] in [0, 1) or None
+        returns index [B] long, row sum [B] fp64
+    """
+    if u is None:
+        u = torch.rand(weights.shape[0], dtype=torch.float64, device=weights.device)  # [B]
+    return noise.draw_by_inversion(weights, u, block)
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module, batch: dict[str, Tensor], group_size: int, spec: SamplingSpec
@@ -349,8 +402,9 @@ def sample(
 
     Noise: inside :func:`mmgrpo.noise.keyed` (the trainer's default ``rollout_noise: keyed``) row b draws its token
     at step t by inversion with the uniform u[b, t] of its own keyed generator (:func:`mmgrpo.noise.inverse_cdf`),
-    so its tokens do not depend on the other rows of the batch or on the process; otherwise one
-    ``torch.multinomial`` per step from the global RNG, the draws of HF ``generate``.
+    so its tokens do not depend on the other rows of the batch or on the process; otherwise ``spec.draw`` draws
+    from the global RNG (:func:`draw_token`: inversion with ``torch.rand``, or ``torch.multinomial``, the draws of
+    HF ``generate``).
 
     Shape:
         batch: left-padded prompts, input_ids [P, L] (+ media)
@@ -373,16 +427,9 @@ def sample(
         keys.check(B, "prefix_sharing.sample")
         u = noise.uniforms(keys.generators(), T, device)  # [B, T] float64, one per row and step
     for t in range(T):
-        scores = sampling_scores(logits, t, spec)  # [B, V]
-        warped = truncate(scores, spec.top_k, spec.top_p) if not spec.greedy else scores
-        if spec.greedy:
-            token = warped.argmax(dim=-1)  # [B]
-        elif keys is not None:
-            token = noise.inverse_cdf(warped.softmax(dim=-1), u[:, t])  # [B]
-        else:
-            token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
+        scores = sampling_scores(logits, t, spec)  # [B, V] fp32
+        token, step_logp = draw_token(scores, spec, None if keys is None else u[:, t])  # [B], [B]
         token = torch.where(done, torch.full_like(token, spec.pad_id), token)
-        step_logp = scores.log_softmax(dim=-1).gather(1, token[:, None]).squeeze(1)  # [B]
         ids[:, t] = token
         logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
         done = done | torch.isin(token, eos)
