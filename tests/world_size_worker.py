@@ -9,6 +9,7 @@ the step, by name) and ``OUT/metrics.json``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,14 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     metrics = trainer.train_step(0)
     acc, r = trainer.acc, record["rollout"]
     state = r.state
+    # The launch is what the caller asked for, and this process sampled exactly the prompts its keys name: the
+    # comparison in tests/test_world_size.py is only meaningful when both hold.
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if acc.num_processes != launched:
+        raise SystemExit(f"world_size_worker: {launched} processes launched but accelerate sees {acc.num_processes}")
+    expected = len(trainer.sampler.positions(0)) * cfg.algorithm.group_size
+    if r.mask.shape[0] != expected:
+        raise SystemExit(f"world_size_worker: rank {acc.process_index} sampled {r.mask.shape[0]} rows, not {expected}")
     saved = {
         "world": acc.num_processes,
         "rank": acc.process_index,
