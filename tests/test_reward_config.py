@@ -44,7 +44,9 @@ def test_good_reward_specs_pass_dry_run(capsys):
 def test_reward_module_with_an_import_error_is_one_line_when_training_loads_it(tmp_path, capsys, monkeypatch):
     """--dry-run does not import a reward module (a config is code); loading it for training does, and a failing
     import is one line naming the module and the missing package."""
-    (tmp_path / "broken_rewards.py").write_text("import not_installed_pkg_xyz\n\n\ndef f(completions, **kw):\n    pass\n")
+    (tmp_path / "broken_rewards.py").write_text(
+        "import not_installed_pkg_xyz\n\n\ndef f(completions, **kw):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["train", CFG, "rewards=[{name: broken_rewards:f}]", "--dry-run"]) == 0
     err = capsys.readouterr().err.strip()
