@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free one)")
     d.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
+    d.add_argument(
+        "--trust-run-config",
+        action="store_true",
+        help="run the code the run's config.yaml names (rewards given as module:function, trust_remote_code); "
+        "by default the demo loads only registered rewards: a run directory from elsewhere is code",
+    )
     r = sub.add_parser("rewards", help="reward registry")
     r.add_argument("action", choices=["list"], help="list: print the registered rewards")
     return p
@@ -63,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dry_run:
         from mmgrpo.plugins import TASKS
+        from mmgrpo.rewards.registry import describe_reward_code, reward_code_policy
 
         builder = TASKS.get(cfg.task.name)
         try:
             if getattr(builder, "checks_data", False):  # dataset tasks: read the first rows of each split
-                builder(cfg.task.args, seed=cfg.seed)
+                with reward_code_policy("check"):  # eval rewards from import paths: checked, never imported
+                    builder(cfg.task.args, seed=cfg.seed)
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2
@@ -75,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mmgrpo: data error: {e}", file=sys.stderr)
             return 2
         print(dump_config(cfg), end="")
+        for r in cfg.rewards:  # a config is code: say which rewards are, and that they were not run
+            note = describe_reward_code(r.name, r.kwargs)
+            if note:
+                print(f"mmgrpo: note: {note}", file=sys.stderr)
         return 0
     from mmgrpo.checkpoint import CheckpointError
     from mmgrpo.trainer import train
@@ -105,7 +117,15 @@ def _demo(args) -> int:
     from mmgrpo.demo import DemoError, serve
 
     try:
-        serve(args.run_dir, args.checkpoint, args.base, host=args.host, port=args.port, share=args.share)
+        serve(
+            args.run_dir,
+            args.checkpoint,
+            args.base,
+            host=args.host,
+            port=args.port,
+            share=args.share,
+            trust_run_config=args.trust_run_config,
+        )
     except DemoError as e:
         print(f"mmgrpo: demo: {e}", file=sys.stderr)
         return 2
