@@ -6,10 +6,10 @@ samples of a prompt share it. The naive path — and TRL's ``GRPOTrainer``, whic
 times per prompt, when sampling and again in every training forward. This module does that work once per prompt:
 
 * **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
-  prompt KV cache and the last-position logits are expanded G ways along the batch, and a small decoding loop
-  draws the G continuations. The logits processing is that of HF ``generate`` in its order — min-new-tokens EOS
-  ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical draw per row and step
-  (:func:`.decode.draw_token`, the one decode loop of :mod:`.decode`): either ``torch.multinomial`` over the softmax, the same random draws as
+  prompt KV cache and the last-position logits are expanded G ways along the batch (:class:`PrefixStepper`), and
+  the one decode loop (:mod:`.decode`) draws the G continuations. The logits processing is that of HF ``generate``
+  in its order — min-new-tokens EOS ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical
+  draw per row and step (:func:`.decode.draw_token`): either ``torch.multinomial`` over the softmax, the same draws as
   ``generate(num_return_sequences=G)`` (a fixed seed gives the same tokens unless float rounding moves a draw
   across a boundary of the cumulative distribution), or inverse-CDF sampling from one uniform per row, the same
   distribution at a fraction of the cost on CPU at a real vocabulary. The loop also returns each token's
