@@ -277,8 +277,7 @@ class Trainer:
         keys = None
         if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
             keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
-        with noise.keyed(keys):
-            rollout = self.adapter.rollout(rows, a.group_size)
+        rollout = self.adapter.rollout(rows, a.group_size, keys)
         t1 = time.perf_counter()
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)

@@ -25,10 +25,14 @@ from mmgrpo.config import ConfigError, LoraConfig
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP / accelerate wrappers (follows ``.module`` while it is an ``nn.Module``)."""
+def unwrap(model: torch.nn.Module, *, peft: bool = False) -> torch.nn.Module:
+    """The module under DDP / accelerate wrappers (follows ``.module`` while it is an ``nn.Module``); with ``peft``
+    also under a peft wrapper (``get_base_model()``: the transformers model, whose layers hold the LoRA modules).
+    The one way every family reaches its model."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
+    if peft and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     return model
 
 

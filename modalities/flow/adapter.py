@@ -456,7 +456,7 @@ class FlowAdapter:
     # ---- PolicyAdapter
 
     @torch.no_grad()
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         """Sample G images per prompt with the selected SDE steps; B = P·G samples, T = ``num_steps`` units."""
         a, dev = self.args, self.device
         self._sync_devices()
@@ -466,7 +466,7 @@ class FlowAdapter:
         guided = a.cfg == "guided"
         cond = self._encode([str(r["prompt"]) for r in prompts], guided)
         prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
-        keys = noise.current()  # keyed rollout noise (trainer's rollout_noise: keyed), else the global RNG
+        # keys: the trainer's keyed rollout noise (rollout_noise: keyed, mmgrpo/noise.py), else the global RNG
         plan_gen = self.generator
         if keys is not None:
             keys.check(B, "flow rollout")
