@@ -510,6 +510,7 @@ class Trainer:
         norm = torch.as_tensor(norm).detach().float().cpu()
         if not bool(torch.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
+            self._raise_if_weights_diverged(norm)
             self._skipped_total += 1
             self._skipped_in_a_row += 1
             limit = self.cfg.optim.max_skipped_steps
@@ -530,6 +531,20 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _raise_if_weights_diverged(self, norm: torch.Tensor) -> None:
+        """A non-finite gradient from non-finite *weights* (a finite update too large for them, e.g. a huge
+        ``optim.lr``) cannot be skipped away: stop at once and say so (checked only on the skip path)."""
+        model = self.acc.unwrap_model(self.adapter.model)
+        bad = ckpt.non_finite_parameters(model)
+        if self.acc.num_processes > 1:
+            bad = sorted({n for names in gather_object([bad]) for n in names})
+        if bad:
+            raise FloatingPointError(
+                f"the policy's weights are no longer finite ({len(bad)} tensor(s), first: {bad[0]}) after an update "
+                f"at optim.lr={self.cfg.optim.lr}, so its samples and gradients are NaN (norm {float(norm)}); lower "
+                "optim.lr (the checkpoints hold the last finite weights)"
+            )
 
     # ----------------------------------------------------------------------------- warm-up & evaluation
 
