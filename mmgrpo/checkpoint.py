@@ -506,11 +506,11 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
         whole.update({alias: whole[kept] for alias, kept in _tied_names(model).items() if kept in whole})
         sharding.load_full_state_dict(model, whole)
     else:
-        load_model(model, str(state / "model.safetensors"), device=_device_name(accelerator.device))
+        _load_strict(model, state / "model.safetensors", _device_name(accelerator.device), directory)
     reference = getattr(adapter, "reference", None)
     if isinstance(reference, torch.nn.Module) and (state / "reference.safetensors").is_file():
         device = _device_name(next(reference.parameters()).device)
-        load_model(reference, str(state / "reference.safetensors"), device=device)
+        _load_strict(reference, state / "reference.safetensors", device, directory)
     if (state / "optimizer.json").is_file():
         if sharding.is_sharded(model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -524,6 +524,19 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
         scheduler.load_state_dict({**saved["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     _load_rng(state, accelerator.process_index)
     return saved["trainer"]
+
+
+def _load_strict(module: torch.nn.Module, path: Path, device: str, directory: Path) -> None:
+    """``safetensors.torch.load_model`` with every key required, mismatches as one line (not torch's list of
+    hundreds of missing keys): a checkpoint saved with another model or ``model.lora`` setting, typically one whose
+    ``config.yaml`` was lost so that the configs could not be compared first."""
+    missing, unexpected = load_model(module, str(path), strict=False, device=device)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory}: {path.name} does not match the model this config builds ({len(missing)} missing, "
+            f"{len(unexpected)} unexpected tensors, e.g. {(missing or unexpected)[0]}); resume it with the config "
+            "it was trained with (model.args, model.lora.enabled)"
+        )
 
 
 def _device_name(device: torch.device | str) -> str:
