@@ -531,6 +531,7 @@ def _load_strict(module: torch.nn.Module, path: Path, device: str, directory: Pa
     hundreds of missing keys): a checkpoint saved with another model or ``model.lora`` setting, typically one whose
     ``config.yaml`` was lost so that the configs could not be compared first."""
     missing, unexpected = load_model(module, str(path), strict=False, device=device)
+    missing, unexpected = sorted(missing), sorted(unexpected)
     if missing or unexpected:
         raise CheckpointError(
             f"{directory}: {path.name} does not match the model this config builds ({len(missing)} missing, "
