@@ -1,10 +1,11 @@
 """Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]``, ``mmgrpo demo RUN_DIR`` and ``mmgrpo rewards
 list``.
 
-The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
--m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and
-exits with status 2; so does unusable data (a missing column or media file in the first rows of a dataset task,
-which ``--dry-run`` checks too), naming the file, the row and the column.
+The same command works under ``accelerate launch`` (e.g. ``ACCELERATE_USE_CPU=1 accelerate launch --config_file
+configs/accelerate/cpu_2proc.yaml -m mmgrpo train configs/quickstart.yaml``; ``--cpu`` starts one process). A
+configuration mistake prints one line naming the field and exits with status 2; so does unusable data (a missing
+column or media file in the first rows of a dataset task, which ``--dry-run`` checks too), naming the file, the row
+and the column.
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
             if note:
                 print(f"mmgrpo: note: {note}", file=sys.stderr)
         return 0
-    from mmgrpo.checkpoint import CheckpointError
+    from safetensors import SafetensorError
+
+    from mmgrpo.checkpoint import CheckpointError, RunDirError
     from mmgrpo.trainer import train
 
+    main_process = int(os.environ.get("RANK", "0")) == 0
     try:
         summary = train(cfg)
     except ConfigError as e:  # adapter/task/reward options are validated when they are built
@@ -102,10 +106,41 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:  # the first rows of a dataset are checked when the task is built
         print(f"mmgrpo: data error: {e}", file=sys.stderr)
         return 2
+    except RunDirError as e:  # output_dir locked by a live run, not writable, disk full while saving
+        print(f"mmgrpo: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, SafetensorError) as e:  # any other file-system fault (disk full, read-only) while writing
+        print(f"mmgrpo: error: {_os_error_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training steps (model loading, warm-up)
+        if main_process:
+            print(f"mmgrpo: interrupted; {_resume_hint(cfg)}", file=sys.stderr)
+        return 130
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))
     return 0
+
+
+def _os_error_line(e: Exception) -> str:
+    """One line for a file-system error: the file, the reason, and what to do."""
+    reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"{where}{reason}; free disk space or use a writable output_dir, then continue with resume=latest"
+
+
+def _resume_hint(cfg) -> str:
+    """What the user can do after an interruption: resume from the newest checkpoint, or start again."""
+    from mmgrpo import checkpoint as ckpt
+
+    try:
+        found = ckpt.find(cfg.output_dir, "latest")
+    except FileNotFoundError:
+        return (
+            f"no checkpoint was saved in {cfg.output_dir}; run the same command again to start over "
+            "(the output_dir is accepted while it holds no checkpoint)"
+        )
+    return f"the newest checkpoint is {found}; continue with resume=latest"
 
 
 def _demo(args) -> int:

@@ -132,11 +132,13 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
             raise DemoError(
                 f"--checkpoint {checkpoint}: not a complete mmgrpo checkpoint (COMPLETE and state/model.safetensors)"
             )
+        if (why := ckpt.damage(path)) is not None:
+            raise DemoError(f"--checkpoint {checkpoint}: the checkpoint is damaged ({why}); pick another one")
         return path
     final = run_dir / "checkpoints" / "final"
-    if (final / "COMPLETE").is_file() and _weights(final) is not None:
+    if (final / "COMPLETE").is_file() and _weights(final) is not None and ckpt.damage(final) is None:
         return final
-    steps = [p for p in ckpt.complete_checkpoints(run_dir) if _weights(p) is not None]
+    steps = [p for p in ckpt.complete_checkpoints(run_dir) if _weights(p) is not None and ckpt.damage(p) is None]
     if steps:
         return steps[-1]
     raise DemoError(
@@ -156,7 +158,12 @@ def build_policy(cfg, checkpoint: Path | None):
     lora = cfg.model.lora if checkpoint is not None else None  # the base is the model as named, without LoRA
     adapter = build(cfg.model.args, seed=cfg.seed, lora=lora, dtype=cfg.model.dtype, need_reference=False)
     if checkpoint is not None:
-        missing, unexpected = load_model(adapter.model, str(_weights(checkpoint)), strict=False)
+        from safetensors import SafetensorError
+
+        try:
+            missing, unexpected = load_model(adapter.model, str(_weights(checkpoint)), strict=False)
+        except SafetensorError as e:  # a truncated or corrupt file: one line, not the library's traceback
+            raise DemoError(f"{_weights(checkpoint)}: unreadable ({str(e).splitlines()[0][:160]})") from None
         if missing or unexpected:
             raise DemoError(
                 f"{checkpoint}: weights do not match the model the run's config builds "

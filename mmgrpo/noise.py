@@ -107,6 +107,10 @@ def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Te
     cumulative sum of that block alone. A column of weight 0 is never chosen (a product that rounds past the last
     positive column is sent back to it).
 
+    A row holding NaN or inf (the logits of a policy whose weights diverged) gets an arbitrary index in [0, V) and a
+    non-finite row sum instead of an out-of-range index: no host sync here; the non-finite log-probs that follow
+    are caught by the trainer's gradient guard, which names the cause (``Trainer._optimizer_step``).
+
     Shape:
         weights: [B, V] non-negative, every row with a positive sum; u: [B] in [0, 1)
         returns index [B] long, row sum [B] fp64
@@ -124,12 +128,14 @@ def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Te
     cdf = sums.cumsum(dim=-1)  # [B, nb]
     total = cdf[:, -1]  # [B]
     x = u.double().to(cdf.device).reshape(B, 1) * total[:, None]  # [B, 1] in [0, total)
-    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())  # [B, 1] last block of positive weight
+    nb = cdf.shape[1]
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous()).clamp_(max=nb - 1)  # [B, 1] last block of positive weight
     chosen = torch.minimum(torch.searchsorted(cdf, x, right=True), last)  # [B, 1]
     rest = (x - (cdf.gather(1, chosen) - sums.gather(1, chosen))).clamp_(min=0)  # [B, 1] mass left in the block
     columns = chosen * block + torch.arange(block, device=weights.device)  # [B, block]
     inside = weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0)  # [B, block]
     inner = inside.cumsum(dim=-1, dtype=torch.float64)  # [B, block]
-    last_column = torch.searchsorted(inner, inner[:, -1:].contiguous())  # [B, 1] caps the index against rounding
+    last_column = torch.searchsorted(inner, inner[:, -1:].contiguous()).clamp_(max=block - 1)  # [B, 1] caps rounding
     column = torch.minimum(torch.searchsorted(inner, rest, right=True), last_column)  # [B, 1]
-    return (chosen * block + column).squeeze(1).to(device), total.to(device)
+    index = (chosen * block + column).clamp_(max=V - 1)  # [B, 1] (a no-op unless the row is not finite)
+    return index.squeeze(1).to(device), total.to(device)

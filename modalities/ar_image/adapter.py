@@ -412,15 +412,17 @@ def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration
 
     path = resolve_model_path(args.name_or_path, seed=seed)
-    model_type = AutoConfig.from_pretrained(path).model_type
+    with _hf.loading(args.name_or_path):
+        model_type = AutoConfig.from_pretrained(path).model_type
     if model_type not in FAMILIES:
         raise ConfigError(
             f"model.args.name_or_path: {args.name_or_path!r} is a {model_type!r} model; "
             f"ar_image supports {sorted(FAMILIES)}"
         )
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, **args.extra)
-    model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with _hf.loading(args.name_or_path):
+        model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer, FAMILIES[model_type]
 
 

@@ -776,6 +776,7 @@ def build_flow_adapter(
 
 build_flow_adapter.args_class = FlowArgs
 build_flow_adapter.adapter_class = FlowAdapter  # its optional capabilities are checked at config load
+build_flow_adapter.units_per_sample = lambda args: from_dict(FlowArgs, args, "model.args").num_steps  # T: one per step
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

@@ -322,10 +322,11 @@ def build_whisper_adapter(
     if a.task not in ("transcribe", "translate"):
         raise ConfigError(f"model.args.task: {a.task!r} not allowed; choose transcribe | translate")
     path = resolve_model_path(a.name_or_path, seed=seed)
-    model = WhisperForConditionalGeneration.from_pretrained(
-        path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
-    )
-    processor = AutoProcessor.from_pretrained(path)
+    with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
+        model = WhisperForConditionalGeneration.from_pretrained(
+            path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+        )
+        processor = AutoProcessor.from_pretrained(path)
     if a.freeze_encoder:
         model.get_encoder().requires_grad_(False)
     reference = None

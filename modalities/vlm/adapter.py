@@ -26,7 +26,6 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
@@ -506,22 +505,12 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     path = resolve_model_path(name_or_path, seed=seed)
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
     kwargs.update(args.extra)
-    try:
+    with _hf.loading(name_or_path):  # one line for a missing path, an offline hub id, a directory without a model
         config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as e:  # HFValidationError ("Repo id must be in the form ...") is a ValueError
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        if Path(path).is_dir():
-            raise ConfigError(
-                f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})"
-            ) from None
-        raise ConfigError(
-            f"model.args.name_or_path: {name_or_path!r} is neither a local directory nor reachable on the hub "
-            f"(check the path, or the hub id and network / HF_HUB_OFFLINE; {reason})"
-        ) from None
-    is_vlm = hasattr(config, "vision_config")
-    loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-    model = loader.from_pretrained(path, **kwargs)
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        is_vlm = hasattr(config, "vision_config")
+        loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+        model = loader.from_pretrained(path, **kwargs)
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=args.trust_remote_code)
     return model, processor
 
 
