@@ -36,8 +36,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; for ``train``, ``key=value`` overrides may come before or after the flags."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if args.command != "train" or any(a.startswith("-") or "=" not in a for a in rest):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.overrides = [*args.overrides, *rest]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m mmgrpo` does: rewards in ./my_rewards.py
         sys.path.insert(0, os.getcwd())
     from mmgrpo.config import ConfigError, dump_config, load_config

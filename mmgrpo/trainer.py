@@ -281,8 +281,10 @@ class Trainer:
             rollout = self.adapter.rollout(rows, a.group_size)
         t1 = time.perf_counter()
 
-        prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
-        scores, reward_metrics = self.rewards(rollout.outputs, prompts, columns)  # [B, K]
+        prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
+        scores, reward_metrics = self.rewards(
+            rollout.outputs, prompts, columns, trainer_state=self._trl_state(step)
+        )  # [B, K]
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
         t2 = time.perf_counter()
 
@@ -564,13 +566,29 @@ class Trainer:
 
     def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
         """Mean of each configured reward over the held-out outputs (NaN = not applicable is left out), and the
-        mean of the weighted combination ``reward`` as training combines them."""
-        prompts, columns = reward_columns(rows, 1, {})
-        scores, _ = self.rewards(outputs, prompts, columns)  # [n, K]
+        mean of the weighted combination ``reward`` as training combines them.
+
+        Held-out outputs are decoded text: their ``completion_ids`` are the text re-tokenised by the adapter's
+        tokenizer (without the EOS that training counts), where the adapter has one."""
+        extras = {}
+        tokenizer = getattr(self.adapter, "tokenizer", None)
+        if callable(tokenizer) and outputs and all(isinstance(o, str) for o in outputs):
+            extras["completion_ids"] = list(tokenizer(list(outputs), add_special_tokens=False)["input_ids"])
+        prompts, columns = reward_columns(rows, 1, extras)
+        scores, _ = self.rewards(outputs, prompts, columns, trainer_state=self._trl_state(self.state.step))  # [n, K]
         combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
         result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
         result["reward"] = float(combined.nanmean())
         return result
+
+    def _trl_state(self, step: int):
+        """What TRL passes its rewards as ``trainer_state``: a ``transformers.TrainerState`` (steps completed so far,
+        the run's total, epochs over the training rows), for rewards that shape by training progress."""
+        from transformers import TrainerState
+
+        n = max(1, len(self.task.train_rows()))
+        seen = step * self.cfg.algorithm.prompts_per_step * self.acc.num_processes
+        return TrainerState(global_step=step, max_steps=self.cfg.steps, epoch=seen / n)
 
     # ----------------------------------------------------------------------------------- bookkeeping
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.media import as_list, open_image
+from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
 from mmgrpo.plugins import TASKS
 from mmgrpo.types import DataError
 
@@ -69,13 +69,17 @@ class DatasetArgs:
     split: str = "train"
     """Split of a hub id or a saved DatasetDict used for ``train``."""
     eval_split: str | None = None
-    """Split used for ``eval`` (default: ``split``); e.g. eval: same id, eval_split: test."""
+    """Split used for ``eval`` (default: ``split``). Without ``eval``, the held-out rows are this split of
+    ``train`` (a hub id or a save_to_disk DatasetDict), e.g. train: my/dataset, eval_split: test."""
     seed: int | None = None
     """Seed of the eval_fraction split (default: the run seed)."""
     columns: dict[str, str] = field(default_factory=dict)
     """Adapter key → column name, e.g. {prompt: problem, image: image_path, answer: solution}."""
     media_root: str | None = None
     """Folder relative media paths resolve against (default: the data file's folder; cwd for hub ids)."""
+    allow_outside_media_root: bool = False
+    """Accept media paths that resolve outside media_root (``../``, absolute paths, symlinks leading out);
+    false: such a row is a data error naming the path."""
     media_type_column: str | None = None
     """Column saying whether the ``media`` path is an image or a video (Video-R1: data_type)."""
     prompt_template: str | dict[str, str] | None = None
@@ -286,18 +290,54 @@ def _strip_none(messages: list) -> list:
     return out
 
 
+MEDIA_SCAN_ROWS = 16  # rows read (not built) to learn which media columns a file's rows carry
+
+
+def _media_columns(source: _Source, columns: dict[str, str]) -> tuple[str, ...]:
+    """Media columns (``image``, ``images``, ``video``, ``audio``, ``media``) that the first rows of a JSON /
+    JSONL / CSV source carry: a row with none of them is a data error, not silently a text-only prompt (a row of
+    an image + video mix may carry either; an explicit ``null`` marks a text-only row). Arrow
+    sources (parquet, save_to_disk, hub) have one schema, so a row cannot lack a column there."""
+    if isinstance(source, _ArrowSource):
+        return ()
+    keys = [*MEDIA_KEYS, "media"]
+    keys += [columns[k] for k in keys if k in columns]  # the file's own names of mapped media columns
+    seen: dict[str, None] = {}
+    for i in range(min(MEDIA_SCAN_ROWS, len(source))):
+        try:
+            raw = source.raw(i)
+        except DataError:  # reported when that row is built
+            continue
+        seen.update((k, None) for k in keys if k in raw)
+    return tuple(seen)
+
+
 class RowBuilder:
     """Turns raw row ``i`` of a source into an adapter row (columns mapped, media opened, prompt wrapped)."""
 
     def __init__(self, args: DatasetArgs, source: _Source):
         self.args, self.source = args, source
         self.root = Path(args.media_root).expanduser() if args.media_root else source.base
+        self.media_columns = _media_columns(source, args.columns)
 
-    def _resolve(self, value: Any) -> Any:
-        if isinstance(value, str) and value and not value.startswith(("http://", "https://", "data:")):
-            path = Path(value).expanduser()
-            return str(path if path.is_absolute() else self.root / path)
-        return value
+    def _resolve(self, value: Any, key: str, where: str) -> Any:
+        """A media path resolved against ``media_root``; one outside it is refused unless
+        ``allow_outside_media_root`` (``../``, absolute paths and symlinks are followed to their target)."""
+        if isinstance(value, dict) and value.get("bytes") is None and isinstance(value.get("path"), str):
+            return {**value, "path": self._resolve(value["path"], key, where)}
+        if not (isinstance(value, str) and value and not value.startswith(("http://", "https://", "data:"))):
+            return value
+        path = Path(value).expanduser()
+        full = path if path.is_absolute() else self.root / path
+        if not self.args.allow_outside_media_root:
+            real, root = full.resolve(), self.root.resolve()
+            if not real.is_relative_to(root):
+                raise DataError(
+                    f"{where}: column {key!r}: {value!r} resolves to {str(real)!r}, outside the media root "
+                    f"{str(root)!r}; move the file under it, set task.args.media_root, or set "
+                    "task.args.allow_outside_media_root: true"
+                )
+        return str(full)
 
     def __call__(self, i: int) -> dict:
         raw = self.source.raw(i)
@@ -315,6 +355,12 @@ class RowBuilder:
             raise DataError(
                 f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
                 f"(the row has {sorted(raw)})"
+            )
+        if self.media_columns and not any(k in raw for k in self.media_columns):
+            key = self.media_columns[0]
+            raise DataError(
+                f"{where}: column {key!r} is missing, but other rows of this file have it; give the row its "
+                f'{key}, or write "{key}": null for a row without media (it is then a text-only prompt)'
             )
         if "media" in row and row["media"] is not None:
             self._route_media(row, where)
@@ -349,7 +395,7 @@ class RowBuilder:
     def _media(self, row: dict, where: str) -> None:
         for key in ("image", "images"):
             if row.get(key) is not None:
-                items = [self._resolve(v) for v in as_list(row[key])]
+                items = [self._resolve(v, key, where) for v in as_list(row[key])]
                 opened = []
                 for v in items:
                     try:
@@ -358,12 +404,12 @@ class RowBuilder:
                         raise DataError(f"{where}: column {key!r}: {e}") from None
                 row[key] = opened if isinstance(row[key], (list, tuple)) else opened[0]
         if isinstance(row.get("video"), str):
-            row["video"] = self._resolve(row["video"])
+            row["video"] = self._resolve(row["video"], "video", where)
             self._check_file(row["video"], "video", where)
             if self.args.probe_videos:
                 _probe_video(row["video"], where)
         if isinstance(row.get("audio"), str):
-            row["audio"] = self._resolve(row["audio"])
+            row["audio"] = self._resolve(row["audio"], "audio", where)
             self._check_file(row["audio"], "audio", where)
 
     @staticmethod
@@ -383,7 +429,10 @@ class RowBuilder:
             prompt = _strip_none(prompt)
             if a.system_prompt and not (prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"):
                 prompt = [{"role": "system", "content": a.system_prompt}, *prompt]
-            return prompt
+            try:  # TRL's vision format: string content + an images column gets its {"type": "image"} parts here
+                return add_media_parts(prompt, media_counts(row))
+            except DataError as e:
+                raise DataError(f"{where}: column 'prompt': {e}") from None
         if not isinstance(prompt, str):
             raise DataError(
                 f"{where}: column 'prompt' must be text or a list of chat messages, got {type(prompt).__name__}"
