@@ -3,8 +3,10 @@ list``.
 
 The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
 -m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and
-exits with status 2; so does unusable data (a missing column or media file in the first rows of a dataset task,
-which ``--dry-run`` checks too), naming the file, the row and the column.
+exits with status 2; so does unusable data (a missing column or media file in the first rows of a task, a column
+a reward needs), naming the file, the row and the option to change. ``--dry-run`` runs the same load-time check
+as ``train`` (:func:`mmgrpo.preflight.preflight`) and stops before any model loads. Overrides and flags may come
+in any order (``mmgrpo train cfg.yaml --dry-run overwrite=true``).
 """
 
 from __future__ import annotations
@@ -73,12 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     from mmgrpo.types import DataError
 
     if args.dry_run:
-        from mmgrpo.plugins import TASKS
+        from mmgrpo.preflight import preflight
 
-        builder = TASKS.get(cfg.task.name)
         try:
-            if getattr(builder, "checks_data", False):  # dataset tasks: read the first rows of each split
-                builder(cfg.task.args, seed=cfg.seed)
+            preflight(cfg)  # the check `train` runs before any model loads: task, first rows, reward columns
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2

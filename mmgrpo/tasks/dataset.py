@@ -14,10 +14,14 @@ memory as PIL images. A row is the file's columns with these additions:
   "value": "<image>question"}, {"from": "gpt", "value": "answer"}]``, VLM-R1's JSONL) gives ``prompt`` (the
   first human turn without its ``<image>``/``<video>`` tags) and ``answer`` (the first gpt turn).
 - Media keys: ``image`` (one or a list; multi-image rows), ``images``, ``video``, ``audio``. Relative paths
-  resolve against ``media_root`` (default: the data file's folder). ``media`` holds a path whose kind comes from
-  ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension. Images are opened
-  (and fully read, to catch truncation) when the row is built; videos are checked to exist, be non-empty and
-  open in decord; audio paths are checked to exist (a speech adapter decodes them).
+  resolve against ``media_root`` (default: the data file's folder); a path that resolves outside it (``../``,
+  an absolute path elsewhere, a symlink leading out) is a data error unless ``allow_outside_media_root: true``.
+  In a JSON/JSONL/CSV file, a row with none of the media columns its first rows carry is a data error (write
+  ``"image": null`` for a text-only row). A conversational prompt whose first user message holds string
+  content gets one ``{"type": kind}`` part per image/video/audio, as TRL adds them. ``media`` holds a path whose
+  kind comes from ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension.
+  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist, be
+  non-empty and open in decord; audio paths are checked to exist (a speech adapter decodes them).
 - ``prompt_template`` wraps a text prompt: ``{prompt}`` is the prompt, ``{column}`` any other column (lists are
   joined with newlines), e.g. R1-V's ``"{prompt} Output the thinking process in <think> </think> and final
   answer in <answer> </answer> tags."``. A mapping ``{value: template}`` picks the template by
@@ -27,8 +31,12 @@ memory as PIL images. A row is the file's columns with these additions:
 
 Bad data raises :class:`~mmgrpo.types.DataError` with one line naming the file, the row (JSONL/TXT/CSV: the
 line) and the column. The first ``check_rows`` rows of each split are built at start-up (and by ``mmgrpo train
---dry-run``), so a wrong column name or media root fails before any model loads; at train time the trainer skips
+--dry-run``, through the same :func:`mmgrpo.preflight.preflight`), so a wrong column name or media root fails
+before any model loads; at train time the trainer skips
 an unreadable row and counts it (``data/skipped_rows``).
+
+Held-out rows: ``eval`` (a file or dataset, its split ``eval_split``), else ``eval_split`` alone (that split of
+``train``: a hub id or a saved DatasetDict; an error for a single file), else ``eval_fraction`` of train.
 
 Evaluation: with no ``eval_rewards`` the held-out outputs are scored by the run's configured rewards (each
 reward's mean and the combined reward, ``eval/<stage>/<name>`` and ``eval/<stage>/reward``).
@@ -48,6 +56,7 @@ from typing import Any
 from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
 from mmgrpo.plugins import TASKS
+from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
 
 MEDIA_KEYS = ("image", "images", "video", "audio")
@@ -494,6 +503,10 @@ class Rows(Sequence):
             return Rows(self.builder, self.indices[i])
         return self.builder(self.indices[i])
 
+    def where(self, i: int) -> str:
+        """Row ``i`` named as messages name it (``file: line N``)."""
+        return self.builder.source.where(self.indices[i])
+
 
 # ---------------------------------------------------------------------------------------------- task
 
@@ -505,8 +518,8 @@ class DatasetTask:
         train_source = _open_source(args.train, args.split, "train")
         n = len(train_source) if args.max_rows is None else min(args.max_rows, len(train_source))
         train_idx: Sequence[int] = range(n)
-        if args.eval:
-            eval_source = _open_source(args.eval, args.eval_split or args.split, "eval")
+        if args.eval or args.eval_split:  # eval_split alone: that split of the train dataset
+            eval_source = _open_source(args.eval or args.train, args.eval_split or args.split, "eval")
             m = len(eval_source) if args.max_rows is None else min(args.max_rows, len(eval_source))
             self._eval = Rows(RowBuilder(args, eval_source), range(m))
         else:
@@ -519,16 +532,7 @@ class DatasetTask:
         self._train = Rows(RowBuilder(args, train_source), train_idx)
         if len(self._train) == 0:
             raise ConfigError(f"task.args.train: no training rows in {args.train}")
-        self._metrics = []
-        if args.eval_rewards:
-            from mmgrpo.rewards.registry import load_reward
-
-            for i, spec in enumerate(args.eval_rewards):
-                if "name" not in spec:
-                    raise ConfigError(
-                        f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}"
-                    )
-                self._metrics.append((spec["name"], load_reward(spec["name"], **spec.get("kwargs", {}))))
+        self._metrics = EvalRewards(args.eval_rewards, "task.args.eval_rewards")
         self.check(args.check_rows)
 
     def check(self, n: int) -> None:
@@ -546,13 +550,7 @@ class DatasetTask:
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float] | None:
         if not self._metrics:
             return None  # the trainer scores with the configured rewards
-        prompts = [r["prompt"] for r in rows]
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        out = {}
-        for name, fn in self._metrics:
-            vals = [v for v in fn(outputs, prompts=prompts, **columns) if v is not None]
-            out[name] = float(sum(vals) / len(vals)) if vals else float("nan")
-        return out
+        return self._metrics.score(outputs, rows)
 
 
 def _validate(a: DatasetArgs) -> None:
@@ -562,8 +560,15 @@ def _validate(a: DatasetArgs) -> None:
         )
     if not 0 <= a.eval_fraction < 1:
         raise ConfigError(f"task.args.eval_fraction: must be in [0, 1), got {a.eval_fraction}")
-    if a.eval and a.eval_fraction:
-        raise ConfigError("task.args.eval_fraction: give either eval (a held-out file) or eval_fraction, not both")
+    if (a.eval or a.eval_split) and a.eval_fraction:
+        raise ConfigError(
+            "task.args.eval_fraction: give either eval / eval_split (held-out rows) or eval_fraction, not both"
+        )
+    if a.eval_split and not a.eval and Path(a.train).suffix.lower() in FILE_FORMATS:
+        raise ConfigError(
+            f"task.args.eval_split: {a.eval_split!r} names a split, but train {a.train!r} is one file without "
+            "splits; give the held-out rows as task.args.eval (a file), or hold out task.args.eval_fraction"
+        )
     if a.max_rows is not None and a.max_rows < 1:
         raise ConfigError(f"task.args.max_rows: must be >= 1 or null, got {a.max_rows}")
     if a.check_rows < 0:
@@ -581,6 +586,7 @@ def build_dataset_task(args: dict, *, seed: int = 0) -> DatasetTask:
 
 
 build_dataset_task.args_class = DatasetArgs
-build_dataset_task.checks_data = True  # `mmgrpo train --dry-run` builds it to check the first rows
 
-__all__ = ["DatasetArgs", "DatasetTask", "Rows", "build_dataset_task"]
+build_dataset_task.task_class = DatasetTask
+
+__all__ = ["DatasetArgs", "DatasetTask", "EvalRewards", "Rows", "build_dataset_task"]
