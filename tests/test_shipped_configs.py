@@ -114,3 +114,12 @@ def test_local_config_trains_a_step_after_a_clean_dry_run(config, workdir, monke
     capsys.readouterr()
     rc = main(["train", str(config), *overrides])
     assert rc == 0, f"{config.name}: the dry-run passed but a one-step run failed: {capsys.readouterr().err[-2000:]}"
+
+
+def test_every_config_a_config_or_document_names_exists():
+    import re
+
+    texts = [*CONFIGS, *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
+    named = {(p.name, m) for p in texts for m in re.findall(r"configs/[\w./-]+\.yaml", p.read_text())}
+    missing = sorted((where, name) for where, name in named if not (ROOT / name).is_file())
+    assert named and not missing, missing
