@@ -193,3 +193,29 @@ def test_a_training_step_passes_trl_keyword_arguments(tmp_path, tiny_vlm_path):
         punish = [0.0 if n <= 2 else (2 - n) / 4 for n in lengths]
         assert step["reward/get_soft_overlong_punishment()"] == pytest.approx(sum(punish) / 4, abs=1e-6)
         assert step["reward/length_cosine_nan_fraction"] == 0.0
+
+
+def test_token_adapters_put_completion_ids_in_the_reward_columns(tiny_vlm_path, mmgrpo_cache):
+    """VLM and Whisper rollouts carry each sample's ids up to and including EOS; they decode to the completion."""
+    pytest.importorskip("soxr")
+    from mmgrpo.modalities.speech.adapter import build_whisper_adapter
+    from mmgrpo.modalities.speech.tiny import resolve_model_path
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    vlm = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 5})
+    rows = [{"prompt": QUESTION, "images": [_image((200, 0, 0))]}]  # a plain-text prompt + images (TRL's image key)
+    speech = SpokenDigitsTask(SpokenDigitsArgs(train_size=2, eval_size=1, warmup_size=2)).train_rows()
+    whisper = build_whisper_adapter({"name_or_path": resolve_model_path("tiny-whisper"), "max_new_tokens": 5})
+    for adapter, batch in ((vlm, rows), (whisper, speech)):
+        rollout = adapter.rollout(batch, 3)
+        ids = rollout.extras["completion_ids"]
+        assert len(ids) == rollout.batch_size and all(1 <= len(x) <= 5 for x in ids)
+        for x, text, truncated in zip(ids, rollout.outputs, rollout.truncated.tolist()):
+            assert adapter.tokenizer.decode(x, skip_special_tokens=True).strip() == text.strip()
+            assert truncated == (len(x) == 5 and x[-1] not in _eos_ids(adapter))
+
+
+def _eos_ids(adapter) -> list[int]:
+    eos = getattr(adapter, "eos_ids", None)
+    return eos.tolist() if eos is not None else [adapter.eos_id]
