@@ -24,12 +24,15 @@ Every failure is one line naming the file and row (or the task and row) and the 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig
 from mmgrpo.media import add_media_parts, media_counts
 from mmgrpo.types import DataError
+
+logger = logging.getLogger(__name__)
 
 CHECK_ROWS = 8
 """Rows of each split checked for tasks that have no ``check_rows`` option."""
@@ -51,6 +54,13 @@ def preflight(cfg: TrainConfig) -> Any:
     n = cfg.task.args.get("check_rows", CHECK_ROWS) if cfg.task.name == "dataset" else CHECK_ROWS
     _check_warmup_source(cfg, task)
     needs = reward_column_needs(cfg)
+    e = cfg.eval
+    if (e.before or e.after or e.every) and len(task.eval_rows()) == 0:
+        logger.warning(
+            "task %r has no held-out rows, so eval.before / eval.after / eval.every evaluate nothing; give "
+            "task.args.eval, task.args.eval_split or task.args.eval_fraction (or set them false)",
+            cfg.task.name,
+        )
     for split, rows in (("train", task.train_rows()), ("eval", task.eval_rows())):
         for i in range(min(n, len(rows))):
             where = row_name(cfg, rows, split, i)
