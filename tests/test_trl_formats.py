@@ -168,21 +168,25 @@ def test_a_training_step_passes_trl_keyword_arguments(tmp_path, tiny_vlm_path):
             "model.args.max_new_tokens=6",
             "task.name=dataset",
             f"task.args.train={data}",
+            "task.args.eval_fraction=0.25",
             "rewards=[{name: test_record_trl_kwargs}, {name: 'trl.rewards:get_soft_overlong_punishment()', "
             "kwargs: {max_completion_len: 6, soft_punish_cache: 4}}, {name: length_cosine, kwargs: {max_len: 6, "
             "answer_key: solution}}]",
             "algorithm.group_size=2",
             "algorithm.prompts_per_step=2",
             "eval.before=false",
-            "eval.after=false",
             "logging.trackers=[]",
             "logging.progress=false",
             "logging.plot=false",
             "checkpoint.save_final=false",
         ],
     )
-    train(cfg)
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = train(cfg)
+    assert math.isfinite(summary["eval/after/length_cosine"])  # held-out text re-tokenised for completion_ids
+    assert math.isfinite(summary["eval/after/get_soft_overlong_punishment()"])
+    SEEN[:] = SEEN[:2]  # the two training steps (the held-out evaluation called the reward too)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward/errors" in r]  # the training steps (not the evaluation record)
     assert [s["reward/errors"] for s in steps] == [0.0, 0.0]
     assert [seen["state"].global_step for seen in SEEN] == [0, 1] and SEEN[0]["state"].max_steps == 2
     assert {"log_metric", "log_extra", "prompts", "solution"} <= SEEN[0]["kwargs"]
