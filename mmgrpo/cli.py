@@ -4,8 +4,10 @@ list``.
 The same command works under ``accelerate launch`` (e.g. ``ACCELERATE_USE_CPU=1 accelerate launch --config_file
 configs/accelerate/cpu_2proc.yaml -m mmgrpo train configs/quickstart.yaml``; ``--cpu`` starts one process). A
 configuration mistake prints one line naming the field and exits with status 2; so does unusable data (a missing
-column or media file in the first rows of a dataset task, which ``--dry-run`` checks too), naming the file, the row
-and the column.
+column or media file in the first rows of a task, a column a reward needs), naming the file, the row and the
+option to change. ``--dry-run`` runs the same load-time check as ``train`` (:func:`mmgrpo.preflight.preflight`)
+and stops before any model loads. Overrides and flags may come in any order (``mmgrpo train cfg.yaml --dry-run
+overwrite=true``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; for ``train``, ``key=value`` overrides may come before or after the flags."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if args.command != "train" or any(a.startswith("-") or "=" not in a for a in rest):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.overrides = [*args.overrides, *rest]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m mmgrpo` does: rewards in ./my_rewards.py
         sys.path.insert(0, os.getcwd())
     from mmgrpo.config import ConfigError, dump_config, load_config
@@ -69,14 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     from mmgrpo.types import DataError
 
     if args.dry_run:
-        from mmgrpo.plugins import TASKS
+        from mmgrpo.preflight import preflight
         from mmgrpo.rewards.registry import describe_reward_code, reward_code_policy
 
-        builder = TASKS.get(cfg.task.name)
         try:
-            if getattr(builder, "checks_data", False):  # dataset tasks: read the first rows of each split
-                with reward_code_policy("check"):  # eval rewards from import paths: checked, never imported
-                    builder(cfg.task.args, seed=cfg.seed)
+            with reward_code_policy("check"):  # import-path rewards: checked, never imported
+                preflight(cfg)  # the check `train` runs before any model loads: task, first rows, reward columns
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2

@@ -71,8 +71,9 @@ class LoraConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = 0.0
     """Dropout on the LoRA branch."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    """Module names (or suffixes) that get LoRA layers."""
+    target_modules: list[str] | str = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names (or suffixes) that get LoRA layers, or peft's ``all-linear`` (every linear layer but the
+    output head), passed to ``peft.LoraConfig`` as given."""
 
 
 @dataclass
@@ -206,6 +207,12 @@ class WarmupConfig:
     """Warm-up learning rate, in (0, 1] (as ``optim.lr``)."""
     batch_size: int = 16
     """Rows per warm-up step."""
+    target_column: str | None = None
+    """Warm up on the task's own training rows: the column holding each row's target output (e.g. ``answer``).
+    Needed when the task has no warm-up rows of its own (``task.name: dataset``)."""
+    target_template: str = "{target}"
+    """The supervised target built from a row when ``target_column`` is set: ``{target}`` is that column, any
+    ``{column}`` another one, e.g. ``"<think>{reasoning}</think><answer>{target}</answer>"``."""
 
 
 @dataclass
@@ -487,10 +494,15 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                     f"(its optional capabilities: {offer}); change that setting or the adapter"
                 )
     task_class = getattr(task_builder, "task_class", None)
-    if cfg.warmup.steps > 0 and task_class is not None and not callable(getattr(task_class, "warmup_rows", None)):
+    if (
+        cfg.warmup.steps > 0
+        and not cfg.warmup.target_column
+        and task_class is not None
+        and not callable(getattr(task_class, "warmup_rows", None))
+    ):
         raise ConfigError(
-            f"warmup.steps > 0 needs a task with warmup_rows(); task.name {cfg.task.name!r} has none; "
-            "set warmup.steps: 0"
+            f"warmup.steps: {cfg.warmup.steps} but task {cfg.task.name!r} has no warm-up rows of its own; set "
+            "warmup.target_column to the column that holds the target outputs, or warmup.steps: 0"
         )
 
 

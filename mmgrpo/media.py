@@ -1,7 +1,14 @@
-"""Opening media files of dataset rows with one-line errors (shared by tasks and the token adapters' encoders).
+"""Media of dataset rows: opening files with one-line errors, and the chat parts that stand for them.
 
 Image files are opened with Pillow and fully read, so a truncated file fails here, naming the file, rather than
 deep inside a processor; :class:`~mmgrpo.types.DataError` carries the message.
+
+:func:`add_media_parts` gives a conversational prompt one ``{"type": kind}`` content part per image / video /
+audio of its row, as TRL does for its vision datasets (``trl.data_utils.prepare_multimodal_messages``, TRL 1.16):
+a prompt whose messages hold string content gets the parts inserted before the text of its first user message
+with string content; every other string content becomes one text part; a prompt that already holds parts is
+checked (one part per item). The dataset task and the token adapters call the same function, so a row that one
+accepts the other accepts too.
 """
 
 from __future__ import annotations
@@ -55,4 +62,65 @@ def open_image(value: Any, what: str = "image") -> Image.Image:
         raise DataError(f"{what} file {name!r} cannot be read as an image ({reason})") from None
 
 
-__all__ = ["as_list", "open_image"]
+MEDIA_KINDS = ("image", "video", "audio")
+"""Content-part types, in the order their parts precede the text (the token adapters' encoder order)."""
+
+
+def media_counts(row: dict) -> dict[str, int]:
+    """Items of each kind a row holds: images from ``images`` (else ``image``; one or a list, as TRL reads them),
+    one ``video`` and one ``audio`` when present. Kinds with no item are left out."""
+    images = row.get("images") if row.get("images") is not None else row.get("image")
+    counts = {"image": len(as_list(images)), "video": int(row.get("video") is not None)}
+    counts["audio"] = int(row.get("audio") is not None)
+    return {kind: n for kind, n in counts.items() if n}
+
+
+def count_parts(messages: list, kind: str) -> int:
+    """How many ``{"type": kind}`` content parts a conversational prompt holds (tool messages not counted)."""
+    n = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and message.get("role") != "tool":
+            n += sum(1 for part in content if isinstance(part, dict) and part.get("type") == kind)
+    return n
+
+
+def add_media_parts(messages: list, counts: dict[str, int]) -> list:
+    """``messages`` with one ``{"type": kind}`` part per media item of the row (see the module docstring).
+
+    Follows ``trl.data_utils.prepare_multimodal_messages``: string content is wrapped as ``{"type": "text"}``
+    parts, and the first user message with string content gets the media parts (images, then video, then audio)
+    before its text. Departures: the parts carry no payload (the decoded media stay in the row's columns, where
+    the adapter's encoders and the rewards read them), and a row without media is returned unchanged (string
+    content kept), so text-only chats render as before. Raises :class:`DataError` when the parts and the row's
+    items differ in number, naming both. Returns a new list; ``messages`` is not modified.
+    """
+    if not any(counts.values()):
+        return messages
+    out, inserted = [], False
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise DataError(f"message {i} of the prompt is not a {{'role': ..., 'content': ...}} mapping: {message!r}")
+        if message["role"] not in ("system", "user", "assistant", "tool"):
+            raise DataError(
+                f"message {i} of the prompt has role {message['role']!r}; expected system, user, assistant or tool"
+            )
+        content = message.get("content")
+        if isinstance(content, str):
+            parts = [{"type": "text", "text": content}]
+            if message["role"] == "user" and not inserted:
+                parts = [{"type": kind} for kind in MEDIA_KINDS for _ in range(counts.get(kind, 0))] + parts
+                inserted = True
+            message = {**message, "content": parts}
+        out.append(message)
+    for kind in MEDIA_KINDS:
+        have, want = count_parts(out, kind), counts.get(kind, 0)
+        if have != want:
+            raise DataError(
+                f"the prompt's messages hold {have} {{'type': '{kind}'}} part(s) but the row has {want} {kind}(s); "
+                f"give one part per {kind}, or give the first user message string content and the parts are added"
+            )
+    return out
+
+
+__all__ = ["MEDIA_KINDS", "add_media_parts", "as_list", "count_parts", "media_counts", "open_image"]

@@ -37,13 +37,13 @@ from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import losses, noise, shaping, sharding
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
-from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+from mmgrpo.plugins import ADAPTERS, load_builtins
+from mmgrpo.preflight import preflight, row_name, warmup_target
 from mmgrpo.types import (
     ADAPTER_CAPABILITIES,
     DataError,
     SupervisedLoss,
     SyncReference,
-    WarmupTask,
     required_capabilities,
 )
 
@@ -147,7 +147,7 @@ class Trainer:
         load_builtins()
         set_seed(cfg.seed)
         with self.acc.main_process_first():  # tiny models and data are built into a shared cache: once
-            self.task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
+            self.task = preflight(cfg)  # the --dry-run check: task, first rows, reward columns, warm-up rows
             self.adapter = ADAPTERS.get(cfg.model.adapter)(
                 cfg.model.args,
                 seed=cfg.seed,
@@ -307,8 +307,10 @@ class Trainer:
         rollout = self.adapter.rollout(rows, a.group_size, keys)
         t1 = time.perf_counter()
 
-        prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
-        scores, reward_metrics = self.rewards(rollout.outputs, prompts, columns)  # [B, K]
+        prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
+        scores, reward_metrics = self.rewards(
+            rollout.outputs, prompts, columns, trainer_state=self._trl_state(step)
+        )  # [B, K]
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
         t2 = time.perf_counter()
 
@@ -550,14 +552,14 @@ class Trainer:
     def _warmup(self) -> None:
         """Optional supervised warm-up (e.g. output format); evaluated as its own stage ``eval/warmup/*``."""
         w = self.cfg.warmup
-        if not isinstance(self.task, WarmupTask) or not isinstance(self.adapter, SupervisedLoss):
-            raise ValueError(f"warmup.steps > 0 but task {self.cfg.task.name!r} or the adapter has no warm-up")
-        rows = self.task.warmup_rows(self.cfg.seed)
+        if not isinstance(self.adapter, SupervisedLoss):  # checked at load (preflight, config); a last guard
+            raise ConfigError(f"warmup.steps > 0 but model.adapter {self.cfg.model.adapter!r} has no supervised_loss()")
+        rows = self.task.train_rows() if w.target_column else self.task.warmup_rows(self.cfg.seed)
         rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
         opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
         bar = _progress(self.cfg, self.acc, total=w.steps, desc="warm-up")
         for _ in range(w.steps):
-            loss = self.adapter.supervised_loss(rng.sample(rows, min(w.batch_size, len(rows))))
+            loss = self.adapter.supervised_loss(self._warmup_batch(rows, rng))
             self.acc.backward(loss)
             self.acc.clip_grad_norm_(self.adapter.trainable_parameters(), 1.0)
             opt.step()
@@ -569,6 +571,29 @@ class Trainer:
         if isinstance(self.adapter, SyncReference):  # the KL anchors to the warmed-up policy
             self.adapter.sync_reference()
         self._evaluate("warmup")
+
+    def _warmup_batch(self, rows, rng: random.Random) -> list[dict]:
+        """``warmup.batch_size`` rows drawn without replacement; with ``warmup.target_column`` each is a training
+        row with ``target`` from ``warmup.target_template``. Unreadable rows are skipped and counted."""
+        w = self.cfg.warmup
+        batch = []
+        n = len(rows)
+        for i in rng.sample(range(n), min(n, w.batch_size + MAX_CONSECUTIVE_BAD_ROWS)):
+            if len(batch) == min(w.batch_size, n):
+                break
+            try:
+                row = rows[i]
+                if w.target_column:
+                    where = row_name(self.cfg, rows, "train", i)
+                    row = dict(row, target=warmup_target(row, w.target_column, w.target_template, where))
+            except DataError as e:
+                self.skipped_rows += 1
+                logger.warning("mmgrpo: skipped warm-up row: %s", e)
+                continue
+            batch.append(row)
+        if not batch:
+            raise DataError("no warm-up row could be read; check the data (the first one's error is logged above)")
+        return batch
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
         data = self.task.eval_rows()
@@ -605,13 +630,29 @@ class Trainer:
 
     def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
         """Mean of each configured reward over the held-out outputs (NaN = not applicable is left out), and the
-        mean of the weighted combination ``reward`` as training combines them."""
-        prompts, columns = reward_columns(rows, 1, {})
-        scores, _ = self.rewards(outputs, prompts, columns)  # [n, K]
+        mean of the weighted combination ``reward`` as training combines them.
+
+        Held-out outputs are decoded text: their ``completion_ids`` are the text re-tokenised by the adapter's
+        tokenizer (without the EOS that training counts), where the adapter has one."""
+        extras = {}
+        tokenizer = getattr(self.adapter, "tokenizer", None)
+        if callable(tokenizer) and outputs and all(isinstance(o, str) for o in outputs):
+            extras["completion_ids"] = list(tokenizer(list(outputs), add_special_tokens=False)["input_ids"])
+        prompts, columns = reward_columns(rows, 1, extras)
+        scores, _ = self.rewards(outputs, prompts, columns, trainer_state=self._trl_state(self.state.step))  # [n, K]
         combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
         result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
         result["reward"] = float(combined.nanmean())
         return result
+
+    def _trl_state(self, step: int):
+        """What TRL passes its rewards as ``trainer_state``: a ``transformers.TrainerState`` (steps completed so far,
+        the run's total, epochs over the training rows), for rewards that shape by training progress."""
+        from transformers import TrainerState
+
+        n = max(1, len(self.task.train_rows()))
+        seen = step * self.cfg.algorithm.prompts_per_step * self.acc.num_processes
+        return TrainerState(global_step=step, max_steps=self.cfg.steps, epoch=seen / n)
 
     # ----------------------------------------------------------------------------------- bookkeeping
 

@@ -70,9 +70,9 @@ def unwrap(model: torch.nn.Module, *, peft: bool = False) -> torch.nn.Module:
 def _peft_config(lora: LoraConfig, **extra):
     from peft import LoraConfig as PeftLoraConfig
 
-    return PeftLoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), **extra
-    )
+    targets = lora.target_modules  # peft takes a list of names, or one string: "all-linear" or a regex
+    targets = targets if isinstance(targets, str) else list(targets)
+    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, **extra)
 
 
 def peft_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:

@@ -7,10 +7,15 @@ applicable" (the reward returned ``None``, the sample was routed away from it, o
 
 Calling convention (a superset of TRL's, so a TRL reward works unchanged): each reward gets
 ``completions=`` (or positionally if it has no parameter of that name), ``prompts=`` and every column as a
-keyword. A function without ``**kwargs`` gets only the columns it names. TRL's extra arguments are passed only
-to functions that name them: ``completion_ids`` and ``trainer_state`` (the column of that name if the caller
-provides it, else ``None``), ``log_metric(name, value)`` (lands in the metrics as ``reward/<reward>/<name>``)
-and ``log_extra`` (ignored). ``async def`` rewards are awaited in their thread.
+keyword. A function without ``**kwargs`` gets only the columns it names. The keyword arguments of TRL 1.16's
+``GRPOTrainer._calculate_rewards`` are all there: ``prompts``, ``completions``, ``completion_ids`` (a column: the
+token adapters put each sample's token ids, up to and including its EOS, in ``Rollout.extras``; ``None`` for
+adapters without tokens), ``trainer_state`` (the trainer passes a ``transformers.TrainerState`` with
+``global_step``, ``max_steps``, ``epoch``; ``None`` outside training), ``log_metric(name, value)`` (lands in the
+metrics as ``reward/<reward>/<name>``) and ``log_extra`` (accepted, dropped). The last three are not columns:
+they reach a function that names them, and every ``**kwargs`` function that is not an mmgrpo built-in (TRL's
+rewards and user functions written for TRL read them from ``kwargs``). ``async def`` rewards are awaited in
+their thread.
 
 Conversational prompts: when every prompt is a list of chat messages (``[{"role": ..., "content": ...}]``),
 each text completion is passed as ``[{"role": "assistant", "content": text}]``, as TRL's ``GRPOTrainer`` does,
@@ -117,9 +122,19 @@ class _Caller:
         # are configuration: a dataset column with the same name (say "threshold") must not override them.
         target = getattr(fn, "func", fn)
         self.options = set(getattr(target, "reward_options", ())) | set(getattr(fn, "keywords", {}) or {})
+        module = getattr(target, "__module__", None) or type(target).__module__ or ""
+        # TRL passes its extras to every reward (they take **kwargs); the built-ins' **columns get columns only
+        self.trl_style = self.var_kw and not module.startswith("mmgrpo")
         self._warned: set[str] = set()
 
-    def __call__(self, completions: list, prompts: list, columns: dict[str, Any], log_metric: Callable) -> Any:
+    def __call__(
+        self,
+        completions: list,
+        prompts: list,
+        columns: dict[str, Any],
+        log_metric: Callable,
+        trainer_state: Any = None,
+    ) -> Any:
         shadowed = self.options.intersection(columns)
         if shadowed - self._warned:
             self._warned |= shadowed
@@ -132,11 +147,11 @@ class _Caller:
         kw: dict[str, Any] = {"prompts": prompts, **{k: v for k, v in columns.items() if k not in shadowed}}
         if not self.var_kw:
             kw = {k: v for k, v in kw.items() if k in self.params}
-        for extra in _TRL_EXTRAS:  # only to functions that name them
-            if extra in self.params and extra not in kw:
-                kw[extra] = (
-                    log_metric if extra == "log_metric" else (lambda *a, **k: None) if extra == "log_extra" else None
-                )
+        extras = {"completion_ids": None, "trainer_state": trainer_state, "log_metric": log_metric}
+        extras["log_extra"] = _ignore
+        for extra, value in extras.items():  # to functions that name them, and to TRL-style **kwargs functions
+            if extra not in kw and (extra in self.params or (self.trl_style and value is not None)):
+                kw[extra] = value
         skip = {"completions", self.first_positional}
         missing = [
             n
@@ -159,6 +174,10 @@ class _Caller:
         if self.is_async or inspect.isawaitable(out):
             out = asyncio.run(_await(out))
         return out
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """TRL's ``log_extra(column, values)`` (extra columns of its completions table): accepted and dropped."""
 
 
 async def _await(x: Any) -> Any:
@@ -237,6 +256,7 @@ class _Job:
     finished: threading.Event = field(default_factory=threading.Event)
     timed_out: bool = False  # set by the main thread when it abandons the job
     proc: Any = None  # the worker process of an isolated call
+    trainer_state: Any = None  # TRL's ``trainer_state`` keyword (global_step, max_steps...)
 
 
 class RewardRunner:
@@ -318,9 +338,12 @@ class RewardRunner:
         return f"{name}_{i}"
 
     def __call__(
-        self, completions: list, prompts: list, columns: dict[str, list]
+        self, completions: list, prompts: list, columns: dict[str, list], *, trainer_state: Any = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Score B samples. Returns ``(rewards [B, K] float32 with NaN = not applicable, metrics)``."""
+        """Score B samples. Returns ``(rewards [B, K] float32 with NaN = not applicable, metrics)``.
+
+        ``trainer_state`` is passed as TRL passes it (a ``transformers.TrainerState``: ``global_step``,
+        ``max_steps``...), not as a column."""
         if self._closed:
             raise RuntimeError("RewardRunner is closed")
         B = len(completions)
@@ -350,6 +373,7 @@ class RewardRunner:
                     _take(prompts, rows),
                     {c: _take(v, rows) for c, v in columns.items()},
                 )
+            job.trainer_state = trainer_state
             jobs.append(job)
         metrics: dict[str, float] = {}
         errors = 0
@@ -446,7 +470,7 @@ class RewardRunner:
             job.metrics[f"reward/{name}/{key}"] = float(value)
 
         try:
-            out = job.caller(job.completions, job.prompts, job.columns, log_metric)
+            out = job.caller(job.completions, job.prompts, job.columns, log_metric, job.trainer_state)
             values, bad = _to_floats(out, job.rows, name)
             job.values, job.bad = values, [(job.rows[j], v) for j, v in bad]
         except RewardError as e:
@@ -465,7 +489,9 @@ class RewardRunner:
         for j, i in enumerate(job.rows):
             cols = {c: _take(v, [j]) for c, v in job.columns.items()}
             try:
-                out = job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
+                out = job.caller(
+                    _take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric, job.trainer_state
+                )
                 (value,), b = _to_floats(out, [i], job.caller.name)
             except Exception:
                 failed.append(i)
@@ -517,7 +543,7 @@ class RewardRunner:
         for j, i in enumerate(job.rows):
             cols = {c: _take(v, [j]) for c, v in job.columns.items()}
             try:
-                job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric)
+                job.caller(_take(job.completions, [j]), _take(job.prompts, [j]), cols, log_metric, job.trainer_state)
             except Exception:
                 job.index = i
                 return

@@ -44,7 +44,9 @@ def test_missing_capability_is_a_one_line_config_error(config, overrides, messag
 
 def test_warmup_needs_a_task_with_warmup_rows():
     overrides = ["model.adapter=vlm", "model.args={}", "task.name=t2i_prompts", "task.args={}", "warmup.steps=2"]
-    with pytest.raises(ConfigError, match=r"warmup\.steps > 0 needs a task with warmup_rows"):
+    with pytest.raises(
+        ConfigError, match=r"task .t2i_prompts. has no warm-up rows of its own; set warmup\.target_column"
+    ):
         load_config(ROOT / "configs/quickstart.yaml", overrides)
 
 

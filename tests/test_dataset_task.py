@@ -425,7 +425,7 @@ def test_multi_image_prompts_and_part_count_check(tiny_vlm_path):
     enc = adapter._encode_prompt({"prompt": "Which is red?", "image": images})
     assert enc["image_grid_thw"].shape == (2, 3)  # two images, one grid each
     chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which is red?"}]}]
-    with pytest.raises(DataError, match=r"the messages hold 1 \{'type': 'image'\} part\(s\) but the row has 2 image"):
+    with pytest.raises(DataError, match=r"messages hold 1 \{'type': 'image'\} part\(s\) but the row has 2 image"):
         adapter._encode_prompt({"prompt": chat, "image": images})
     two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "Which?"}]}]
     assert torch.equal(adapter._encode_prompt({"prompt": two, "image": images})["pixel_values"], enc["pixel_values"])

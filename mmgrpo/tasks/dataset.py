@@ -14,10 +14,14 @@ memory as PIL images. A row is the file's columns with these additions:
   "value": "<image>question"}, {"from": "gpt", "value": "answer"}]``, VLM-R1's JSONL) gives ``prompt`` (the
   first human turn without its ``<image>``/``<video>`` tags) and ``answer`` (the first gpt turn).
 - Media keys: ``image`` (one or a list; multi-image rows), ``images``, ``video``, ``audio``. Relative paths
-  resolve against ``media_root`` (default: the data file's folder). ``media`` holds a path whose kind comes from
-  ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension. Images are opened
-  (and fully read, to catch truncation) when the row is built; videos are checked to exist, be non-empty and
-  open in decord; audio paths are checked to exist (a speech adapter decodes them).
+  resolve against ``media_root`` (default: the data file's folder); a path that resolves outside it (``../``,
+  an absolute path elsewhere, a symlink leading out) is a data error unless ``allow_outside_media_root: true``.
+  In a JSON/JSONL/CSV file, a row with none of the media columns its first rows carry is a data error (write
+  ``"image": null`` for a text-only row). A conversational prompt whose first user message holds string
+  content gets one ``{"type": kind}`` part per image/video/audio, as TRL adds them. ``media`` holds a path whose
+  kind comes from ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension.
+  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist, be
+  non-empty and open in decord; audio paths are checked to exist (a speech adapter decodes them).
 - ``prompt_template`` wraps a text prompt: ``{prompt}`` is the prompt, ``{column}`` any other column (lists are
   joined with newlines), e.g. R1-V's ``"{prompt} Output the thinking process in <think> </think> and final
   answer in <answer> </answer> tags."``. A mapping ``{value: template}`` picks the template by
@@ -27,8 +31,12 @@ memory as PIL images. A row is the file's columns with these additions:
 
 Bad data raises :class:`~mmgrpo.types.DataError` with one line naming the file, the row (JSONL/TXT/CSV: the
 line) and the column. The first ``check_rows`` rows of each split are built at start-up (and by ``mmgrpo train
---dry-run``), so a wrong column name or media root fails before any model loads; at train time the trainer skips
+--dry-run``, through the same :func:`mmgrpo.preflight.preflight`), so a wrong column name or media root fails
+before any model loads; at train time the trainer skips
 an unreadable row and counts it (``data/skipped_rows``).
+
+Held-out rows: ``eval`` (a file or dataset, its split ``eval_split``), else ``eval_split`` alone (that split of
+``train``: a hub id or a saved DatasetDict; an error for a single file), else ``eval_fraction`` of train.
 
 Evaluation: with no ``eval_rewards`` the held-out outputs are scored by the run's configured rewards (each
 reward's mean and the combined reward, ``eval/<stage>/<name>`` and ``eval/<stage>/reward``).
@@ -46,8 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.media import as_list, open_image
+from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
 from mmgrpo.plugins import TASKS
+from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
 
 MEDIA_KEYS = ("image", "images", "video", "audio")
@@ -69,13 +78,17 @@ class DatasetArgs:
     split: str = "train"
     """Split of a hub id or a saved DatasetDict used for ``train``."""
     eval_split: str | None = None
-    """Split used for ``eval`` (default: ``split``); e.g. eval: same id, eval_split: test."""
+    """Split used for ``eval`` (default: ``split``). Without ``eval``, the held-out rows are this split of
+    ``train`` (a hub id or a save_to_disk DatasetDict), e.g. train: my/dataset, eval_split: test."""
     seed: int | None = None
     """Seed of the eval_fraction split (default: the run seed)."""
     columns: dict[str, str] = field(default_factory=dict)
     """Adapter key → column name, e.g. {prompt: problem, image: image_path, answer: solution}."""
     media_root: str | None = None
     """Folder relative media paths resolve against (default: the data file's folder; cwd for hub ids)."""
+    allow_outside_media_root: bool = False
+    """Accept media paths that resolve outside media_root (``../``, absolute paths, symlinks leading out);
+    false: such a row is a data error naming the path."""
     media_type_column: str | None = None
     """Column saying whether the ``media`` path is an image or a video (Video-R1: data_type)."""
     prompt_template: str | dict[str, str] | None = None
@@ -286,18 +299,54 @@ def _strip_none(messages: list) -> list:
     return out
 
 
+MEDIA_SCAN_ROWS = 16  # rows read (not built) to learn which media columns a file's rows carry
+
+
+def _media_columns(source: _Source, columns: dict[str, str]) -> tuple[str, ...]:
+    """Media columns (``image``, ``images``, ``video``, ``audio``, ``media``) that the first rows of a JSON /
+    JSONL / CSV source carry: a row with none of them is a data error, not silently a text-only prompt (a row of
+    an image + video mix may carry either; an explicit ``null`` marks a text-only row). Arrow
+    sources (parquet, save_to_disk, hub) have one schema, so a row cannot lack a column there."""
+    if isinstance(source, _ArrowSource):
+        return ()
+    keys = [*MEDIA_KEYS, "media"]
+    keys += [columns[k] for k in keys if k in columns]  # the file's own names of mapped media columns
+    seen: dict[str, None] = {}
+    for i in range(min(MEDIA_SCAN_ROWS, len(source))):
+        try:
+            raw = source.raw(i)
+        except DataError:  # reported when that row is built
+            continue
+        seen.update((k, None) for k in keys if k in raw)
+    return tuple(seen)
+
+
 class RowBuilder:
     """Turns raw row ``i`` of a source into an adapter row (columns mapped, media opened, prompt wrapped)."""
 
     def __init__(self, args: DatasetArgs, source: _Source):
         self.args, self.source = args, source
         self.root = Path(args.media_root).expanduser() if args.media_root else source.base
+        self.media_columns = _media_columns(source, args.columns)
 
-    def _resolve(self, value: Any) -> Any:
-        if isinstance(value, str) and value and not value.startswith(("http://", "https://", "data:")):
-            path = Path(value).expanduser()
-            return str(path if path.is_absolute() else self.root / path)
-        return value
+    def _resolve(self, value: Any, key: str, where: str) -> Any:
+        """A media path resolved against ``media_root``; one outside it is refused unless
+        ``allow_outside_media_root`` (``../``, absolute paths and symlinks are followed to their target)."""
+        if isinstance(value, dict) and value.get("bytes") is None and isinstance(value.get("path"), str):
+            return {**value, "path": self._resolve(value["path"], key, where)}
+        if not (isinstance(value, str) and value and not value.startswith(("http://", "https://", "data:"))):
+            return value
+        path = Path(value).expanduser()
+        full = path if path.is_absolute() else self.root / path
+        if not self.args.allow_outside_media_root:
+            real, root = full.resolve(), self.root.resolve()
+            if not real.is_relative_to(root):
+                raise DataError(
+                    f"{where}: column {key!r}: {value!r} resolves to {str(real)!r}, outside the media root "
+                    f"{str(root)!r}; move the file under it, set task.args.media_root, or set "
+                    "task.args.allow_outside_media_root: true"
+                )
+        return str(full)
 
     def __call__(self, i: int) -> dict:
         raw = self.source.raw(i)
@@ -315,6 +364,12 @@ class RowBuilder:
             raise DataError(
                 f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
                 f"(the row has {sorted(raw)})"
+            )
+        if self.media_columns and not any(k in raw for k in self.media_columns):
+            key = self.media_columns[0]
+            raise DataError(
+                f"{where}: column {key!r} is missing, but other rows of this file have it; give the row its "
+                f'{key}, or write "{key}": null for a row without media (it is then a text-only prompt)'
             )
         if "media" in row and row["media"] is not None:
             self._route_media(row, where)
@@ -349,7 +404,7 @@ class RowBuilder:
     def _media(self, row: dict, where: str) -> None:
         for key in ("image", "images"):
             if row.get(key) is not None:
-                items = [self._resolve(v) for v in as_list(row[key])]
+                items = [self._resolve(v, key, where) for v in as_list(row[key])]
                 opened = []
                 for v in items:
                     try:
@@ -358,12 +413,12 @@ class RowBuilder:
                         raise DataError(f"{where}: column {key!r}: {e}") from None
                 row[key] = opened if isinstance(row[key], (list, tuple)) else opened[0]
         if isinstance(row.get("video"), str):
-            row["video"] = self._resolve(row["video"])
+            row["video"] = self._resolve(row["video"], "video", where)
             self._check_file(row["video"], "video", where)
             if self.args.probe_videos:
                 _probe_video(row["video"], where)
         if isinstance(row.get("audio"), str):
-            row["audio"] = self._resolve(row["audio"])
+            row["audio"] = self._resolve(row["audio"], "audio", where)
             self._check_file(row["audio"], "audio", where)
 
     @staticmethod
@@ -383,7 +438,10 @@ class RowBuilder:
             prompt = _strip_none(prompt)
             if a.system_prompt and not (prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"):
                 prompt = [{"role": "system", "content": a.system_prompt}, *prompt]
-            return prompt
+            try:  # TRL's vision format: string content + an images column gets its {"type": "image"} parts here
+                return add_media_parts(prompt, media_counts(row))
+            except DataError as e:
+                raise DataError(f"{where}: column 'prompt': {e}") from None
         if not isinstance(prompt, str):
             raise DataError(
                 f"{where}: column 'prompt' must be text or a list of chat messages, got {type(prompt).__name__}"
@@ -445,6 +503,10 @@ class Rows(Sequence):
             return Rows(self.builder, self.indices[i])
         return self.builder(self.indices[i])
 
+    def where(self, i: int) -> str:
+        """Row ``i`` named as messages name it (``file: line N``)."""
+        return self.builder.source.where(self.indices[i])
+
 
 # ---------------------------------------------------------------------------------------------- task
 
@@ -456,8 +518,8 @@ class DatasetTask:
         train_source = _open_source(args.train, args.split, "train")
         n = len(train_source) if args.max_rows is None else min(args.max_rows, len(train_source))
         train_idx: Sequence[int] = range(n)
-        if args.eval:
-            eval_source = _open_source(args.eval, args.eval_split or args.split, "eval")
+        if args.eval or args.eval_split:  # eval_split alone: that split of the train dataset
+            eval_source = _open_source(args.eval or args.train, args.eval_split or args.split, "eval")
             m = len(eval_source) if args.max_rows is None else min(args.max_rows, len(eval_source))
             self._eval = Rows(RowBuilder(args, eval_source), range(m))
         else:
@@ -470,16 +532,7 @@ class DatasetTask:
         self._train = Rows(RowBuilder(args, train_source), train_idx)
         if len(self._train) == 0:
             raise ConfigError(f"task.args.train: no training rows in {args.train}")
-        self._metrics = []
-        if args.eval_rewards:
-            from mmgrpo.rewards.registry import load_reward
-
-            for i, spec in enumerate(args.eval_rewards):
-                if "name" not in spec:
-                    raise ConfigError(
-                        f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}"
-                    )
-                self._metrics.append((spec["name"], load_reward(spec["name"], **spec.get("kwargs", {}))))
+        self._metrics = EvalRewards(args.eval_rewards, "task.args.eval_rewards")
         self.check(args.check_rows)
 
     def check(self, n: int) -> None:
@@ -497,13 +550,7 @@ class DatasetTask:
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float] | None:
         if not self._metrics:
             return None  # the trainer scores with the configured rewards
-        prompts = [r["prompt"] for r in rows]
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        out = {}
-        for name, fn in self._metrics:
-            vals = [v for v in fn(outputs, prompts=prompts, **columns) if v is not None]
-            out[name] = float(sum(vals) / len(vals)) if vals else float("nan")
-        return out
+        return self._metrics.score(outputs, rows)
 
 
 def _validate(a: DatasetArgs) -> None:
@@ -513,8 +560,15 @@ def _validate(a: DatasetArgs) -> None:
         )
     if not 0 <= a.eval_fraction < 1:
         raise ConfigError(f"task.args.eval_fraction: must be in [0, 1), got {a.eval_fraction}")
-    if a.eval and a.eval_fraction:
-        raise ConfigError("task.args.eval_fraction: give either eval (a held-out file) or eval_fraction, not both")
+    if (a.eval or a.eval_split) and a.eval_fraction:
+        raise ConfigError(
+            "task.args.eval_fraction: give either eval / eval_split (held-out rows) or eval_fraction, not both"
+        )
+    if a.eval_split and not a.eval and Path(a.train).suffix.lower() in FILE_FORMATS:
+        raise ConfigError(
+            f"task.args.eval_split: {a.eval_split!r} names a split, but train {a.train!r} is one file without "
+            "splits; give the held-out rows as task.args.eval (a file), or hold out task.args.eval_fraction"
+        )
     if a.max_rows is not None and a.max_rows < 1:
         raise ConfigError(f"task.args.max_rows: must be >= 1 or null, got {a.max_rows}")
     if a.check_rows < 0:
@@ -532,6 +586,7 @@ def build_dataset_task(args: dict, *, seed: int = 0) -> DatasetTask:
 
 
 build_dataset_task.args_class = DatasetArgs
-build_dataset_task.checks_data = True  # `mmgrpo train --dry-run` builds it to check the first rows
 
-__all__ = ["DatasetArgs", "DatasetTask", "Rows", "build_dataset_task"]
+build_dataset_task.task_class = DatasetTask
+
+__all__ = ["DatasetArgs", "DatasetTask", "EvalRewards", "Rows", "build_dataset_task"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.plugins import TASKS
+from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
 
 
@@ -35,11 +36,15 @@ class T2IPromptsArgs:
     """Evaluation metrics: [{name, kwargs}], each reported as eval/<stage>/<name> (mean over held-out rows)."""
 
 
-def read_prompts(path: str) -> list[dict]:
-    """Rows from a .txt (one prompt per line, blank lines skipped) or .jsonl file."""
+def read_prompts(path: str, option: str = "task.args.train_path") -> list[dict]:
+    """Rows from a .txt (one prompt per line, blank lines skipped) or .jsonl file; ``option`` names the config
+    field in messages."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"task.args: prompt file {path!r} does not exist")
+        raise ConfigError(
+            f"{option}: prompt file {path!r} does not exist (relative paths resolve against the working directory "
+            f"{str(Path.cwd())!r}); get the prompt set the config's comments name, or give your own .txt / .jsonl"
+        )
     if p.suffix == ".jsonl":
         rows = []
         for i, line in enumerate(p.read_text().splitlines()):
@@ -52,7 +57,7 @@ def read_prompts(path: str) -> list[dict]:
                         'per line, e.g. {"prompt": "a red cube"}'
                     ) from None
                 if not isinstance(row, dict) or "prompt" not in row:
-                    raise ConfigError(f"task.args: {path} line {i + 1} has no 'prompt' key")
+                    raise ConfigError(f"{option}: {path} line {i + 1} has no 'prompt' key")
                 rows.append(row)
         return rows
     return [{"prompt": line.strip()} for line in p.read_text().splitlines() if line.strip()]
@@ -62,11 +67,9 @@ class T2IPromptsTask:
     """``Task`` over prompt files; ``score`` averages ``eval_rewards`` over the held-out images."""
 
     def __init__(self, args: T2IPromptsArgs, seed: int = 0):
-        from mmgrpo.rewards.registry import load_reward
-
         rows = read_prompts(args.train_path)
         if args.eval_path:
-            self._train, self._eval = rows, read_prompts(args.eval_path)[: args.eval_size]
+            self._train, self._eval = rows, read_prompts(args.eval_path, "task.args.eval_path")[: args.eval_size]
         else:
             order = list(range(len(rows)))
             random.Random(seed).shuffle(order)
@@ -75,11 +78,7 @@ class T2IPromptsTask:
             self._eval = [rows[i] for i in sorted(held)]
         if not self._train:
             raise ConfigError(f"task.args.train_path: no training prompts left in {args.train_path}")
-        self._metrics = []
-        for i, spec in enumerate(args.eval_rewards):
-            if "name" not in spec:
-                raise ConfigError(f"task.args.eval_rewards[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}")
-            self._metrics.append((spec["name"], load_reward(spec["name"], **spec.get("kwargs", {}))))
+        self._metrics = EvalRewards(args.eval_rewards, "task.args.eval_rewards")  # loaded at the first score
 
     def train_rows(self) -> list[dict]:
         return self._train
@@ -88,13 +87,7 @@ class T2IPromptsTask:
         return self._eval
 
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        prompts = [r["prompt"] for r in rows]
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        out = {}
-        for name, fn in self._metrics:
-            vals = [v for v in fn(outputs, prompts=prompts, **columns) if v is not None]
-            out[name] = float(sum(vals) / len(vals)) if vals else float("nan")
-        return out
+        return self._metrics.score(outputs, rows)
 
 
 @TASKS.register("t2i_prompts")

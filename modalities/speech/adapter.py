@@ -43,7 +43,7 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from ..tokens.decode import SamplingSpec, decode
-from ..tokens.logprobs import banned_mask, token_logprobs
+from ..tokens.logprobs import banned_mask, completion_id_lists, token_logprobs
 from ..tokens.policy import TokenPolicy
 from .audio import load_audio
 from .tiny import resolve_model_path
@@ -247,6 +247,7 @@ class WhisperAdapter(TokenPolicy):
             extras={
                 "audio_array": [w for w in cache.waveforms for _ in range(G)],
                 "sampling_rate": [self.sampling_rate] * len(prompt_of),
+                "completion_ids": completion_id_lists(completion_ids, self._completion_mask(completion_ids)),
             },
         )
 

@@ -134,3 +134,10 @@ class _TokenLogProbs(torch.autograd.Function):
                 part = part.masked_fill(banned[..., lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
             grad[..., lo:hi] = part / tau if tau != 1.0 else part
         return grad, None, None, None, None
+
+
+def completion_id_lists(completion_ids: Tensor, mask: Tensor) -> list[list[int]]:
+    """The ``completion_ids`` reward column: each sample's tokens up to and including its first EOS, as TRL's
+    ``GRPOTrainer`` passes them (``completion_ids_list``, trl/trainer/grpo_trainer.py); ``mask_truncated`` does
+    not shorten them. Shape: [B, T] ids and [B, T] mask (1 up to the first EOS) → B lists."""
+    return [ids[m.bool()].tolist() for ids, m in zip(completion_ids.cpu(), mask.cpu())]

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from PIL import Image
 
-from mmgrpo.media import as_list, open_image
+from mmgrpo.media import as_list, count_parts, open_image
 
 
 @runtime_checkable
@@ -82,16 +82,6 @@ class ImageEncoder:
 def one_or_list(values: list) -> Any:
     """None for no value, the value itself for one, the list for several (a row's one image is not a list)."""
     return None if not values else values[0] if len(values) == 1 else values
-
-
-def count_parts(messages: list[dict], kind: str) -> int:
-    """How many ``{"type": kind}`` content parts a conversational prompt holds."""
-    n = 0
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            n += sum(1 for part in content if isinstance(part, dict) and part.get("type") == kind)
-    return n
 
 
 __all__ = ["ImageEncoder", "MediaEncoder", "as_list", "count_parts", "one_or_list", "open_image"]

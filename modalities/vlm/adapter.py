@@ -33,14 +33,15 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
+from mmgrpo.media import add_media_parts
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
-from ..tokens.logprobs import banned_mask, token_logprobs
-from ..tokens.media import ImageEncoder, MediaEncoder, count_parts, one_or_list
+from ..tokens.logprobs import banned_mask, completion_id_lists, token_logprobs
+from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
 
@@ -178,14 +179,11 @@ class VLMAdapter(TokenPolicy):
         """The chat of one row: a conversational prompt as given, else one user message with a ``{"type": kind}``
         part per media item (encoder order) before the text, after the optional system message."""
         prompt = row["prompt"]
-        if isinstance(prompt, list):  # already conversational: it must hold its own media parts
-            for kind, n in counts.items():
-                if count_parts(prompt, kind) != n:
-                    raise DataError(
-                        f"row 'prompt': the messages hold {count_parts(prompt, kind)} {{'type': '{kind}'}} part(s) "
-                        f"but the row has {n} {kind}(s); give one part per {kind}"
-                    )
-            return prompt
+        if isinstance(prompt, list):  # conversational: TRL's string content gets its media parts, as TRL adds them
+            try:
+                return add_media_parts(prompt, counts)
+            except DataError as e:
+                raise DataError(f"row 'prompt': {e}") from None
         content: Any = [{"type": kind} for kind, n in counts.items() for _ in range(n)]
         content += [{"type": "text", "text": str(prompt)}]
         if not self.is_multimodal:
@@ -417,6 +415,7 @@ class VLMAdapter(TokenPolicy):
             rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
         columns.update(self._image_columns(prompts, encodings, columns.get("image_size")))
         rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
+        rollout.extras["completion_ids"] = completion_id_lists(completion_ids, self._completion_mask(completion_ids))
         rollout.validate()
         return rollout
 

@@ -1,0 +1,178 @@
+"""The one load-time check: build the task and its first rows exactly as training will, before any model loads.
+
+``mmgrpo train --dry-run`` and :class:`~mmgrpo.trainer.Trainer` call the same :func:`preflight`; the trainer
+then trains on the task it returns, so there is no second path that could accept what the first refuses. It
+checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset tasks, else
+:data:`CHECK_ROWS`) of the training and the held-out split:
+
+- the task builds: data files, prompt files of recipes (``t2i_prompts``), splits, column mapping, eval split
+  resolution (``task.args.eval_split`` without ``eval``: that split of ``train``);
+- every row builds: media files open, media inside ``media_root``, prompt templates format, conversational
+  prompts get (or hold) one ``{"type": kind}`` part per image / video / audio
+  (:func:`mmgrpo.media.add_media_parts`, the function the VLM adapter calls too);
+- the columns the built-in rewards read exist in those rows: each registered reward's ground-truth column
+  (its ``answer_key`` option, default ``answer``; a reward declares others with a ``data_columns`` attribute, a
+  tuple of its option names), for the rows its ``reward_types`` route to it. Rewards given as
+  ``module:function`` are never imported or called here;
+- the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
+  formats, or the task has warm-up rows of its own.
+
+Every failure is one line naming the file and row (or the task and row) and the option to change:
+:class:`~mmgrpo.config.ConfigError` for options, :class:`~mmgrpo.types.DataError` for rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from mmgrpo.config import ConfigError, TrainConfig
+from mmgrpo.media import add_media_parts, media_counts
+from mmgrpo.types import DataError
+
+logger = logging.getLogger(__name__)
+
+CHECK_ROWS = 8
+"""Rows of each split checked for tasks that have no ``check_rows`` option."""
+
+DEFAULT_DATA_COLUMNS = ("answer_key",)
+"""Options of a registered reward that name a dataset column it reads, when it declares no ``data_columns``."""
+
+_NOT_COLUMNS = {"completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
+
+
+def preflight(cfg: TrainConfig) -> Any:
+    """Build ``cfg``'s task and check its first rows, rewards' columns and warm-up (module docstring).
+
+    Returns the built task. Raises :class:`ConfigError` or :class:`DataError` (one line each)."""
+    from mmgrpo.plugins import TASKS, load_builtins
+
+    load_builtins()
+    task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
+    n = cfg.task.args.get("check_rows", CHECK_ROWS) if cfg.task.name == "dataset" else CHECK_ROWS
+    _check_warmup_source(cfg, task)
+    needs = reward_column_needs(cfg)
+    e = cfg.eval
+    if (e.before or e.after or e.every) and len(task.eval_rows()) == 0:
+        logger.warning(
+            "task %r has no held-out rows, so eval.before / eval.after / eval.every evaluate nothing; give "
+            "task.args.eval, task.args.eval_split or task.args.eval_fraction (or set them false)",
+            cfg.task.name,
+        )
+    for split, rows in (("train", task.train_rows()), ("eval", task.eval_rows())):
+        for i in range(min(n, len(rows))):
+            where = row_name(cfg, rows, split, i)
+            row = rows[i]  # DataError from a dataset already names its file and row
+            _check_row(cfg, row, where, needs, warmup=split == "train")
+    return task
+
+
+def row_name(cfg: TrainConfig, rows: Sequence, split: str, i: int) -> str:
+    """``file: line N`` for dataset rows (their ``where``), else ``task 'name' <split> row i``."""
+    where = getattr(rows, "where", None)
+    return where(i) if callable(where) else f"task {cfg.task.name!r} {split} row {i}"
+
+
+def reward_column_needs(cfg: TrainConfig) -> list[tuple[int, str, str, str | None]]:
+    """``(reward index, reward name, column, option)`` for each dataset column a registered reward reads.
+
+    Only registered rewards (built-ins, and rewards registered by already-imported code) are looked at: their
+    declared ``data_columns`` options (default :data:`DEFAULT_DATA_COLUMNS`) with the value the config binds
+    (or the default), and, for a function without ``**kwargs``, its parameters without a default (TRL-style
+    ``solution``). ``option`` is ``None`` for such a parameter."""
+    from mmgrpo.rewards.registry import REWARDS
+
+    out = []
+    for k, spec in enumerate(cfg.rewards):
+        if spec.name not in REWARDS:
+            continue  # module:function, factories and entry points are not imported before training
+        fn = REWARDS.get(spec.name)
+        target = fn.__init__ if inspect.isclass(fn) else fn
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            continue
+        declared = getattr(fn, "data_columns", None)
+        for option in DEFAULT_DATA_COLUMNS if declared is None else declared:
+            if option in params:
+                column = spec.kwargs.get(option, params[option].default)
+                if isinstance(column, str) and column:
+                    out.append((k, spec.name, column, option))
+        if inspect.isclass(fn) or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            continue
+        positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        skip = {positional[0].name} if positional and "completions" not in params else set()
+        for name, p in params.items():
+            required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY)
+            if required and name not in _NOT_COLUMNS | skip | set(spec.kwargs):
+                out.append((k, spec.name, name, None))
+    return out
+
+
+def _check_row(cfg: TrainConfig, row: dict, where: str, needs: list, warmup: bool) -> None:
+    prompt = row.get("prompt") if isinstance(row, dict) else None
+    if prompt is None:
+        raise DataError(f"{where}: the row has no 'prompt' (keys: {sorted(row) if isinstance(row, dict) else row})")
+    if isinstance(prompt, list):
+        try:
+            add_media_parts(prompt, media_counts(row))
+        except DataError as e:
+            raise DataError(f"{where}: column 'prompt': {e}") from None
+    mapping = "task.args.columns.{column}: <the file's column>, or " if cfg.task.name == "dataset" else ""
+    for k, name, column, option in needs:
+        spec = cfg.rewards[k]
+        if spec.reward_types is not None and row.get("reward_type") not in spec.reward_types:
+            continue  # routed away from this reward
+        if column not in row:
+            fix = (
+                f"set rewards[{k}].kwargs.{option} to the column that holds it"
+                if option
+                else f"add the column, or bind rewards[{k}].kwargs.{column}"
+            )
+            raise DataError(
+                f"{where}: reward {name!r} (rewards[{k}]) needs the column {column!r}, which the row does not have "
+                f"(it has {sorted(row)}); map it with {mapping.format(column=column)}{fix}"
+            )
+    w = cfg.warmup
+    if warmup and w.steps > 0 and w.target_column:
+        warmup_target(row, w.target_column, w.target_template, where)
+
+
+def warmup_target(row: dict, column: str, template: str, where: str) -> str:
+    """The supervised target of ``row``: ``template`` with ``{target}`` = the ``column`` value (and ``{name}`` =
+    any other column). Raises :class:`DataError` naming ``warmup.target_column`` / ``warmup.target_template``."""
+    if row.get(column) is None:
+        raise DataError(
+            f"{where}: warmup.target_column {column!r} is missing or null in this row (it has {sorted(row)}); "
+            "set warmup.target_column to the column that holds the target outputs"
+        )
+    values = {k: _text(v) for k, v in row.items() if isinstance(v, (str, int, float, list, tuple))}
+    values["target"] = _text(row[column])
+    try:
+        return template.format_map(values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise DataError(
+            f"{where}: warmup.target_template {template!r} cannot be formatted ({type(e).__name__}: {e}); "
+            "use {target} and the row's column names"
+        ) from None
+
+
+def _text(value: Any) -> str:
+    return "\n".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _check_warmup_source(cfg: TrainConfig, task: Any) -> None:
+    w = cfg.warmup
+    if w.steps <= 0 or w.target_column:
+        return
+    if not callable(getattr(task, "warmup_rows", None)):
+        raise ConfigError(
+            f"warmup.steps: {w.steps} but task {cfg.task.name!r} has no warm-up rows of its own; set "
+            "warmup.target_column to the column that holds the target outputs (e.g. answer, with "
+            "warmup.target_template: '<answer>{target}</answer>'), or warmup.steps: 0"
+        )
+
+
+__all__ = ["CHECK_ROWS", "preflight", "reward_column_needs", "row_name", "warmup_target"]

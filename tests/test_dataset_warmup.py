@@ -1,0 +1,51 @@
+"""Warm-up from one's own data: ``warmup.target_column`` trains the tiny VLM on a dataset's answer column, so it
+gets past the answer format before GRPO (held-out format reward 0 before the warm-up, 1 after)."""
+
+import json
+
+from PIL import Image
+
+from mmgrpo.config import load_config
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (235, 215, 40)}
+
+
+def test_a_dataset_warmup_teaches_the_answer_format(tmp_path, tiny_vlm_path):
+    from mmgrpo.trainer import train
+
+    rows = []
+    for i in range(32):
+        name = list(COLOURS)[i % 4]
+        Image.new("RGB", (28, 28), COLOURS[name]).save(tmp_path / f"{i}.png")
+        rows.append({"prompt": "What colour is the image?", "image": f"{i}.png", "answer": name})
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "steps=1",
+            "model.adapter=vlm",
+            f"model.args.name_or_path={tiny_vlm_path}",
+            "model.args.max_new_tokens=8",
+            "task.name=dataset",
+            f"task.args.train={data}",
+            "task.args.eval_fraction=0.25",
+            "rewards=[{name: format, kwargs: {think: false}}, {name: accuracy}]",
+            "warmup.steps=40",
+            "warmup.lr=3e-3",
+            "warmup.batch_size=8",
+            "warmup.target_column=answer",
+            "warmup.target_template='<answer>{target}</answer>'",
+            "eval.after=false",
+            "algorithm.group_size=2",
+            "algorithm.prompts_per_step=2",
+            "logging.trackers=[]",
+            "logging.progress=false",
+            "logging.plot=false",
+            "checkpoint.save_final=false",
+        ],
+    )
+    summary = train(cfg)
+    assert summary["eval/before/format"] == 0.0  # the untrained tiny model never writes <answer>…</answer>
+    assert summary["eval/warmup/format"] >= 0.75  # measured 1.0 (8 held-out rows, seed 0)
