@@ -29,6 +29,7 @@ removes the last good checkpoint. A policy with a non-finite weight is never sav
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -67,18 +68,166 @@ def atomic_write_text(path: Path, text: str) -> None:
 # ------------------------------------------------------------------------------------- output directory
 
 
-def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool) -> Path | None:
-    """Refuse to write a new run into a non-empty ``output_dir`` (read-only check, every process may call it).
+class RunDirError(RuntimeError):
+    """The run directory cannot be used: another live run holds its lock, or it cannot be created or written."""
 
-    Returns the directory the old run will be moved to when ``overwrite`` is set (``<dir>.old-<time>``; nothing
-    is deleted), else ``None``. Raises :class:`ValueError` with one line when the directory is in use.
+
+def lock_path(output_dir: Path) -> Path:
+    """The lock file of a run directory: ``.<name>.mmgrpo-lock`` beside it (not inside, so that moving a run aside
+    with ``overwrite=true`` does not move the lock, and the run directory holds only the run's files)."""
+    out = Path(os.path.abspath(output_dir))
+    return out.parent / f".{out.name}.mmgrpo-lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held for the run's life (``fcntl.flock`` on :func:`lock_path`).
+
+    The kernel releases a ``flock`` when its holder exits, however it exits (SIGKILL included), so a lock left by a
+    dead process is never mistaken for a live one: the file may remain, holding the dead process's PID and host,
+    and the next run takes it over and says so. The holder writes ``{"pid", "host", "started", "output_dir"}``
+    into the file, which a refused run quotes. :meth:`release` unlinks the file before unlocking, and
+    :meth:`acquire` checks after locking that the path still names the locked file (else retries), so a run never
+    holds a lock on a file that another has already unlinked. Over NFS, Linux maps ``flock`` to POSIX byte-range
+    locks (``nfs(5)``, ``local_lock``), so runs on two hosts exclude each other as long as the NFS lock service
+    runs.
+    """
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = Path(output_dir)
+        self.path = lock_path(output_dir)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> dict | None:
+        """Take the lock or raise :class:`RunDirError` (one line naming the holder's PID and host).
+
+        Returns the record of a dead holder whose stale lock was taken over, else ``None``."""
+        import fcntl
+        import socket
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(_os_reason(f"output_dir={self.output_dir}: cannot create its parent", e)) from None
+        for _ in range(20):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                what = f"output_dir={self.output_dir}: cannot create the run lock {self.path}"
+                raise RunDirError(_os_reason(what, e)) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_record(fd)
+                os.close(fd)
+                raise RunDirError(
+                    f"output_dir={self.output_dir} is in use by {_describe(holder)}; wait for it to finish or stop "
+                    f"it, or choose another output_dir (lock file {self.path})"
+                ) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:  # a holder released (unlinked) it between our open and flock: lock the new file
+                os.close(fd)
+                continue
+            previous = _read_record(fd)
+            record = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "output_dir": str(self.output_dir),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+            self._fd = fd
+            return previous or None
+        raise RunDirError(f"output_dir={self.output_dir}: could not take the run lock {self.path}; try again")
+
+    def release(self) -> None:
+        """Unlink the lock file and unlock (idempotent)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __del__(self):
+        self.release()
+
+
+def _read_record(fd: int) -> dict:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder.get("pid"):
+        return "another mmgrpo run (it has not yet written its PID)"
+    return f"mmgrpo process {holder['pid']} on host {holder.get('host', '?')} (started {holder.get('started', '?')})"
+
+
+def _os_reason(what: str, e: OSError) -> str:
+    """``what (reason); how to fix`` for an OSError from the file system (one line)."""
+    reason = e.strerror or str(e)
+    fix = {
+        errno.ENOSPC: "free some disk space or choose an output_dir on another disk",
+        errno.EDQUOT: "free some space (disk quota exceeded) or choose another output_dir",
+        errno.EROFS: "the file system is read-only; choose a writable output_dir",
+        errno.EACCES: "choose an output_dir you can write to",
+        errno.EPERM: "choose an output_dir you can write to",
+    }.get(e.errno, "choose a writable output_dir")
+    return f"{what} ({reason}); {fix}"
+
+
+def write_error(what: str, e: OSError) -> RunDirError:
+    """A one-line :class:`RunDirError` for an ``OSError`` (disk full, read-only, no permission) while writing."""
+    return RunDirError(_os_reason(what, e))
+
+
+def holds_a_run(output_dir: Path) -> bool:
+    """True when ``output_dir`` holds a run that would be lost by writing a new one into it: a complete checkpoint
+    (``step-*`` or ``final/``) or a ``summary.json`` (a run that finished without saving a checkpoint).
+
+    A directory with only the start of a run (``config.yaml``, tracker logs, warm-up or evaluation records, an
+    incomplete checkpoint) cannot be resumed, so it is not a run: a new run may start there (its leftovers are
+    moved aside first, see :func:`prepare_output_dir`)."""
+    out = Path(output_dir)
+    root = out / "checkpoints"
+    return bool(_complete(root)) or (root / "final" / "COMPLETE").is_file() or (out / "summary.json").is_file()
+
+
+def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool) -> Path | None:
+    """Refuse to write a new run into a ``output_dir`` that :func:`holds_a_run` (read-only check, every process
+    may call it).
+
+    Returns the directory the old contents will be moved to (``<dir>.old-<time>``; nothing is deleted) when
+    ``overwrite`` is set, or when the directory holds only the leftovers of a run stopped before its first
+    checkpoint (anything besides ``config.yaml``), else ``None``. Raises :class:`ValueError` with one line when
+    the directory is in use.
     """
     out = Path(output_dir)
-    if resume or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if resume or not out.exists():
         return None
     if not out.is_dir():
         raise ValueError(f"output_dir={out} is a file, not a directory; choose another output_dir")
-    if not overwrite:
+    try:
+        contents = [p.name for p in out.iterdir()]
+    except OSError as e:
+        raise ValueError(_os_reason(f"output_dir={out} cannot be read", e)) from None
+    if not contents or contents == ["config.yaml"]:  # empty, or a run stopped before it wrote anything else
+        return None
+    if holds_a_run(out) and not overwrite:
         raise ValueError(
             f"output_dir={out} already holds a run; pass resume=latest to continue it, overwrite=true to move it "
             "aside (nothing is deleted), or another output_dir"
@@ -86,13 +235,14 @@ def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool)
     return out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def move_aside(output_dir: Path, target: Path) -> None:
-    """Rename the old run out of the way (main process only)."""
+def move_aside(output_dir: Path, target: Path) -> Path:
+    """Rename the old run out of the way (main process only); returns where it went."""
     n, dest = 0, target
     while dest.exists():
         n += 1
         dest = target.with_name(f"{target.name}-{n}")
     os.replace(output_dir, dest)
+    return dest
 
 
 # ------------------------------------------------------------------------------------------ saving
@@ -141,50 +291,95 @@ def save(
             f"the last good checkpoint under {root} is kept"
         )
     if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "state").mkdir(parents=True)
+        with _writing(name, root, tmp):
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "state").mkdir(parents=True)
     accelerator.wait_for_everyone()
     state = tmp / "state"
-    _save_rng(state, accelerator.process_index)
+    with _writing(name, root, tmp):
+        _save_rng(state, accelerator.process_index)
+    whole = optim_state = None
     if sharded:  # collectives: every process takes part, process 0 gets the tensors
         whole = sharding.full_state_dict(model, main_only=True)
         optim_state = None if optimizer is None else _full_optimizer_state(model, optimizer)
     if accelerator.is_main_process:
-        if sharded:
-            tied = _tied_names(model)
-            save_file({k: v.contiguous() for k, v in whole.items() if k not in tied}, str(state / "model.safetensors"))
-        else:
-            save_model(model, str(state / "model.safetensors"))
-        reference = getattr(adapter, "reference", None)
-        if isinstance(reference, torch.nn.Module):
-            save_model(reference, str(state / "reference.safetensors"))
-        if optimizer is not None:
-            _save_optimizer(state, optim_state if sharded else optimizer.state_dict())
-        sched = None if scheduler is None else {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
-        atomic_write_text(state / "trainer.json", json.dumps({"trainer": trainer_state or {}, "scheduler": sched}))
-        with _whole_weights(model, whole) if sharded else nullcontext():
-            adapter.save_pretrained(str(tmp / "model"))
-        for file_name, text in (model_files or {}).items():  # model card, sampling settings
-            atomic_write_text(tmp / "model" / file_name, text)
-        if config_text is not None:
-            atomic_write_text(tmp / "config.yaml", config_text)
+        with _writing(name, root, tmp):
+            files = (trainer_state, config_text, model_files)
+            _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        verify(tmp, num_processes=accelerator.num_processes)
-        atomic_write_text(tmp / "COMPLETE", f"{step}\n")
-        if target.exists():  # re-saving the same step: move the old one aside before replacing it
-            old = root / f".old-{name}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-        if not final:
-            _prune(root, keep_last)
+        with _writing(name, root, tmp):
+            _publish(tmp, target, root, name, step, final, keep_last, accelerator.num_processes)
     accelerator.wait_for_everyone()
     return target
+
+
+def _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state) -> None:
+    """The files process 0 writes into ``tmp``; ``files``: (trainer state, config text, model files);
+    ``whole``/``optim_state``: the gathered FSDP state, else None."""
+    trainer_state, config_text, model_files = files
+    sharded = whole is not None
+    state = tmp / "state"
+    if sharded:
+        tied = _tied_names(model)
+        save_file({k: v.contiguous() for k, v in whole.items() if k not in tied}, str(state / "model.safetensors"))
+    else:
+        save_model(model, str(state / "model.safetensors"))
+    reference = getattr(adapter, "reference", None)
+    if isinstance(reference, torch.nn.Module):
+        save_model(reference, str(state / "reference.safetensors"))
+    if optimizer is not None:
+        _save_optimizer(state, optim_state if sharded else optimizer.state_dict())
+    sched = None if scheduler is None else {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    atomic_write_text(state / "trainer.json", json.dumps({"trainer": trainer_state or {}, "scheduler": sched}))
+    with _whole_weights(model, whole) if sharded else nullcontext():
+        adapter.save_pretrained(str(tmp / "model"))
+    for file_name, text in (model_files or {}).items():  # model card, sampling settings
+        atomic_write_text(tmp / "model" / file_name, text)
+    if config_text is not None:
+        atomic_write_text(tmp / "config.yaml", config_text)
+
+
+def _publish(tmp: Path, target: Path, root: Path, name: str, step: int, final: bool, keep_last: int, processes: int):
+    """Verify ``tmp``, mark it COMPLETE, rename it to ``target`` and prune old checkpoints (process 0)."""
+    verify(tmp, num_processes=processes)
+    atomic_write_text(tmp / "COMPLETE", f"{step}\n")
+    if target.exists():  # re-saving the same step: move the old one aside before replacing it
+        old = root / f".old-{name}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+    if not final:
+        _prune(root, keep_last)
+
+
+_WRITE_ERRORS = {"No space left": errno.ENOSPC, "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+@contextmanager
+def _writing(name: str, root: Path, tmp: Path):
+    """Turn a failed write of checkpoint ``name`` (disk full, read-only, no permission) into one-line
+    :class:`RunDirError`; the partial ``tmp`` directory is removed and the older checkpoints are kept.
+
+    safetensors reports its write errors as ``SafetensorError`` (not ``OSError``) with the OS message inside,
+    e.g. "No space left on device (os error 28)"; that message is mapped back to its errno."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, OSError):
+            text = str(e)
+            code = next((c for k, c in _WRITE_ERRORS.items() if k in text), None)
+            e = OSError(code, os.strerror(code) if code else text.splitlines()[0][:200])
+        raise RunDirError(
+            _os_reason(f"cannot write checkpoint {name} under {root}; the older checkpoints are kept", e)
+        ) from None
 
 
 def verify(directory: Path, *, num_processes: int = 1) -> None:
@@ -305,17 +500,17 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
             f"{directory} has no state/model.safetensors (written by an older mmgrpo or not a checkpoint); "
             "start a new run or resume from a checkpoint written by this version"
         )
-    device = accelerator.device
     model = accelerator.unwrap_model(adapter.model)
     if sharding.is_sharded(model):  # every process reads the whole tensors and keeps its shards
         whole = load_file(str(state / "model.safetensors"))
         whole.update({alias: whole[kept] for alias, kept in _tied_names(model).items() if kept in whole})
         sharding.load_full_state_dict(model, whole)
     else:
-        load_model(model, str(state / "model.safetensors"), device=str(device))
+        _load_strict(model, state / "model.safetensors", _device_name(accelerator.device), directory)
     reference = getattr(adapter, "reference", None)
     if isinstance(reference, torch.nn.Module) and (state / "reference.safetensors").is_file():
-        load_model(reference, str(state / "reference.safetensors"), device=str(next(reference.parameters()).device))
+        device = _device_name(next(reference.parameters()).device)
+        _load_strict(reference, state / "reference.safetensors", device, directory)
     if (state / "optimizer.json").is_file():
         if sharding.is_sharded(model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -329,6 +524,53 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
         scheduler.load_state_dict({**saved["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     _load_rng(state, accelerator.process_index)
     return saved["trainer"]
+
+
+def _load_strict(module: torch.nn.Module, path: Path, device: str, directory: Path) -> None:
+    """``safetensors.torch.load_model`` with every key required, mismatches as one line (not torch's list of
+    hundreds of missing keys): a checkpoint saved with another model or ``model.lora`` setting, typically one whose
+    ``config.yaml`` was lost so that the configs could not be compared first."""
+    missing, unexpected = load_model(module, str(path), strict=False, device=device)
+    missing, unexpected = sorted(missing), sorted(unexpected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory}: {path.name} does not match the model this config builds ({len(missing)} missing, "
+            f"{len(unexpected)} unexpected tensors, e.g. {(missing or unexpected)[0]}); resume it with the config "
+            "it was trained with (model.args, model.lora.enabled)"
+        )
+
+
+def _device_name(device: torch.device | str) -> str:
+    """The device as safetensors accepts it: ``cpu``, not ``cpu:0``.
+
+    Processes launched for gloo (``Accelerator(cpu=True)`` under torchrun) get ``accelerator.device == cpu:0``,
+    which safetensors refuses ("device cpu:0 is invalid"); an accelerator keeps its index (``cuda:1``)."""
+    device = torch.device(device)
+    return "cpu" if device.type == "cpu" else str(device)
+
+
+def damage(directory: Path) -> str | None:
+    """Why a checkpoint marked COMPLETE cannot be loaded (a file missing, truncated or corrupt), else ``None``.
+
+    Cheap: reads each safetensors header (whose offsets must cover the file exactly, so a truncated file fails)
+    and parses each JSON file; no tensor is read."""
+    state = Path(directory) / "state"
+    if not state.is_dir():  # not this version's layout: :func:`load` says so in one line
+        return None
+    for name in ("model.safetensors", "trainer.json"):
+        if not (state / name).is_file():
+            return f"state/{name} is missing"
+    for path in sorted(state.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as f:
+                    f.keys()
+            elif path.suffix == ".json":
+                json.loads(path.read_text())
+        except Exception as e:  # SafetensorError, JSONDecodeError, UnicodeDecodeError, OSError
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            return f"state/{path.name} is unreadable ({first})"
+    return None
 
 
 def _load_optimizer(state: Path) -> dict:
@@ -378,11 +620,13 @@ def saved_step(directory: Path) -> int:
     return int((Path(directory) / "COMPLETE").read_text().split()[0])
 
 
-def find(output_dir: Path, resume: str) -> Path:
+def find(output_dir: Path, resume: str, skipped: list[str] | None = None) -> Path:
     """The checkpoint to resume from: ``latest`` or an explicit path (raises ``FileNotFoundError``, one line).
 
     ``latest`` is the complete checkpoint with the highest step among ``step-*`` and ``final/`` (a run saved only
     at the end resumes from ``final/``, whose state is that of its last step, e.g. to train for more ``steps``).
+    A complete checkpoint whose files were damaged afterwards (:func:`damage`: truncated by a full disk or a
+    partial copy) is passed over for the next newest one; ``skipped`` receives ``"<name>: <why>"`` for each.
     """
     root = Path(output_dir) / "checkpoints"
     if resume == "latest":
@@ -390,17 +634,35 @@ def find(output_dir: Path, resume: str) -> Path:
         final = root / "final"
         if (final / "COMPLETE").is_file() and (final / "state").is_dir():
             found.append((saved_step(final), final))
-        if not found:
-            there = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-            what = f"{root} holds only {', '.join(there)} (incomplete)" if there else f"{root} does not exist"
+        for _, path in sorted(found, key=lambda t: (t[0], t[1].name != "final"), reverse=True):
+            why = damage(path)
+            if why is None:
+                return path
+            if skipped is not None:
+                skipped.append(f"{path.name}: {why}")
+        if found:
             raise FileNotFoundError(
-                f"resume=latest: no complete checkpoint, {what}; set checkpoint.every=N to save some, "
-                "or start a new run (drop resume; overwrite=true moves the old one aside)"
+                f"resume=latest: every complete checkpoint under {root} is damaged "
+                f"({'; '.join(f'{p.name}: {damage(p)}' for _, p in found)}); start a new run (drop resume; "
+                "overwrite=true moves the old one aside)"
             )
-        return max(found, key=lambda t: (t[0], t[1].name != "final"))[1]
+        there = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        what = f"{root} holds only {', '.join(there)} (incomplete)" if there else f"{root} does not exist"
+        if not holds_a_run(output_dir) and Path(output_dir).is_dir():  # stopped before its first checkpoint
+            raise FileNotFoundError(
+                f"resume=latest: no complete checkpoint, {what}: the run stopped before its first checkpoint, so "
+                "there is nothing to continue; start it again without resume= (the same output_dir is accepted)"
+            )
+        raise FileNotFoundError(
+            f"resume=latest: no complete checkpoint, {what}; set checkpoint.every=N to save some, "
+            "or start a new run (drop resume; overwrite=true moves the old one aside)"
+        )
     path = Path(resume)
     if not (path / "COMPLETE").is_file():
         raise FileNotFoundError(f"resume={resume}: not a complete mmgrpo checkpoint (no COMPLETE marker)")
+    why = damage(path)
+    if why is not None:
+        raise FileNotFoundError(f"resume={resume}: the checkpoint is damaged ({why}); resume from another one")
     return path
 
 

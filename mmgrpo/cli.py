@@ -1,10 +1,11 @@
 """Command line: ``mmgrpo train CONFIG [key.sub=value ...] [--dry-run]``, ``mmgrpo demo RUN_DIR`` and ``mmgrpo rewards
 list``.
 
-The same command works under ``accelerate launch`` (e.g. ``accelerate launch --num_processes 2 --cpu
--m mmgrpo train configs/quickstart.yaml``). A configuration mistake prints one line naming the field and
-exits with status 2; so does unusable data (a missing column or media file in the first rows of a dataset task,
-which ``--dry-run`` checks too), naming the file, the row and the column.
+The same command works under ``accelerate launch`` (e.g. ``ACCELERATE_USE_CPU=1 accelerate launch --config_file
+configs/accelerate/cpu_2proc.yaml -m mmgrpo train configs/quickstart.yaml``; ``--cpu`` starts one process). A
+configuration mistake prints one line naming the field and exits with status 2; so does unusable data (a missing
+column or media file in the first rows of a dataset task, which ``--dry-run`` checks too), naming the file, the row
+and the column.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free one)")
     d.add_argument("--share", action="store_true", help="also open a public Gradio share link (off by default)")
+    d.add_argument(
+        "--trust-run-config",
+        action="store_true",
+        help="run the code the run's config.yaml names (rewards given as module:function, trust_remote_code); "
+        "by default the demo loads only registered rewards: a run directory from elsewhere is code",
+    )
     r = sub.add_parser("rewards", help="reward registry")
     r.add_argument("action", choices=["list"], help="list: print the registered rewards")
     return p
@@ -63,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.dry_run:
         from mmgrpo.plugins import TASKS
+        from mmgrpo.rewards.registry import describe_reward_code, reward_code_policy
 
         builder = TASKS.get(cfg.task.name)
         try:
             if getattr(builder, "checks_data", False):  # dataset tasks: read the first rows of each split
-                builder(cfg.task.args, seed=cfg.seed)
+                with reward_code_policy("check"):  # eval rewards from import paths: checked, never imported
+                    builder(cfg.task.args, seed=cfg.seed)
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2
@@ -75,10 +84,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mmgrpo: data error: {e}", file=sys.stderr)
             return 2
         print(dump_config(cfg), end="")
+        for r in cfg.rewards:  # a config is code: say which rewards are, and that they were not run
+            note = describe_reward_code(r.name, r.kwargs)
+            if note:
+                print(f"mmgrpo: note: {note}", file=sys.stderr)
         return 0
-    from mmgrpo.checkpoint import CheckpointError
+    from safetensors import SafetensorError
+
+    from mmgrpo.checkpoint import CheckpointError, RunDirError
     from mmgrpo.trainer import train
 
+    main_process = int(os.environ.get("RANK", "0")) == 0
     try:
         summary = train(cfg)
     except ConfigError as e:  # adapter/task/reward options are validated when they are built
@@ -90,10 +106,41 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:  # the first rows of a dataset are checked when the task is built
         print(f"mmgrpo: data error: {e}", file=sys.stderr)
         return 2
+    except RunDirError as e:  # output_dir locked by a live run, not writable, disk full while saving
+        print(f"mmgrpo: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, SafetensorError) as e:  # any other file-system fault (disk full, read-only) while writing
+        print(f"mmgrpo: error: {_os_error_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the training steps (model loading, warm-up)
+        if main_process:
+            print(f"mmgrpo: interrupted; {_resume_hint(cfg)}", file=sys.stderr)
+        return 130
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))
     return 0
+
+
+def _os_error_line(e: Exception) -> str:
+    """One line for a file-system error: the file, the reason, and what to do."""
+    reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    return f"{where}{reason}; free disk space or use a writable output_dir, then continue with resume=latest"
+
+
+def _resume_hint(cfg) -> str:
+    """What the user can do after an interruption: resume from the newest checkpoint, or start again."""
+    from mmgrpo import checkpoint as ckpt
+
+    try:
+        found = ckpt.find(cfg.output_dir, "latest")
+    except FileNotFoundError:
+        return (
+            f"no checkpoint was saved in {cfg.output_dir}; run the same command again to start over "
+            "(the output_dir is accepted while it holds no checkpoint)"
+        )
+    return f"the newest checkpoint is {found}; continue with resume=latest"
 
 
 def _demo(args) -> int:
@@ -105,7 +152,15 @@ def _demo(args) -> int:
     from mmgrpo.demo import DemoError, serve
 
     try:
-        serve(args.run_dir, args.checkpoint, args.base, host=args.host, port=args.port, share=args.share)
+        serve(
+            args.run_dir,
+            args.checkpoint,
+            args.base,
+            host=args.host,
+            port=args.port,
+            share=args.share,
+            trust_run_config=args.trust_run_config,
+        )
     except DemoError as e:
         print(f"mmgrpo: demo: {e}", file=sys.stderr)
         return 2

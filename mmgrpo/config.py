@@ -30,7 +30,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds of a numeric option, checked by :func:`from_dict`: ``x: Annotated[float, Range(gt=0)] = 1.0``."""
+    """Bounds of a numeric option, checked by :func:`from_dict`: ``x: Annotated[float, Range(gt=0)] = 1.0``.
+
+    A value with a Range must also be finite (``.inf`` / ``1e999`` would pass a lower bound and fail at run time)."""
 
     gt: float | None = None
     """Exclusive lower bound."""
@@ -42,6 +44,8 @@ class Range:
     """Inclusive upper bound."""
 
     def check(self, value: float, where: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):  # inf passes any one-sided bound: refused here
+            raise ConfigError(f"{where}: must be a finite number, got {value}")
         bounds = [
             (">", self.gt, value > (self.gt or 0)),
             (">=", self.ge, value >= (self.ge or 0)),
@@ -120,7 +124,7 @@ class RewardRuntimeConfig:
 class AlgorithmConfig:
     group_size: int = 8
     """G: samples per prompt."""
-    prompts_per_step: int = 4
+    prompts_per_step: Annotated[int, Range(ge=1)] = 4
     """P: prompts per training step (per process)."""
     estimator: str = "grpo"
     """Group advantage estimator: grpo | dr_grpo | rloo."""
@@ -140,21 +144,23 @@ class AlgorithmConfig:
     """Options of the shaper."""
     ratio_level: str = "token"
     """Importance-ratio level: token | sequence (GSPO) | sequence_token | chunk (Chunk-GRPO)."""
-    chunk_sizes: list[int] | None = None
-    """Unit counts of each chunk for ratio_level=chunk (must sum to T)."""
+    chunk_sizes: list[Annotated[int, Range(ge=1)]] | None = None
+    """Unit counts of each chunk for ratio_level=chunk (must sum to T, e.g. the flow adapter's model.args.num_steps)."""
     ratio_norm: bool = False
     """GRPO-Guard RatioNorm: normalise per-step log-ratios before the surrogate (flow models)."""
     surrogate: str = "ppo_clip"
     """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce."""
-    clip_low: float = 0.2
-    """epsilon_low of the clipped ratio (1 - clip_low)."""
-    clip_high: float = 0.28
-    """epsilon_high of the clipped ratio (1 + clip_high); DAPO clip-higher default 0.28."""
-    dual_clip: float | None = None
+    clip_low: Annotated[float, Range(ge=0, lt=1)] = 0.2
+    """epsilon_low of the clipped ratio (1 - clip_low), in [0, 1): a ratio bound 1 - clip_low <= 0 clips nothing."""
+    clip_high: Annotated[float, Range(ge=0, le=10)] = 0.28
+    """epsilon_high of the clipped ratio (1 + clip_high); DAPO clip-higher default 0.28. At most 10: published
+    values are 1e-4 (GSPO, sequence level) to 0.4 (GMPO, log space); far above that the clip bounds nothing (GMPO's
+    log-space bound e^10 ≈ 2·10^4 already), so a huge value hides a typo; for no clipping use surrogate: reinforce."""
+    dual_clip: Annotated[float, Range(gt=1)] | None = None
     """Dual-clip bound c > 1 for negative advantages; null disables."""
-    tau_pos: float = 1.0
+    tau_pos: Annotated[float, Range(gt=0)] = 1.0
     """SAPO temperature for positive advantages."""
-    tau_neg: float = 1.05
+    tau_neg: Annotated[float, Range(gt=0)] = 1.05
     """SAPO temperature for negative advantages."""
     aggregation: str = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | seq_sum_const_norm (Dr.GRPO)."""
@@ -163,40 +169,41 @@ class AlgorithmConfig:
     kl: str = "k3"
     """KL estimator: k1 | k2 | k3 (sample-based, from log-probs) | gaussian_exact (closed form from the
     transition means, flow/diffusion adapters)."""
-    epochs: int = 1
+    epochs: Annotated[int, Range(ge=1)] = 1
     """mu: optimisation passes over each rollout batch."""
-    updates_per_epoch: int = 1
+    updates_per_epoch: Annotated[int, Range(ge=1)] = 1
     """Optimizer updates per epoch: the B samples are split into this many parts, each one update whose
     gradient is accumulated over its minibatches (1 = one on-policy update per rollout when epochs=1)."""
-    minibatch_size: int = 8
+    minibatch_size: Annotated[int, Range(ge=1)] = 8
     """Samples per forward/backward (gradient accumulation inside an update)."""
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    """Peak learning rate (AdamW)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """AdamW betas."""
-    max_grad_norm: float = 1.0
+    lr: Annotated[float, Range(gt=0, le=1)] = 1e-5
+    """Peak learning rate (AdamW), in (0, 1]: an Adam update moves each weight by about lr, so lr > 1 replaces the
+    weights by noise within a step (they overflow to inf, and sampling fails)."""
+    weight_decay: Annotated[float, Range(ge=0)] = 0.0
+    """AdamW weight decay (>= 0; a negative decay grows the weights every step)."""
+    betas: list[Annotated[float, Range(ge=0, lt=1)]] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas, each in [0, 1) (torch.optim.AdamW's own bounds)."""
+    max_grad_norm: Annotated[float, Range(ge=0)] = 1.0
     """Gradient-norm clipping; 0 disables."""
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, Range(ge=0)] = 0
     """Linear learning-rate warm-up steps."""
     schedule: str = "constant"
     """Learning-rate schedule after warm-up: constant | cosine | linear."""
-    max_skipped_steps: int = 3
+    max_skipped_steps: Annotated[int, Range(ge=1)] = 3
     """Optimizer updates whose gradients hold NaN/inf are skipped (counted in ``optim/skipped_steps``); stop with
     an error once this many in a row were skipped (the weights are never updated with non-finite gradients)."""
 
 
 @dataclass
 class WarmupConfig:
-    steps: int = 0
+    steps: Annotated[int, Range(ge=0)] = 0
     """Supervised warm-up steps before GRPO (0 = none). Reported as its own stage (eval/warmup/*)."""
-    lr: float = 1e-3
-    """Warm-up learning rate."""
+    lr: Annotated[float, Range(gt=0, le=1)] = 1e-3
+    """Warm-up learning rate, in (0, 1] (as ``optim.lr``)."""
     batch_size: int = 16
     """Rows per warm-up step."""
 
@@ -209,7 +216,7 @@ class EvalConfig:
     """Evaluate the held-out split after training."""
     every: Annotated[int, Range(ge=0)] = 0
     """Also evaluate every N steps (0 = never)."""
-    max_rows: int | None = None
+    max_rows: Annotated[int, Range(ge=1)] | None = None
     """Evaluate at most this many held-out rows (None = all)."""
     batch_size: int = 32
     """Rows per evaluation batch."""
@@ -231,8 +238,8 @@ class LoggingConfig:
 class CheckpointConfig:
     every: Annotated[int, Range(ge=0)] = 0
     """Save a resumable checkpoint every N steps (0 = only at the end)."""
-    keep_last: int = 2
-    """Checkpoints to keep (older ones are deleted after a new one is complete)."""
+    keep_last: Annotated[int, Range(ge=1)] = 2
+    """Step checkpoints to keep, >= 1 (older ones are deleted after a new one is complete; final/ is kept apart)."""
     save_final: bool = True
     """Save the final model in Hugging Face format under checkpoints/final."""
 
@@ -249,7 +256,7 @@ class TrainConfig:
     same rollouts (docs/architecture.md, "World-size invariance"; adapters that key their noise: vlm, video,
     audio-LLM via the KV-expanded sampler, flow). ``per_process``: each process's global RNG stream (seeded by
     seed and process index), the draws of HF ``generate`` for the token samplers."""
-    steps: int = 100
+    steps: Annotated[int, Range(ge=1)] = 100
     """GRPO training steps (one rollout batch each)."""
     resume: str | None = None
     """Resume from a checkpoint directory, or 'latest' for the newest one under output_dir/checkpoints (step-* or
@@ -257,8 +264,9 @@ class TrainConfig:
     overwrite: bool = False
     """Start a new run in a non-empty output_dir by first moving the old run to ``<output_dir>.old-<time>``
     (nothing is deleted); without it (or ``resume``) a used output_dir is refused."""
-    stop_after: int | None = None
-    """Stop (after checkpointing) once this step is reached; used to test interruption and resume."""
+    stop_after: Annotated[int, Range(ge=1)] | None = None
+    """Stop (after checkpointing) once this step is reached, 1 <= stop_after <= steps; used to test interruption
+    and resume."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy model."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -486,6 +494,22 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
         )
 
 
+def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
+    """``algorithm.chunk_sizes`` must sum to the units per sample T, checked at load where the adapter builder
+    declares T as a function of its ``model.args`` (``build.units_per_sample``, e.g. the flow adapter's
+    ``num_steps``); otherwise the chunk ratio checks it on the first update."""
+    a = cfg.algorithm
+    units = getattr(adapter_builder, "units_per_sample", None)
+    if a.ratio_level != "chunk" or not a.chunk_sizes or units is None:
+        return
+    T = units(cfg.model.args)
+    if T is not None and sum(a.chunk_sizes) != T:
+        raise ConfigError(
+            f"algorithm.chunk_sizes: {a.chunk_sizes} sums to {sum(a.chunk_sizes)}, but each {cfg.model.adapter!r} "
+            f"sample has T={T} units (its model.args); give chunk sizes that sum to {T}"
+        )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field and registry checks that types alone cannot express."""
     from mmgrpo import advantages, losses, shaping
@@ -532,14 +556,14 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("algorithm.group_size: group-relative advantages need at least 2 samples per prompt")
     if a.estimator == "rloo" and a.group_size < 2:
         raise ConfigError("algorithm.group_size: rloo needs group_size >= 2")
-    if not 0 <= a.clip_low < 1 or a.clip_high < 0:
-        raise ConfigError(f"algorithm.clip_low must be in [0, 1) and clip_high >= 0, got {a.clip_low}, {a.clip_high}")
-    if a.dual_clip is not None and a.dual_clip <= 1:
-        raise ConfigError(f"algorithm.dual_clip: must be > 1 (e.g. 3.0) or null, got {a.dual_clip}")
-    if a.beta < 0:
-        raise ConfigError(f"algorithm.beta: must be >= 0, got {a.beta}")
     if a.ratio_level == "chunk" and not a.chunk_sizes:
         raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
+    _check_chunk_sizes(cfg, ADAPTERS.get(cfg.model.adapter))
+    if cfg.stop_after is not None and cfg.stop_after > cfg.steps:
+        raise ConfigError(
+            f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "
+            f"set stop_after <= {cfg.steps} or raise steps"
+        )
     if a.surrogate == "reinforce" and a.epochs != 1:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:
@@ -551,8 +575,6 @@ def validate(cfg: TrainConfig) -> None:
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr: must be > 0, got {cfg.optim.lr}")
     if not cfg.rewards:
         raise ConfigError("rewards: list at least one reward, e.g. rewards: [{name: accuracy}]")
     for i, spec in enumerate(cfg.rewards):

@@ -18,14 +18,19 @@ Nothing here knows a family by name. The page is built from the held-out rows an
 - a "training" tab: the reward curve and eval metrics from ``metrics.jsonl`` and the samples the trainer wrote
   (``samples_<stage>.json`` and their media files).
 
-Safe by default: binds 127.0.0.1, no public share link unless ``--share``, remote model code only if the run's
-config set it (the config's ``model.args`` are used as written), uploads limited in size and type, a model error
-is shown in the page and the app keeps serving.
+Safe by default: binds 127.0.0.1, no public share link unless ``--share``, uploads limited in size and type, a model
+error is shown in the page and the app keeps serving. **A run directory from elsewhere is code**: its
+``config.yaml`` can name rewards by import path (``module:function``) and set ``trust_remote_code``. Without
+``--trust-run-config`` (``trust_run_config=False``) the demo imports none of that: rewards given by import path or
+factory are not loaded (the page and the log say which; registry names and installed entry points load as
+usual, :func:`mmgrpo.rewards.registry.reward_code_policy` ``"registered"``), and a config that sets
+``trust_remote_code`` is refused with one line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import threading
 import traceback
@@ -45,6 +50,7 @@ UPLOAD_SUFFIXES = {
     "audio": {".wav", ".flac", ".mp3", ".ogg", ".m4a"},
 }
 MAX_FILE_SIZE = "20mb"
+logger = logging.getLogger("mmgrpo.demo")
 
 
 class DemoError(Exception):
@@ -54,17 +60,58 @@ class DemoError(Exception):
 # ----------------------------------------------------------------------------------------- run directory
 
 
-def load_run_config(run_dir: Path):
-    """The run's resolved config (``RUN_DIR/config.yaml``), or a one-line :class:`DemoError`."""
+def load_run_config(run_dir: Path, trust_run_config: bool = False):
+    """The run's resolved config (``RUN_DIR/config.yaml``), or a one-line :class:`DemoError`.
+
+    Loading checks the rewards without importing their code (:func:`mmgrpo.rewards.check_reward_spec`). Without
+    ``trust_run_config`` a config that sets ``trust_remote_code`` anywhere under ``model.args`` is refused.
+    """
     from mmgrpo.config import ConfigError, load_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise DemoError(f"{run_dir}: no config.yaml — not an mmgrpo run directory (mmgrpo train writes one)")
     try:
-        return load_config(path)
+        cfg = load_config(path)
     except ConfigError as e:
         raise DemoError(f"{path}: {e}") from None
+    if not trust_run_config:
+        for where in _remote_code_flags(cfg.model.args, "model.args"):
+            raise DemoError(
+                f"{path}: {where}: true would run code from the model's repository; a run directory from elsewhere "
+                "is code: pass --trust-run-config if you trust this one"
+            )
+    return cfg
+
+
+def _remote_code_flags(value: Any, where: str) -> list[str]:
+    """Dotted paths of every truthy ``trust_remote_code`` in a nested mapping."""
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            if k == "trust_remote_code" and v:
+                out.append(f"{where}.{k}")
+            else:
+                out += _remote_code_flags(v, f"{where}.{k}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [w for i, v in enumerate(value) for w in _remote_code_flags(v, f"{where}[{i}]")]
+    return []
+
+
+def untrusted_rewards(cfg) -> list[str]:
+    """The config's rewards that are code to import (``module:function``, factories): without
+    ``--trust-run-config`` the demo does not load them."""
+    from mmgrpo.rewards.registry import is_code_spec
+
+    return [r.name for r in cfg.rewards if is_code_spec(r.name)]
+
+
+def untrusted_message(names: list[str]) -> str:
+    return (
+        f"reward(s) {', '.join(repr(n) for n in names)} not loaded: the run's config.yaml names them as code to import "
+        "(module:function); a run directory from elsewhere is code, so the demo runs it only with --trust-run-config"
+    )
 
 
 def _weights(directory: Path) -> Path | None:
@@ -85,11 +132,13 @@ def find_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
             raise DemoError(
                 f"--checkpoint {checkpoint}: not a complete mmgrpo checkpoint (COMPLETE and state/model.safetensors)"
             )
+        if (why := ckpt.damage(path)) is not None:
+            raise DemoError(f"--checkpoint {checkpoint}: the checkpoint is damaged ({why}); pick another one")
         return path
     final = run_dir / "checkpoints" / "final"
-    if (final / "COMPLETE").is_file() and _weights(final) is not None:
+    if (final / "COMPLETE").is_file() and _weights(final) is not None and ckpt.damage(final) is None:
         return final
-    steps = [p for p in ckpt.complete_checkpoints(run_dir) if _weights(p) is not None]
+    steps = [p for p in ckpt.complete_checkpoints(run_dir) if _weights(p) is not None and ckpt.damage(p) is None]
     if steps:
         return steps[-1]
     raise DemoError(
@@ -109,7 +158,12 @@ def build_policy(cfg, checkpoint: Path | None):
     lora = cfg.model.lora if checkpoint is not None else None  # the base is the model as named, without LoRA
     adapter = build(cfg.model.args, seed=cfg.seed, lora=lora, dtype=cfg.model.dtype, need_reference=False)
     if checkpoint is not None:
-        missing, unexpected = load_model(adapter.model, str(_weights(checkpoint)), strict=False)
+        from safetensors import SafetensorError
+
+        try:
+            missing, unexpected = load_model(adapter.model, str(_weights(checkpoint)), strict=False)
+        except SafetensorError as e:  # a truncated or corrupt file: one line, not the library's traceback
+            raise DemoError(f"{_weights(checkpoint)}: unreadable ({str(e).splitlines()[0][:160]})") from None
         if missing or unexpected:
             raise DemoError(
                 f"{checkpoint}: weights do not match the model the run's config builds "
@@ -126,40 +180,68 @@ class Models:
     cfg: Any
     checkpoint: Path | None
     base_checkpoint: Path | None = None
+    trust_run_config: bool = False
+    """Import the code the config names (rewards by import path). False: registered rewards only."""
     _built: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def get(self) -> tuple[Any, Any, Any]:
-        with self._lock:
-            if not self._built:
-                from mmgrpo.rewards import RewardRunner
+    @property
+    def skipped_rewards(self) -> list[str]:
+        """Rewards of the config not loaded because they are code and the run config is not trusted."""
+        return [] if self.trust_run_config else untrusted_rewards(self.cfg)
 
-                rt = self.cfg.reward_runtime
-                rewards = RewardRunner(
-                    [(r.name, r.weight, r.kwargs) for r in self.cfg.rewards],
-                    timeout_s=rt.timeout_s,
-                    on_error="nan",
-                    max_workers=rt.workers,
-                    reward_types=[r.reward_types for r in self.cfg.rewards],
-                )
+    def policy(self):
+        """The reward code policy everything built for the demo runs under."""
+        from mmgrpo.rewards.registry import reward_code_policy
+
+        return reward_code_policy("import" if self.trust_run_config else "registered")
+
+    def get(self) -> tuple[Any, Any, Any]:
+        with self._lock, self.policy():
+            if not self._built:
                 self._built = {
                     "base": build_policy(self.cfg, self.base_checkpoint),
                     "trained": build_policy(self.cfg, self.checkpoint),
-                    "rewards": rewards,
+                    "rewards": self._rewards(),
                 }
             return self._built["base"], self._built["trained"], self._built["rewards"]
+
+    def _rewards(self):
+        """The run's RewardRunner over the rewards the demo may load, or ``None`` when there are none."""
+        from mmgrpo.rewards import RewardRunner
+
+        skipped = set(self.skipped_rewards)
+        if skipped:
+            logger.warning("mmgrpo demo: %s", untrusted_message(sorted(skipped)))
+        kept = [r for r in self.cfg.rewards if r.name not in skipped]
+        if not kept:
+            return None
+        rt = self.cfg.reward_runtime
+        return RewardRunner(
+            [(r.name, r.weight, r.kwargs) for r in kept],
+            timeout_s=rt.timeout_s,
+            on_error="nan",
+            max_workers=rt.workers,
+            reward_types=[r.reward_types for r in kept],
+            isolation=rt.isolation,
+        )
 
 
 # ------------------------------------------------------------------------------------------- answering
 
 
-def _eval_rows(cfg) -> tuple[list[dict], str | None]:
-    """Held-out rows of the run's task (at most 50), or ``([], reason)`` when the task cannot be built here."""
+def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | None]:
+    """Held-out rows of the run's task (at most 50), or ``([], reason)`` when the task cannot be built here.
+
+    The task is built under the demo's reward code policy: its eval rewards given by import path are not imported
+    unless ``trust_run_config``."""
     from mmgrpo.plugins import TASKS, load_builtins
+    from mmgrpo.rewards.registry import reward_code_policy
 
     load_builtins()
     try:
-        task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
+        with reward_code_policy("import" if trust_run_config else "registered"):
+            task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
         return list(task.eval_rows()[:50]), None
     except Exception as e:  # e.g. a dataset that is not on this machine: the prompt box still works
         return [], f"held-out examples unavailable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
@@ -185,6 +267,8 @@ def score(rewards, outputs: list, row: dict, with_ground_truth: bool) -> list[st
     """One line per output: the weighted reward and each reward function's value ("n/a" where it cannot apply)."""
     from mmgrpo.advantages import combine_rewards
 
+    if rewards is None:
+        return ["reward n/a (no reward loaded: see the note at the top of the page)"] * len(outputs)
     columns = {k: [v] * len(outputs) for k, v in row.items() if k != "prompt"} if with_ground_truth else {}
     try:
         scores, _ = rewards(outputs, [row["prompt"]] * len(outputs), columns)  # [n, K]
@@ -299,7 +383,10 @@ def build_app(run_dir: Path, models: Models, cfg=None):
 
     run_dir = Path(run_dir)
     cfg = cfg if cfg is not None else models.cfg
-    rows, rows_problem = _eval_rows(cfg)
+    rows, rows_problem = _eval_rows(cfg, models.trust_run_config)
+    notes = [rows_problem] if rows_problem else []
+    if models.skipped_rewards:
+        notes.append(untrusted_message(models.skipped_rewards))
     key = media_key(rows)
     kind = MEDIA_KEYS.get(key) if key else None
     scratch = Path(tempfile.mkdtemp(prefix="mmgrpo-demo-"))
@@ -312,7 +399,7 @@ def build_app(run_dir: Path, models: Models, cfg=None):
     with gr.Blocks(title=f"mmgrpo demo — {run_dir.name}") as app:
         gr.Markdown(
             f"## mmgrpo demo: `{run_dir}`\nadapter **{cfg.model.adapter}**, task **{cfg.task.name}** — "
-            f"base: `{base_name}` · trained: `{ckpt_name}`" + (f"\n\n⚠ {rows_problem}" if rows_problem else "")
+            f"base: `{base_name}` · trained: `{ckpt_name}`" + "".join(f"\n\n⚠ {n}" for n in notes)
         )
         with gr.Tab(f"ask ({kind})" if kind else "generate", elem_id="tab-model"):
             labels = [f"{i}: {str(r.get('prompt'))[:70]}" for i, r in enumerate(rows)]
@@ -367,8 +454,7 @@ def build_app(run_dir: Path, models: Models, cfg=None):
                 if not label:
                     return (gr.update(),) * (3 if upload is not None else 2)
                 row = rows[int(label.split(":", 1)[0])]
-                truth = {k: v for k, v in row.items() if k not in ("prompt", key) and isinstance(v, (str, int, float))}
-                out = [row.get("prompt", ""), "ground truth: " + ", ".join(f"`{k}`={v}" for k, v in truth.items())]
+                out = [row.get("prompt", ""), ground_truth_line(row, key)]
                 if upload is not None:
                     value = row[key][0] if isinstance(row[key], (list, tuple)) else row[key]
                     if kind == "image" and not isinstance(value, (str, Path)):
@@ -380,6 +466,21 @@ def build_app(run_dir: Path, models: Models, cfg=None):
             pick_outputs = [prompt, gt] + ([upload] if upload is not None else [])
             example.change(pick, example, pick_outputs)
             app.load(pick, example, pick_outputs)
+
+            def on_edit(label, prompt_text, *maybe_upload):
+                """The ground-truth line once the question or the media is edited: the row's truth no longer
+                applies (the rewards then get the prompt only)."""
+                if not label:
+                    return gr.update()
+                row = rows[int(label.split(":", 1)[0])]
+                uploaded = maybe_upload[0] if maybe_upload else None
+                new_media = uploaded is not None and _digest(uploaded) != served.get(label)
+                return ground_truth_line(row, key, edited=prompt_text != row.get("prompt") or new_media)
+
+            edit_inputs = [example, prompt] + ([upload] if upload is not None else [])
+            prompt.input(on_edit, edit_inputs, gt)
+            if upload is not None:
+                upload.upload(on_edit, edit_inputs, gt)
 
             flat = [c for side in ("base", "trained") for c in sides[side].values()]
 
@@ -415,9 +516,7 @@ def build_app(run_dir: Path, models: Models, cfg=None):
                     value = r["greedy"].get("text", r["greedy"].get("file"))
                     samples = r["samples"]
                     media_samples = [s["file"] for s in samples if "file" in s and s["kind"] in ("image", "video")]
-                    text_samples = "\n".join(
-                        f"{s.get('text', s.get('file'))}   [{line}]" for s, line in zip(samples, r["rewards"][1:])
-                    )
+                    text_samples = samples_text(samples, r["rewards"][1:])
                     updates += [
                         gr.update(value=value if g_kind == "text" else "", visible=g_kind == "text"),
                         gr.update(value=value if g_kind == "image" else None, visible=g_kind == "image"),
@@ -458,6 +557,25 @@ def build_app(run_dir: Path, models: Models, cfg=None):
     return app
 
 
+def ground_truth_line(row: dict, key: str | None, edited: bool = False) -> str:
+    """The line under the prompt: the row's ground-truth columns, or, once the input is edited (a new upload or
+    question), that they no longer apply."""
+    if edited:
+        return "ground truth: n/a — edited input (an upload or a new question); rewards that need it show n/a"
+    truth = {k: v for k, v in row.items() if k not in ("prompt", key) and isinstance(v, (str, int, float))}
+    return "ground truth: " + ", ".join(f"`{k}`={v}" for k, v in truth.items())
+
+
+def samples_text(samples: list[dict], reward_lines: list[str]) -> str:
+    """The sampled answers as text lines with their rewards. A media sample (image, video, audio) is shown in the
+    gallery beside it, so its line names its number and kind, never the file's path on the server."""
+    lines = []
+    for i, (s, line) in enumerate(zip(samples, reward_lines), 1):
+        shown = s["text"] if "text" in s else f"sample {i} ({s.get('kind', 'file')})"
+        lines.append(f"{shown}   [{line}]")
+    return "\n".join(lines)
+
+
 def _for_display(output):
     """Small generated images enlarged by an integer factor (nearest neighbour: the pixels are the model's)."""
     from PIL import Image
@@ -489,13 +607,17 @@ def serve(
     port: int | None = None,
     share: bool = False,
     block: bool = True,
+    trust_run_config: bool = False,
 ):
-    """Check the run directory, load both models, and serve the app; returns the Blocks (non-blocking mode)."""
+    """Check the run directory, load both models, and serve the app; returns the Blocks (non-blocking mode).
+
+    ``trust_run_config=False`` (``mmgrpo demo`` without ``--trust-run-config``): no code the run's config names is
+    imported (see the module docstring)."""
     run_dir_p = Path(run_dir)
-    cfg = load_run_config(run_dir_p)
+    cfg = load_run_config(run_dir_p, trust_run_config)
     trained = find_checkpoint(run_dir_p, checkpoint)
     base_ckpt = find_checkpoint(run_dir_p, base) if base else None
-    models = Models(cfg, trained, base_ckpt)
+    models = Models(cfg, trained, base_ckpt, trust_run_config)
     models.get()  # load now: a broken checkpoint is reported before the page opens
     app = build_app(run_dir_p, models)
     app.queue(default_concurrency_limit=1)

@@ -8,23 +8,20 @@ the sample needs (a uniform per token, an initial latent and the SDE noise of ev
 prompt's index in the step's global batch of W·P prompts (``trainer.PromptSampler``), so a sample's draws are
 those it gets at any world size, with any split of the global batch over processes.
 
-Token sampling with one uniform per row and step is inverse-CDF sampling (:func:`inverse_cdf`): token
+Token sampling with one uniform per row and step is inverse-CDF sampling (:func:`draw_by_inversion`): token
 ``searchsorted(cumsum(p), u · Σp)``, an exact draw from the categorical ``p`` (Devroye 1986, *Non-Uniform Random
 Variate Generation*, §III.2.1, the inversion method). It does not reproduce ``torch.multinomial``'s draws, so the
 trainer's ``rollout_noise: per_process`` keeps the HF-``generate``-equivalent stream.
 
-The keys travel from the trainer to the adapter through :func:`keyed` (a context variable) so that
-``PolicyAdapter.rollout(prompts, G)`` keeps its signature; an adapter reads :func:`current` and falls back to
-its own RNG when it is ``None`` (direct calls, evaluation, adapters that do not key their noise).
+The keys are an explicit argument: ``PolicyAdapter.rollout(prompts, G, keys)``; with ``keys=None`` (direct calls,
+evaluation) an adapter uses its own RNG. The token families hand them to the one decode loop
+(:func:`mmgrpo.modalities.tokens.decode.decode`), which checks them against the rows it samples.
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G`` (group-major), ``T`` units, ``V`` vocabulary.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -84,26 +81,8 @@ class NoiseKeys:
             raise ValueError(
                 f"{what}: keyed rollout noise covers {len(self.positions)} prompts × {self.group_size} samples = "
                 f"{self.rows} rows, but {rows} rows are being sampled; call the adapter with the prompts the keys "
-                "were made for (mmgrpo.noise.keyed), or set rollout_noise: per_process"
+                "were made for, or set rollout_noise: per_process"
             )
-
-
-_CURRENT: contextvars.ContextVar[NoiseKeys | None] = contextvars.ContextVar("mmgrpo_noise_keys", default=None)
-
-
-@contextmanager
-def keyed(keys: NoiseKeys | None) -> Iterator[None]:
-    """Within the block, :func:`current` returns ``keys`` (``None``: adapters use their own RNG)."""
-    token = _CURRENT.set(keys)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
-
-
-def current() -> NoiseKeys | None:
-    """The keys of the rollout being sampled, or ``None`` outside :func:`keyed`."""
-    return _CURRENT.get()
 
 
 def uniforms(generators: list[torch.Generator], n: int, device: torch.device | str | None = None) -> Tensor:
@@ -118,13 +97,6 @@ def normals(generators: list[torch.Generator], shape: tuple[int, ...]) -> Tensor
     return torch.stack([torch.randn(shape, generator=g) for g in generators])
 
 
-def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
-    """Exact categorical draws by inversion: the token whose interval of the cumulative distribution holds u·Σp
-    (:func:`draw_by_inversion`). Shape: probs [n, V] non-negative (need not sum to 1), u [n] in [0, 1) → [n] long.
-    """
-    return draw_by_inversion(probs, u)[0]
-
-
 def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Tensor, Tensor]:
     """Index i of each row with probability ``weights[i] / weights.sum()``, chosen by the uniform ``u`` of the row.
 
@@ -134,6 +106,10 @@ def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Te
     columns, a block is chosen from the fp64 cumulative sum of the block sums, then a column inside it from the fp64
     cumulative sum of that block alone. A column of weight 0 is never chosen (a product that rounds past the last
     positive column is sent back to it).
+
+    A row holding NaN or inf (the logits of a policy whose weights diverged) gets an arbitrary index in [0, V) and a
+    non-finite row sum instead of an out-of-range index: no host sync here; the non-finite log-probs that follow
+    are caught by the trainer's gradient guard, which names the cause (``Trainer._optimizer_step``).
 
     Shape:
         weights: [B, V] non-negative, every row with a positive sum; u: [B] in [0, 1)
@@ -152,12 +128,14 @@ def draw_by_inversion(weights: Tensor, u: Tensor, block: int = 1024) -> tuple[Te
     cdf = sums.cumsum(dim=-1)  # [B, nb]
     total = cdf[:, -1]  # [B]
     x = u.double().to(cdf.device).reshape(B, 1) * total[:, None]  # [B, 1] in [0, total)
-    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous())  # [B, 1] last block of positive weight
+    nb = cdf.shape[1]
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous()).clamp_(max=nb - 1)  # [B, 1] last block of positive weight
     chosen = torch.minimum(torch.searchsorted(cdf, x, right=True), last)  # [B, 1]
     rest = (x - (cdf.gather(1, chosen) - sums.gather(1, chosen))).clamp_(min=0)  # [B, 1] mass left in the block
     columns = chosen * block + torch.arange(block, device=weights.device)  # [B, block]
     inside = weights.gather(1, columns.clamp(max=V - 1)).masked_fill_(columns >= V, 0.0)  # [B, block]
     inner = inside.cumsum(dim=-1, dtype=torch.float64)  # [B, block]
-    last_column = torch.searchsorted(inner, inner[:, -1:].contiguous())  # [B, 1] caps the index against rounding
+    last_column = torch.searchsorted(inner, inner[:, -1:].contiguous()).clamp_(max=block - 1)  # [B, 1] caps rounding
     column = torch.minimum(torch.searchsorted(inner, rest, right=True), last_column)  # [B, 1]
-    return (chosen * block + column).squeeze(1).to(device), total.to(device)
+    index = (chosen * block + column).clamp_(max=V - 1)  # [B, 1] (a no-op unless the row is not finite)
+    return index.squeeze(1).to(device), total.to(device)

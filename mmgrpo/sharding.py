@@ -82,6 +82,20 @@ def as_forward(module: torch.nn.Module, name: str):
     return getattr(module, name)
 
 
+def call_as_forward(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run by FSDP as a forward of ``module`` (the root's own weights gathered around it), for code
+    that calls a sub-module of the root directly (Whisper's encoder, whose convolutions and position embeddings are
+    root weights). Unsharded: ``fn(*args)``."""
+    if not is_sharded(module):
+        return fn(*args)
+    if "_mmgrpo_call" not in vars(module):
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        module._mmgrpo_call = lambda f, *a: f(*a)
+        register_fsdp_forward_method(module, "_mmgrpo_call")
+    return module._mmgrpo_call(fn, *args)
+
+
 def local(t: Tensor) -> Tensor:
     """This process's shard of a DTensor; any other tensor unchanged."""
     from torch.distributed.tensor import DTensor

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, broadcast_object_list, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
@@ -125,6 +125,7 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         _refuse_deepspeed()
+        _refuse_cpu_flag_with_several_processes()
         self.acc = Accelerator(
             cpu=_cpu_only_multiprocess(),
             log_with=cfg.logging.trackers or None,
@@ -132,7 +133,17 @@ class Trainer:
         )
         _fsdp_on_cpu(self.acc)
         _check_fsdp(self.acc, cfg)
-        self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
+        self._lock = self._take_run_lock()  # held (by process 0) until close(): run() ends, or __init__ fails
+        try:
+            self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        """Task, adapter, rewards, optimizer and sampler (the part of ``__init__`` after the run-dir checks)."""
+        cfg = self.cfg
         load_builtins()
         set_seed(cfg.seed)
         with self.acc.main_process_first():  # tiny models and data are built into a shared cache: once
@@ -189,12 +200,28 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- run
 
+    def close(self) -> None:
+        """Release the run lock (idempotent; ``run()`` calls it however it ends)."""
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
+
     def run(self) -> dict:
+        """Train (or continue) the run; the run lock is released however this ends."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict:
         cfg, acc = self.cfg, self.acc
         resumed = self._maybe_resume()
         if acc.is_main_process:
-            self.out.mkdir(parents=True, exist_ok=True)
-            ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+                ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
+            except OSError as e:
+                raise ckpt.write_error(f"output_dir={self.out}: cannot write config.yaml", e) from None
         acc.init_trackers("mmgrpo", config=_flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
@@ -277,8 +304,7 @@ class Trainer:
         keys = None
         if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
             keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
-        with noise.keyed(keys):
-            rollout = self.adapter.rollout(rows, a.group_size)
+        rollout = self.adapter.rollout(rows, a.group_size, keys)
         t1 = time.perf_counter()
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
@@ -483,6 +509,7 @@ class Trainer:
         norm = torch.as_tensor(norm).detach().float().cpu()
         if not bool(torch.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
+            self._raise_if_weights_diverged(norm)
             self._skipped_total += 1
             self._skipped_in_a_row += 1
             limit = self.cfg.optim.max_skipped_steps
@@ -503,6 +530,20 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def _raise_if_weights_diverged(self, norm: torch.Tensor) -> None:
+        """A non-finite gradient from non-finite *weights* (a finite update too large for them, e.g. a huge
+        ``optim.lr``) cannot be skipped away: stop at once and say so (checked only on the skip path)."""
+        model = self.acc.unwrap_model(self.adapter.model)
+        bad = ckpt.non_finite_parameters(model)
+        if self.acc.num_processes > 1:
+            bad = sorted({n for names in gather_object([bad]) for n in names})
+        if bad:
+            raise FloatingPointError(
+                f"the policy's weights are no longer finite ({len(bad)} tensor(s), first: {bad[0]}) after an update "
+                f"at optim.lr={self.cfg.optim.lr}, so its samples and gradients are NaN (norm {float(norm)}); lower "
+                "optim.lr (the checkpoints hold the last finite weights)"
+            )
 
     # ----------------------------------------------------------------------------- warm-up & evaluation
 
@@ -579,28 +620,84 @@ class Trainer:
         if self.acc.is_main_process:
             _append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
+    def _take_run_lock(self) -> ckpt.RunLock | None:
+        """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
+        whether it got it, so that every process raises the same one-line :class:`~mmgrpo.checkpoint.RunDirError`
+        (no process waits in a collective for one that has already failed)."""
+        acc = self.acc
+        lock, error, stale = None, None, None
+        if acc.is_main_process:
+            lock = ckpt.RunLock(self.out)
+            try:
+                stale = lock.acquire()
+            except ckpt.RunDirError as e:
+                error = str(e)
+        if acc.num_processes > 1:
+            error = broadcast_object_list([error])[0]
+        if error:
+            raise ckpt.RunDirError(error)
+        if stale:
+            logger.warning(
+                "took over the lock of %s: process %s on host %s is no longer running",
+                self.out,
+                stale.get("pid", "?"),
+                stale.get("host", "?"),
+            )
+        return lock
+
     def _check_run_dir(self) -> Path | None:
         """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
         refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
-        checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads."""
+        checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads.
+
+        A directory holding only the start of a run that saved no checkpoint (:func:`mmgrpo.checkpoint.holds_a_run`
+        is false) is not a run: its leftovers are moved aside (nothing is deleted) and the new run starts there."""
         cfg, acc = self.cfg, self.acc
-        if cfg.optim.max_skipped_steps < 1:
-            raise ConfigError(f"optim.max_skipped_steps: must be >= 1, got {cfg.optim.max_skipped_steps}")
         if not cfg.resume:
             try:
                 aside = ckpt.prepare_output_dir(self.out, resume=None, overwrite=cfg.overwrite)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
             acc.wait_for_everyone()  # every process has checked before the main one moves anything
-            if aside is not None and acc.is_main_process:
-                ckpt.move_aside(self.out, aside)
-                logger.warning("overwrite=true: moved the previous run in %s to %s", self.out, aside)
+            if acc.is_main_process:
+                if aside is not None:
+                    was_run = ckpt.holds_a_run(self.out)
+                    moved = ckpt.move_aside(self.out, aside)
+                    what = (
+                        "the previous run" if was_run else "the leftovers of a run stopped before its first checkpoint"
+                    )
+                    logger.warning("%s in %s moved to %s (nothing deleted)", what, self.out, moved)
+                self._check_writable()
             acc.wait_for_everyone()
             return None
+        skipped: list[str] = []
         try:
-            directory = ckpt.find(self.out, cfg.resume)
+            directory = ckpt.find(self.out, cfg.resume, skipped=skipped)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
+        if skipped and acc.is_main_process:
+            logger.warning(
+                "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
+                cfg.resume,
+                "; ".join(skipped),
+                directory,
+            )
+        step = ckpt.saved_step(directory)
+        if step > cfg.steps:
+            raise ConfigError(
+                f"resume={cfg.resume}: {directory} is at step {step}, past steps={cfg.steps}; set steps above {step} "
+                "to train on (steps only grows on resume)"
+            )
+        if step == cfg.steps and acc.is_main_process:
+            logger.warning(
+                "resume=%s: %s is already at steps=%d; only the final evaluation and save run (raise steps to "
+                "train on)",
+                cfg.resume,
+                directory,
+                step,
+            )
+        if acc.is_main_process:
+            self._check_writable()
         saved = directory / "config.yaml"
         saved = saved if saved.is_file() else self.out / "config.yaml"
         if saved.is_file():
@@ -611,6 +708,20 @@ class Trainer:
                     "steps may change on resume (use the saved values, or start a new run in another output_dir)"
                 )
         return directory
+
+    def _check_writable(self) -> None:
+        """Create ``output_dir`` and write a scratch file in it: a read-only or full file system, or a path like
+        ``/proc/x``, fails here in one line, before the model loads (main process)."""
+        import tempfile
+
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.out) as f:
+                f.write(b"x")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise ckpt.write_error(f"output_dir={self.out} is not writable", e) from None
 
     def _maybe_resume(self) -> bool:
         """Load the checkpoint found by :meth:`_check_run_dir` (safetensors + JSON, no pickle) and cut
@@ -679,6 +790,38 @@ def _cpu_only_multiprocess() -> bool:
     """
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
+
+
+def _refuse_cpu_flag_with_several_processes() -> None:
+    """``accelerate launch --num_processes 2 --cpu`` starts ONE process: with ``--cpu`` accelerate's ``launch_command``
+    skips the multi-process launchers (``elif args.multi_gpu and not args.cpu``) and runs its simple launcher, which
+    starts the script once and passes no process count. That single process cannot see the request except in
+    its launcher's command line, read here (the parent process) so the run stops with one line instead of
+    silently training one process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_CPU", "").lower() != "true":
+        return
+    try:
+        import psutil
+
+        launcher = psutil.Process().parent().cmdline()
+    except Exception:  # no parent, no permission, no psutil: nothing to say
+        return
+    if "launch" not in launcher or "--cpu" not in launcher:
+        return
+    requested = 1
+    for i, arg in enumerate(launcher):
+        value = arg.split("=", 1)[1] if arg.startswith("--num_processes=") else None
+        if arg in ("--num_processes", "--num-processes") and i + 1 < len(launcher):
+            value = launcher[i + 1]
+        if value is not None and value.isdigit():
+            requested = int(value)
+    if requested > 1:
+        raise ConfigError(
+            f"accelerate launch --num_processes {requested} --cpu starts one process (with --cpu accelerate uses its "
+            "single-process launcher); for several CPU processes run ACCELERATE_USE_CPU=1 accelerate launch "
+            "--config_file configs/accelerate/cpu_2proc.yaml ..., or, on a machine without a GPU, drop --cpu and "
+            f"pass --multi_gpu --num_processes {requested} (mmgrpo then trains on CPU with gloo)"
+        )
 
 
 def _fsdp_on_cpu(acc: Accelerator) -> None:

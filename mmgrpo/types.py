@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from mmgrpo.noise import NoiseKeys
+
 
 @dataclass
 class Rollout:
@@ -92,8 +94,12 @@ class PolicyAdapter(Protocol):
 
     model: torch.nn.Module
 
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
-        """Sample G actions per prompt without gradient. Samples are group-major (b // G is the prompt)."""
+    def rollout(self, prompts: list[dict], group_size: int, keys: NoiseKeys | None = None) -> Rollout:
+        """Sample G actions per prompt without gradient. Samples are group-major (b // G is the prompt).
+
+        ``keys`` (:class:`mmgrpo.noise.NoiseKeys`, the trainer's ``rollout_noise: keyed``) key each sample's noise
+        by (seed, step, global prompt position, sample), so rollouts do not depend on the world size; ``None``:
+        the adapter's own RNG. An adapter that cannot key its noise ignores them (and says so once)."""
         ...
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:

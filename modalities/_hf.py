@@ -5,6 +5,8 @@
   an adapter into a diffusers denoiser with ``add_adapter`` (Gaussian init, as Flow-GRPO). Both turn peft's
   "target modules not found" into a one-line ``ConfigError`` naming ``model.lora.target_modules``.
 - :data:`DTYPES` maps ``model.dtype`` to torch dtypes.
+- :func:`loading` turns a failed ``from_pretrained`` (a path that does not exist, a hub id offline or unknown, a
+  directory without a model) into a one-line ``ConfigError`` naming ``model.args.name_or_path``, for every family.
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,10 +28,42 @@ from mmgrpo.config import ConfigError, LoraConfig
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP / accelerate wrappers (follows ``.module`` while it is an ``nn.Module``)."""
+@contextmanager
+def loading(name_or_path: str, field: str = "model.args.name_or_path") -> Iterator[None]:
+    """Within the block, an ``OSError`` / ``ValueError`` from ``from_pretrained`` becomes one ``ConfigError`` line.
+
+    transformers and diffusers raise ``OSError`` for a hub id that is offline, unknown or not cached ("We couldn't
+    connect to 'https://huggingface.co' ...", the first of several lines), ``ValueError`` / huggingface_hub's
+    ``HFValidationError`` for a path that is neither a directory nor a repo id; their tracebacks run 80+ lines
+    through the hub client. The message says which of the three cases it is and quotes the library's first line.
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        path = Path(name_or_path).expanduser()
+        if path.exists():
+            message = f"could not load {name_or_path!r} ({reason})"
+        elif path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
+            message = f"{name_or_path!r} does not exist (a local path); check the path"
+        else:
+            message = (
+                f"{name_or_path!r} is not a local directory and could not be loaded from the Hugging Face hub "
+                f"({reason}); check the hub id and the network, or set HF_HUB_OFFLINE=1 with the model in the cache"
+            )
+        raise ConfigError(f"{field}: {message}") from None
+
+
+def unwrap(model: torch.nn.Module, *, peft: bool = False) -> torch.nn.Module:
+    """The module under DDP / accelerate wrappers (follows ``.module`` while it is an ``nn.Module``); with ``peft``
+    also under a peft wrapper (``get_base_model()``: the transformers model, whose layers hold the LoRA modules).
+    The one way every family reaches its model."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
+    if peft and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     return model
 
 

@@ -11,8 +11,10 @@ Conventions:
 
 - ``which="last"`` (the default everywhere) takes the last match, ``"first"`` the first. A model that writes
   an example answer in its reasoning and the real one at the end is scored on the real one with ``"last"``.
-- Tags are matched case-sensitively, non-greedily and across lines; an unclosed tag (a truncated completion)
-  has no content.
+- Tags are matched case-insensitively (``<ANSWER>…</Answer>`` is an answer tag; only ASCII letters are folded),
+  non-greedily and across lines; an unclosed tag (a truncated completion) has no content.
+- Every parser runs in time linear (or near-linear) in the text: no regex here backtracks over a run of digits or
+  tags (tested on 80k-character adversarial inputs), so a reward built on them is bounded by its input length.
 - Numbers accept a sign, thousands separators (``1,234.5``), decimals and exponents; ``"3/4"`` is a fraction
   only in :func:`parse_number` with ``fractions=True``.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -29,6 +32,8 @@ Which = Literal["first", "last"]
 # A number: optional sign, digits with optional thousands groups, optional decimals, optional exponent; or a
 # bare decimal like ".5". Thousands groups need exactly three digits so "1,2" is two numbers.
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?"
+NUMBER_PATTERN = _NUM
+"""The regex of one number (sign, thousands groups, decimals, exponent), for matching a whole answer."""
 NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUM})(?![\d])")
 _FRACTION_RE = re.compile(r"(?<![\w./])([-+]?\d+)\s*/\s*(\d+)(?![\w./])")
 _BOX_RE = re.compile(
@@ -37,8 +42,8 @@ _BOX_RE = re.compile(
 )  # Qwen2-VL "(x1,y1),(x2,y2)"
 _CLOCK_RE = r"\d+(?::\d{1,2}){1,2}(?:\.\d+)?"
 _TIME = rf"(?:{_CLOCK_RE}|\d+(?:\.\d+)?)"
-_SPAN_RE = re.compile(
-    rf"({_TIME})\s*(?:s|sec|secs|seconds)?\s*(?:to|and|-|–|—|~|,|until|through)\s*({_TIME})(?:\s*(?:s|sec|secs|seconds))?",
+_SPAN_RE = re.compile(  # starts only at the first digit of a run: no quadratic backtracking inside "1111…"
+    rf"(?<![\d.:])({_TIME})\s*(?:s|sec|secs|seconds)?\s*(?:to|and|-|–|—|~|,|until|through)\s*({_TIME})(?:\s*(?:s|sec|secs|seconds))?",
     re.IGNORECASE,
 )
 _CHOICE_PREFIX_RE = re.compile(
@@ -87,22 +92,29 @@ def _pick(items: Sequence, which: Which):
     return items[0] if which == "first" else items[-1]
 
 
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+"""Folds ASCII letters only, so the folded text has the same length as the original (``str.lower`` does not:
+``"İ".lower()`` is two characters)."""
+
+
 def extract_tags(text: str, tag: str) -> list[str]:
-    """Contents of every closed ``<tag>…</tag>`` in ``text``, in order (non-greedy, across lines).
+    """Contents of every closed ``<tag>…</tag>`` in ``text``, in order (non-greedy, across lines, the tag name
+    case-insensitive: ``<ANSWER>`` is ``<answer>``).
 
     A linear scan (``str.find``), not a regex: ``re.findall(r"<a>(.*?)</a>")`` rescans the rest of the text
     from every unclosed ``<a>``, which is quadratic in their number (64k characters of ``<answer>`` took
     seconds). Same result as that regex: after a match the scan resumes behind its closing tag.
     """
-    open_, close = f"<{tag}>", f"</{tag}>"
+    open_, close = f"<{tag}>".translate(_ASCII_LOWER), f"</{tag}>".translate(_ASCII_LOWER)
+    low = text.translate(_ASCII_LOWER)  # same length as text: indices carry over
     out: list[str] = []
-    start = text.find(open_)
+    start = low.find(open_)
     while start != -1:
-        end = text.find(close, start + len(open_))
+        end = low.find(close, start + len(open_))
         if end == -1:  # no closing tag after this opening one: none after any later one either
             break
         out.append(text[start + len(open_) : end])
-        start = text.find(open_, end + len(close))
+        start = low.find(open_, end + len(close))
     return out
 
 
@@ -148,18 +160,26 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 def is_think_answer_format(text: str, think: bool = True) -> bool:
     """True iff ``text`` is exactly ``<think>…</think><answer>…</answer>`` (or ``<answer>…</answer>`` when
-    ``think=False``), whitespace tolerated around and between the blocks.
+    ``think=False``), whitespace tolerated around and between the blocks, tags case-insensitive.
 
     Stricter than the reference implementations' ``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", DOTALL)``
     (Video-R1, R1-V, VideoChat-R1): their non-greedy groups still span a second block, so
     ``<answer>a</answer><answer>b</answer>`` passes there. Here each block holds no other think/answer tag,
-    as TW-GRPO's "at most one of each tag" check intends.
+    as TW-GRPO's "at most one of each tag" check intends. A linear scan: that regex is quadratic on text
+    with many ``</think>`` and no ``</answer>``.
     """
-    pattern = r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*" if think else r"\s*<answer>(.*?)</answer>\s*"
-    m = re.fullmatch(pattern, text, flags=re.DOTALL)
-    if m is None:
-        return False
-    return not any(t in g for g in m.groups() for t in _TAGS)
+    low = text.translate(_ASCII_LOWER).strip()
+    pos = 0
+    for open_, close in (("<think>", "</think>"), ("<answer>", "</answer>"))[0 if think else 1 :]:
+        if not low.startswith(open_, pos):
+            return False
+        end = low.find(close, pos + len(open_))  # a block ends at its first closing tag (no tag may be inside)
+        if end == -1 or any(t in low[pos + len(open_) : end] for t in _TAGS):
+            return False
+        pos = end + len(close)
+        while pos < len(low) and low[pos].isspace():
+            pos += 1
+    return pos == len(low)
 
 
 def _to_float(s: str) -> float:
@@ -220,10 +240,12 @@ def parse_points(text: str) -> list[list[float]]:
 
     Pairs that are half of a Qwen2-VL box ``(x1,y1),(x2,y2)`` are skipped.
     """
-    box_spans = [m.span() for m in _BOX_RE.finditer(text)]
-    out = []
+    box_spans = [m.span() for m in _BOX_RE.finditer(text)]  # in order, disjoint
+    out, j = [], 0
     for m in re.finditer(rf"[\[(]\s*({_NUM})\s*,\s*({_NUM})\s*[\])]", text):
-        if any(a <= m.start() < b for a, b in box_spans):
+        while j < len(box_spans) and box_spans[j][1] <= m.start():  # one sweep: linear, not points x boxes
+            j += 1
+        if j < len(box_spans) and box_spans[j][0] <= m.start():
             continue
         out.append([_to_float(m.group(1)), _to_float(m.group(2))])
     return out
@@ -315,19 +337,34 @@ def parse_time_span(text: str, which: Which = "last") -> tuple[float, float] | N
 def _json_objects(text: str) -> Iterable[Any]:
     """JSON objects/arrays found in ``text`` (best effort; malformed ones are skipped)."""
     dec = json.JSONDecoder()
-    i = 0
-    while True:
-        starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
-        if not starts:
-            return
-        i = min(starts)
+    end = 0
+    for m in re.finditer(r"[{\[]", text):  # one pass over the openers (not a find() per opener: quadratic)
+        i = m.start()
+        if i < end:  # inside the object just decoded
+            continue
         try:
-            obj, end = dec.raw_decode(text, i)
+            obj, end = _decode_at(dec, text, i)
         except ValueError:
-            i += 1
             continue
         yield obj
-        i = end
+
+
+def _decode_at(dec: json.JSONDecoder, text: str, i: int) -> tuple[Any, int]:
+    """``dec.raw_decode(text, i)`` for an object or array at ``i``, on a window of the text that doubles while
+    the value runs past its end. ``raw_decode`` on the whole text costs O(i) per failure (its error counts the
+    lines before ``i``), which made scanning ``"{" * 80_000`` quadratic (3 s); a value that closes inside a window
+    decodes exactly as in the whole text."""
+    width = 256
+    while True:
+        chunk = text[i : i + width]
+        try:
+            obj, end = dec.raw_decode(chunk)
+            return obj, i + end
+        except json.JSONDecodeError as e:
+            cut = i + width < len(text) and (e.pos >= len(chunk) - 8 or e.msg.startswith("Unterminated string"))
+            if not cut:
+                raise
+            width *= 2
 
 
 def parse_json(text: str) -> Any:

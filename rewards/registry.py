@@ -1,32 +1,53 @@
-"""Finding rewards: by registry name, by ``package.module:attr``, or by the ``mmgrpo.rewards`` entry point.
+"""Finding rewards: by registry name, by ``package.module:function``, or by the ``mmgrpo.rewards`` entry point.
 
 A reward is a plain function ``f(completions: list, *, prompts: list, **columns) -> list[float | None]``
 (a superset of TRL's reward signature, so a TRL reward works unchanged), or a class whose instances have that
-``__call__`` (model-based rewards). ``None`` in the returned list means "not applicable to this sample".
+``__call__`` (model-based rewards, registered by name). ``None`` in the returned list means "not applicable to
+this sample".
 
 Three ways to provide one, looked up in this order by :func:`load_reward`:
 
 1. a **registry name** of :data:`REWARDS` (built-ins, and anything decorated with :func:`register_reward`);
-2. an **import path** ``"package.module:function"`` or ``"package.module:Class"``;
+2. an **import path** ``"package.module:function"``;
 3. an **entry point** in the group ``mmgrpo.rewards`` of any installed distribution, e.g. in the user's
    ``pyproject.toml``: ``[project.entry-points."mmgrpo.rewards"] my_reward = "my_pkg.rewards:my_reward"``.
 
 **Factories**: a spec ending in ``()`` names a function that *returns* the reward (TRL's
 ``get_cosine_scaled_reward(min_value_wrong=..., ...)`` style); it is called once with the spec's ``kwargs``
-and the function it returns is the reward, e.g. ``{name: "trl.rewards:get_soft_overlong_punishment()",
+and the callable it returns is the reward, e.g. ``{name: "trl.rewards:get_soft_overlong_punishment()",
 kwargs: {max_completion_len: 512, soft_punish_cache: 64}}``.
+
+**Code policy** (a config is code; a run directory from elsewhere is code). Registry names and entry points
+name code that is already installed or imported. An import path names code to import, so it must resolve to
+a **plain Python function** defined outside the standard library: a class (``subprocess:Popen``), a built-in
+(``os:system``, ``builtins:eval``), a method, a callable instance or anything from the standard library
+(``subprocess:run``, ``shutil:rmtree``) is refused with :class:`RewardCodeError`. A factory ``mod:make()`` must
+be such a function too; what it returns must be callable and not a class (an instance with ``__call__``, e.g. a
+model-based reward it builds, is fine). Checking a config (:func:`check_reward_spec`, run by ``load_config`` and
+so by ``--dry-run``) never imports a module that is not imported yet: it finds the module's file
+(``importlib.machinery.PathFinder``, which runs no package ``__init__``), reads its source with :mod:`ast` and
+checks what it can see there (a ``def`` with the given options, not a ``class``); what it cannot see (a name
+bound by assignment or a star import, a compiled module) is checked when the reward is loaded for training.
+:func:`reward_code_policy` switches :func:`load_reward` to placeholders that never import (``"check"``, used by
+``--dry-run``; ``"registered"``, used by ``mmgrpo demo`` without ``--trust-run-config``).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import importlib
+import importlib.machinery
 import importlib.metadata
 import inspect
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+from mmgrpo.config import ConfigError
 from mmgrpo.registry import Registry
 
 REWARDS: Registry = Registry("reward")
@@ -38,27 +59,95 @@ _DESCRIPTIONS: dict[str, str] = {}
 _HOW_TO = (
     "Provide a reward in one of three ways: (1) a registry name (see `mmgrpo rewards list`, or decorate your "
     "function with @mmgrpo.rewards.register_reward('name') and import its module); (2) an import path "
-    "'package.module:function' (or ':Class'); (3) an entry point in the group 'mmgrpo.rewards' of an installed "
+    "'package.module:function'; (3) an entry point in the group 'mmgrpo.rewards' of an installed "
     'package ([project.entry-points."mmgrpo.rewards"] name = "package.module:function" in its pyproject.toml).'
 )
 
+POLICIES = ("import", "check", "registered")
+_policy = "import"
 
-class UnknownRewardError(KeyError):
+
+class UnknownRewardError(ConfigError, KeyError):
     """No reward has this name. The message lists the valid names and the three ways to provide one."""
 
     def __str__(self) -> str:  # KeyError would print the message with quotes around it
         return str(self.args[0]) if self.args else ""
 
 
-def register_reward(name: str, description: str | None = None) -> Callable[[Any], Any]:
+class RewardCodeError(ConfigError, TypeError):
+    """An import path names something the code policy refuses (a class, a built-in, the standard library)."""
+
+
+@contextlib.contextmanager
+def reward_code_policy(policy: str) -> Iterator[None]:
+    """Within the block, how :func:`load_reward` treats specs that name code to import (``module:function``,
+    factories, entry points):
+
+    - ``"import"`` (the default outside any block): import and check it (see the module docstring);
+    - ``"check"``: check it without importing (:func:`check_reward_spec`) and return a placeholder that raises
+      :class:`RewardNotLoadedError` if called — ``--dry-run`` builds tasks under this policy;
+    - ``"registered"``: registry names and installed entry points load as usual; an import path or factory is
+      not imported and becomes such a placeholder — ``mmgrpo demo`` without ``--trust-run-config``.
+
+    A process-wide setting (not per thread), restored on exit.
+    """
+    global _policy
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    previous, _policy = _policy, policy
+    try:
+        yield
+    finally:
+        _policy = previous
+
+
+class RewardNotLoadedError(RuntimeError):
+    """A placeholder reward was called: the policy in force did not import its code."""
+
+
+class NotLoadedReward:
+    """Stands for a reward whose code the policy did not import; calling it raises :class:`RewardNotLoadedError`."""
+
+    def __init__(self, spec: str, reason: str):
+        self.spec, self.reason = spec, reason
+        self.__name__ = _attr_name(spec)
+
+    def __call__(self, completions: list, **kwargs: Any) -> list:
+        raise RewardNotLoadedError(f"reward {self.spec!r} was not loaded: {self.reason}")
+
+    def __repr__(self) -> str:
+        return f"NotLoadedReward({self.spec!r})"
+
+
+def _attr_name(spec: str) -> str:
+    return spec.removesuffix("()").rpartition(":")[2].rpartition(".")[2] or spec
+
+
+def is_code_spec(spec: Any) -> bool:
+    """True for a spec that names code to import: ``module:attr`` or a factory ``...()`` (not a registry name)."""
+    return isinstance(spec, str) and spec not in REWARDS and (":" in spec or spec.endswith("()"))
+
+
+def register_reward(
+    name: str, description: str | None = None, *, unbounded: bool = False, preload: Callable[[], Any] | None = None
+) -> Callable[[Any], Any]:
     """Decorator registering a reward function (or model-based reward class) under ``name``.
 
     ``description`` is the one line ``mmgrpo rewards list`` prints; by default the first line of the
-    docstring. Registering a taken name with another object raises ``ValueError``.
+    docstring. Registering a taken name with another object raises ``ValueError``. ``unbounded=True`` marks a
+    reward whose work on some inputs is not bounded by its own code (a symbolic algebra system on model output):
+    :class:`~mmgrpo.rewards.RewardRunner` with ``isolation="auto"`` runs it in a worker process, which
+    ``timeout_s`` can kill (sets ``obj.reward_unbounded``). ``preload`` is a function the runner calls once in its
+    own process when it is built (``obj.reward_preload``): imports and caches it warms are inherited by forked
+    workers instead of being redone on every call (math-verify's first parse takes about 1.3 s with imports).
     """
 
     def deco(obj: Any) -> Any:
         REWARDS.add(name, obj)
+        if unbounded:
+            obj.reward_unbounded = True
+        if preload is not None:
+            obj.reward_preload = preload
         if not inspect.isclass(obj):  # keyword-only parameters are its options: typos in kwargs are caught
             try:
                 params = inspect.signature(obj).parameters.values()
@@ -102,10 +191,16 @@ def list_rewards() -> list[tuple[str, str]]:
 
 def _import_path(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UnknownRewardError(f"reward {spec!r}: an import path is 'package.module:function'. {_HOW_TO}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as e:
         raise UnknownRewardError(f"reward {spec!r}: cannot import module {module_name!r} ({e}). {_HOW_TO}") from e
+    except Exception as e:  # the user's module raised while importing
+        raise UnknownRewardError(
+            f"reward {spec!r}: importing module {module_name!r} raised {type(e).__name__}: {e}"
+        ) from e
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -114,14 +209,66 @@ def _import_path(spec: str) -> Any:
     return obj
 
 
+def check_code_object(spec: str, obj: Any) -> None:
+    """Raise :class:`RewardCodeError` unless ``obj`` (what the import path ``spec`` names) is a plain Python
+    function outside the standard library (a ``functools.partial`` of one is accepted)."""
+    target = obj
+    while isinstance(target, functools.partial):
+        target = target.func
+    fix = (
+        "an import path must name a plain Python function of your own code; for a model-based reward class, "
+        "register it (@register_reward), declare an entry point, or name a function that builds it "
+        "('package.module:make_reward()')"
+    )
+    if inspect.isclass(target):
+        raise RewardCodeError(f"reward {spec!r} is the class {_qualname(target)}, not a function; {fix}")
+    if not inspect.isfunction(target):
+        kind = (
+            "a built-in function"
+            if inspect.isbuiltin(target)
+            else "a method"
+            if inspect.ismethod(target)
+            else "a module"
+            if inspect.ismodule(target)
+            else f"a {type(target).__name__} object"
+        )
+        raise RewardCodeError(f"reward {spec!r} is {kind} ({_qualname(target)}), not a Python function; {fix}")
+    module = getattr(target, "__module__", None) or ""
+    if _is_stdlib(module):
+        raise RewardCodeError(
+            f"reward {spec!r} is {_qualname(target)} from the Python standard library, not a reward; {fix}"
+        )
+
+
+def _qualname(obj: Any) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
+    return f"{module}.{name}" if module else str(name)
+
+
+def _is_stdlib(module: str) -> bool:
+    top = module.partition(".")[0]
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names
+
+
 def resolve_reward(spec: str) -> Any:
-    """The object (function or class) behind ``spec``, not yet bound to kwargs. See :func:`load_reward`."""
+    """The object (function or class) behind ``spec``, not yet bound to kwargs. See :func:`load_reward`.
+
+    An import path is checked by :func:`check_code_object` (the code policy)."""
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"a reward spec is a non-empty string, got {spec!r}")
     if spec in REWARDS:
         return REWARDS.get(spec)
     if ":" in spec:
-        return _import_path(spec)
+        module = spec.partition(":")[0]
+        if _is_stdlib(module):  # refused before importing anything
+            raise RewardCodeError(
+                f"reward {spec!r} names the Python standard library module {module!r}, not a reward; an import "
+                "path must name a plain Python function of your own code"
+            )
+        obj = _import_path(spec)
+        check_code_object(spec, obj)
+        return obj
     eps = _entry_points()
     if spec in eps:
         try:
@@ -136,12 +283,25 @@ def resolve_reward(spec: str) -> Any:
 
 
 def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
-    """A ready-to-call reward from a registry name, ``package.module:attr`` or entry-point name.
+    """A ready-to-call reward from a registry name, ``package.module:function`` or entry-point name.
 
     A function is returned as is, or with ``kwargs`` bound as keyword arguments (``functools.partial``); a
-    class is instantiated with ``kwargs``. A callable ``spec`` is accepted too (bound the same way). Keyword
-    arguments the function does not accept raise ``TypeError`` naming them and the accepted ones.
+    registered (or entry-point) class is instantiated with ``kwargs``. A callable ``spec`` is accepted too
+    (bound the same way). Keyword arguments the function does not accept raise ``TypeError`` naming them and
+    the accepted ones. An import path the code policy refuses raises :class:`RewardCodeError`; under
+    :func:`reward_code_policy` ``"check"`` / ``"registered"`` an import path is not imported and a
+    :class:`NotLoadedReward` placeholder is returned.
     """
+    if isinstance(spec, str) and _policy != "import" and _names_code_to_import(spec):
+        if _policy == "check":
+            try:
+                check_reward_spec(spec, kwargs)
+            except ValueError as e:
+                raise RewardCodeError(f"reward {spec!r}: {e}") from None
+            return NotLoadedReward(spec, "--dry-run checks a reward's code without importing it")
+        return NotLoadedReward(
+            spec, "it is code named by the run's config (an import path); the demo runs it only with --trust-run-config"
+        )
     if isinstance(spec, str) and spec.endswith("()"):
         return _build_from_factory(spec, kwargs)
     obj = spec if callable(spec) and not isinstance(spec, str) else resolve_reward(spec)
@@ -161,8 +321,22 @@ def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
     return bound
 
 
+def _names_code_to_import(spec: str) -> bool:
+    """An import path or factory (always), or an entry point under the ``"check"`` policy (not imported there)."""
+    if spec in REWARDS or spec.removesuffix("()") in REWARDS:
+        return False
+    if ":" in spec:
+        return True
+    return _policy == "check" and spec.removesuffix("()") in _entry_points()
+
+
 def _build_from_factory(spec: str, kwargs: dict) -> Callable[..., list]:
-    factory = resolve_reward(spec[:-2])
+    factory = resolve_reward(spec[:-2])  # an import path is checked to be a plain function there
+    if inspect.isclass(factory):
+        raise RewardCodeError(
+            f"reward {spec!r}: {spec[:-2]!r} is a class; a factory is a function that returns the reward (drop the "
+            "'()' to build a registered class with kwargs)"
+        )
     if not callable(factory):
         raise TypeError(f"reward {spec!r}: {spec[:-2]!r} is not callable, so it cannot be a factory")
     _check_kwargs(spec, factory, kwargs)
@@ -170,15 +344,25 @@ def _build_from_factory(spec: str, kwargs: dict) -> Callable[..., list]:
         fn = factory(**kwargs)
     except Exception as e:
         raise TypeError(f"reward {spec!r}: the factory raised {type(e).__name__}: {e}") from e
-    if not callable(fn):
-        raise TypeError(f"reward {spec!r}: the factory returned {type(fn).__name__}, not a reward function")
+    if inspect.isclass(fn) or not callable(fn):
+        raise RewardCodeError(
+            f"reward {spec!r}: the factory returned {type(fn).__name__ if not inspect.isclass(fn) else 'a class'}, "
+            "not a reward function (return a function or an object with __call__)"
+        )
     return fn
 
 
-def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) -> None:
-    """Check a reward spec without calling the reward: the name resolves (the module imports, the attribute
-    exists), ``kwargs`` are arguments it accepts, the weight is a finite number ``>= 0``. Raises ``ValueError``
-    with one line naming what is wrong; the config loader calls this so ``--dry-run`` catches typos."""
+def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) -> str | None:
+    """Check a reward spec without calling the reward and without importing code: the name resolves, ``kwargs``
+    are arguments it accepts, the weight is a finite number ``>= 0``, an import path names a plain function.
+
+    Registry names and modules already imported are checked on the live object. An import path to a module not
+    imported yet is checked in its source (:func:`static_reward_check`): nothing of the user's code runs.
+    Returns ``None`` when everything was checked, or a one-line note saying what is left for load time (an
+    import path's module is imported, and its function checked again, when training starts). Raises
+    ``ValueError`` with one line naming what is wrong; the config loader calls this so ``--dry-run`` catches
+    typos.
+    """
     kwargs = kwargs or {}
     try:
         w = float(weight)
@@ -191,21 +375,274 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
         )
     if not isinstance(kwargs, dict):
         raise ValueError(f"kwargs: must be a mapping of argument names to values, got {kwargs!r}")
-    factory = isinstance(name, str) and name.endswith("()")
+    if not isinstance(name, str) or not name or name == "()":
+        raise ValueError(f"a reward name is a non-empty string, got {name!r}")
+    factory = name.endswith("()")
+    base = name[:-2] if factory else name
+    if base not in REWARDS and ":" not in base:  # an entry point (or unknown): checked on its value
+        eps = _entry_points()
+        if base not in eps:
+            valid = sorted(set(REWARDS.names()) | set(eps))
+            raise ValueError(f"unknown reward {base!r}; valid names: {', '.join(valid)}")
+        if eps[base].module not in sys.modules:
+            return static_reward_check(eps[base].value, kwargs, factory=factory, label=name, entry_point=True)
+    elif base not in REWARDS and base.partition(":")[0] not in sys.modules:
+        return static_reward_check(base, kwargs, factory=factory, label=name)
     try:
-        obj = resolve_reward(name[:-2] if factory else name)
+        obj = resolve_reward(base)
     except (UnknownRewardError, TypeError) as e:
         raise ValueError(str(e).split(". Provide a reward")[0]) from None
-    except Exception as e:  # the user's module raised while importing
+    except Exception as e:  # an entry point's package raised while importing
         raise ValueError(f"reward {name!r}: importing it raised {type(e).__name__}: {e}") from None
     target = obj.__init__ if inspect.isclass(obj) else obj
+    if inspect.isclass(obj) and factory:
+        raise ValueError(f"reward {name!r}: {base!r} is a class; a factory is a function that returns the reward")
     if inspect.isclass(obj) and not kwargs:
-        return
+        return None
     if kwargs or factory:
         try:
             _check_kwargs(name, target, kwargs)
         except TypeError as e:
             raise ValueError(f"kwargs: {e}") from None
+    return None
+
+
+# ------------------------------------------------------------------------------- checking code without importing
+
+
+def find_module_file(module_name: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of ``module_name`` found on ``sys.path`` without importing it or its parent packages.
+
+    ``importlib.util.find_spec("a.b")`` imports ``a`` (runs ``a/__init__.py``); this walks the path with
+    :class:`importlib.machinery.PathFinder` one level at a time instead, using a parent's ``__path__`` only when
+    the parent is already imported. ``None`` when it is not there.
+    """
+    parts = module_name.split(".")
+    spec = None
+    search: list[str] | None = None
+    for i in range(len(parts)):
+        qual = ".".join(parts[: i + 1])
+        if qual in sys.modules and getattr(sys.modules[qual], "__spec__", None) is not None:
+            spec = sys.modules[qual].__spec__
+        else:
+            spec = importlib.machinery.PathFinder.find_spec(qual, search)
+            if spec is None:
+                return None
+        search = list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not search:
+            return None  # a module, not a package: it has no submodules
+    return spec
+
+
+def static_reward_check(
+    spec: str, kwargs: dict, *, factory: bool = False, label: str | None = None, entry_point: bool = False
+) -> str:
+    """Check the import path ``spec`` (``module:attr``) in the module's source, importing nothing.
+
+    Refuses (``ValueError``) a module that cannot be found, a standard-library module, a module without the
+    attribute, a ``class`` (or an imported module) bound to it, and ``kwargs`` a ``def`` does not accept; follows
+    ``from x import attr`` re-exports. Returns a note for the dry-run output: where the code is, and that it is
+    imported and checked again when training starts.
+    """
+    label = label or spec
+    where = f" (entry point {spec!r})" if entry_point else ""
+    found = _static_lookup(spec, depth=0)
+    kind, detail = found
+    if kind == "class":
+        raise ValueError(
+            f"reward {label!r}{where} is the class {detail}, not a function; an import path must name a plain "
+            "Python function (for a model-based reward class: register it, declare an entry point, or name a "
+            "function that builds it, 'package.module:make_reward()')"
+        )
+    if kind == "module":
+        raise ValueError(f"reward {label!r}{where} is the module {detail}, not a function")
+    if kind == "function":
+        node, path = detail
+        if kwargs or factory:
+            _check_kwargs_static(label, node, kwargs)
+        return (
+            f"reward {label!r} is code: {node.name}() in {path} (line {node.lineno}), found without importing it; "
+            "it is imported, and checked to be a plain function, when training starts"
+        )
+    return (
+        f"reward {label!r} is code in {detail}: its module is imported, and {spec.partition(':')[2]!r} checked to "
+        "be a plain function, when training starts (not visible in the source without running it)"
+    )
+
+
+def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
+    """``("function", (node, path))``, ``("class", qualname)``, ``("module", name)`` or ``("unknown", path)``;
+    raises ``ValueError`` for a module that is not there, the standard library, or a missing attribute."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward {spec!r}: an import path is 'package.module:function'")
+    if _is_stdlib(module_name):
+        raise ValueError(
+            f"reward {spec!r} names the Python standard library module {module_name!r}, not a reward; an import "
+            "path must name a plain Python function of your own code"
+        )
+    if module_name in sys.modules:  # already imported: no code runs by looking at it
+        try:
+            obj = _import_path(spec)
+            check_code_object(spec, obj)
+        except (UnknownRewardError, RewardCodeError) as e:
+            raise ValueError(str(e).split(". Provide a reward")[0]) from None
+        try:
+            src = inspect.getsourcefile(obj)
+            node = _def_node(obj, src)
+        except (TypeError, OSError):
+            node, src = None, None
+        return ("function", (node, src)) if node is not None else ("unknown", module_name)
+    mspec = find_module_file(module_name)
+    if mspec is None:
+        raise ValueError(
+            f"reward {spec!r}: cannot import module {module_name!r} (no such module on sys.path; a module of "
+            "your own must be in the current directory or an installed package)"
+        )
+    origin = mspec.origin
+    if mspec.submodule_search_locations and origin in (None, "namespace"):
+        raise ValueError(f"reward {spec!r}: {module_name!r} is a namespace package, which defines no functions")
+    if not origin or not origin.endswith(".py") or not Path(origin).is_file():
+        return "unknown", origin or module_name
+    try:
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)
+    except SyntaxError as e:
+        raise ValueError(f"reward {spec!r}: {origin} line {e.lineno} is not valid Python ({e.msg})") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"reward {spec!r}: cannot read {origin} ({e})") from None
+    first, _, rest = attr.partition(".")
+    bindings = _module_bindings(tree, first)
+    if not bindings:
+        if _has_dynamic_names(tree):
+            return "unknown", origin
+        raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r} ({origin})")
+    kinds = {type(b) for b in bindings}
+    last = bindings[-1]
+    if rest:  # e.g. "Class.method": look no deeper
+        return "unknown", origin
+    if kinds <= {ast.FunctionDef, ast.AsyncFunctionDef}:
+        if last.decorator_list:  # a decorator may return anything: checked on the real object
+            return "unknown", origin
+        return "function", (last, origin)
+    if kinds == {ast.ClassDef}:
+        return "class", f"{module_name}.{first}"
+    if isinstance(last, ast.ImportFrom) and len(bindings) == 1 and depth < 5:
+        target = _absolute_module(last, module_name, bool(mspec.submodule_search_locations))
+        alias = next(a for a in last.names if (a.asname or a.name) == first)
+        if target is not None:
+            sub = f"{target}.{alias.name}"
+            if find_module_file(sub) is not None and not _is_stdlib(sub):
+                return "module", sub
+            try:
+                return _static_lookup(f"{target}:{alias.name}", depth + 1)
+            except ValueError as e:
+                raise ValueError(f"reward {spec!r} is imported from {target}: {e}") from None
+    if isinstance(last, ast.Import) and len(bindings) == 1:
+        return "module", next(a.name for a in last.names if (a.asname or a.name.partition(".")[0]) == first)
+    return "unknown", origin
+
+
+def _module_bindings(tree: ast.Module, name: str) -> list[ast.AST]:
+    """Statements at module level (also inside ``if``/``try``/``with`` blocks) that bind ``name``, in order."""
+    out: list[ast.AST] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                out.append(node)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    bound = a.asname or (a.name.partition(".")[0] if isinstance(node, ast.Import) else a.name)
+                    if bound == name:
+                        out.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                    out.append(node)
+            elif isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+                if isinstance(node, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+                    heads = (
+                        [node.target]
+                        if isinstance(node, (ast.For, ast.AsyncFor))
+                        else [i.optional_vars for i in node.items if i.optional_vars is not None]
+                    )
+                    if any(isinstance(n, ast.Name) and n.id == name for h in heads for n in ast.walk(h)):
+                        out.append(node)
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for h in node.handlers:
+                    visit(h.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return out
+
+
+def _has_dynamic_names(tree: ast.Module) -> bool:
+    """``from x import *``, a module ``__getattr__``, or writes to ``globals()``: names the source does not show."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return True
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and node in tree.body:
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("globals", "setattr"):
+            return True
+    return False
+
+
+def _absolute_module(node: ast.ImportFrom, module_name: str, is_package: bool) -> str | None:
+    if node.level == 0:
+        return node.module
+    parts = module_name.split(".")
+    keep = len(parts) - node.level + (1 if is_package else 0)
+    if keep < 1:
+        return None
+    base = ".".join(parts[:keep])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _def_node(obj: Any, path: str | None) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    if path is None or not path.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = getattr(getattr(obj, "__code__", None), "co_firstlineno", None)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == obj.__name__
+            and (line is None or node.lineno == line or any(d.lineno == line for d in node.decorator_list))
+        ):
+            return node
+    return None
+
+
+def _check_kwargs_static(name: str, node: ast.FunctionDef | ast.AsyncFunctionDef, kwargs: dict) -> None:
+    """:func:`_check_kwargs` on a ``def`` read from source: the names it accepts by keyword."""
+    a = node.args
+    if a.kwarg is not None:
+        return
+    accepted = [p.arg for p in a.args + a.kwonlyargs]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ValueError(f"kwargs: reward {name!r} got unknown argument(s) {unknown}; it accepts {accepted}")
+
+
+def describe_reward_code(name: str, kwargs: dict | None = None) -> str | None:
+    """One line for the dry-run output about a reward that is code to import (``None`` for a registry name or an
+    already imported module): where it is, and that it is imported and checked when training starts."""
+    try:
+        return check_reward_spec(name, kwargs or {})
+    except ValueError:
+        return None
 
 
 def _check_kwargs(name: str, fn: Callable, kwargs: dict) -> None:

@@ -26,7 +26,9 @@ power) stalls the whole process. ``"process"`` runs each call in a forked worker
 the deadline, so such a reward costs at most ``timeout_s``; the call pays a fork (milliseconds) and the result
 comes back through a pipe, so a process reward's side effects on its own objects (caches, counters) are lost.
 ``"auto"`` (default) uses processes for rewards loaded from an import path (``"module:function"``) or an entry
-point — code the toolkit does not know — and threads for registry names and callables passed directly.
+point — code the toolkit does not know — and for built-ins registered with ``unbounded=True`` (``math_accuracy``,
+``numeric`` and ``regression``, which run sympy / math-verify on model output), and threads for the other
+registry names and for callables passed directly.
 
 Non-finite rewards: a value that is ``inf``, ``-inf``, NaN or larger in magnitude than :data:`MAX_ABS_REWARD`
 (whose batch mean would overflow float32) is an error of that sample: ``on_error="raise"`` stops with one line
@@ -295,7 +297,11 @@ class RewardRunner:
             self._rewards.append(fn)
             self._callers.append(_Caller(name, fn))
             outside = isinstance(target, str) and target not in REWARDS  # import path, factory or entry point
-            self.isolated.append(isolation == "process" or (isolation == "auto" and outside))
+            unbounded = bool(getattr(getattr(fn, "func", fn), "reward_unbounded", False))  # e.g. sympy on model text
+            self.isolated.append(isolation == "process" or (isolation == "auto" and (outside or unbounded)))
+            preload = getattr(getattr(fn, "func", fn), "reward_preload", None)
+            if preload is not None and self.isolated[-1]:  # imports and warm caches: forked workers inherit them
+                preload()
             weights.append(float(weight))
         self.weights = torch.tensor(weights, dtype=torch.float32)  # [K]
         if reward_types is not None and len(reward_types) != len(self.names):

@@ -21,11 +21,15 @@ import math
 import operator
 import re
 import string
+import threading
 import unicodedata
 from collections import defaultdict
 from typing import Any
 
-from ._common import column, group_ids, gt_number, lengths
+from ._common import column, group_ids, lengths
+from .parsing import (
+    NUMBER_PATTERN as _NUM_PATTERN,
+)
 from .parsing import (
     Which,
     answer_or_text,
@@ -222,81 +226,6 @@ def multiple_choice_partial(
     return out
 
 
-@register_reward(
-    "numeric", "1 if the answer's number is within tolerance of the ground truth: |p-g| <= max(abs_tol, rel_tol*|g|)"
-)
-def numeric(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    abs_tol: float = 1e-9,
-    rel_tol: float = 1e-6,
-    **columns: Any,
-) -> list[float | None]:
-    """Numeric accuracy with a tolerance.
-
-    ``p`` = the last number in the answer (``"1,234.5"``, ``"3/4"`` and ``"-2e3"`` are numbers; a bare
-    ``"3/0"`` is not), ``g`` = the ground truth; ``r = 1[|p − g| ≤ max(abs_tol, rel_tol·|g|)]``. No number, or a
-    non-finite one, gives 0. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
-    ``abs_tol=0.005, rel_tol=0`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
-
-    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1
-    ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance
-    instead of its "exactly one side has a decimal point → 0" rule.
-    """
-    answers = column(columns, answer_key, "numeric", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "numeric")
-        pred = answer_or_text(c, which, require_tags)
-        p = parse_number(pred, which="last") if pred is not None else None
-        ok = p is not None and math.isfinite(p) and abs(p - g) <= max(abs_tol, rel_tol * abs(g))
-        out.append(float(ok))
-    return out
-
-
-@register_reward("regression", "1 - clip(|p-g|/|g|, 0, 1): relative-error credit for a numeric answer")
-def regression(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
-    """Relative-error reward for numeric answers.
-
-    ``r = 1 − clip(|p − g| / |g|, 0, 1)``. When ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's
-    ``(|p−g| + 1e-9)/(|g| + 1e-9)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0
-    (an unguarded division in the original). No number → 0.
-
-    Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
-    """
-    answers = column(columns, answer_key, "regression", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        g = gt_number(gt if isinstance(gt, (int, float)) else ground_truth_text(gt, which), "regression")
-        pred = answer_or_text(c, which, require_tags)
-        p = parse_number(pred, which="last") if pred is not None else None
-        if p is None or not math.isfinite(p):
-            out.append(0.0)
-        elif g == 0:
-            out.append(float(p == 0))
-        else:
-            out.append(1.0 - min(1.0, abs(p - g) / abs(g)))
-    return out
-
-
 # --- math -------------------------------------------------------------------------------------------------
 
 
@@ -332,7 +261,8 @@ def normalize_math(expr: str) -> str:
 
     Removes ``$``, ``\\left``/``\\right``, spacing commands, ``\\text{…}``/``\\mathrm{…}`` wrappers, degree and
     percent signs, a leading ``x =``, a trailing period and all whitespace; maps ``\\dfrac``/``\\tfrac`` to
-    ``\\frac``, ``\\frac{a}{b}`` to ``(a)/(b)``, ``\\sqrt{a}`` to ``sqrt(a)``, ``\\cdot``/``\\times`` to ``*``,
+    ``\\frac``, ``\\frac{a}{b}`` (``\\frac12``) to ``(a)/(b)``, ``\\sqrt{a}`` (``\\sqrt8``) to ``sqrt(a)``,
+    ``\\cdot``/``\\times`` to ``*``,
     ``^`` to ``**``, ``\\pi`` to ``pi``, and thousands separators ``1,000`` to ``1000``.
     """
     s = expr.strip()
@@ -342,8 +272,13 @@ def normalize_math(expr: str) -> str:
     s = re.sub(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}", r"\1", s)
     s = s.replace("^\\circ", "").replace("^{\\circ}", "").replace("°", "").replace("\\%", "").replace("%", "")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = _strip_braced(s, "frac", "({0})/({1})")
-    s = _strip_braced(s, "sqrt", "sqrt({0})")
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)  # \frac12: one token per argument, as in LaTeX
+    s = re.sub(r"\\sqrt\s*(\d)", r"\\sqrt{\1}", s)  # \sqrt8
+    prev = None
+    while prev != s:  # innermost first, whichever command it is: \frac{\sqrt{3}}{2}, \sqrt{\frac{1}{2}}
+        prev = s
+        s = _strip_braced(s, "frac", "({0})/({1})")
+        s = _strip_braced(s, "sqrt", "sqrt({0})")
     s = s.replace("\\cdot", "*").replace("\\times", "*").replace("\\pi", "pi").replace("^", "**")
     s = s.replace("{", "(").replace("}", ")")
     s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)
@@ -444,26 +379,108 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def _math_verify(pred: str, gt: str) -> bool | None:
-    """``math_verify.verify`` of the two answers (each parsed as LaTeX between ``$``, then as is); ``None`` when
-    the library is not installed or cannot parse one of them. Its signal-based timeouts are off
-    (``parsing_timeout=None``, ``timeout_seconds=None``): they only work in the main thread, and the reward
-    runner's own timeout (or process isolation) bounds the call instead."""
+MAX_RESULT_BITS = 1 << 16
+"""Largest number (in bits, about 20,000 decimal digits) that the math checks let sympy compute exactly. A power
+tower such as ``9^{9^{9}}`` has about 1.2e9 bits: sympy computes it exactly when it compares (``doit``), in one
+C-level integer power that holds the GIL for minutes and that no signal interrupts. Such an answer is "not
+parsed" (so it scores 0 unless the plain check matches it), in milliseconds."""
+
+
+def _log2_bound(expr: Any, depth: int = 0) -> float:
+    """An upper bound on ``log2 |value|`` of a numeric sympy expression, computed in floats without evaluating
+    it (``inf`` when the bound itself overflows); 0 for symbols and for nodes it does not model."""
+    import sympy
+
+    if depth > 64:
+        return math.inf
+    if isinstance(expr, sympy.Integer):
+        return float(abs(int(expr)).bit_length())
+    if isinstance(expr, sympy.Rational):
+        return float(max(abs(expr.p).bit_length(), abs(expr.q).bit_length()))
+    if isinstance(expr, sympy.Float):
+        return math.log2(abs(float(expr)) + 1.0) if math.isfinite(float(expr)) else math.inf
+    if isinstance(expr, sympy.Pow):
+        base, exp = _log2_bound(expr.base, depth + 1), _log2_bound(expr.exp, depth + 1)
+        if exp > 1000:  # the exponent alone exceeds 2**1000
+            return math.inf
+        return max(base, 1.0) * 2.0**exp
+    if isinstance(expr, sympy.factorial):
+        n = _log2_bound(expr.args[0], depth + 1)
+        if n > 1000:
+            return math.inf
+        return 2.0**n * max(n, 1.0)  # log2(m!) <= m log2 m with m <= 2**n
+    if isinstance(expr, sympy.Mul):
+        return sum(_log2_bound(a, depth + 1) for a in expr.args)
+    if expr.args:
+        return max(_log2_bound(a, depth + 1) for a in expr.args) + math.log2(len(expr.args))
+    return 0.0
+
+
+def _too_large(parsed: list) -> bool:
+    """True if any sympy expression in math-verify's parse result would be a number over :data:`MAX_RESULT_BITS`
+    bits when evaluated."""
+    import sympy
+
+    for item in parsed:
+        if isinstance(item, sympy.Basic):
+            try:
+                if _log2_bound(item) > MAX_RESULT_BITS:
+                    return True
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                return True
+    return False
+
+
+def _math_verify_timeout() -> int | None:
+    """math-verify's own per-call timeout (``signal.alarm``, 5 s, the library's default) where it can work: in
+    the main thread, which a reward is in when the reward runner runs it in a worker process. In other
+    threads ``None`` (signals cannot be set there); the runner's ``timeout_s`` bounds the call instead."""
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_verify_parse(text: str) -> list | None:
+    """``math_verify.parse`` of ``text`` as LaTeX between ``$``, else as is; ``None`` when the library is not
+    installed, nothing parses, or the value would be too large to compare (:data:`MAX_RESULT_BITS`)."""
     try:
-        from math_verify import parse, verify
+        from math_verify import parse
     except ImportError:
         return None
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call that timeouts are off
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call when timeouts are off
+    timeout = _math_verify_timeout()
     try:
-        parsed = []
-        for text in (gt, pred):
-            found = parse(f"${text}$", parsing_timeout=None) or parse(text, parsing_timeout=None)
-            if not found:
-                return None
-            parsed.append(found)
-        return bool(verify(parsed[0], parsed[1], timeout_seconds=None))
+        found = parse(f"${text}$", parsing_timeout=timeout) or parse(text, parsing_timeout=timeout)
     except Exception:
         return None
+    if not found or _too_large(found):
+        return None
+    return found
+
+
+def _math_verify(pred: str, gt: str) -> bool | None:
+    """``math_verify.verify`` of the two answers (each parsed by :func:`math_verify_parse`); ``None`` when the
+    library is not installed or cannot parse one of them. Bounded: answers whose value would exceed
+    :data:`MAX_RESULT_BITS` are not compared, and math-verify's own timeouts are on where signals work
+    (:func:`_math_verify_timeout`)."""
+    try:
+        from math_verify import verify
+    except ImportError:
+        return None
+    parsed = []
+    for text in (gt, pred):
+        found = math_verify_parse(text)
+        if found is None:
+            return None
+        parsed.append(found)
+    try:
+        return bool(verify(parsed[0], parsed[1], timeout_seconds=_math_verify_timeout()))
+    except Exception:
+        return None
+
+
+def _warm_math_verify() -> None:
+    """Import math-verify and sympy and parse once (about 1.3 s the first time): the reward runner calls this in
+    its own process, so its forked workers start warm."""
+    _math_verify("1", "1")
 
 
 def math_equal(pred: str, gt: str, rel_tol: float = 1e-6, verifier: str = "auto") -> bool:
@@ -508,9 +525,154 @@ def _simple_math_equal(pred: str, gt: str, rel_tol: float) -> bool:
     return True
 
 
+_PLAIN_NUMBER_RE = re.compile(rf"\s*(?:{_NUM_PATTERN})\s*|\s*[-+]?\d+\s*/\s*\d+\s*")
+
+
+def math_value(text: str) -> float | None:
+    """The value of an answer as a float, read as ONE expression; ``None`` when it is not one number.
+
+    In order: a plain number (``"1,234.5"``, ``"-2e3"``, ``"3/4"``); the hand-written reading
+    (:func:`normalize_math` then :func:`safe_eval`: ``\\frac{\\sqrt3}{2}``, ``\\dfrac{\\sqrt5}{2}``, ``\\sqrt8``,
+    ``2^{10}``, ``3\\cdot 4``, ``\\pi/2``); then, for LaTeX, math-verify's parse (:func:`math_verify_parse`:
+    ``2\\sqrt{2}``, ``x = \\frac12`` (the right-hand side), ``50\\%``), evaluated numerically when it has no free
+    symbol. Text without LaTeX (no ``\\``, ``^``, ``{``) that is none of these is prose, ``"about 42 apples"``: its
+    last number. LaTeX that none of these reads (and, without math-verify installed, implicit products such as
+    ``2\\sqrt{2}``) is not a number: ``None``. Values that would exceed :data:`MAX_RESULT_BITS` are ``None``.
+    """
+    s = text.strip()
+    if not s:
+        return None
+    if _PLAIN_NUMBER_RE.fullmatch(s):
+        return parse_number(s, which="last")
+    latex = any(ch in s for ch in "\\^{")
+    value = safe_eval(normalize_math(s)) if len(s) <= MAX_MATH_CHARS else None
+    if value is None and latex and len(s) <= MAX_MATH_CHARS:
+        value = _sympy_value(math_verify_parse(s))
+    if value is None and not latex:
+        value = parse_number(s, which="last")
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _sympy_value(parsed: list | None) -> float | None:
+    """The float value of the first sympy expression math-verify parsed (an equation's right-hand side)."""
+    if not parsed:
+        return None
+    try:
+        import sympy
+
+        expr = parsed[0]
+        if isinstance(expr, sympy.Eq):
+            expr = expr.rhs
+        if not isinstance(expr, sympy.Expr) or not expr.is_number:
+            return None
+        value = complex(expr.evalf(30))
+    except Exception:  # sympy raises many types on odd input
+        return None
+    return value.real if value.imag == 0 and math.isfinite(value.real) else None
+
+
+def _gt_value(gt: Any, which: Which, reward: str) -> float:
+    if isinstance(gt, (int, float)) and not isinstance(gt, bool):
+        return float(gt)
+    value = math_value(ground_truth_text(gt, which))
+    if value is None:
+        raise ValueError(
+            f"reward {reward!r}: cannot read a number from the ground truth {gt!r} (a number, a fraction, or one "
+            "LaTeX expression such as \\frac{\\sqrt3}{2})"
+        )
+    return value
+
+
+@register_reward(
+    "numeric",
+    "1 if the answer's value is within tolerance of the ground truth: |p-g| <= max(abs_tol, rel_tol*|g|)",
+    unbounded=True,
+    preload=_warm_math_verify,
+)
+def numeric(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    abs_tol: float = 1e-9,
+    rel_tol: float = 1e-6,
+    **columns: Any,
+) -> list[float | None]:
+    """Numeric accuracy with a tolerance, on the whole answer.
+
+    ``p`` = :func:`math_value` of the answer (the whole expression: ``\\dfrac{\\sqrt5}{2}`` is 1.118, not its
+    last number 2; ``"1,234.5"``, ``"3/4"``, ``"-2e3"``, ``\\sqrt8``; prose such as ``"about 42"`` gives its last
+    number), ``g`` = the same of the ground truth; ``r = 1[|p − g| ≤ max(abs_tol, rel_tol·|g|)]``. An answer
+    that is not one number (LaTeX that does not parse, a non-finite value) gives 0; a ground truth that is not
+    one raises ``ValueError`` naming it. Video-R1's numerical reward ``round(p, 2) == round(g, 2)`` is close to
+    ``abs_tol=0.005, rel_tol=0`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
+
+    Source: Video-R1's numerical accuracy reward (arXiv 2503.21776; tulerfeng/Video-R1
+    ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance instead of its "exactly one side has a decimal
+    point → 0" rule, and whole expressions read by HF ``math-verify`` (github.com/huggingface/Math-Verify).
+    """
+    answers = column(columns, answer_key, "numeric", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        g = _gt_value(gt, which, "numeric")
+        pred = answer_or_text(c, which, require_tags)
+        p = math_value(pred) if pred is not None else None
+        out.append(float(p is not None and abs(p - g) <= max(abs_tol, rel_tol * abs(g))))
+    return out
+
+
+@register_reward(
+    "regression",
+    "1 - clip(|p-g|/|g|, 0, 1): relative-error credit for a numeric answer",
+    unbounded=True,
+    preload=_warm_math_verify,
+)
+def regression(
+    completions: list,
+    *,
+    prompts: list | None = None,
+    which: Which = "last",
+    answer_key: str = "answer",
+    require_tags: bool = True,
+    **columns: Any,
+) -> list[float | None]:
+    """Relative-error reward for numeric answers.
+
+    ``r = 1 − clip(|p − g| / |g|, 0, 1)``, ``p`` and ``g`` read as in :func:`numeric` (whole expressions). When
+    ``g = 0`` this is ``1[p = 0]``: the limit of Video-R1's ``(|p−g| + 1e-9)/(|g| + 1e-9)``
+    (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``), without its division by ~0 (an unguarded division in
+    the original). No number → 0.
+
+    Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
+    """
+    answers = column(columns, answer_key, "regression", len(completions))
+    out: list[float | None] = []
+    for c, gt in zip(completions, answers):
+        if gt is None:
+            out.append(None)
+            continue
+        g = _gt_value(gt, which, "regression")
+        pred = answer_or_text(c, which, require_tags)
+        p = math_value(pred) if pred is not None else None
+        if p is None:
+            out.append(0.0)
+        elif g == 0:
+            out.append(float(p == 0))
+        else:
+            out.append(1.0 - min(1.0, abs(p - g) / abs(g)))
+    return out
+
+
 @register_reward(
     "math_accuracy",
     "1 if the final math answer (last \\boxed{} or <answer>) equals the ground truth, normalised or numerically",
+    unbounded=True,
+    preload=_warm_math_verify,
 )
 def math_accuracy(
     completions: list,

@@ -191,3 +191,59 @@ def test_one_step_changes_parameters_and_save_pretrained_round_trips(name, mmgrp
     adapter.save_pretrained(str(tmp_path / "saved"))
     reloaded = _build(name, lora=False, name_or_path=str(tmp_path / "saved"))
     torch.testing.assert_close(reloaded.logprobs(ro, idx).detach().cpu(), trained, atol=1e-5, rtol=0)
+
+
+def _token_families() -> list[str]:
+    """The registered adapters whose actions are tokens (their class is a ``TokenPolicy``)."""
+    from mmgrpo.modalities.tokens.policy import TokenPolicy
+
+    load_builtins()
+    return [n for n in ADAPTERS.names() if issubclass(ADAPTERS.get(n).adapter_class, TokenPolicy)]
+
+
+def test_the_token_families_are_the_contract_cases_without_flow():
+    assert sorted(_token_families()) == sorted(n for n in CASES if n != "flow")
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "flow"])
+def test_token_rollouts_draw_through_the_one_decode_loop(name, mmgrpo_cache, monkeypatch):
+    """Every token family's rollout draws its tokens in ``decode.decode`` (one draw per step for all B rows), with
+    the keyed uniforms of the keys passed to ``rollout`` (modalities/tokens/decode.py)."""
+    from mmgrpo import noise
+    from mmgrpo.modalities.tokens import decode
+
+    draws: list[tuple[int, bool]] = []
+    real = decode.draw_token
+
+    def counting(scores, spec, u=None, generator=None):
+        draws.append((scores.shape[0], u is not None))
+        return real(scores, spec, u, generator)
+
+    monkeypatch.setattr(decode, "draw_token", counting)
+    adapter = _build(name, lora=False)
+    rows = CASES[name].rows()
+    rollout = adapter.rollout(rows, G, noise.NoiseKeys(0, 0, (0, 1), G))
+    T = rollout.mask.shape[1]
+    assert 1 <= len(draws) <= T  # one draw per decoding step; stops early only when every row has ended
+    assert all(rows_ == len(rows) * G and keyed for rows_, keyed in draws), draws
+    again = adapter.rollout(rows, G, noise.NoiseKeys(0, 0, (0, 1), G))
+    assert again.outputs == rollout.outputs  # same keys, same samples
+
+
+def test_only_the_decode_loop_draws_tokens():
+    """No token-family module draws a categorical sample itself: ``torch.multinomial``, inversion draws and keyed
+    uniforms appear in ``modalities/tokens/decode.py`` only (flow's step selector draws step indices, not tokens)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "modalities"
+    pattern = re.compile(r"torch\.multinomial\(|draw_by_inversion\(|noise\.uniforms\(")
+    allowed = {root / "tokens" / "decode.py", root / "flow" / "steps.py"}
+    offenders = [
+        f"{p.relative_to(root.parent)}:{i}"
+        for p in sorted(root.rglob("*.py"))
+        if p not in allowed
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line.split("#")[0])
+    ]
+    assert not offenders, f"token draws outside modalities/tokens/decode.py: {offenders}"

@@ -387,7 +387,7 @@ def test_overlong_prompt_is_an_error_or_truncated(tiny_vlm_path):
 def test_missing_local_model_path_is_one_line(tmp_path):
     from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 
-    with pytest.raises(ConfigError, match="is neither a local directory nor reachable on the hub") as info:
+    with pytest.raises(ConfigError, match=r"does not exist \(a local path\); check the path") as info:
         build_vlm_adapter({"name_or_path": str(tmp_path / "no" / "such" / "model")})
     assert "\n" not in str(info.value) and "Repo id must be in the form" not in str(info.value).split("(")[0]
 

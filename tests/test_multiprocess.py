@@ -59,3 +59,46 @@ def test_two_processes_log_the_global_reward_mean(tmp_path, mmgrpo_cache):
         assert r["reward/errors"] == 0.0
         assert r["advantage/zero_std_fraction"] == 1.0  # every group is constant on its own process
     assert json.loads((out / "summary.json").read_text())["train/processes"] == 2
+
+
+@pytest.mark.slow
+def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgrpo_cache):
+    """A 2-process gloo run cut after its second checkpoint (its later checkpoints removed, as a kill leaves it)
+    resumes to the uninterrupted run's final weights; resuming failed with "device cpu:0 is invalid" before."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    accelerate = Path(sys.executable).parent / "accelerate"
+    launch = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    common = [*SMALL, "steps=3", "warmup.steps=0", "eval.before=false", "eval.after=false", "logging.plot=false"]
+    common += ["checkpoint.every=1", "checkpoint.keep_last=5"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run = subprocess.run(
+        [*launch, "-m", "mmgrpo", "train", str(QUICK), *common, f"output_dir={full}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    shutil.copytree(full, cut)
+    for later in ("step-000003", "final"):
+        shutil.rmtree(cut / "checkpoints" / later)
+    resumed = subprocess.run(
+        [*launch, "-m", "mmgrpo", "train", str(QUICK), *common, f"output_dir={cut}", "resume=latest"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = load_file(str(full / "checkpoints/final/state/model.safetensors"))
+    b = load_file(str(cut / "checkpoints/final/state/model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s] == [1, 2, 3]

@@ -9,18 +9,22 @@ from mmgrpo import noise
 from mmgrpo.trainer import PromptSampler
 
 
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return noise.draw_by_inversion(probs, u)[0]
+
+
 def test_inverse_cdf_picks_the_interval_that_holds_u():
     probs = torch.tensor([[0.25, 0.0, 0.5, 0.25]], dtype=torch.float64).expand(6, 4)  # [6, V], exact in binary
     u = torch.tensor([0.0, 0.2499, 0.25, 0.7499, 0.75, 0.9999], dtype=torch.float64)  # [6]
-    assert noise.inverse_cdf(probs, u).tolist() == [0, 0, 2, 2, 3, 3]  # token 1 (p = 0) never
+    assert _draw(probs, u).tolist() == [0, 0, 2, 2, 3, 3]  # token 1 (p = 0) never
 
 
 def test_inverse_cdf_never_returns_a_zero_probability_token_at_the_top():
     probs = torch.tensor([[0.5, 0.5, 0.0, 0.0]])  # [1, V]
     u = torch.tensor([1.0 - 2.0**-53])  # u · Σp rounds to Σp
-    assert noise.inverse_cdf(probs, u).tolist() == [1]
+    assert _draw(probs, u).tolist() == [1]
     unnormalised = torch.tensor([[2.0, 0.0, 6.0]])  # Σp = 8: u is scaled, not compared with 1
-    assert noise.inverse_cdf(unnormalised, torch.tensor([0.26])).tolist() == [2]
+    assert _draw(unnormalised, torch.tensor([0.26])).tolist() == [2]
 
 
 def test_keyed_draws_follow_the_softmax():
@@ -30,7 +34,7 @@ def test_keyed_draws_follow_the_softmax():
     keys = noise.NoiseKeys(seed=3, step=7, positions=tuple(range(10_000)), group_size=4)  # B = 40 000 rows
     gens = keys.generators()
     u = noise.uniforms(gens, 1)[:, 0]  # [B]
-    tokens = noise.inverse_cdf(p.expand(len(gens), -1), u)  # [B]
+    tokens = _draw(p.expand(len(gens), -1), u)  # [B]
     freq = torch.bincount(tokens, minlength=6).double() / len(gens)
     se = (p.double() * (1 - p.double()) / len(gens)).sqrt()
     assert ((freq - p.double()).abs() <= 4 * se + 1e-12).all(), (freq, p)
@@ -64,15 +68,8 @@ def test_keys_do_not_depend_on_the_world_size(world):
     assert torch.equal(torch.cat(parts), whole)
 
 
-def test_keyed_context_and_row_count_check():
+def test_row_count_check():
     keys = noise.NoiseKeys(0, 0, (0, 1), 4)
-    assert noise.current() is None
-    with noise.keyed(keys):
-        assert noise.current() is keys
-        with noise.keyed(None):
-            assert noise.current() is None
-        assert noise.current() is keys
-    assert noise.current() is None
     keys.check(8, "here")
     with pytest.raises(ValueError, match="2 prompts × 4 samples = 8 rows, but 6 rows"):
         keys.check(6, "here")

@@ -9,7 +9,8 @@ import logging
 import pytest
 import torch
 
-from mmgrpo.modalities.tokens import prefix_sharing
+from mmgrpo import noise
+from mmgrpo.modalities.tokens import decode, prefix_sharing
 from mmgrpo.modalities.vlm.adapter import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
@@ -314,7 +315,7 @@ def test_gradient_checkpointing_rollout_keeps_the_kv_expanded_sampler(tiny_vlm_p
 
 @pytest.mark.parametrize("V", [5, 3000])
 def test_inverse_cdf_draws_the_softmax_distribution(V):
-    """Empirical frequencies of inverse_cdf match the weights; zero-weight columns (banned) are never drawn."""
+    """Empirical frequencies of inversion draws match the weights; zero-weight columns (banned) are never drawn."""
     torch.manual_seed(0)
     weights = torch.rand(2, V) ** 4  # [2, V]
     weights[:, ::3] = 0.0
@@ -322,7 +323,8 @@ def test_inverse_cdf_draws_the_softmax_distribution(V):
     n = 20_000
     counts = torch.zeros(2, V)
     for _ in range(n // 500):
-        index, total = prefix_sharing.inverse_cdf(weights.repeat(250, 1), block=64)  # [500]
+        u = torch.rand(500, dtype=torch.float64)  # [500]
+        index, total = noise.draw_by_inversion(weights.repeat(250, 1), u, block=64)  # [500]
         counts.index_put_((torch.arange(500) % 2, index), torch.ones(500), accumulate=True)
         torch.testing.assert_close(total[:2], weights.double().sum(1), rtol=1e-6, atol=0)  # fp32 block sums
     assert counts[weights == 0].sum() == 0
@@ -340,8 +342,8 @@ def test_draw_token_logprobs_equal_log_softmax():
     scores[:, 7] = float("-inf")
     for draw in ("inverse_cdf", "multinomial"):
         for top in (dict(), dict(top_k=20, top_p=0.8)):
-            spec = prefix_sharing.SamplingSpec(max_new_tokens=1, eos_ids=[0], pad_id=0, draw=draw, **top)
-            token, logp = prefix_sharing.draw_token(scores.clone(), spec)
+            spec = decode.SamplingSpec(max_new_tokens=1, eos_ids=[0], pad_id=0, draw=draw, **top)
+            token, logp = decode.draw_token(scores.clone(), spec)
             assert (token != 7).all()
             ref = scores.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
             torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)

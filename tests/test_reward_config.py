@@ -41,12 +41,23 @@ def test_good_reward_specs_pass_dry_run(capsys):
     assert main(["train", CFG, ok, "--dry-run"]) == 0
 
 
-def test_reward_module_with_an_import_error_is_one_line(tmp_path, capsys, monkeypatch):
-    (tmp_path / "broken_rewards.py").write_text("import not_installed_pkg_xyz\n")
+def test_reward_module_with_an_import_error_is_one_line_when_training_loads_it(tmp_path, capsys, monkeypatch):
+    """--dry-run does not import a reward module (a config is code); loading it for training does, and a failing
+    import is one line naming the module and the missing package."""
+    (tmp_path / "broken_rewards.py").write_text(
+        "import not_installed_pkg_xyz\n\n\ndef f(completions, **kw):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["train", CFG, "rewards=[{name: broken_rewards:f}]", "--dry-run"]) == 2
+    assert main(["train", CFG, "rewards=[{name: broken_rewards:f}]", "--dry-run"]) == 0
     err = capsys.readouterr().err.strip()
-    assert "cannot import module 'broken_rewards'" in err and "not_installed_pkg_xyz" in err and "\n" not in err
+    assert "reward 'broken_rewards:f' is code" in err and "when training starts" in err and "\n" not in err
+    from mmgrpo.config import ConfigError
+    from mmgrpo.rewards import load_reward
+
+    with pytest.raises(ConfigError) as info:
+        load_reward("broken_rewards:f")
+    msg = str(info.value)
+    assert "cannot import module 'broken_rewards'" in msg and "not_installed_pkg_xyz" in msg and "\n" not in msg
 
 
 def test_console_script_imports_a_reward_module_from_the_current_directory(tmp_path):

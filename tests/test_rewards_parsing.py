@@ -38,7 +38,7 @@ def test_answer_first_and_last_are_explicit():
 
 @pytest.mark.parametrize(
     "text",
-    ["", "no tags at all", "<answer>unclosed", "</answer>reversed<answer>", "<ANSWER>case</ANSWER>", "<answer"],
+    ["", "no tags at all", "<answer>unclosed", "</answer>reversed<answer>", "<ANSWER>unclosed</ANSWE>", "<answer"],
 )
 def test_malformed_answer_tags_give_none(text):
     assert extract_answer(text) is None

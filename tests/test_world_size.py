@@ -35,12 +35,8 @@ def _adapter_and_rows(config: str, overrides: list[str], n: int):
 
 def _split_rollouts(adapter, rows, G: int):
     """The rollout of 4 prompts at positions 0..3, and those of prompts 0..1 and 2..3 sampled apart."""
-    with noise.keyed(noise.NoiseKeys(0, 2, (0, 1, 2, 3), G)):
-        whole = adapter.rollout(rows, G)
-    parts = []
-    for lo in (0, 2):
-        with noise.keyed(noise.NoiseKeys(0, 2, (lo, lo + 1), G)):
-            parts.append(adapter.rollout(rows[lo : lo + 2], G))
+    whole = adapter.rollout(rows, G, noise.NoiseKeys(0, 2, (0, 1, 2, 3), G))
+    parts = [adapter.rollout(rows[lo : lo + 2], G, noise.NoiseKeys(0, 2, (lo, lo + 1), G)) for lo in (0, 2)]
     return whole, parts
 
 
@@ -52,10 +48,10 @@ def test_vlm_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache
     assert whole.outputs == parts[0].outputs + parts[1].outputs
     old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
     assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
-    with noise.keyed(noise.NoiseKeys(0, 3, (0, 1, 2, 3), 3)):  # another step: other draws
-        assert not torch.equal(adapter.rollout(rows, 3).state.completion_ids, whole.state.completion_ids)
-    with noise.keyed(noise.NoiseKeys(0, 2, (0, 1), 3)), pytest.raises(ValueError, match="6 rows, but 12"):
-        adapter.rollout(rows, 3)  # keys made for other prompts
+    other_step = adapter.rollout(rows, 3, noise.NoiseKeys(0, 3, (0, 1, 2, 3), 3))  # another step: other draws
+    assert not torch.equal(other_step.state.completion_ids, whole.state.completion_ids)
+    with pytest.raises(ValueError, match="6 rows, but 12"):
+        adapter.rollout(rows, 3, noise.NoiseKeys(0, 2, (0, 1), 3))  # keys made for other prompts
 
 
 @pytest.mark.slow  # builds four more tiny models (minutes on CPU)

@@ -40,8 +40,8 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     record: dict = {}
     sample = trainer.adapter.rollout
 
-    def rollout(rows, group_size):
-        r = sample(rows, group_size)
+    def rollout(rows, group_size, keys=None):
+        r = sample(rows, group_size, keys)
         record["rollout"] = r
         return r
 

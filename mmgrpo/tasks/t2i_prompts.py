@@ -18,6 +18,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.plugins import TASKS
+from mmgrpo.types import DataError
 
 
 @dataclass
@@ -43,8 +44,14 @@ def read_prompts(path: str) -> list[dict]:
         rows = []
         for i, line in enumerate(p.read_text().splitlines()):
             if line.strip():
-                row = json.loads(line)
-                if "prompt" not in row:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(
+                        f"{path} line {i + 1}: not valid JSON ({e.msg} at column {e.colno}); write one JSON object "
+                        'per line, e.g. {"prompt": "a red cube"}'
+                    ) from None
+                if not isinstance(row, dict) or "prompt" not in row:
                     raise ConfigError(f"task.args: {path} line {i + 1} has no 'prompt' key")
                 rows.append(row)
         return rows

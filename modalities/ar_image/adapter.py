@@ -50,12 +50,13 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mmgrpo import noise
+from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens.decode import SamplingSpec, decode
 from ..tokens.logprobs import token_logprobs
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
@@ -197,9 +198,7 @@ class ARImageAdapter(TokenPolicy):
 
     def _base(self, model: torch.nn.Module) -> torch.nn.Module:
         """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
-        while hasattr(model, "module"):
-            model = model.module
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
+        return _hf.unwrap(model, peft=True)
 
     @property
     def guided(self) -> bool:
@@ -306,53 +305,37 @@ class ARImageAdapter(TokenPolicy):
     # ---------------------------------------------------------------------------------------- sampling
 
     @torch.no_grad()
-    def _sample(self, ids: list[list[int]], group_size: int, greedy: bool, generator=None) -> tuple[Tensor, Tensor]:
-        """Image tokens [P·G, T] (group-major) and their log-probs under the sampling distribution [P·G, T]."""
+    def _sample(
+        self,
+        ids: list[list[int]],
+        group_size: int,
+        greedy: bool,
+        generator: torch.Generator | None = None,
+        keys: noise.NoiseKeys | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Image tokens [P·G, T] (group-major) and their log-probs under the sampling distribution [P·G, T], from
+        the one decode loop (:func:`mmgrpo.modalities.tokens.decode.decode`; fixed length T, no end token)."""
         model = self._unwrapped()
-        base = self._base(model)
+        spec = SamplingSpec(
+            max_new_tokens=self.T,
+            eos_ids=[],
+            pad_id=0,
+            temperature=self.args.temperature,
+            top_k=self.args.top_k,
+            greedy=greedy,
+            synced=sharding.is_sharded(model),
+        )
         was_training = model.training
         model.eval()
         try:
-            P = len(ids)
-            prompt_ids, mask = self._prompt_batch(ids)  # [2P, L]
-            cache, last = self._prefill(model, prompt_ids, mask)  # one prefill per prompt and branch
-            sel = self._branch_rows(torch.arange(P, device=self.device).repeat_interleave(group_size), P)  # [2B]
-            cache = _select_cache(cache, sel)
-            mask, last = mask[sel], last[sel]  # [2B, L], [2B, D]
-            pos = mask.sum(1)  # [2B] position of the first image token
-            B = P * group_size
-            tokens = torch.zeros(B, self.T, dtype=torch.long, device=self.device)
-            logprobs = torch.zeros(B, self.T)
-            s, tau = self.args.guidance_scale, self.args.temperature
-            keys = None if greedy or generator is not None else noise.current()  # keyed: one uniform per row, step
-            if keys is not None:
-                keys.check(B, "ar_image rollout")
-                u = noise.uniforms(keys.generators(), self.T, self.device)  # [B, T] float64
-            for t in range(self.T):
-                cond, uncond = self._split(self.family.image_logits(base, last).float())  # [B, V] each
-                scores = guided_logits(cond, uncond, s) / tau  # [B, V]
-                if greedy:
-                    nxt = scores.argmax(-1)
-                else:
-                    probs = torch.softmax(_top_k(scores, self.args.top_k), -1)
-                    if keys is not None:
-                        nxt = noise.inverse_cdf(probs, u[:, t])  # [B]
-                    else:
-                        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
-                tokens[:, t] = nxt
-                logprobs[:, t] = torch.log_softmax(scores, -1).gather(-1, nxt[:, None]).squeeze(-1).cpu()
-                if t == self.T - 1:
-                    break
-                step = torch.cat([nxt, nxt]) if self.guided else nxt  # [2B]
-                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
-                last = self._continue(model, cache, mask, step[:, None], pos + t)[:, -1]  # [2B, D]
+            tokens, logprobs = decode(_GuidedStepper(self, model, ids), group_size, spec, keys, generator)
         finally:
             model.train(was_training)
-        return tokens.cpu(), logprobs
+        return tokens.cpu(), logprobs.cpu()
 
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         ids = [self._encode(row) for row in prompts]  # once per prompt
-        tokens, _ = self._sample(ids, group_size, greedy=False)  # [B, T]
+        tokens, _ = self._sample(ids, group_size, greedy=False, keys=keys)  # [B, T]
         B = tokens.shape[0]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = ARImageState(image_tokens=tokens, prompt_of=prompt_of, cache=PromptCache(ids))
@@ -389,26 +372,57 @@ class ARImageAdapter(TokenPolicy):
         self.tokenizer.save_pretrained(directory)
 
 
-def _top_k(scores: Tensor, k: int) -> Tensor:
-    if k <= 0 or k >= scores.shape[-1]:
-        return scores
-    kth = scores.topk(k, dim=-1).values[..., -1:]  # [B, 1]
-    return scores.masked_fill(scores < kth, float("-inf"))
+class _GuidedStepper:
+    """:class:`~mmgrpo.modalities.tokens.decode.Stepper` of a CFG image-token generator: the conditional and
+    unconditional prompt rows prefilled once per prompt, both expanded G ways, one image token per row and step fed
+    to both branches; the scores are the guided logits over the temperature (the sampling distribution)."""
+
+    def __init__(self, adapter: ARImageAdapter, model: torch.nn.Module, ids: list[list[int]]):
+        self.adapter, self.model, self.ids = adapter, model, ids
+        self.base = adapter._base(model)
+
+    def _logits(self, last: Tensor) -> Tensor:
+        """Guided logits of the B rows from the hidden states of the [2B] branch rows. [2B, D] → [B, V] fp32."""
+        a = self.adapter
+        cond, uncond = a._split(a.family.image_logits(self.base, last).float())  # [B, V] each
+        return guided_logits(cond, uncond, a.args.guidance_scale)
+
+    def prefill(self, group_size: int) -> Tensor:
+        a = self.adapter
+        P = len(self.ids)
+        prompt_ids, mask = a._prompt_batch(self.ids)  # [2P, L]
+        cache, last = a._prefill(self.model, prompt_ids, mask)  # one prefill per prompt and branch
+        sel = a._branch_rows(torch.arange(P, device=a.device).repeat_interleave(group_size), P)  # [2B]
+        self.cache = _select_cache(cache, sel)
+        self.mask, last = mask[sel], last[sel]  # [2B, L], [2B, D]
+        self.pos = self.mask.sum(1)  # [2B] position of the first image token
+        return self._logits(last)  # [B, V]
+
+    def scores(self, logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
+        return logits / spec.temperature  # the distribution the training forward scores (also when greedy)
+
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        both = torch.cat([tokens, tokens]) if self.adapter.guided else tokens  # [2B]
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)
+        last = self.adapter._continue(self.model, self.cache, self.mask, both[:, None], self.pos + step)[:, -1]
+        return self._logits(last)  # [B, V]
 
 
 def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration
 
     path = resolve_model_path(args.name_or_path, seed=seed)
-    model_type = AutoConfig.from_pretrained(path).model_type
+    with _hf.loading(args.name_or_path):
+        model_type = AutoConfig.from_pretrained(path).model_type
     if model_type not in FAMILIES:
         raise ConfigError(
             f"model.args.name_or_path: {args.name_or_path!r} is a {model_type!r} model; "
             f"ar_image supports {sorted(FAMILIES)}"
         )
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, **args.extra)
-    model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with _hf.loading(args.name_or_path):
+        model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer, FAMILIES[model_type]
 
 

@@ -456,7 +456,7 @@ class FlowAdapter:
     # ---- PolicyAdapter
 
     @torch.no_grad()
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         """Sample G images per prompt with the selected SDE steps; B = P·G samples, T = ``num_steps`` units."""
         a, dev = self.args, self.device
         self._sync_devices()
@@ -466,7 +466,7 @@ class FlowAdapter:
         guided = a.cfg == "guided"
         cond = self._encode([str(r["prompt"]) for r in prompts], guided)
         prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
-        keys = noise.current()  # keyed rollout noise (trainer's rollout_noise: keyed), else the global RNG
+        # keys: the trainer's keyed rollout noise (rollout_noise: keyed, mmgrpo/noise.py), else the global RNG
         plan_gen = self.generator
         if keys is not None:
             keys.check(B, "flow rollout")
@@ -776,6 +776,7 @@ def build_flow_adapter(
 
 build_flow_adapter.args_class = FlowArgs
 build_flow_adapter.adapter_class = FlowAdapter  # its optional capabilities are checked at config load
+build_flow_adapter.units_per_sample = lambda args: from_dict(FlowArgs, args, "model.args").num_steps  # T: one per step
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .._hf import cached_build
+from mmgrpo.config import ConfigError
+
+from .._hf import cached_build, loading
 
 TINY_NAMES = ("tiny-sd3", "tiny-flux", "tiny-unet")
 
@@ -346,8 +348,9 @@ def resolve_pipeline(name_or_path: str, seed: int = 0, torch_dtype: torch.dtype 
     if name_or_path in SHIPPED:
         directory = SHIPPED[name_or_path]
         if not (directory / "model_index.json").is_file():
-            raise FileNotFoundError(
-                f"{name_or_path}: {directory} is missing; make it with `python examples/pretrain_tiny_flow.py`"
+            raise ConfigError(
+                f"model.args.name_or_path: {name_or_path}: {directory} is missing; make it with "
+                "`python examples/pretrain_tiny_flow.py`"
             )
         name_or_path = str(directory)
     elif name_or_path in BUILDERS:
@@ -356,7 +359,8 @@ def resolve_pipeline(name_or_path: str, seed: int = 0, torch_dtype: torch.dtype 
             f"{name_or_path}-seed{seed}", "model_index.json", lambda d: build(seed=seed).save_pretrained(str(d))
         )
         name_or_path = str(directory)
-    return DiffusionPipeline.from_pretrained(name_or_path, dtype=torch_dtype)
+    with loading(name_or_path):  # one line for a missing path or an offline / unknown hub id
+        return DiffusionPipeline.from_pretrained(name_or_path, dtype=torch_dtype)
 
 
 __all__ = [

@@ -36,15 +36,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mmgrpo import noise
+from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, LoraConfig, from_dict
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens.decode import SamplingSpec, decode
 from ..tokens.logprobs import banned_mask, token_logprobs
 from ..tokens.policy import TokenPolicy
-from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
 from .audio import load_audio
 from .tiny import resolve_model_path
 
@@ -164,8 +164,12 @@ class WhisperAdapter(TokenPolicy):
 
     def _encode(self, model: torch.nn.Module, features: Tensor) -> Tensor:
         """Encoder hidden states of ``features`` [U, M, F] → [U, S, d] (with grad when enabled)."""
-        encoder = core_model(model).get_encoder()
-        return encoder(features.to(self.device, dtype=next(encoder.parameters()).dtype)).last_hidden_state
+        encoder = _hf.unwrap(model, peft=True).get_encoder()
+
+        def run(x: Tensor) -> Tensor:
+            return encoder(x.to(self.device, dtype=next(encoder.parameters()).dtype)).last_hidden_state
+
+        return sharding.call_as_forward(model, run, features)  # FSDP: the encoder's root weights gathered
 
     # ---------------------------------------------------------------------------------------- sampling
 
@@ -184,64 +188,29 @@ class WhisperAdapter(TokenPolicy):
         return scores
 
     @torch.no_grad()
-    def _sample(self, cache: AudioCache, group_size: int, greedy: bool) -> tuple[Tensor, Tensor]:
+    def _sample(
+        self, cache: AudioCache, group_size: int, greedy: bool, keys: noise.NoiseKeys | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Completion ids [B, T] (pad after end-of-text) and their sampling log-probs [B, T], group-major.
 
-        One encoder pass and one decoder-prompt prefill per prompt; the cache is expanded G ways.
+        One encoder pass and one decoder-prompt prefill per prompt; the cache is expanded G ways; the tokens come
+        from the one decode loop (:func:`mmgrpo.modalities.tokens.decode.decode`).
         """
         model = self._unwrapped()
+        spec = SamplingSpec(
+            self.args.max_new_tokens,
+            [self.eos_id],
+            self.pad_id,
+            self.args.temperature,
+            self.args.top_k,
+            self.args.top_p,
+            greedy=greedy,
+            synced=sharding.is_sharded(model),  # FSDP: every process runs as many forwards as the longest one
+        )
         was_training = model.training
         model.eval()
         try:
-            enc = self._encode(model, cache.features)  # [P, S, d]
-            P = enc.shape[0]
-            prefix = self.prefix.to(self.device).expand(P, -1)  # [P, Lp]
-            out = model(encoder_outputs=(enc,), decoder_input_ids=prefix, use_cache=True)
-            rows = torch.arange(P, device=self.device).repeat_interleave(group_size)  # [B]
-            kv = out.past_key_values
-            kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
-            # Cross-attention reads the expanded cache from here on; the encoder states only give the call its
-            # shape, so a stride-0 view of one row stands in for the B rows (no G-fold copy).
-            enc = enc[:1].expand(rows.shape[0], -1, -1)  # [B, S, d] view
-            logits = out.logits[:, -1][rows]  # [B, V]
-            spec = SamplingSpec(
-                self.args.max_new_tokens,
-                [self.eos_id],
-                self.pad_id,
-                self.args.temperature,
-                self.args.top_k,
-                self.args.top_p,
-                greedy=greedy,
-            )
-            B, T = rows.shape[0], spec.max_new_tokens
-            ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=self.device)  # [B, T]
-            logprobs = torch.zeros((B, T), dtype=torch.float32, device=self.device)  # [B, T]
-            done = torch.zeros(B, dtype=torch.bool, device=self.device)  # [B]
-            keys = None if greedy else noise.current()  # keyed rollout noise: one uniform per row and step
-            if keys is not None:
-                keys.check(B, "whisper rollout")
-                u = noise.uniforms(keys.generators(), T, self.device)  # [B, T] float64
-            for t in range(T):
-                scores = self._scores(logits, t == 0, greedy)  # [B, V]
-                if greedy:
-                    token = scores.argmax(dim=-1)  # [B]
-                else:
-                    probs = truncate(scores, spec.top_k, spec.top_p).softmax(dim=-1)  # [B, V]
-                    if keys is not None:
-                        token = noise.inverse_cdf(probs, u[:, t])  # [B]
-                    else:
-                        token = torch.multinomial(probs, num_samples=1).squeeze(1)  # [B]
-                token = torch.where(done, torch.full_like(token, self.pad_id), token)
-                step_logp = scores.log_softmax(dim=-1).gather(1, token[:, None]).squeeze(1)  # [B]
-                ids[:, t] = token
-                logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
-                done = done | (token == self.eos_id)
-                if t == T - 1 or bool(done.all()):
-                    break
-                out = model(
-                    encoder_outputs=(enc,), decoder_input_ids=token[:, None], past_key_values=kv, use_cache=True
-                )
-                kv, logits = out.past_key_values, out.logits[:, -1]  # [B, V]
+            ids, logprobs = decode(_WhisperStepper(self, model, cache), group_size, spec, keys)
         finally:
             model.train(was_training)
         return ids.cpu(), logprobs.cpu()
@@ -256,9 +225,9 @@ class WhisperAdapter(TokenPolicy):
         rows = [ids[m & (ids != self.eos_id)].tolist() for ids, m in zip(completion_ids, mask)]
         return [t.strip() for t in self.tokenizer.batch_decode(rows, skip_special_tokens=True)]
 
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         cache = self._audio_cache(prompts)  # once per prompt
-        completion_ids, sampler_logprobs = self._sample(cache, group_size, greedy=False)  # [B, T]
+        completion_ids, sampler_logprobs = self._sample(cache, group_size, False, keys)  # [B, T]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         mask = self._completion_mask(completion_ids).float()  # [B, T]
         truncated = ~(completion_ids == self.eos_id).any(dim=1)  # [B]
@@ -353,10 +322,11 @@ def build_whisper_adapter(
     if a.task not in ("transcribe", "translate"):
         raise ConfigError(f"model.args.task: {a.task!r} not allowed; choose transcribe | translate")
     path = resolve_model_path(a.name_or_path, seed=seed)
-    model = WhisperForConditionalGeneration.from_pretrained(
-        path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
-    )
-    processor = AutoProcessor.from_pretrained(path)
+    with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
+        model = WhisperForConditionalGeneration.from_pretrained(
+            path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+        )
+        processor = AutoProcessor.from_pretrained(path)
     if a.freeze_encoder:
         model.get_encoder().requires_grad_(False)
     reference = None
@@ -370,3 +340,35 @@ def build_whisper_adapter(
 
 build_whisper_adapter.args_class = WhisperArgs
 build_whisper_adapter.adapter_class = WhisperAdapter  # its optional capabilities are checked at config load
+
+
+class _WhisperStepper:
+    """:class:`~mmgrpo.modalities.tokens.decode.Stepper` of Whisper: one encoder pass and one decoder-prompt
+    prefill per prompt, the self- and cross-attention cache expanded G ways."""
+
+    def __init__(self, adapter: WhisperAdapter, model: torch.nn.Module, cache: AudioCache):
+        self.adapter, self.model, self.cache = adapter, model, cache
+
+    def prefill(self, group_size: int) -> Tensor:
+        a = self.adapter
+        enc = a._encode(self.model, self.cache.features)  # [P, S, d]
+        P = enc.shape[0]
+        prefix = a.prefix.to(a.device).expand(P, -1)  # [P, Lp]
+        out = self.model(encoder_outputs=(enc,), decoder_input_ids=prefix, use_cache=True)
+        rows = torch.arange(P, device=a.device).repeat_interleave(group_size)  # [B]
+        self.kv = out.past_key_values
+        self.kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
+        # Cross-attention reads the expanded cache from here on; the encoder states only give the call its shape,
+        # so a stride-0 view of one row stands in for the B rows (no G-fold copy).
+        self.enc = enc[:1].expand(rows.shape[0], -1, -1)  # [B, S, d] view
+        return out.logits[:, -1][rows]  # [B, V]
+
+    def scores(self, logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
+        return self.adapter._scores(logits, step == 0, spec.greedy)
+
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        out = self.model(
+            encoder_outputs=(self.enc,), decoder_input_ids=tokens[:, None], past_key_values=self.kv, use_cache=True
+        )
+        self.kv = out.past_key_values
+        return out.logits[:, -1]  # [B, V]

@@ -131,10 +131,11 @@ def build_audio_llm_adapter(
     if a.old_logprobs not in ("recompute", "sampler"):
         raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     path = resolve_model_path(a.name_or_path, seed=seed)
-    model = Qwen2AudioForConditionalGeneration.from_pretrained(
-        path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
-    )
-    processor = AutoProcessor.from_pretrained(path)
+    with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
+        model = Qwen2AudioForConditionalGeneration.from_pretrained(
+            path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+        )
+        processor = AutoProcessor.from_pretrained(path)
     if not hasattr(processor, "feature_extractor"):
         raise ConfigError(f"model.args.name_or_path {a.name_or_path!r}: its processor has no feature_extractor (audio)")
     if a.freeze_audio_encoder:

@@ -6,10 +6,10 @@ samples of a prompt share it. The naive path — and TRL's ``GRPOTrainer``, whic
 times per prompt, when sampling and again in every training forward. This module does that work once per prompt:
 
 * **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
-  prompt KV cache and the last-position logits are expanded G ways along the batch, and a small decoding loop
-  draws the G continuations. The logits processing is that of HF ``generate`` in its order — min-new-tokens EOS
-  ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical draw per row and step
-  (:func:`draw_token`): either ``torch.multinomial`` over the softmax, the same random draws as
+  prompt KV cache and the last-position logits are expanded G ways along the batch (:class:`PrefixStepper`), and
+  the one decode loop (:mod:`.decode`) draws the G continuations. The logits processing is that of HF ``generate``
+  in its order — min-new-tokens EOS ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical
+  draw per row and step (:func:`.decode.draw_token`): either ``torch.multinomial`` over the softmax, the same draws as
   ``generate(num_return_sequences=G)`` (a fixed seed gives the same tokens unless float rounding moves a draw
   across a boundary of the cumulative distribution), or inverse-CDF sampling from one uniform per row, the same
   distribution at a fraction of the cost on CPU at a real vocabulary. The loop also returns each token's
@@ -63,7 +63,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmgrpo import noise, sharding
+from mmgrpo import noise
+
+from .. import _hf
+from .decode import SamplingSpec, decode, sampling_scores
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +78,8 @@ _warned: set[str] = set()
 
 
 def core_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under DDP/accelerate (``.module``) and peft (``get_base_model()``) wrappers."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model
+    """The transformers model under DDP/accelerate and peft wrappers (:func:`mmgrpo.modalities._hf.unwrap`)."""
+    return _hf.unwrap(model, peft=True)
 
 
 def checkpointing(model: torch.nn.Module) -> bool:
@@ -298,144 +297,42 @@ def packed_completion_logits(
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-@dataclass
-class SamplingSpec:
-    """How tokens are drawn; the log-probs returned are those of ``log_softmax(scores)`` before top-k/top-p."""
+class PrefixStepper:
+    """:class:`~.decode.Stepper` of a decoder-only model: one prefill per prompt (media included), the KV cache and
+    last logits expanded G ways, then one token per row and step through :func:`continue_prefix`."""
 
-    max_new_tokens: int
-    eos_ids: list[int]
-    pad_id: int
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_new_tokens: int = 0
-    suppress_ids: tuple[int, ...] = ()
-    greedy: bool = False
-    synced: bool = False  # sharded weights (FSDP): keep stepping until every process's rows have finished
-    draw: str = "multinomial"  # multinomial (HF generate's draws under a seed) | inverse_cdf (one uniform per row)
+    def __init__(self, model: torch.nn.Module, batch: dict[str, Tensor]):
+        self.model, self.batch = model, batch
 
+    def prefill(self, group_size: int) -> Tensor:
+        prefix = prefill(self.model, self.batch)
+        P = prefix.last_logits.shape[0]
+        rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
+        self.prefix = prefix.select(rows)
+        self.mask = self.prefix.attention_mask  # [B, L + t]
+        return self.prefix.last_logits  # [B, V]
 
-def sampling_scores(logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
-    """fp32 scores of the sampling distribution at completion step ``step`` (before top-k/top-p). [n, V] → [n, V]."""
-    scores = logits.float()
-    banned = list(spec.suppress_ids) + (spec.eos_ids if step < spec.min_new_tokens else [])
-    if banned:
-        scores[:, banned] = float("-inf")
-    if not spec.greedy and spec.temperature != 1.0:
-        scores = scores / spec.temperature
-    return scores
+    def scores(self, logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
+        return sampling_scores(logits, step, spec)
 
-
-def truncate(scores: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Top-k then nucleus truncation (HF's rules: keep ties at the k-th score; keep at least one token). [n, V]."""
-    if top_k > 0:
-        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[:, -1:]  # [n, 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)  # [n, V]
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= 1 - top_p
-        drop[:, -1] = False
-        scores = scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    return scores
-
-
-def draw_token(scores: Tensor, spec: SamplingSpec, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """One token per row from ``softmax(truncate(scores))`` and its log-prob under ``softmax(scores)``.
-
-    The log-prob is ``scores[token] − logsumexp(scores)``: one gather and one reduction, no ``[B, V]``
-    log-softmax. ``spec.draw`` picks how the categorical draw is made:
-
-    * ``multinomial``: ``torch.multinomial(softmax(warped))``, HF ``generate``'s draw, so a fixed seed gives
-      generate's tokens. On CPU its one-sample path draws V exponentials per row (the exponential race of
-      ``aten/src/ATen/native/Distributions.cpp``, pytorch/pytorch), ~40 ns each: at V = 151,936 and B = 32 that
-      is ~0.2 s per decoding step, more than the lm_head matmul.
-    * ``inverse_cdf``: :func:`inverse_cdf` with one uniform per row; the same distribution, other draws.
-
-    Given ``u`` (the row's keyed uniform, :mod:`mmgrpo.noise`) the draw is by inversion with it, whatever
-    ``spec.draw`` says.
-
-    Shape:
-        scores: [B, V] fp32 (banned tokens at −inf, temperature applied); u: [B] in [0, 1) or None
-        returns token [B] long, logprob [B] fp32
-    """
-    if spec.greedy:
-        token = scores.argmax(dim=-1)  # [B]
-        return token, scores.gather(1, token[:, None]).squeeze(1) - scores.logsumexp(dim=-1)
-    truncated = spec.top_k > 0 or spec.top_p < 1.0
-    warped = truncate(scores, spec.top_k, spec.top_p) if truncated else scores  # [B, V]
-    if u is not None or spec.draw == "inverse_cdf":
-        top = warped.amax(dim=-1, keepdim=True)  # [B, 1]
-        weights = (warped - top).exp_()  # [B, V] unnormalised probabilities, 0 at banned/truncated tokens
-        token, total = inverse_cdf(weights, u=u)  # [B], [B] fp64
-        lse = scores.logsumexp(dim=-1) if truncated else top.squeeze(1) + total.log().float()  # [B]
-    elif spec.draw == "multinomial":
-        token = torch.multinomial(warped.softmax(dim=-1), num_samples=1).squeeze(1)  # [B]
-        lse = scores.logsumexp(dim=-1)  # [B]
-    else:
-        raise ValueError(f"SamplingSpec.draw: {spec.draw!r} not allowed; choose multinomial | inverse_cdf")
-    return token, scores.gather(1, token[:, None]).squeeze(1) - lse
-
-
-def inverse_cdf(weights: Tensor, block: int = 1024, u: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Draw index i of each row with probability ``weights[i] / weights.sum()`` by inversion
-    (:func:`mmgrpo.noise.draw_by_inversion`), from ``u`` or, when it is None, one ``torch.rand`` uniform per row.
-
-    Shape:
-        weights: [B, V] non-negative, every row with a positive sum; u: [B] in [0, 1) or None
-        returns index [B] long, row sum [B] fp64
-    """
-    if u is None:
-        u = torch.rand(weights.shape[0], dtype=torch.float64, device=weights.device)  # [B]
-    return noise.draw_by_inversion(weights, u, block)
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((tokens.shape[0], 1))], dim=1)
+        return continue_prefix(self.model, self.prefix, tokens[:, None], self.mask, offset=step)[:, -1]  # [B, V]
 
 
 @torch.no_grad()
 def sample(
-    model: torch.nn.Module, batch: dict[str, Tensor], group_size: int, spec: SamplingSpec
+    model: torch.nn.Module,
+    batch: dict[str, Tensor],
+    group_size: int,
+    spec: SamplingSpec,
+    keys: noise.NoiseKeys | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache.
-
-    Rows are group-major (completion b continues prompt b // G). Tokens after a row's first EOS are
-    ``spec.pad_id`` with log-prob 0; the loop stops when every row has finished or T tokens were drawn (with
-    ``spec.synced``, when every row of every process has: each forward of a sharded model is a collective).
-
-    Noise: inside :func:`mmgrpo.noise.keyed` (the trainer's default ``rollout_noise: keyed``) row b draws its token
-    at step t by inversion with the uniform u[b, t] of its own keyed generator (:func:`mmgrpo.noise.inverse_cdf`),
-    so its tokens do not depend on the other rows of the batch or on the process; otherwise ``spec.draw`` draws
-    from the global RNG (:func:`draw_token`: inversion with ``torch.rand``, or ``torch.multinomial``, the draws of
-    HF ``generate``).
+    """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache,
+    through the one decode loop (:func:`.decode.decode`: draws, keyed noise, EOS, the cross-process stop).
 
     Shape:
         batch: left-padded prompts, input_ids [P, L] (+ media)
         returns completion_ids [B, T] (long, on the model's device), logprobs [B, T] fp32
     """
-    prefix = prefill(model, batch)
-    P = prefix.last_logits.shape[0]
-    rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
-    prefix = prefix.select(rows)
-    B, T = rows.shape[0], spec.max_new_tokens
-    device = rows.device
-    eos = torch.tensor(spec.eos_ids, device=device)
-    ids = torch.full((B, T), spec.pad_id, dtype=torch.long, device=device)  # [B, T]
-    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)  # [B, T]
-    done = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
-    mask = prefix.attention_mask  # [B, L + t]
-    logits = prefix.last_logits  # [B, V]
-    keys = None if spec.greedy else noise.current()
-    if keys is not None:
-        keys.check(B, "prefix_sharing.sample")
-        u = noise.uniforms(keys.generators(), T, device)  # [B, T] float64, one per row and step
-    for t in range(T):
-        scores = sampling_scores(logits, t, spec)  # [B, V] fp32
-        token, step_logp = draw_token(scores, spec, None if keys is None else u[:, t])  # [B], [B]
-        token = torch.where(done, torch.full_like(token, spec.pad_id), token)
-        ids[:, t] = token
-        logprobs[:, t] = torch.where(done, torch.zeros_like(step_logp), step_logp)
-        done = done | torch.isin(token, eos)
-        finished = bool(done.all())
-        if t == T - 1 or (sharding.done_everywhere(finished, device) if spec.synced else finished):
-            break
-        mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
-        logits = continue_prefix(model, prefix, token[:, None], mask, offset=t)[:, -1]  # [B, V]
-    return ids, logprobs
+    return decode(PrefixStepper(model, batch), group_size, spec, keys)

@@ -83,17 +83,17 @@ class VideoAdapter(VLMAdapter):
         encoders = [ImageEncoder(args.min_pixels, args.max_pixels), self.video]
         super().__init__(model, processor, args, reference, encoders=encoders)
 
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # the shuffled rollouts reuse the clips the ordered ones decoded
-            rollout = super().rollout(prompts, group_size)
+            rollout = super().rollout(prompts, group_size, keys)
             if self.args.temporal_contrast.enabled:
-                shuffled = self._shuffled_completions(prompts, group_size)
+                shuffled = self._shuffled_completions(prompts, group_size, keys)
                 rollout.extras["shuffled_completions"] = [s for s in shuffled for _ in range(group_size)]
                 rollout.validate()
         return rollout
 
     @torch.no_grad()
-    def _shuffled_completions(self, prompts: list[dict], group_size: int) -> list:
+    def _shuffled_completions(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None) -> list:
         """T-GRPO statistics rollouts: ``num_shuffled`` completions per video prompt on permuted frames.
 
         No gradient, no log-probs: only the decoded texts are returned (``None`` for rows without video).
@@ -106,7 +106,6 @@ class VideoAdapter(VLMAdapter):
         # Under the trainer's keyed rollout noise the shuffled rollouts get keys of their own (mmgrpo/noise.py):
         # the video prompts' global positions, n samples each, under a seed apart from the ordered rollouts'; the
         # permutation of each prompt comes from its group-shared generator. Otherwise both use the global RNG.
-        keys = noise.current()
         if keys is not None:
             keys = noise.NoiseKeys(
                 noise.mix(keys.seed, SHUFFLED_NOISE), keys.step, tuple(keys.positions[i] for i in video_rows), n
@@ -119,8 +118,7 @@ class VideoAdapter(VLMAdapter):
             encodings.append(
                 self._encode_prompt(prompts[i], media={"video": [VideoEncoder.with_frames(clip, shuffled)]})
             )
-        with noise.keyed(keys):
-            texts = self._decode(self._generate(encodings, n, greedy=False))  # [len(video_rows)·n]
+        texts = self._decode(self._generate(encodings, n, False, keys))  # [len(video_rows)·n]
         for j, i in enumerate(video_rows):
             out[i] = texts[j * n : (j + 1) * n]
         return out

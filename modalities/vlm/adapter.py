@@ -26,7 +26,6 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
@@ -39,6 +38,7 @@ from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
+from ..tokens.decode import SamplingSpec
 from ..tokens.logprobs import banned_mask, token_logprobs
 from ..tokens.media import ImageEncoder, MediaEncoder, count_parts, one_or_list
 from ..tokens.policy import TokenPolicy
@@ -311,14 +311,25 @@ class VLMAdapter(TokenPolicy):
         return reason is None
 
     @torch.no_grad()
-    def _generate(self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool) -> Tensor:
-        return self._sample(encodings, num_return_sequences, greedy)[0]
+    def _generate(
+        self,
+        encodings: list[dict[str, Tensor]],
+        num_return_sequences: int,
+        greedy: bool,
+        keys: noise.NoiseKeys | None = None,
+    ) -> Tensor:
+        return self._sample(encodings, num_return_sequences, greedy, keys)[0]
 
     @torch.no_grad()
     def _sample(
-        self, encodings: list[dict[str, Tensor]], num_return_sequences: int, greedy: bool
+        self,
+        encodings: list[dict[str, Tensor]],
+        num_return_sequences: int,
+        greedy: bool,
+        keys: noise.NoiseKeys | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler, their log-probs [B, T]."""
+        """Completion ids [B, T] (pad after EOS) and, from the KV-expanded sampler (the one decode loop,
+        :mod:`mmgrpo.modalities.tokens.decode`), their log-probs [B, T]."""
         model = self._unwrapped()
         synced = sharding.is_sharded(model)  # FSDP: every process runs as many forwards as the longest one
         batch = self._collate(encodings)
@@ -326,7 +337,7 @@ class VLMAdapter(TokenPolicy):
         model.eval()
         try:
             if self._shares_prefix(model, "sampling", self.args.kv_expand_rollout):
-                spec = prefix_sharing.SamplingSpec(
+                spec = SamplingSpec(
                     max_new_tokens=self.args.max_new_tokens,
                     eos_ids=self.eos_ids.tolist(),
                     pad_id=self.pad_id,
@@ -339,10 +350,10 @@ class VLMAdapter(TokenPolicy):
                     synced=synced,
                     draw=self.args.sample_draw,
                 )
-                completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec)
+                completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec, keys)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
-            if not greedy and noise.current() is not None:
+            if not greedy and keys is not None:
                 prefix_sharing.warn_fallback_once(
                     "rollout_noise=keyed", "generate draws from the process's RNG (rollouts depend on the world size)"
                 )
@@ -377,11 +388,11 @@ class VLMAdapter(TokenPolicy):
         rows = [ids[m & ~torch.isin(ids, self.eos_ids)].tolist() for ids, m in zip(completion_ids, mask)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def rollout(self, prompts: list[dict], group_size: int) -> Rollout:
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # each prompt's media are decoded once for its G samples
             encodings = [self._encode_prompt(row) for row in prompts]
             columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
-        completion_ids, sampler_logprobs = self._sample(encodings, group_size, greedy=False)  # [B, T], group-major
+        completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
         mask = self._completion_mask(completion_ids).float()  # [B, T]
@@ -494,22 +505,12 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     path = resolve_model_path(name_or_path, seed=seed)
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, trust_remote_code=args.trust_remote_code)
     kwargs.update(args.extra)
-    try:
+    with _hf.loading(name_or_path):  # one line for a missing path, an offline hub id, a directory without a model
         config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError) as e:  # HFValidationError ("Repo id must be in the form ...") is a ValueError
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        if Path(path).is_dir():
-            raise ConfigError(
-                f"model.args.name_or_path: {name_or_path!r} is a directory without a model config ({reason})"
-            ) from None
-        raise ConfigError(
-            f"model.args.name_or_path: {name_or_path!r} is neither a local directory nor reachable on the hub "
-            f"(check the path, or the hub id and network / HF_HUB_OFFLINE; {reason})"
-        ) from None
-    is_vlm = hasattr(config, "vision_config")
-    loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
-    model = loader.from_pretrained(path, **kwargs)
-    processor = AutoProcessor.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        is_vlm = hasattr(config, "vision_config")
+        loader = AutoModelForImageTextToText if is_vlm else AutoModelForCausalLM
+        model = loader.from_pretrained(path, **kwargs)
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=args.trust_remote_code)
     return model, processor
 
 
