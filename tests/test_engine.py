@@ -131,6 +131,7 @@ def _adapter(url: str):
         {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
     )
     adapter.use_engine(url, timeout_s=300)
+    adapter.engine.version = adapter.engine.health()["version"]  # read what the server holds now
     return adapter
 
 
@@ -154,7 +155,13 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
             loaded = {e.kind: e.load(r) for e in adapter.encoders}
             texts.append(adapter._prompt_text(r, loaded))
             images.append(list(loaded.get("image", [])))
-    spec = SamplingSpec(adapter.args.max_new_tokens, adapter.eos_ids.tolist(), adapter.pad_id, greedy=True)
+    spec = SamplingSpec(
+        adapter.args.max_new_tokens,
+        adapter.eos_ids.tolist(),
+        adapter.pad_id,
+        suppress_ids=tuple(adapter.suppress_ids),
+        greedy=True,
+    )
     ids, _, _ = adapter.engine.generate(texts, images, 1, spec, [0] * len(rows))
     mask = adapter._completion_mask(ids)
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id))
@@ -170,11 +177,12 @@ def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_ou
     with torch.no_grad():  # move the policy away from the checkpoint the server loaded
         g = torch.Generator().manual_seed(1)
         for p in adapter.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
     adapter.push_engine_weights(version=1)
     native = _greedy(adapter, rows, engine=False)
     engine = _greedy(adapter, rows, engine=True)
-    assert torch.equal(native, engine), (native, engine)  # images included: same prompts, same weights
+    assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the image: images reach both
+    assert torch.equal(native, engine), (native, engine)  # same prompts and images, same weights: same tokens
     assert not torch.equal(before, engine)  # the push changed what the engine samples
 
 
@@ -182,7 +190,8 @@ def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_ou
 @needs_vllm
 def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     """The engine's log-probs of its own samples vs the trainer's recomputation (fp32 both): the mismatch TIS
-    corrects is small on the same weights. Tolerance: mean |Δ| < 1e-3, max < 2e-2 (CPU kernels differ)."""
+    corrects is small on the same weights. Measured on CPU: mean 3.4e-7, max 1.4e-6; asserted: mean < 1e-5,
+    max < 1e-4."""
     from mmgrpo import noise
 
     url, _ = server
@@ -192,7 +201,7 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     m = rollout.mask.bool()
     assert rollout.engine_logprobs is not None and m.any()
     diff = (rollout.old_logprobs - rollout.engine_logprobs)[m].abs()
-    assert float(diff.mean()) < 1e-3 and float(diff.max()) < 2e-2, diff
+    assert float(diff.mean()) < 1e-5 and float(diff.max()) < 1e-4, diff
     again = adapter.rollout(_rows(2), 4, noise.NoiseKeys(0, 0, (0, 1), 4))
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
 

@@ -4,9 +4,8 @@ in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server`
 With ``rollout.engine: vllm`` the adapter keeps its contract: ``rollout`` returns B = P·G completions group-major,
 with ``old_logprobs`` recomputed by the trainer's own model (as TRL does with ``use_vllm``), and the engine's
 per-token log-probs in ``Rollout.engine_logprobs`` for the importance-sampling correction of the mismatch
-(:mod:`mmgrpo.importance`). After every optimizer step the trainer pushes the policy's weights
-(:func:`engine_weights`: LoRA runs send the merged weights of the adapted modules, full fine-tunes every trainable
-tensor) with a version number; each generate answer carries the version it was sampled with, and a mismatch stops
+(:mod:`mmgrpo.importance`). Before every rollout the trainer pushes the policy's weights (:func:`engine_weights`:
+the whole model, LoRA merged) with a version number; each generate answer carries the version it was sampled with, and a mismatch stops
 the run (a rollout from stale weights would be silently off-policy).
 
 Keyed rollout noise does not carry over: vLLM draws from its own per-request generators (``SamplingParams.seed``,
@@ -92,6 +91,7 @@ class VLLMClient:
             "top_p": spec.top_p,
             "top_k": spec.top_k,
             "stop_token_ids": list(spec.eos_ids),
+            "banned_token_ids": list(spec.suppress_ids),  # as the native sampler: never a media placeholder
         }
         out = self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
         if out["version"] != self.version:
@@ -117,7 +117,7 @@ class VLLMClient:
         """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``."""
         from safetensors.torch import save
 
-        payload = save({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()})
+        payload = save({k: v.detach().to("cpu").clone() for k, v in tensors.items()})  # tied weights: own copies
         headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
         out = self._call("/update_weights", payload, headers)
         if out.get("version") != version:
@@ -133,25 +133,30 @@ def _png(image: Any) -> str:
 
 @torch.no_grad()
 def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The policy's weights to push, under the checkpoint's Hugging Face names.
+    """The policy's whole state under the checkpoint's Hugging Face names, what the engine reloads.
 
-    LoRA (peft): for every adapted linear layer, its base weight plus the adapter's delta (B·A·scale,
-    peft ``LoraLayer.get_delta_weight``) under the base layer's name — the merged model without merging in place.
-    Full fine-tuning: every trainable parameter.
+    LoRA (peft): every adapted linear layer's base weight plus the adapter's delta (B·A·scale, peft
+    ``LoraLayer.get_delta_weight``) — the merged model, without merging in place — and every other tensor as is.
+    Full fine-tuning: the model's state dict.
     """
     core = _hf.unwrap(model)
-    if hasattr(core, "get_base_model"):  # peft
-        from peft.tuners.lora import LoraLayer
+    if not hasattr(core, "get_base_model"):
+        return dict(core.state_dict())
+    from peft.tuners.lora import LoraLayer
 
-        base = core.get_base_model()
-        out = {}
-        for name, module in base.named_modules():
-            if isinstance(module, LoraLayer) and module.active_adapters:
-                weight = module.get_base_layer().weight
-                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-                out[f"{name}.weight"] = weight + delta
-        return out
-    return {name: p for name, p in core.named_parameters() if p.requires_grad}
+    base = core.get_base_model()
+    merged = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            merged[f"{name}.weight"] = module.get_base_layer().weight + delta
+    out = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        out[clean] = merged.get(clean, tensor)
+    return out
 
 
 def prompt_seeds(keys: noise.NoiseKeys | None, prompts: int) -> list[int]:

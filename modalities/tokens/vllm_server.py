@@ -11,16 +11,16 @@ CPU and across processes of one machine:
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
   (0 = the weights loaded from ``DIR``).
 * ``POST /generate`` with ``{"requests": [{"prompt": str, "images": [base64 PNG, ...]}, ...], "n": G,
-  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids"}`` (each request may carry a
+  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (banned:
+  a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may carry a
   ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P], "prompts":
   [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
   each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
   after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
   prefill across its G samples.
-* ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → loads the tensors into the
-  engine's model (``LLM.apply_model`` → the model's own ``load_weights``, which maps Hugging Face names), resets
-  the prefix cache, and answers ``{"version": V}``. Only the tensors sent change (a full fine-tune sends every
-  parameter, a LoRA run the merged weights of the adapted modules).
+* ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → reloads the model's weights
+  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``), resets
+  the prefix cache, and answers ``{"version": V}``. The trainer sends the whole model (a LoRA run: merged).
 
 One request runs at a time (the engine is not re-entrant from this server's threads).
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import io
 import json
 import os
@@ -38,17 +39,15 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def _load_weights_from(path: str):
-    """A function for ``LLM.apply_model``: load the safetensors file at ``path`` into the engine's model."""
+def _reload_weights_file(worker, path: str) -> int:
+    """Run in each engine worker (``LLM.collective_rpc``): reload the model's weights in place from the safetensors
+    file at ``path`` (vLLM's ``reload_weights``, which re-applies the kernel-format processing a plain
+    ``load_weights`` would find already done). Module-level so that it pickles by reference (a closure does not)."""
+    from safetensors.torch import load_file
 
-    def load(model):
-        from safetensors.torch import load_file
-
-        tensors = load_file(path)
-        model.load_weights(weights=iter(tensors.items()))
-        return len(tensors)
-
-    return load
+    tensors = load_file(path)
+    worker.reload_weights(weights_iterator=iter(tensors.items()))
+    return len(tensors)
 
 
 class Engine:
@@ -91,6 +90,7 @@ class Engine:
             top_p=float(body.get("top_p", 1.0)),
             top_k=int(body.get("top_k", 0)),
             stop_token_ids=list(body.get("stop_token_ids", [])),
+            logit_bias={int(t): -100.0 for t in body.get("banned_token_ids", [])} or None,
             logprobs=0,
             detokenize=False,
             skip_special_tokens=False,
@@ -118,8 +118,11 @@ class Engine:
             path = f.name
         try:
             with self.lock:
-                loaded = self.llm.apply_model(_load_weights_from(path))
+                loaded = self.llm.collective_rpc(functools.partial(_reload_weights_file, path=path))
+                # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
                 self.llm.reset_prefix_cache()
+                self.llm.llm_engine.reset_encoder_cache()
+                self.llm.reset_mm_cache()
                 self.version = version
         finally:
             os.unlink(path)
@@ -171,9 +174,19 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--max-images", type=int, default=4, help="images per prompt")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="fraction of GPU memory for weights and KV cache (default 0.9); on the CPU backend the fraction of the "
+        "machine's memory (default 0.1: the training process needs the rest)",
+    )
     args = p.parse_args()
-    # LLM.apply_model sends a function to the engine's worker process: vLLM serialises it only when allowed.
+    if args.gpu_memory_utilization is None:
+        import torch
+
+        args.gpu_memory_utilization = 0.9 if torch.cuda.is_available() else 0.1
+    # LLM.collective_rpc sends a function to the engine's worker process: vLLM serialises it only when allowed.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), _handler(engine))

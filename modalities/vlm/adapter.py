@@ -400,7 +400,7 @@ class VLMAdapter(TokenPolicy):
         self.engine.health()  # unreachable: one line now, before any step
 
     def push_engine_weights(self, version: int) -> None:
-        """Send the policy's weights (merged LoRA, or every trainable tensor) to the engine as ``version``."""
+        """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
         self.engine.push(engine_weights(self.model), version)
 
     def _engine_sample(
@@ -422,6 +422,7 @@ class VLMAdapter(TokenPolicy):
             top_k=self.args.top_k,
             top_p=self.args.top_p,
             min_new_tokens=self.args.min_new_tokens,
+            suppress_ids=tuple(self.suppress_ids),
         )
         ids, logprobs, engine_prompts = self.engine.generate(
             texts, images, group_size, spec, prompt_seeds(keys, len(prompts))
