@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run the code the run's config.yaml names (rewards given as module:function, trust_remote_code); "
         "by default the demo loads only registered rewards: a run directory from elsewhere is code",
     )
+    s = sub.add_parser(
+        "rollout-server",
+        help="serve the config's policy on vLLM for rollout.engine: vllm (needs scripts/setup_vllm.sh)",
+    )
+    s.add_argument("config", help="the YAML training config the trainer will run (model, seed, rollout.url)")
+    s.add_argument("overrides", nargs="*", help="key.sub=value overrides, as for train")
+    s.add_argument("--python", help="interpreter of the vLLM environment (default: .venv-vllm/bin/python)")
     r = sub.add_parser("rewards", help="reward registry")
     r.add_argument("action", choices=["list"], help="list: print the registered rewards")
     return p
@@ -74,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "demo":
         return _demo(args)
+    if args.command == "rollout-server":
+        return _rollout_server(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -176,6 +185,27 @@ def _demo(args) -> int:
         print(f"mmgrpo: demo: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _rollout_server(args) -> int:
+    """``mmgrpo rollout-server CONFIG``: run vLLM on the config's model in its own environment until stopped."""
+    import subprocess
+
+    from mmgrpo.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from mmgrpo.modalities.tokens.engine import server_command
+
+        cmd = server_command(cfg, args.python)
+    except ConfigError as e:
+        print(f"mmgrpo: config error: {e}", file=sys.stderr)
+        return 2
+    print("mmgrpo: " + " ".join(cmd), file=sys.stderr)
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

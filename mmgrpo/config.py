@@ -252,6 +252,26 @@ class CheckpointConfig:
 
 
 @dataclass
+class RolloutConfig:
+    engine: Literal["native", "vllm"] = "native"
+    """Who samples the rollouts of a token family: native (the trainer's model, the one decode loop) | vllm (a vLLM
+    server in its own environment: ``bash scripts/setup_vllm.sh``, then ``mmgrpo rollout-server --config CONFIG``;
+    docs/scale.md). The trainer re-scores vLLM's samples with its own model and corrects the mismatch by
+    importance sampling (``is_mode``)."""
+    url: str = "http://127.0.0.1:8100"
+    """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it)."""
+    timeout_s: Annotated[float, Range(gt=0)] = 600.0
+    """Seconds one engine call (generate, weight push) may take before the run stops with one line."""
+    is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = "token_truncate"
+    """Importance-sampling correction of π_old / π_engine (mmgrpo/importance.py; TRL's
+    ``vllm_importance_sampling_mode``): truncate (TIS) or mask, per token or per sequence; none: no correction."""
+    is_clip_max: Annotated[float, Range(gt=0)] | None = 3.0
+    """C_max: truncation bound (``*_truncate``) or upper mask bound (``*_mask``); TRL's default 3.0."""
+    is_clip_min: Annotated[float, Range(ge=0)] | None = None
+    """C_min: lower bound (masks ratios below it; lower-clamps the truncating modes)."""
+
+
+@dataclass
 class TrainConfig:
     output_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, summary.json, checkpoints/."""
@@ -294,6 +314,8 @@ class TrainConfig:
     """Metrics and trackers."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout engine (native decode loop or a vLLM server) and its importance-sampling correction."""
 
 
 # ---------------------------------------------------------------------------------- building & checking
@@ -484,7 +506,10 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
     if adapter_class is not None:
         have = capabilities(adapter_class)
         need = required_capabilities(
-            kl=cfg.algorithm.kl, ratio_norm=cfg.algorithm.ratio_norm, warmup_steps=cfg.warmup.steps
+            kl=cfg.algorithm.kl,
+            ratio_norm=cfg.algorithm.ratio_norm,
+            warmup_steps=cfg.warmup.steps,
+            engine=cfg.rollout.engine,
         )
         for name, why in need.items():
             if name not in have:

@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, broadcast_ob
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, noise, shaping, sharding
+from mmgrpo import importance, losses, noise, shaping, sharding
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, load_builtins
 from mmgrpo.preflight import preflight, row_name, warmup_target
@@ -167,7 +167,9 @@ class Trainer:
             isolation=rt.isolation,
         )
         a = cfg.algorithm  # adapters whose builder declares no adapter_class are checked here, once built
-        need = required_capabilities(kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps)
+        need = required_capabilities(
+            kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
+        )
         for name, why in need.items():
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
@@ -182,6 +184,10 @@ class Trainer:
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
+        if cfg.rollout.engine != "native":  # vLLM server: reachable now, weights pushed before every rollout
+            if fsdp is not None:
+                raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
+            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = PromptSampler(
             len(self.task.train_rows()),
@@ -304,8 +310,21 @@ class Trainer:
         keys = None
         if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
             keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
+        if self.cfg.rollout.engine != "native":
+            self._push_engine_weights(version=step + 1)
         rollout = self.adapter.rollout(rows, a.group_size, keys)
         t1 = time.perf_counter()
+        is_weights, engine_metrics = None, {}
+        if rollout.engine_logprobs is not None and self.cfg.rollout.is_mode != "none":
+            r = self.cfg.rollout
+            is_weights, engine_metrics = importance.engine_is_weights(
+                rollout.old_logprobs,
+                rollout.engine_logprobs,
+                rollout.mask,
+                mode=r.is_mode,
+                clip_max=r.is_clip_max,
+                clip_min=r.is_clip_min,
+            )  # [B, T]
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
         scores, reward_metrics = self.rewards(
@@ -336,10 +355,10 @@ class Trainer:
         if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
-        update_metrics = self._update(rollout, unit_adv, mask, ref)
+        update_metrics = self._update(rollout, unit_adv, mask, ref, is_weights)
         t3 = time.perf_counter()
 
-        metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics}.items()}
+        metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics, **engine_metrics}.items()}
         metrics.update(reward_metrics)
         metrics.update(_completion_summary(rollout, mask))
         metrics.update(
@@ -419,7 +438,14 @@ class Trainer:
         order = torch.randperm(n) if shuffle else torch.arange(n)
         return list(order.split(self.cfg.algorithm.minibatch_size))
 
-    def _update(self, rollout, unit_adv: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor | None) -> dict:
+    def _update(
+        self,
+        rollout,
+        unit_adv: torch.Tensor,
+        mask: torch.Tensor,
+        ref: torch.Tensor | None,
+        is_weights: torch.Tensor | None = None,
+    ) -> dict:
         """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates.
 
         An update's gradient is that of one loss over all its samples on all processes: minibatch ``mb`` is
@@ -467,6 +493,8 @@ class Trainer:
                             tau_pos=a.tau_pos,
                             tau_neg=a.tau_neg,
                         )  # [n, T]
+                        if is_weights is not None:  # engine-sampled units: π_old / π_engine, bounded (TIS)
+                            per_unit = per_unit * is_weights[idx].to(device)
                         policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
                         loss = policy_loss
                         if a.beta > 0:
@@ -492,6 +520,15 @@ class Trainer:
 
     _skipped_total = 0  # optimizer updates skipped for non-finite gradients (this process, this run)
     _skipped_in_a_row = 0
+
+    def _push_engine_weights(self, version: int) -> None:
+        """Send the policy's current weights to the rollout engine as ``version`` (process 0; the others wait and
+        expect that version in the engine's answers)."""
+        if self.acc.is_main_process:
+            self.adapter.push_engine_weights(version)
+        else:
+            self.adapter.engine.version = version
+        self.acc.wait_for_everyone()
 
     def _optimizer_step(self) -> torch.Tensor:
         """Clip and step; an update whose gradient norm is NaN/inf is skipped (gradients dropped, weights kept).

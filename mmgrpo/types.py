@@ -35,6 +35,8 @@ class Rollout:
         truncated: [B] bool, the sample hit the unit budget before finishing (EOS not produced)
         unit_sigmas: [B, T] or None, noise level σ of each unit (flow/diffusion), for temporal shaping
         unit_values: [B, T] or None, dense per-unit value estimates (value-anchored shaping)
+        engine_logprobs: [B, T] or None, log-probs under the inference engine that sampled the units (vLLM), for the
+            importance-sampling correction of the engine/trainer mismatch (mmgrpo.importance)
     """
 
     outputs: list[Any]  # B decoded outputs: str for LMs, PIL images for generators
@@ -46,6 +48,7 @@ class Rollout:
     state: Any  # adapter-private (token ids, latents, prompt encodings...), read by the adapter only
     unit_sigmas: Tensor | None = None  # [B, T]
     unit_values: Tensor | None = None  # [B, T]
+    engine_logprobs: Tensor | None = None  # [B, T] log-probs of the inference engine that sampled (rollout.engine)
     extras: dict[str, list[Any]] = field(default_factory=dict)  # extra reward columns, each B long
 
     def __post_init__(self) -> None:
@@ -74,7 +77,7 @@ class Rollout:
                 f"Rollout.prompt_index must be group-major (sample b belongs to prompt b // G={G}), "
                 f"got {self.prompt_index.tolist()[:16]}"
             )
-        for name in ("unit_sigmas", "unit_values"):
+        for name in ("unit_sigmas", "unit_values", "engine_logprobs"):
             t = getattr(self, name)
             if t is not None and t.shape != self.mask.shape:
                 raise ValueError(f"Rollout.{name} {tuple(t.shape)} must match mask {tuple(self.mask.shape)}")
@@ -205,7 +208,17 @@ class WarmupTask(Protocol):
     def warmup_rows(self, seed: int) -> list[dict]: ...
 
 
+@runtime_checkable
+class EngineRollout(Protocol):
+    """Rollouts on an inference engine (``rollout.engine: vllm``): connect, and push the policy's weights."""
+
+    def use_engine(self, url: str, timeout_s: float) -> None: ...
+
+    def push_engine_weights(self, version: int) -> None: ...
+
+
 ADAPTER_CAPABILITIES: dict[str, type] = {
+    "use_engine": EngineRollout,
     "exact_kl": ExactKL,
     "ratio_norm_inputs": RatioNormInputs,
     "supervised_loss": SupervisedLoss,
@@ -219,9 +232,11 @@ def capabilities(cls: type) -> frozenset[str]:
     return frozenset(name for name in ADAPTER_CAPABILITIES if callable(getattr(cls, name, None)))
 
 
-def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int) -> dict[str, str]:
+def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int, engine: str = "native") -> dict[str, str]:
     """Adapter capabilities a configuration needs, each with the config field that needs it."""
     need = {}
+    if engine != "native":
+        need["use_engine"] = f"rollout.engine: {engine}"
     if kl == "gaussian_exact":
         need["exact_kl"] = "algorithm.kl: gaussian_exact"
     if ratio_norm:

@@ -100,6 +100,8 @@ class AudioLLMAdapter(VLMAdapter):
     :class:`AudioEncoder`) and bans the audio special tokens.
     """
 
+    use_engine = None  # rollout.engine: vllm does not send audio yet (refused at load: no capability)
+
     def __init__(self, model: torch.nn.Module, processor: Any, args: AudioLLMArgs, reference: torch.nn.Module | None):
         token_args: VLMArgs = from_dict(VLMArgs, args.token_args(), "model.args")
         sampling_rate = int(processor.feature_extractor.sampling_rate)

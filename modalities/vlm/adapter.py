@@ -40,6 +40,7 @@ from mmgrpo.types import DataError, Rollout
 from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
+from ..tokens.engine import EngineError, VLLMClient, engine_weights, prompt_seeds
 from ..tokens.logprobs import banned_mask, completion_id_lists, token_logprobs
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import TokenPolicy
@@ -159,6 +160,7 @@ class VLMAdapter(TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
+        self.engine: VLLMClient | None = None  # rollout.engine: vllm (modalities/tokens/engine.py)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -214,11 +216,7 @@ class VLMAdapter(TokenPolicy):
             raise KeyError(f"prompt row has no 'prompt' key (keys: {sorted(row)}); the vlm adapter needs one")
         media = media or {}
         loaded = {e.kind: media[e.kind] if e.kind in media else e.load(row) for e in self.encoders}
-        messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
-        if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        else:
-            text = row["prompt"] if isinstance(row["prompt"], str) else str(messages)
+        text = self._prompt_text(row, loaded)
         if not self.is_multimodal:
             return self._fit_context(dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False)))
         kwargs: dict[str, Any] = {}
@@ -230,6 +228,13 @@ class VLMAdapter(TokenPolicy):
             if loaded[encoder.kind]:
                 encoder.check(enc, loaded[encoder.kind])
         return self._fit_context(enc)
+
+    def _prompt_text(self, row: dict, loaded: dict[str, list]) -> str:
+        """The prompt as text (chat template applied, one placeholder per medium, not yet expanded)."""
+        messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
+        if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return row["prompt"] if isinstance(row["prompt"], str) else str(messages)
 
     def _fit_context(self, enc: dict[str, Tensor]) -> dict[str, Tensor]:
         """Apply ``overlong_prompts`` to a prompt whose length plus ``max_new_tokens`` exceeds the context."""
@@ -386,11 +391,62 @@ class VLMAdapter(TokenPolicy):
         rows = [ids[m & ~torch.isin(ids, self.eos_ids)].tolist() for ids, m in zip(completion_ids, mask)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
+    def use_engine(self, url: str, timeout_s: float) -> None:
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text and
+        image prompts; the video and audio-LLM adapters do not send their media to the engine yet."""
+        self.engine = VLLMClient(url, timeout_s)
+        self.engine.health()  # unreachable: one line now, before any step
+
+    def push_engine_weights(self, version: int) -> None:
+        """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
+        self.engine.push(engine_weights(self.model), version)
+
+    def _engine_sample(
+        self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
+    ) -> tuple[Tensor, Tensor]:
+        """Completion ids [B, T] (pad after EOS) and the engine's log-probs [B, T] from the vLLM server; the engine
+        must tokenize each prompt as the adapter does (checked: a template or processor mismatch is one line)."""
+        texts, images = [], []
+        with self._media_scope():
+            for row in prompts:
+                loaded = {e.kind: e.load(row) for e in self.encoders}
+                texts.append(self._prompt_text(row, loaded))
+                images.append(list(loaded.get("image", [])))
+        spec = SamplingSpec(
+            max_new_tokens=self.args.max_new_tokens,
+            eos_ids=self.eos_ids.tolist(),
+            pad_id=self.pad_id,
+            temperature=self.args.temperature,
+            top_k=self.args.top_k,
+            top_p=self.args.top_p,
+            min_new_tokens=self.args.min_new_tokens,
+            suppress_ids=tuple(self.suppress_ids),
+        )
+        ids, logprobs, engine_prompts = self.engine.generate(
+            texts, images, group_size, spec, prompt_seeds(keys, len(prompts))
+        )
+        for i, (enc, theirs) in enumerate(zip(encodings, engine_prompts)):
+            ours = enc["input_ids"][0].tolist()
+            if theirs and theirs != ours:
+                at = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                raise EngineError(
+                    f"prompt {i}: the vLLM engine tokenized it into {len(theirs)} tokens, the trainer into {len(ours)} "
+                    f"(first difference at token {at}); serve the same checkpoint, processor and chat template"
+                )
+        mask = self._completion_mask(ids)
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_id))  # [B, T]
+        return ids, logprobs * mask  # [B, T] each
+
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # each prompt's media are decoded once for its G samples
             encodings = [self._encode_prompt(row) for row in prompts]
             columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
-        completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
+        engine_logprobs = None
+        if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
+            completion_ids, engine_logprobs = self._engine_sample(prompts, encodings, group_size, keys)
+            sampler_logprobs = None
+        else:
+            completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
         mask = self._completion_mask(completion_ids).float()  # [B, T]
@@ -406,11 +462,12 @@ class VLMAdapter(TokenPolicy):
             prompt_index=prompt_of.clone(),
             truncated=truncated,
             state=state,
+            engine_logprobs=engine_logprobs,
         )
         if self.args.old_logprobs == "sampler" and sampler_logprobs is not None:
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
         else:
-            if self.args.old_logprobs == "sampler":
+            if self.args.old_logprobs == "sampler" and self.engine is None:
                 prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
             rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
         columns.update(self._image_columns(prompts, encodings, columns.get("image_size")))

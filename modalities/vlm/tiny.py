@@ -108,6 +108,14 @@ def build_tokenizer(vocab_size: int = 512):
     return fast
 
 
+def _mrope_section(s: TinySizes) -> list[int]:
+    """Qwen2.5-VL's (t, h, w) rope sections, summing to head_dim / 2 in the real model's 2:3:3 proportion
+    ([16, 24, 24] at head_dim 128): [2, 3, 3] at head_dim 16, [8, 12, 12] at head_dim 64."""
+    half = s.text_hidden // s.text_heads // 2
+    t = half // 4
+    return [t, (half - t) // 2, half - t - (half - t) // 2]
+
+
 def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``.
 
@@ -135,7 +143,7 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
             num_attention_heads=s.text_heads,
             num_key_value_heads=s.text_kv_heads,
             max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)},
             bos_token_id=ids["<|endoftext|>"],
             eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
@@ -181,11 +189,19 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     return directory
 
 
+ENGINE_NAME = "tiny-qwen2.5-vl-engine"
+"""The tiny Qwen2.5-VL at a size vLLM's CPU attention takes (head_dim 64: vLLM refuses head_dim 16; the mRoPE
+sections sum to head_dim / 2), for the rollout-engine tests and the vLLM quickstart (docs/scale.md)."""
+ENGINE_SIZES = TinySizes(text_hidden=128, text_heads=2, text_kv_heads=1, text_intermediate=256)
+BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES}
+
+
 def resolve_model_path(name: str, seed: int = 0) -> str:
     """The directory for built-in tiny model names (built on first use, atomically); other names pass through."""
-    if name != TINY_NAME:
+    if name not in BUILT_IN:
         return name
-    return str(cached_build(f"{TINY_NAME}-seed{seed}", "config.json", lambda d: build_tiny_qwen25_vl(d, seed=seed)))
+    sizes = BUILT_IN[name]
+    return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: build_tiny_qwen25_vl(d, seed, sizes)))
 
 
 def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:

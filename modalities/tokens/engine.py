@@ -1,0 +1,215 @@
+"""Rollout engines of the token families: ``native`` (the one decode loop, :mod:`.decode`) or ``vllm`` (a vLLM server
+in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server``).
+
+With ``rollout.engine: vllm`` the adapter keeps its contract: ``rollout`` returns B = P·G completions group-major,
+with ``old_logprobs`` recomputed by the trainer's own model (as TRL does with ``use_vllm``), and the engine's
+per-token log-probs in ``Rollout.engine_logprobs`` for the importance-sampling correction of the mismatch
+(:mod:`mmgrpo.importance`). Before every rollout the trainer pushes the policy's weights (:func:`engine_weights`:
+the whole model, LoRA merged) with a version number; each generate answer carries the version it was sampled
+with, and a mismatch stops the run (a rollout from stale weights would be silently off-policy).
+
+Keyed rollout noise does not carry over: vLLM draws from its own per-request generators (``SamplingParams.seed``,
+here the keyed seed of each prompt), so the samples are reproducible for one engine build, world size and batch,
+but they are not those of the native sampler and not invariant to how prompts are split over processes
+(docs/scale.md).
+
+Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``T`` completion tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo import noise
+
+from .. import _hf
+from .decode import SamplingSpec
+
+
+class EngineError(RuntimeError):
+    """The rollout engine is unreachable, failed, or serves other weights than the trainer's; one line."""
+
+
+class VLLMClient:
+    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``)."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.version = 0
+
+    def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
+        req = urllib.request.Request(self.url + path, data=data, headers=headers or {})
+        hint = "start it with `mmgrpo rollout-server --config CONFIG` (docs/scale.md) or set rollout.url"
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                reason = json.loads(e.read()).get("error", str(e))
+            except (ValueError, OSError):
+                reason = str(e)
+            raise EngineError(f"vLLM rollout server {self.url}{path} failed: {reason}") from None
+        except TimeoutError:
+            raise EngineError(
+                f"vLLM rollout server {self.url} did not answer {path} within rollout.timeout_s={self.timeout_s:g} s"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise EngineError(f"vLLM rollout server {self.url} is not reachable ({reason}); {hint}") from None
+
+    def health(self) -> dict:
+        return self._call("/health")
+
+    def generate(
+        self, prompts: list[str], images: list[list[Any]], group_size: int, spec: SamplingSpec, seeds: list[int]
+    ) -> tuple[Tensor, Tensor, list[list[int]]]:
+        """G samples per prompt from the engine.
+
+        Shape:
+            prompts, images, seeds: P each (images: a list of PIL images per prompt)
+            returns completion_ids [B, T] (pad after the end), engine_logprobs [B, T] fp32 (0 there),
+            the engine's prompt token ids (P lists)
+        """
+        requests = [
+            {"prompt": p, "images": [_png(im) for im in ims], "seed": s} for p, ims, s in zip(prompts, images, seeds)
+        ]
+        body = {
+            "requests": requests,
+            "n": group_size,
+            "max_tokens": spec.max_new_tokens,
+            "min_tokens": spec.min_new_tokens,
+            "temperature": 0.0 if spec.greedy else spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": spec.top_k,
+            "stop_token_ids": list(spec.eos_ids),
+            "banned_token_ids": list(spec.suppress_ids),  # as the native sampler: never a media placeholder
+        }
+        out = self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        if out["version"] != self.version:
+            raise EngineError(
+                f"vLLM rollout server {self.url} serves weights version {out['version']}, the trainer's are version "
+                f"{self.version}: another trainer pushes to this server, or a weight push was lost; restart it"
+            )
+        B, T = len(prompts) * group_size, spec.max_new_tokens
+        ids = torch.full((B, T), spec.pad_id, dtype=torch.long)  # [B, T]
+        logprobs = torch.zeros((B, T), dtype=torch.float32)  # [B, T]
+        for p, samples in enumerate(out["outputs"]):
+            if len(samples) != group_size:
+                raise EngineError(
+                    f"vLLM rollout server returned {len(samples)} samples for a prompt, not G={group_size}"
+                )
+            for g, sample in enumerate(samples):
+                toks, lps = sample["token_ids"][:T], sample["logprobs"][:T]
+                ids[p * group_size + g, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+                logprobs[p * group_size + g, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
+        return ids, logprobs, [r.get("prompt_token_ids", []) for r in out.get("prompts", [])]
+
+    def push(self, tensors: dict[str, Tensor], version: int) -> None:
+        """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``."""
+        from safetensors.torch import save
+
+        payload = save({k: v.detach().to("cpu").clone() for k, v in tensors.items()})  # tied weights: own copies
+        headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
+        out = self._call("/update_weights", payload, headers)
+        if out.get("version") != version:
+            raise EngineError(f"vLLM rollout server {self.url} did not take weights version {version}: {out}")
+        self.version = version
+
+
+def _png(image: Any) -> str:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@torch.no_grad()
+def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The policy's whole state under the checkpoint's Hugging Face names, what the engine reloads.
+
+    LoRA (peft): every adapted linear layer's base weight plus the adapter's delta (B·A·scale, peft
+    ``LoraLayer.get_delta_weight``) — the merged model, without merging in place — and every other tensor as is.
+    Full fine-tuning: the model's state dict.
+    """
+    core = _hf.unwrap(model)
+    if not hasattr(core, "get_base_model"):
+        return dict(core.state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    base = core.get_base_model()
+    merged = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            merged[f"{name}.weight"] = module.get_base_layer().weight + delta
+    out = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        out[clean] = merged.get(clean, tensor)
+    return out
+
+
+def prompt_seeds(keys: noise.NoiseKeys | None, prompts: int) -> list[int]:
+    """One engine seed per prompt: the keyed group seed of its global position (``keys``), else fresh draws from the
+    global RNG (``torch.randint``, so a seeded run gives the same seeds)."""
+    if keys is not None:
+        return [s % (2**31) for s in keys.prompt_seeds()]
+    return torch.randint(0, 2**31 - 1, (prompts,)).tolist()
+
+
+def server_command(cfg: Any, python: str | None = None) -> list[str]:
+    """The command that serves ``cfg``'s policy model on vLLM at ``cfg.rollout.url`` (``mmgrpo rollout-server``).
+
+    The interpreter is ``python``, else ``$MMGRPO_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the current
+    directory or the repository (``bash scripts/setup_vllm.sh`` makes it). Built-in tiny model names resolve to
+    their cached directory, as the trainer resolves them, so both load the same weights.
+    """
+    import os
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    from mmgrpo.config import ConfigError
+
+    if cfg.model.adapter != "vlm":
+        raise ConfigError(
+            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts)"
+        )
+    from ..vlm.tiny import resolve_model_path
+
+    name = cfg.model.args.get("name_or_path", "tiny-qwen2.5-vl")
+    model = resolve_model_path(name, seed=cfg.seed)
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [python, os.environ.get("MMGRPO_VLLM_PYTHON"), ".venv-vllm/bin/python", repo / ".venv-vllm/bin/python"]
+    found = next((str(c) for c in candidates if c and Path(c).is_file()), None)
+    if found is None:
+        raise ConfigError(
+            "no vLLM environment (.venv-vllm/bin/python): run `bash scripts/setup_vllm.sh` first, or set "
+            "MMGRPO_VLLM_PYTHON to the interpreter of an environment with vllm"
+        )
+    url = urlparse(cfg.rollout.url)
+    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
+    script = Path(__file__).with_name("vllm_server.py")
+    return [
+        found,
+        str(script),
+        "--model",
+        model,
+        "--host",
+        url.hostname or "127.0.0.1",
+        "--port",
+        str(url.port or 8100),
+        "--dtype",
+        dtype,
+        "--seed",
+        str(cfg.seed),
+    ]

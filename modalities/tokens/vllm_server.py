@@ -1,0 +1,198 @@
+"""vLLM rollout server: the engine side of ``rollout.engine: vllm`` (run by ``mmgrpo rollout-server``).
+
+This file runs under ``.venv-vllm`` (``scripts/setup_vllm.sh``), **not** in the training environment: vLLM pins its
+own torch and transformers. It imports only the standard library, torch, safetensors, PIL and vllm — never mmgrpo —
+and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py --model DIR --port 8100``.
+
+The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the shape of TRL's ``trl vllm-serve``
+(``trl/scripts/vllm_serve.py``: ``/health``, ``/generate``, weight updates) without its NCCL channel, so it works on
+CPU and across processes of one machine:
+
+* ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
+  (0 = the weights loaded from ``DIR``).
+* ``POST /generate`` with ``{"requests": [{"prompt": str, "images": [base64 PNG, ...]}, ...], "n": G,
+  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (banned:
+  a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may carry a
+  ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P], "prompts":
+  [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
+  each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
+  after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
+  prefill across its G samples.
+* ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → reloads the model's weights
+  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``), resets
+  the prefix cache, and answers ``{"version": V}``. The trainer sends the whole model (a LoRA run: merged).
+
+One request runs at a time (the engine is not re-entrant from this server's threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import io
+import json
+import os
+import tempfile
+import threading
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _reload_weights_file(worker, path: str) -> int:
+    """Run in each engine worker (``LLM.collective_rpc``): reload the model's weights in place from the safetensors
+    file at ``path`` (vLLM's ``reload_weights``, which re-applies the kernel-format processing a plain
+    ``load_weights`` would find already done). Module-level so that it pickles by reference (a closure does not)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    worker.reload_weights(weights_iterator=iter(tensors.items()))
+    return len(tensors)
+
+
+class Engine:
+    """The vLLM ``LLM`` and the version of its weights."""
+
+    def __init__(self, args: argparse.Namespace):
+        from vllm import LLM
+
+        self.model = args.model
+        self.version = 0
+        self.lock = threading.Lock()
+        self.llm = LLM(
+            model=args.model,
+            dtype=args.dtype,
+            seed=args.seed,
+            max_model_len=args.max_model_len,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            limit_mm_per_prompt={"image": args.max_images, "video": 0},
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+
+    def generate(self, body: dict) -> dict:
+        from PIL import Image
+        from vllm import SamplingParams
+
+        inputs = []
+        for req in body["requests"]:
+            item = {"prompt": req["prompt"]}
+            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in req.get("images", [])]
+            if images:
+                item["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+            inputs.append(item)
+        common = dict(
+            n=int(body["n"]),
+            max_tokens=int(body["max_tokens"]),
+            min_tokens=int(body.get("min_tokens", 0)),
+            temperature=float(body.get("temperature", 1.0)),
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=int(body.get("top_k", 0)),
+            stop_token_ids=list(body.get("stop_token_ids", [])),
+            logit_bias={int(t): -100.0 for t in body.get("banned_token_ids", [])} or None,
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+        # one seed per prompt (its G samples take seed, seed+1, ...: vLLM's parallel sampling)
+        params = [SamplingParams(seed=req.get("seed"), **common) for req in body["requests"]]
+        with self.lock:
+            results = self.llm.generate(inputs, params, use_tqdm=False)
+            version = self.version
+        outputs = []
+        prompts = []
+        for res in results:
+            prompts.append({"prompt_token_ids": list(res.prompt_token_ids or [])})
+            samples = []
+            for c in res.outputs:
+                ids = list(c.token_ids)
+                logprobs = [float(step[tok].logprob) for tok, step in zip(ids, c.logprobs or [])]
+                samples.append({"token_ids": ids, "logprobs": logprobs})
+            outputs.append(samples)
+        return {"version": version, "outputs": outputs, "prompts": prompts}
+
+    def update_weights(self, payload: bytes, version: int) -> dict:
+        with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
+            f.write(payload)
+            path = f.name
+        try:
+            with self.lock:
+                loaded = self.llm.collective_rpc(functools.partial(_reload_weights_file, path=path))
+                # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
+                self.llm.reset_prefix_cache()
+                self.llm.llm_engine.reset_encoder_cache()
+                self.llm.reset_mm_cache()
+                self.version = version
+        finally:
+            os.unlink(path)
+        return {"version": version, "tensors": loaded[0] if loaded else 0}
+
+
+def _handler(engine: Engine):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet: one line per request is noise in a training log
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200, {"ok": True, "version": engine.version, "model": engine.model})
+            else:
+                self._send(404, {"error": f"no route {self.path}"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            payload = self.rfile.read(length)
+            try:
+                if self.path == "/generate":
+                    self._send(200, engine.generate(json.loads(payload)))
+                elif self.path == "/update_weights":
+                    self._send(200, engine.update_weights(payload, int(self.headers.get("X-Weights-Version", "0"))))
+                else:
+                    self._send(404, {"error": f"no route {self.path}"})
+            except Exception as e:  # the trainer shows this line; the traceback stays in the server's log
+                traceback.print_exc()
+                self._send(500, {"error": f"{type(e).__name__}: {e}"})
+
+    return Handler
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="mmgrpo's vLLM rollout server (run under .venv-vllm)")
+    p.add_argument("--model", required=True, help="Hugging Face model directory (or hub id)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
+    p.add_argument("--max-images", type=int, default=4, help="images per prompt")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="fraction of GPU memory for weights and KV cache (default 0.9); on the CPU backend the fraction of the "
+        "machine's memory (default 0.1: the training process needs the rest)",
+    )
+    args = p.parse_args()
+    if args.gpu_memory_utilization is None:
+        import torch
+
+        args.gpu_memory_utilization = 0.9 if torch.cuda.is_available() else 0.1
+    # LLM.collective_rpc sends a function to the engine's worker process: vLLM serialises it only when allowed.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    engine = Engine(args)
+    server = ThreadingHTTPServer((args.host, args.port), _handler(engine))
+    print(f"mmgrpo rollout-server: vLLM on {args.model} at http://{args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process, which re-imports this module
+    main()
