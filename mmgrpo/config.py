@@ -170,6 +170,21 @@ class AlgorithmConfig:
     gradient is accumulated over its minibatches (1 = one on-policy update per rollout when epochs=1)."""
     minibatch_size: int = 8
     """Samples per forward/backward (gradient accumulation inside an update)."""
+    beta_schedule: str = "constant"
+    """β over the steps (registry mmgrpo.schedules.BETA_SCHEDULES; algorithm.beta is its peak): constant | othink
+    (GRPO-D, OThink-MR1) | linear | cosine. Logged as ``kl/beta``."""
+    beta_schedule_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the β schedule (othink: beta_min, warmup_ratio; linear/cosine: beta_start)."""
+    advantage_transform: list[str] = field(default_factory=list)
+    """Advantage transforms [P, G] → [P, G] applied in order after the estimator (registry
+    mmgrpo.advantages.ADVANTAGE_TRANSFORMS): difficulty (DGRPO) | negative_groups (LENS). docs/variants.md."""
+    advantage_transform_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Options per transform, by name, e.g. {negative_groups: {strength: 0.5}}."""
+    sampler: str = "sequential"
+    """Prompt sampler (registry mmgrpo.sampling.SAMPLERS): sequential (seeded permutation per epoch) |
+    variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
+    sampler_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the prompt sampler (docs/variants.md)."""
 
 
 @dataclass
@@ -547,6 +562,7 @@ def validate(cfg: TrainConfig) -> None:
             "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
         )
     check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
+    _validate_variants(a)
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
@@ -559,6 +575,37 @@ def validate(cfg: TrainConfig) -> None:
         if not spec.name:
             raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
     _validate_rewards(cfg)
+
+
+def _validate_variants(a: AlgorithmConfig) -> None:
+    """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
+    from mmgrpo import advantages, losses, sampling, schedules
+
+    _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
+    check_kwargs(schedules.BETA_SCHEDULES.get(a.beta_schedule), a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    for name in a.advantage_transform:
+        _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
+    for name, args in a.advantage_transform_args.items():
+        if name not in a.advantage_transform:
+            raise ConfigError(
+                f"algorithm.advantage_transform_args.{name}: {name!r} is not in algorithm.advantage_transform "
+                f"{a.advantage_transform}; add it there or remove its options"
+            )
+        check_kwargs(advantages.ADVANTAGE_TRANSFORMS.get(name), args, f"algorithm.advantage_transform_args.{name}", 3)
+    _check_choice("algorithm.sampler", a.sampler, [sampling.SEQUENTIAL, *sampling.SAMPLERS.names()])
+    if a.sampler == sampling.SEQUENTIAL and a.sampler_args:
+        raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
+    if a.sampler != sampling.SEQUENTIAL:
+        check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    if a.surrogate in losses.GROUP_SURROGATES:  # the loss normalises over groups: minibatches hold whole groups
+        G = a.group_size
+        if a.minibatch_size % G or a.prompts_per_step % a.updates_per_epoch:
+            raise ConfigError(
+                f"algorithm.surrogate={a.surrogate} normalises over each group, so every minibatch must hold whole "
+                f"groups: set algorithm.minibatch_size to a multiple of group_size={G} (got {a.minibatch_size}) "
+                f"and prompts_per_step to a multiple of updates_per_epoch (got {a.prompts_per_step} and "
+                f"{a.updates_per_epoch})"
+            )
 
 
 def _validate_rewards(cfg: TrainConfig) -> None:

@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, noise, shaping, sharding
+from mmgrpo import losses, noise, sampling, schedules, shaping, sharding
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -172,12 +172,15 @@ class Trainer:
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
-        self.sampler = PromptSampler(
+        a = cfg.algorithm  # algorithm.sampler: the sequential PromptSampler or a sampling.SAMPLERS class
+        sampler_cls = PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
+        self.sampler = sampler_cls(
             len(self.task.train_rows()),
-            cfg.algorithm.prompts_per_step,
+            a.prompts_per_step,
             self.acc.num_processes,
             self.acc.process_index,
             cfg.seed,
+            **a.sampler_args,
         )
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
@@ -282,6 +285,7 @@ class Trainer:
         t1 = time.perf_counter()
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
+        columns.setdefault("group_index", [b // a.group_size for b in range(len(prompts))])  # group-aware rewards
         scores, reward_metrics = self.rewards(rollout.outputs, prompts, columns)  # [B, K]
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
         t2 = time.perf_counter()
@@ -297,6 +301,20 @@ class Trainer:
             eps=a.eps,
         )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
+        if a.advantage_transform:  # docs/variants.md: [P, G] → [P, G] after the estimator
+            m = rollout.mask.float()  # [B, T]
+            seq_lp = (rollout.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B]
+            seq_lp = seq_lp.view(len(rows), a.group_size)  # [P, G]
+            advantages = adv_lib.apply_transforms(
+                a.advantage_transform, advantages, combined, seq_lp, a.advantage_transform_args
+            )  # [P, G]
+        if hasattr(self.sampler, "observe"):  # variance-aware samplers: every process sees all groups
+            seen = (
+                torch.tensor(self.sampler.indices(step)),
+                combined,
+                sampling.distinct_fraction(rollout.outputs, a.group_size),
+            )
+            self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
         mask = rollout.mask.clone()  # [B, T]
         if a.filter_zero_variance:
             keep = ~adv_lib.zero_variance_groups(combined)  # [P]
@@ -308,7 +326,9 @@ class Trainer:
         if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
-        update_metrics = self._update(rollout, unit_adv, mask, ref)
+        beta = schedules.beta_at(a.beta_schedule, step, self.cfg.steps, a.beta, a.beta_schedule_args)
+        update_metrics = self._update(rollout, unit_adv, mask, ref, beta)
+        update_metrics["kl/beta"] = torch.tensor(beta)
         t3 = time.perf_counter()
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics}.items()}
@@ -391,7 +411,9 @@ class Trainer:
         order = torch.randperm(n) if shuffle else torch.arange(n)
         return list(order.split(self.cfg.algorithm.minibatch_size))
 
-    def _update(self, rollout, unit_adv: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor | None) -> dict:
+    def _update(
+        self, rollout, unit_adv: torch.Tensor, mask: torch.Tensor, ref: torch.Tensor | None, beta: float
+    ) -> dict:
         """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates.
 
         An update's gradient is that of one loss over all its samples on all processes: minibatch ``mb`` is
@@ -404,6 +426,8 @@ class Trainer:
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
         kl_fn = None if a.kl == "gaussian_exact" else losses.KL_ESTIMATORS.get(a.kl)
+        grouped = a.surrogate in losses.GROUP_SURROGATES  # the loss needs whole groups per minibatch (config-checked)
+        group_kw = {"group_size": a.group_size} if grouped else {}
         sums: dict[str, torch.Tensor] = {}
         maxima: dict[str, torch.Tensor] = {}
         count = 0
@@ -411,6 +435,9 @@ class Trainer:
         world = self.acc.num_processes
         for _ in range(a.epochs):
             order = torch.randperm(rollout.batch_size) if a.epochs > 1 else torch.arange(rollout.batch_size)
+            if grouped and a.epochs > 1:  # shuffle whole groups, keeping each group's samples together
+                G = a.group_size
+                order = (torch.randperm(rollout.batch_size // G)[:, None] * G + torch.arange(G)).flatten()
             for update in order.tensor_split(a.updates_per_epoch):
                 minibatches = update.split(a.minibatch_size)
                 total = losses.aggregation_units(a.aggregation, mask[update]).to(device)  # [] this process
@@ -438,6 +465,7 @@ class Trainer:
                             dual_clip=a.dual_clip,
                             tau_pos=a.tau_pos,
                             tau_neg=a.tau_neg,
+                            **group_kw,
                         )  # [n, T]
                         policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
                         loss = policy_loss
@@ -447,7 +475,7 @@ class Trainer:
                             else:
                                 kl = kl_fn(logp, ref[idx].to(device)) * m  # [n, T]
                             kl_loss = aggregate(kl, m, max_units=m.shape[1])
-                            loss = loss + a.beta * kl_loss
+                            loss = loss + beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
                         self.acc.backward(loss * share)
                     mets["loss/policy"] = policy_loss.detach()

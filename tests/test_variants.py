@@ -1,0 +1,240 @@
+"""The GRPO variants of docs/variants.md: each checked on a small hand-worked example of its equation."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmgrpo import advantages as adv_lib
+from mmgrpo import losses, schedules
+from mmgrpo.config import ConfigError, load_config
+from mmgrpo.rewards import load_reward
+from mmgrpo.rewards.variants import tempsamp_shape
+from mmgrpo.sampling import VarianceSampler, distinct_fraction
+
+ROOT = Path(__file__).resolve().parents[1]
+NOCLIP = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "tau_pos": 1.0, "tau_neg": 1.05}
+
+
+# --- Reg-GRPO ------------------------------------------------------------------------------------------------
+
+
+def _reg_loss(log_ratio, adv, mask, G=3):
+    per_unit, metrics = losses.reg_grpo(log_ratio, adv, mask, group_size=G, **NOCLIP)
+    return losses.seq_mean_token_mean(per_unit, mask, max_units=mask.shape[1]), per_unit, metrics
+
+
+def test_reg_grpo_values_and_gradient_by_hand():
+    # one group of G=3; sequence log-ratios rho = [0.3, -0.1, 0.1] (row 0: units 0.2, 0.4 -> mean 0.3; row 1 has
+    # one valid unit), advantages A = [0.5, -1, 0.5]. mean 0.1, deviations [0.2, -0.2, 0], unbiased std 0.2.
+    lr = torch.tensor([[0.2, 0.4], [-0.1, 9.0], [0.1, 0.1]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    A = torch.tensor([[0.5, 0.5], [-1.0, -1.0], [0.5, 0.5]])
+    loss, per_unit, _ = _reg_loss(lr, A, mask)
+    s = 0.2 + losses.REG_GRPO_EPS
+    rho_hat = [0.2 / s, -0.2 / s, 0.0]
+    expect = [(rho_hat[0] - 0.5) ** 2, (rho_hat[1] + 1.0) ** 2, 0.25]
+    assert per_unit[:, 0].tolist() == pytest.approx(expect, rel=1e-5, abs=1e-9)
+    assert per_unit[1, 1] == 0.0  # masked unit
+    assert float(loss.detach()) == pytest.approx(sum(expect) / 3, rel=1e-5)
+    loss.backward()
+    # d/d rho_j of (1/3) sum_i (rho_hat_i - A_i)^2, with d rho_hat_i / d rho_j =
+    # (delta_ij - 1/3)/(s) - dev_i * dev_j / ((n-1) * std * s^2), dev = rho - mean, n = 3, std = 0.2
+    dev, a = [0.2, -0.2, 0.0], [0.5, -1.0, 0.5]
+    g_rho = []
+    for j in range(3):
+        g = 0.0
+        for i in range(3):
+            d_hat = ((i == j) - 1 / 3) / s - dev[i] * dev[j] / (2 * 0.2 * s**2)
+            g += (2 / 3) * (rho_hat[i] - a[i]) * d_hat
+        g_rho.append(g)
+    # rho_i is the mean over valid units: each valid unit gets g_rho / count
+    expect_grad = torch.tensor([[g_rho[0] / 2, g_rho[0] / 2], [g_rho[1], 0.0], [g_rho[2] / 2, g_rho[2] / 2]])
+    torch.testing.assert_close(lr.grad, expect_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_reg_grpo_on_policy_gradient_is_the_policy_gradient_direction():
+    lr = torch.zeros(4, 3, requires_grad=True)  # on-policy: every rho is 0
+    mask = torch.ones(4, 3)
+    A = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 3)
+    loss, _, _ = _reg_loss(lr, A, mask, G=4)
+    loss.backward()
+    assert torch.isfinite(lr.grad).all()
+    # d loss / d rho_i = -(2/G) (A_i - mean A) / (std + eps), std = sqrt(1e-12) (the clamp), split over 3 units
+    expect = -(2 / 4) * (torch.tensor([1.0, -1.0, 0.5, -0.5]) - 0.0) / (1e-6 + losses.REG_GRPO_EPS) / 3
+    torch.testing.assert_close(lr.grad[:, 0], expect, rtol=1e-4, atol=1e-3)
+
+
+def test_reg_grpo_refuses_a_minibatch_that_splits_a_group():
+    with pytest.raises(ValueError, match="not a multiple of group_size=3"):
+        losses.reg_grpo(torch.zeros(4, 2), torch.zeros(4, 2), torch.ones(4, 2), group_size=3, **NOCLIP)
+
+
+def test_config_refuses_group_surrogates_with_split_minibatches():
+    base = ["algorithm.surrogate=reg_grpo", "algorithm.group_size=8"]
+    with pytest.raises(ConfigError, match="minibatch_size to a multiple of group_size=8"):
+        load_config(ROOT / "configs/quickstart.yaml", [*base, "algorithm.minibatch_size=12"])
+    with pytest.raises(ConfigError, match="prompts_per_step to a multiple of updates_per_epoch"):
+        load_config(ROOT / "configs/quickstart.yaml", [*base, "algorithm.updates_per_epoch=3"])
+
+
+# --- dynamic KL -------------------------------------------------------------------------------------------------
+
+
+def test_beta_schedules_by_hand():
+    oth = {"beta_min": 0.02, "warmup_ratio": 0.5}
+    assert [schedules.beta_at("othink", t, 10, 0.1, oth) for t in (0, 2, 5, 9)] == pytest.approx(
+        [0.02, 0.052, 0.1, 0.1]
+    )
+    assert [schedules.beta_at("linear", t, 5, 0.1) for t in (0, 2, 4)] == pytest.approx([0.0, 0.05, 0.1])
+    assert [schedules.beta_at("cosine", t, 5, 0.1) for t in (0, 1, 2, 4)] == pytest.approx(
+        [0.0, 0.1 * 0.5 * (1 - math.cos(math.pi / 4)), 0.05, 0.1]
+    )
+    assert schedules.beta_at("constant", 3, 10, 0.04) == 0.04
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        schedules.beta_at("othink", 0, 10, 0.1, {"warmup_ratio": 0.0})
+
+
+def test_beta_schedule_config_errors_name_the_option():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule: 'expo' is not allowed"):
+        load_config(q, ["algorithm.beta_schedule=expo"])
+    with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule_args\.beta_max"):
+        load_config(q, ["algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={beta_max: 1}"])
+
+
+# --- advantage transforms ----------------------------------------------------------------------------------------
+
+
+def test_difficulty_weighting_by_hand():
+    r = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    a = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.5, -0.5, -0.5, -0.5]])
+    # failure rates d = [0.5, 0.75], mean 0.625 -> weights 1 + (d - 0.625) = [0.875, 1.125]
+    out = adv_lib.apply_transforms(["difficulty"], a, r, torch.zeros_like(r), {})
+    torch.testing.assert_close(out, a * torch.tensor([[0.875], [1.125]]))
+
+
+def test_negative_group_confidence_by_hand():
+    r = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    a = torch.tensor([[0.0, 0.0, 0.0], [1.15, -0.58, -0.58]])
+    lp = torch.log(torch.tensor([[0.5, 0.2, 0.2], [0.9, 0.9, 0.9]]))
+    out = adv_lib.apply_transforms(["negative_groups"], a, r, lp, {"negative_groups": {"strength": 2.0}})
+    # all-wrong group: c = [0.5, 0.2, 0.2], mean 0.3 -> A = -2 * (c - 0.3) = [-0.4, 0.2, 0.2]; group 2 unchanged
+    torch.testing.assert_close(out, torch.tensor([[-0.4, 0.2, 0.2], [1.15, -0.58, -0.58]]))
+
+
+def test_advantage_transform_config_errors():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage_transform: 'nope' is not allowed"):
+        load_config(q, ["algorithm.advantage_transform=[nope]"])
+    with pytest.raises(ConfigError, match=r"advantage_transform_args\.difficulty\.power"):
+        load_config(
+            q,
+            [
+                "algorithm.advantage_transform=[difficulty]",
+                "algorithm.advantage_transform_args={difficulty: {power: 2}}",
+            ],
+        )
+
+
+# --- rewards -------------------------------------------------------------------------------------------------
+
+
+def test_self_consistency_frequency_majority_and_entropy_term():
+    comps = ["<answer>red</answer>", "<answer>Red</answer>", "<answer>blue</answer>", "no tags", "<answer>x</answer>"]
+    cols = {"group_index": [0, 0, 0, 0, 1]}
+    freq = load_reward("self_consistency")(comps, prompts=["p"] * 5, **cols)
+    assert freq == pytest.approx([0.5, 0.5, 0.25, 0.0, 1.0])  # p(a) over the N=4 completions of group 0
+    maj = load_reward("self_consistency", vote="majority", entropy_weight=0.1)(comps, prompts=["p"] * 5, **cols)
+    assert maj == pytest.approx([1 + 0.1 * math.log(0.5), 1 + 0.1 * math.log(0.5), 0.1 * math.log(0.25), 0.0, 1.0])
+
+
+STEP_OK = (
+    "### Image Description: a red bar.\n### Rationales: count it.\n### Step 1: the bar is red and wide.\n"
+    "### Step 2: compare with Blue.\n### The final answer is: 42"
+)
+
+
+def test_step_rar_and_step_rvr_by_hand():
+    rar = load_reward("step_rar")
+    cols = {"answer": ["42", "41", "42"], "key_steps": [[["red", "crimson"], ["blue"], ["green"]], [["red"]], None]}
+    # 1 + 0.1 * 2/3 ; 0 + 0.1 * 1/1 ; answer only
+    assert rar([STEP_OK, STEP_OK, STEP_OK], prompts=["p"] * 3, **cols) == pytest.approx([1 + 0.2 / 3, 0.1, 1.0])
+    rvr = load_reward("step_rvr")
+    skipped = STEP_OK.replace("### Step 2:", "### Step 3:")
+    late = STEP_OK.replace("### The final answer is: 42", "") + "\n### The final answer is: 42\n### Step 3: x"
+    missing = STEP_OK.replace("### Rationales: count it.\n", "")
+    assert rvr([STEP_OK, skipped, late, missing], prompts=["p"] * 4) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_tempsamp_shape_by_hand():
+    e = math.e
+    assert tempsamp_shape(1.0) == pytest.approx(0.8 + 0.01 * math.log(1.2))  # 0.8018
+    assert tempsamp_shape(0.8) == pytest.approx(0.8)
+    assert tempsamp_shape(0.5) == pytest.approx(0.8 - (math.exp(0.3) - 1) / (e - 1))  # 0.5964
+    assert tempsamp_shape(0.0) == pytest.approx(0.8 - (math.exp(0.8) - 1) / (e - 1))  # 0.0868
+    soft = load_reward("tempsamp_soft")(
+        ["<answer>0.5 to 1.5</answer>", "<answer>0.5 to 1.0</answer>"], prompts=["p"] * 2, answer=[[0.5, 1.5], None]
+    )
+    assert soft == pytest.approx([0.8 + 0.01 * math.log(1.2), None]) if soft[1] is None else False
+
+
+# --- variance-aware sampling ---------------------------------------------------------------------------------
+
+
+def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
+    one = VarianceSampler(20, 4, 1, 0, seed=3)
+    two = [VarianceSampler(20, 2, 2, r, seed=3) for r in range(2)]
+    assert one.indices(0) == two[0].indices(0) + two[1].indices(0)
+    assert one.positions(1) == two[0].positions(1) + two[1].positions(1)
+    rows = torch.arange(20)
+    rewards = torch.zeros(20, 4)
+    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # rows 0-3: variance 0.25; the others 0
+    for s in [one, *two]:
+        s.observe(rows, rewards, distinct_fraction(["a"] * 80, 4))
+    torch.testing.assert_close(one.variance[:5], torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0]))
+    assert one.diversity[0] == 0.25
+    counts = torch.zeros(20)
+    for step in range(1, 201):
+        counts[one.indices(step)] += 1
+    # weights 0.05 + 0.25 = 0.3 for rows 0-3 vs 0.05: the high-variance rows are drawn far more often
+    assert counts[:4].mean() > 3 * counts[4:].mean()
+    assert one.indices(1) == two[0].indices(1) + two[1].indices(1)
+    filt = VarianceSampler(20, 4, 1, 0, seed=3, mode="filter")
+    filt.observe(rows, rewards, torch.ones(20))
+    assert all(set(filt.indices(s)) <= {0, 1, 2, 3} for s in range(5))
+
+
+# --- configs: one short run each ------------------------------------------------------------------------------
+
+SMALL = [
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=16",
+    "task.args.eval_size=4",
+    "warmup.steps=0",
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "steps=2",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "logging.plot=false",
+    "checkpoint.save_final=false",
+]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml")))
+def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import train
+
+    cfg = load_config(ROOT / "configs" / name, [*SMALL, f"output_dir={tmp_path / 'run'}"])
+    train(cfg)
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "loss/policy" in r][-1]
+    assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
