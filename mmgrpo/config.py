@@ -214,6 +214,8 @@ class WarmupConfig:
     """Warm-up learning rate."""
     batch_size: int = 16
     """Rows per warm-up step."""
+    thought_dropout: Annotated[float, Range(ge=0, le=1)] = 0.0
+    """TON thought dropout: share of warm-up targets whose <think>…</think> is emptied (mmgrpo/thoughts.py)."""
 
 
 @dataclass

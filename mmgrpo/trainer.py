@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, noise, sampling, schedules, shaping, sharding
+from mmgrpo import losses, noise, sampling, schedules, shaping, sharding, thoughts
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -540,6 +540,7 @@ class Trainer:
         if not isinstance(self.task, WarmupTask) or not isinstance(self.adapter, SupervisedLoss):
             raise ValueError(f"warmup.steps > 0 but task {self.cfg.task.name!r} or the adapter has no warm-up")
         rows = self.task.warmup_rows(self.cfg.seed)
+        rows = thoughts.drop_thoughts(rows, w.thought_dropout, self.cfg.seed)  # TON (0 = unchanged)
         rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
         opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
         bar = _progress(self.cfg, self.acc, total=w.steps, desc="warm-up")

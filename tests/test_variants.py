@@ -238,3 +238,18 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if "loss/policy" in r][-1]
     assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+
+
+def test_thought_dropout_empties_think_blocks_at_the_rate():
+    from mmgrpo.thoughts import EMPTY_THOUGHT, drop_thoughts
+
+    rows = [{"target": f"<think>step {i}</think><answer>{i}</answer>"} for i in range(1000)] + [{"target": "<answer>x"}]
+    out = drop_thoughts(rows, 0.3, seed=1)
+    dropped = [r["target"] == f"{EMPTY_THOUGHT}<answer>{i}</answer>" for i, r in enumerate(out[:1000])]
+    kept = [r["target"] == rows[i]["target"] for i, r in enumerate(out[:1000])]
+    assert all(d or k for d, k in zip(dropped, kept))
+    assert 0.25 < sum(dropped) / 1000 < 0.35  # binomial(1000, 0.3): 5 standard deviations
+    assert out[-1] == rows[-1] and drop_thoughts(rows, 0.3, seed=1) == out
+    assert drop_thoughts(rows, 1.0, seed=0)[0]["target"] == f"{EMPTY_THOUGHT}<answer>0</answer>"
+    with pytest.raises(ConfigError, match=r"warmup\.thought_dropout"):
+        load_config(ROOT / "configs/quickstart.yaml", ["warmup.thought_dropout=1.5"])
