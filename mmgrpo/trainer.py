@@ -312,7 +312,7 @@ class Trainer:
             seen = (
                 torch.tensor(self.sampler.indices(step)),
                 combined,
-                sampling.distinct_fraction(rollout.outputs, a.group_size),
+                sampling.distinct_n(rollout.outputs, a.group_size),
             )
             self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
         mask = rollout.mask.clone()  # [B, T]
@@ -648,6 +648,8 @@ class Trainer:
             return False
         saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
         self.state.load_state_dict(saved)
+        if "sampler" in saved and hasattr(self.sampler, "load_state_dict"):  # variance-aware samplers' statistics
+            self.sampler.load_state_dict(saved["sampler"])
         if self.acc.is_main_process:
             _truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
@@ -668,7 +670,10 @@ class Trainer:
             final=final,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            trainer_state=self.state.state_dict(),
+            trainer_state={  # + a stateful sampler's statistics (algorithm.sampler: variance)
+                **self.state.state_dict(),
+                **({"sampler": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}),
+            },
             config_text=dump_config(cfg),
             model_files=_model_files(cfg, self.adapter, step),
         )

@@ -11,7 +11,7 @@ from mmgrpo import losses, schedules
 from mmgrpo.config import ConfigError, load_config
 from mmgrpo.rewards import load_reward
 from mmgrpo.rewards.variants import tempsamp_shape
-from mmgrpo.sampling import VarianceSampler, distinct_fraction
+from mmgrpo.sampling import VarianceSampler, distinct_n
 
 ROOT = Path(__file__).resolve().parents[1]
 NOCLIP = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "tau_pos": 1.0, "tau_neg": 1.05}
@@ -185,26 +185,63 @@ def test_tempsamp_shape_by_hand():
 
 
 def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
-    one = VarianceSampler(20, 4, 1, 0, seed=3)
-    two = [VarianceSampler(20, 2, 2, r, seed=3) for r in range(2)]
+    one = VarianceSampler(20, 4, 1, 0, seed=3, mixture_ratio=1.0)
+    two = [VarianceSampler(20, 2, 2, r, seed=3, mixture_ratio=1.0) for r in range(2)]
     assert one.indices(0) == two[0].indices(0) + two[1].indices(0)
     assert one.positions(1) == two[0].positions(1) + two[1].positions(1)
     rows = torch.arange(20)
     rewards = torch.zeros(20, 4)
-    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # rows 0-3: variance 0.25; the others 0
+    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # rows 0-3: variance p(1-p) = 0.25; the others 0
     for s in [one, *two]:
-        s.observe(rows, rewards, distinct_fraction(["a"] * 80, 4))
+        s.observe(rows, rewards, distinct_n(["a b c"] * 80, 4))
     torch.testing.assert_close(one.variance[:5], torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0]))
-    assert one.diversity[0] == 0.25
-    counts = torch.zeros(20)
-    for step in range(1, 201):
-        counts[one.indices(step)] += 1
-    # weights 0.05 + 0.25 = 0.3 for rows 0-3 vs 0.05: the high-variance rows are drawn far more often
-    assert counts[:4].mean() > 3 * counts[4:].mean()
+    assert one.diversity[0] == 0.25  # one distinct 3-gram among the group's four
+    # min-max normalised weights: 1 for rows 0-3, 0 for the others -> with mixture 1 only rows 0-3 are drawn
+    torch.testing.assert_close(one.weights()[:5], torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]), atol=1e-6, rtol=0)
+    assert all(set(one.indices(step)) == {0, 1, 2, 3} for step in range(1, 20))
     assert one.indices(1) == two[0].indices(1) + two[1].indices(1)
     filt = VarianceSampler(20, 4, 1, 0, seed=3, mode="filter")
     filt.observe(rows, rewards, torch.ones(20))
     assert all(set(filt.indices(s)) <= {0, 1, 2, 3} for s in range(5))
+
+
+def test_variance_sampler_mixture_momentum_and_distinct_3():
+    # MMR1 MixedCurriculumSampler: half of each step by weight (rows 0-3 only), half uniformly over the other rows,
+    # interleaved weighted / uniform
+    mix = VarianceSampler(20, 4, 1, 0, seed=5, mixture_ratio=0.5)
+    rewards = torch.zeros(20, 4)
+    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    mix.observe(torch.arange(20), rewards, torch.zeros(20))
+    odd = []
+    for step in range(50):
+        rows = mix.indices(step)
+        assert len(set(rows)) == 4 and rows[0] < 4 and rows[2] < 4  # weighted draws at even slots
+        odd += rows[1::2]  # uniform over the 18 rows the weighted draw left: rows >= 4 with probability 16/18
+    assert 0.75 < sum(r >= 4 for r in odd) / len(odd) < 0.98  # 100 draws: about 3 standard deviations
+    # momentum m: new = m * old + (1 - m) * observed, for rows seen before
+    mom = VarianceSampler(4, 1, 1, 0, seed=0, momentum=0.75)
+    mom.observe(torch.tensor([0]), torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]))  # first sight: 0.25, 1
+    mom.observe(torch.tensor([0]), torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))  # variance 0, TDS 0
+    assert float(mom.variance[0]) == pytest.approx(0.75 * 0.25)
+    assert float(mom.diversity[0]) == pytest.approx(0.75)
+    # distinct-3: group 1 "a b c d" + "a b c x" -> 3-grams abc, bcd, abc, bcx: 3 distinct of 4; group 2 no 3-gram
+    torch.testing.assert_close(distinct_n(["a b c d", "a b c x", "a b", "c"], 2), torch.tensor([0.75, 0.0]))
+
+
+def test_variance_sampler_state_round_trip_draws_the_same_rows():
+    import json
+
+    a = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        rows = torch.tensor(a.indices(step))
+        a.observe(rows, torch.randint(0, 2, (3, 4), generator=gen).float(), torch.rand(3, generator=gen))
+    b = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    assert [b.indices(s) for s in range(4, 9)] != [a.indices(s) for s in range(4, 9)]  # fresh statistics differ
+    b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))  # strict JSON: unseen rows -> null
+    assert [b.indices(s) for s in range(4, 9)] == [a.indices(s) for s in range(4, 9)]
+    with pytest.raises(ValueError, match="has 30 rows, the training data has 29"):
+        VarianceSampler(29, 3, 1, 0, seed=1).load_state_dict(a.state_dict())
 
 
 # --- configs: one short run each ------------------------------------------------------------------------------
@@ -228,17 +265,43 @@ SMALL = [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml")))
+def _last_record(run) -> dict:
+    import json
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss/policy" in r][-1]
+
+
+SAMPLING = "variant_variance_sampling.yaml"  # trained (and resumed) by the test below
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml") if p.name != SAMPLING)
+)
 def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     from mmgrpo.trainer import train
 
     cfg = load_config(ROOT / "configs" / name, [*SMALL, f"output_dir={tmp_path / 'run'}"])
     train(cfg)
-    import json
-
-    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if "loss/policy" in r][-1]
+    last = _last_record(tmp_path / "run")
     assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+
+
+def test_variance_sampling_config_trains_and_resumes_its_statistics(tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import Trainer
+
+    over = [*SMALL, f"output_dir={tmp_path / 'run'}", "checkpoint.every=1"]
+    first = Trainer(load_config(ROOT / "configs" / SAMPLING, over))
+    first.run()
+    last = _last_record(tmp_path / "run")
+    assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    seen = ~torch.isnan(first.sampler.variance)
+    assert int(seen.sum()) >= 2  # the two steps' prompts were observed
+    resumed = Trainer(load_config(ROOT / "configs" / SAMPLING, [*over, "resume=latest", "steps=4"]))
+    assert torch.isnan(resumed.sampler.variance).all()  # before the checkpoint is loaded: nothing seen
+    resumed._maybe_resume()
+    torch.testing.assert_close(resumed.sampler.variance, first.sampler.variance, equal_nan=True)
+    assert [resumed.sampler.indices(s) for s in (2, 3)] == [first.sampler.indices(s) for s in (2, 3)]
 
 
 def test_thought_dropout_empties_think_blocks_at_the_rate():
