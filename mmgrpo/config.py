@@ -117,6 +117,22 @@ class RewardRuntimeConfig:
 
 
 @dataclass
+class GroundTruthInjectionConfig:
+    """TempSamp-R1 off-policy ground-truth injection (mmgrpo/injection.py, docs/variants.md); token adapters."""
+
+    enabled: bool = False
+    """Replace one sample of every group by the row's ground-truth answer, teacher-forced (ratio 1 at the first
+    update, as the public re-implementation recomputes its old log-probs with the policy)."""
+    column: str = "answer"
+    """Dataset column holding the ground truth; rows without it keep all G sampled completions."""
+    template: str = "<answer>{answer}</answer>"
+    """The GT completion: str.format with ``answer`` = the column's value, e.g.
+    ``<answer>{answer[0]:g} to {answer[1]:g}</answer>`` for a [start, end] span."""
+    slot: int = -1
+    """Which sample of the group is replaced (-1 = the last, the re-implementation's ``gt_replace_index``)."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """G: samples per prompt."""
@@ -185,6 +201,8 @@ class AlgorithmConfig:
     variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
     sampler_args: dict[str, Any] = field(default_factory=dict)
     """Options of the prompt sampler (docs/variants.md)."""
+    gt_injection: GroundTruthInjectionConfig = field(default_factory=GroundTruthInjectionConfig)
+    """TempSamp-R1 ground-truth injection: one slot per group is the row's answer (docs/variants.md)."""
 
 
 @dataclass

@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, noise, sampling, schedules, shaping, sharding, thoughts
+from mmgrpo import injection, losses, noise, sampling, schedules, shaping, sharding, thoughts
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -160,6 +160,8 @@ class Trainer:
         for name, why in need.items():
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
+        if a.gt_injection.enabled and not isinstance(self.adapter, injection.TeacherForcing):
+            raise ConfigError(f"algorithm.gt_injection needs an adapter with inject(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -282,6 +284,11 @@ class Trainer:
             keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
         with noise.keyed(keys):
             rollout = self.adapter.rollout(rows, a.group_size)
+        gt = a.gt_injection
+        if gt.enabled:  # TempSamp-R1: one slot per group becomes the ground truth, teacher-forced (mmgrpo/injection.py)
+            injected = injection.inject_ground_truth(
+                self.adapter, rollout, rows, column=gt.column, template=gt.template, slot=gt.slot
+            )  # [B]
         t1 = time.perf_counter()
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
@@ -315,6 +322,8 @@ class Trainer:
                 sampling.distinct_n(rollout.outputs, a.group_size),
             )
             self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
+        if gt.enabled:
+            adv_metrics["gt/injected_fraction"] = injected.float().mean()  # share of the B samples
         mask = rollout.mask.clone()  # [B, T]
         if a.filter_zero_variance:
             keep = ~adv_lib.zero_variance_groups(combined)  # [P]

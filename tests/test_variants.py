@@ -281,10 +281,13 @@ SAMPLING = "variant_variance_sampling.yaml"  # trained (and resumed) by the test
 def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     from mmgrpo.trainer import train
 
-    cfg = load_config(ROOT / "configs" / name, [*SMALL, f"output_dir={tmp_path / 'run'}"])
+    extra = ["model.args.max_new_tokens=12"] if name == "variant_tempsamp.yaml" else []  # room for the GT span
+    cfg = load_config(ROOT / "configs" / name, [*SMALL, *extra, f"output_dir={tmp_path / 'run'}"])
     train(cfg)
     last = _last_record(tmp_path / "run")
     assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
+        assert last["gt/injected_fraction"] == pytest.approx(0.25)
 
 
 def test_variance_sampling_config_trains_and_resumes_its_statistics(tmp_path, mmgrpo_cache):
@@ -317,3 +320,50 @@ def test_thought_dropout_empties_think_blocks_at_the_rate():
     assert drop_thoughts(rows, 1.0, seed=0)[0]["target"] == f"{EMPTY_THOUGHT}<answer>0</answer>"
     with pytest.raises(ConfigError, match=r"warmup\.thought_dropout"):
         load_config(ROOT / "configs/quickstart.yaml", ["warmup.thought_dropout=1.5"])
+
+
+# --- TempSamp-R1 ground-truth injection ---------------------------------------------------------------------------
+
+
+def test_gt_injection_teacher_forces_one_slot_per_group(tiny_vlm_path):
+    from mmgrpo.injection import inject_ground_truth
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    torch.manual_seed(0)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 8})
+    rows = list(ShapesTask(ShapesArgs(train_size=3, eval_size=1)).train_rows())
+    rows[1] = {k: v for k, v in rows[1].items() if k != "answer"}  # no ground truth: the group stays on-policy
+    rollout = adapter.rollout(rows, group_size=3)
+    before_old, before_out = rollout.old_logprobs.clone(), list(rollout.outputs)
+    injected = inject_ground_truth(adapter, rollout, rows, column="answer", template="<answer>{answer}</answer>")
+    assert injected.tolist() == [False, False, True, False, False, False, False, False, True]  # slot -1
+    for b in (2, 8):
+        text = f"<answer>{rows[b // 3]['answer']}</answer>"
+        ids = adapter.tokenizer.encode(text, add_special_tokens=False) + [int(adapter.eos_ids[0])]
+        comp = rollout.state.completion_ids[b]
+        assert comp[: len(ids)].tolist() == ids and (comp[len(ids) :] == adapter.pad_id).all()
+        assert rollout.outputs[b] == text and not rollout.truncated[b]
+        assert rollout.mask[b].tolist() == [1.0] * len(ids) + [0.0] * (8 - len(ids))  # up to and including EOS
+    keep = ~injected
+    assert torch.equal(rollout.old_logprobs[keep], before_old[keep])
+    assert [o for o, k in zip(rollout.outputs, keep) if k] == [o for o, k in zip(before_out, keep) if k]
+    gt = torch.tensor([2, 8])
+    logp = adapter.logprobs(rollout, gt)  # [2, T] the training forward, with grad
+    m = rollout.mask[gt].bool()
+    assert (rollout.old_logprobs[gt][m] < 0).all()  # real teacher-forced log-probs, not zeros
+    # the re-implementation's treatment: old log-probs recomputed by the policy -> ratio exactly 1, no IS weight
+    torch.testing.assert_close(logp.detach()[m], rollout.old_logprobs[gt][m], atol=1e-5, rtol=0)
+    # the gradient flows through the GT tokens: a positive advantage raises their log-probability
+    params = adapter.trainable_parameters()
+    opt = torch.optim.SGD(params, lr=0.05)
+    per_unit, _ = losses.ppo_clip(logp - rollout.old_logprobs[gt], torch.ones_like(logp), rollout.mask[gt], **NOCLIP)
+    losses.token_mean(per_unit, rollout.mask[gt], max_units=8).backward()
+    opt.step()
+    with torch.no_grad():
+        after = adapter.logprobs(rollout, gt)
+    assert float((after - logp.detach())[m].sum()) > 0
+    with pytest.raises(ValueError, match=r"more than model\.args\.max_new_tokens=8"):
+        inject_ground_truth(adapter, rollout, rows[:1] * 3, column="answer", template="<answer>{answer} " * 4)
+    with pytest.raises(ValueError, match=r"gt_injection\.template .* cannot format row 0"):
+        inject_ground_truth(adapter, rollout, rows, column="answer", template="{answer[5]}")

@@ -409,6 +409,32 @@ class VLMAdapter(TokenPolicy):
         rollout.validate()
         return rollout
 
+    @torch.no_grad()
+    def inject(self, rollout: Rollout, index: Tensor, texts: list[str]) -> None:
+        """Replace samples ``index`` [n] by ``texts`` + EOS, teacher-forced (``mmgrpo.injection``, TempSamp-R1).
+
+        Their old log-probs become the current policy's log-probs of the new tokens (the re-implementation's
+        recomputed ``old_log_probs``), so their ratio is 1 before the first update.
+        """
+        state: VLMState = rollout.state
+        T = state.completion_ids.shape[1]
+        eos = int(self.eos_ids[0])
+        for row, text in zip(index.tolist(), texts, strict=True):
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [eos]
+            if len(ids) > T:
+                raise ValueError(
+                    f"algorithm.gt_injection: the ground-truth completion {text!r} of sample {row} has {len(ids)} "
+                    f"tokens with EOS, more than model.args.max_new_tokens={T}; raise max_new_tokens"
+                )
+            state.completion_ids[row] = torch.tensor(ids + [self.pad_id] * (T - len(ids)))
+        comp = state.completion_ids[index]  # [n, T]
+        mask = self._completion_mask(comp).float()  # [n, T]
+        rollout.mask[index] = mask.to(rollout.mask.dtype)
+        rollout.truncated[index] = False
+        for row, text in zip(index.tolist(), self._decode(comp), strict=True):
+            rollout.outputs[row] = text
+        rollout.old_logprobs[index] = self._token_logprobs(self.model, state, index).cpu() * mask  # [n, T]
+
     def _image_columns(
         self, prompts: list[dict], encodings: list[dict[str, Tensor]], loaded_sizes: list | None
     ) -> dict[str, list]:
