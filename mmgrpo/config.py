@@ -201,6 +201,11 @@ class AlgorithmConfig:
     variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
     sampler_args: dict[str, Any] = field(default_factory=dict)
     """Options of the prompt sampler (docs/variants.md)."""
+    token_weighting: str = "none"
+    """Per-position weights on the per-unit advantages: none | tw_grpo (TW-GRPO intra-group divergence weights;
+    token adapters with vocab_logits(); one extra no-grad forward per step). docs/variants.md."""
+    token_weighting_args: dict[str, Any] = field(default_factory=dict)
+    """tw_grpo: alpha (the largest weight, default 1.4), chunk (positions per fp32 log-softmax, default 64)."""
     gt_injection: GroundTruthInjectionConfig = field(default_factory=GroundTruthInjectionConfig)
     """TempSamp-R1 ground-truth injection: one slot per group is the row's answer (docs/variants.md)."""
 
@@ -617,6 +622,13 @@ def _validate_variants(a: AlgorithmConfig) -> None:
         raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
     if a.sampler != sampling.SEQUENTIAL:
         check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    _check_choice("algorithm.token_weighting", a.token_weighting, ["none", "tw_grpo"])
+    extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
+    if extra:
+        raise ConfigError(
+            f"algorithm.token_weighting_args: {sorted(extra)} not allowed for token_weighting={a.token_weighting!r}; "
+            "tw_grpo takes alpha and chunk"
+        )
     if a.surrogate in losses.GROUP_SURROGATES:  # the loss normalises over groups: minibatches hold whole groups
         G = a.group_size
         if a.minibatch_size % G or a.prompts_per_step % a.updates_per_epoch:

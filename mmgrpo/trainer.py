@@ -160,6 +160,11 @@ class Trainer:
         for name, why in need.items():
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
+        if a.token_weighting == "tw_grpo" and not callable(getattr(self.adapter, "vocab_logits", None)):
+            raise ConfigError(
+                f"algorithm.token_weighting=tw_grpo needs an adapter with vocab_logits(); "
+                f"{cfg.model.adapter!r} has none"
+            )
         if a.gt_injection.enabled and not isinstance(self.adapter, injection.TeacherForcing):
             raise ConfigError(f"algorithm.gt_injection needs an adapter with inject(); {cfg.model.adapter!r} has none")
         o = cfg.optim
@@ -331,6 +336,10 @@ class Trainer:
             adv_metrics["advantage/kept_group_fraction"] = keep.float().mean()
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
         unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
+        if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
+            weights = self._tw_grpo_weights(rollout)  # [B, T]
+            unit_adv = unit_adv * weights  # [B, T]
+            adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
         ref = None
         if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
@@ -357,6 +366,18 @@ class Trainer:
         if self.acc.num_processes > 1:
             metrics = self._reduce_metrics(metrics, rewards)
         return metrics
+
+    def _tw_grpo_weights(self, rollout) -> torch.Tensor:
+        """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
+        opts = self.cfg.algorithm.token_weighting_args
+        G, chunk = rollout.group_size, int(opts.get("chunk", 64))
+        divergence = [
+            shaping.intragroup_divergence(
+                self.adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk
+            ).cpu()  # [T]
+            for idx in torch.arange(rollout.batch_size).split(G)
+        ]
+        return shaping.tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
 
     def _reduce_metrics(self, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
         """Every process's metrics → one set for the whole step (identical on all processes).

@@ -286,6 +286,8 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     train(cfg)
     last = _last_record(tmp_path / "run")
     assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    if cfg.algorithm.token_weighting == "tw_grpo":  # weights in [1, alpha], the group's max position at alpha
+        assert 1.0 < last["advantage/token_weight_mean"] < cfg.algorithm.token_weighting_args["alpha"]
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
 
@@ -367,3 +369,46 @@ def test_gt_injection_teacher_forces_one_slot_per_group(tiny_vlm_path):
         inject_ground_truth(adapter, rollout, rows[:1] * 3, column="answer", template="<answer>{answer} " * 4)
     with pytest.raises(ValueError, match=r"gt_injection\.template .* cannot format row 0"):
         inject_ground_truth(adapter, rollout, rows, column="answer", template="{answer[5]}")
+
+
+# --- TW-GRPO token weights ---------------------------------------------------------------------------------------
+
+
+def _k3(lbar: list[float], lp: list[float]) -> float:
+    return sum(math.exp(a - b) - (a - b) - 1 for a, b in zip(lbar, lp))
+
+
+def test_tw_grpo_divergence_and_weights_by_hand():
+    from mmgrpo.shaping import intragroup_divergence, tw_grpo_weights
+
+    L = math.log
+    # G = 2 samples, T = 3 positions, V = 2; logits = log-probabilities. t0: both (0.5, 0.5); t1: (0.8, 0.2) vs
+    # (0.2, 0.8); t2: (0.8, 0.2) vs sample 2 ended (uniform log 1/2 replaces its row)
+    logits = torch.tensor(
+        [[[L(0.5), L(0.5)], [L(0.8), L(0.2)], [L(0.8), L(0.2)]], [[L(0.5), L(0.5)], [L(0.2), L(0.8)], [5.0, -3.0]]]
+    )
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    lbar1 = [L(0.4), L(0.4)]  # mean of log 0.8 and log 0.2 = log 0.4
+    lbar2 = [(L(0.8) + L(0.5)) / 2, (L(0.2) + L(0.5)) / 2]
+    d1 = (_k3(lbar1, [L(0.8), L(0.2)]) + _k3(lbar1, [L(0.2), L(0.8)])) / 2  # = 0.5
+    d2 = (_k3(lbar2, [L(0.8), L(0.2)]) + _k3(lbar2, [L(0.5), L(0.5)])) / 2
+    expect = torch.tensor([0.0, d1, d2])
+    assert d1 == pytest.approx(0.5)
+    for chunk in (1, 2, 64):  # chunking over positions does not change the result
+        torch.testing.assert_close(intragroup_divergence(logits, mask, chunk=chunk), expect, atol=1e-6, rtol=1e-6)
+    w = tw_grpo_weights(expect[None], mask, alpha=1.4)  # [2, 3]: min-max over T, shared by the group, masked
+    row = [1.0, 1.4, 1.0 + 0.4 * d2 / d1]
+    torch.testing.assert_close(w, torch.tensor([row, row[:2] + [0.0]]), atol=1e-6, rtol=1e-6)
+    # a large gap is clamped at 11 before the exp (the code's clamp): finite
+    far = torch.tensor([[[0.0, 0.0]], [[-200.0, 200.0]]])
+    assert torch.isfinite(intragroup_divergence(far, torch.ones(2, 1)))
+    with pytest.raises(ValueError, match="alpha: must be >= 1"):
+        tw_grpo_weights(expect[None], mask, alpha=0.5)
+
+
+def test_tw_grpo_config_errors():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.token_weighting: 'tw' is not allowed"):
+        load_config(q, ["algorithm.token_weighting=tw"])
+    with pytest.raises(ConfigError, match=r"token_weighting_args: \['max_weight'\] not allowed"):
+        load_config(q, ["algorithm.token_weighting=tw_grpo", "algorithm.token_weighting_args={max_weight: 2}"])

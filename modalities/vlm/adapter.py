@@ -466,7 +466,15 @@ class VLMAdapter(TokenPolicy):
 
     # --------------------------------------------------------------------------------------- log-probs
 
-    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
+    @torch.no_grad()
+    def vocab_logits(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """Next-token logits [n, T, V] at the completion positions of samples ``index``, current policy, no gradient
+        (TW-GRPO's intra-group divergence, ``mmgrpo.shaping.intragroup_divergence``). Model dtype; the caller asks
+        for one group at a time."""
+        return self._completion_logits(self.model, rollout.state, index)[1]
+
+    def _completion_logits(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> tuple[Tensor, Tensor]:
+        """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``."""
         comp = state.completion_ids[index]  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
@@ -480,6 +488,11 @@ class VLMAdapter(TokenPolicy):
         else:
             batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
             logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
+        return comp, logits
+
+    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
+        comp, logits = self._completion_logits(model, state, index)  # [n, T], [n, T, V]
+        T = comp.shape[1]
         # Suppressed tokens are never sampled, nor is EOS before min_new_tokens: not part of the distribution.
         banned = banned_mask(
             logits.shape[-1],
