@@ -117,6 +117,18 @@ class RewardRuntimeConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling (arXiv 2503.14476 §3.2; verl algorithm.filter_groups): refill zero-variance groups."""
+
+    enabled: bool = False
+    """Replace the groups whose combined rewards are all equal by groups of fresh prompts (mmgrpo/dynamic_sampling.py;
+    token adapters)."""
+    max_num_gen_batches: Annotated[int, Range(ge=1)] = 4
+    """Generation batches of P prompts per step at most, the step's own included; slots still empty after them keep
+    zero-variance groups (counted in data/dynamic_short_groups)."""
+
+
+@dataclass
 class GroundTruthInjectionConfig:
     """TempSamp-R1 off-policy ground-truth injection (mmgrpo/injection.py, docs/variants.md); token adapters."""
 
@@ -206,6 +218,8 @@ class AlgorithmConfig:
     token adapters with vocab_logits(); one extra no-grad forward per step). docs/variants.md."""
     token_weighting_args: dict[str, Any] = field(default_factory=dict)
     """tw_grpo: alpha (the largest weight, default 1.4), chunk (positions per fp32 log-softmax, default 64)."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO dynamic sampling: refill zero-variance groups with fresh prompts (docs/variants.md)."""
     gt_injection: GroundTruthInjectionConfig = field(default_factory=GroundTruthInjectionConfig)
     """TempSamp-R1 ground-truth injection: one slot per group is the row's answer (docs/variants.md)."""
 

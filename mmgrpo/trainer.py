@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import injection, losses, noise, sampling, schedules, shaping, sharding, thoughts
+from mmgrpo import dynamic_sampling, injection, losses, noise, sampling, schedules, shaping, sharding, thoughts
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -164,6 +164,10 @@ class Trainer:
             raise ConfigError(
                 f"algorithm.token_weighting=tw_grpo needs an adapter with vocab_logits(); "
                 f"{cfg.model.adapter!r} has none"
+            )
+        if a.dynamic_sampling.enabled and not callable(getattr(self.adapter, "merge_states", None)):
+            raise ConfigError(
+                f"algorithm.dynamic_sampling needs an adapter with merge_states(); {cfg.model.adapter!r} has none"
             )
         if a.gt_injection.enabled and not isinstance(self.adapter, injection.TeacherForcing):
             raise ConfigError(f"algorithm.gt_injection needs an adapter with inject(); {cfg.model.adapter!r} has none")
@@ -299,6 +303,9 @@ class Trainer:
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)
         columns.setdefault("group_index", [b // a.group_size for b in range(len(prompts))])  # group-aware rewards
         scores, reward_metrics = self.rewards(rollout.outputs, prompts, columns)  # [B, K]
+        self._step_rows = self.sampler.indices(step)  # dataset rows of the P groups (the variance sampler's keys)
+        if a.dynamic_sampling.enabled:  # DAPO: refill zero-variance groups with fresh prompts
+            rows, rollout, scores, reward_metrics = self._refill(step, rows, rollout, scores, reward_metrics)
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
         t2 = time.perf_counter()
 
@@ -322,7 +329,7 @@ class Trainer:
             )  # [P, G]
         if hasattr(self.sampler, "observe"):  # variance-aware samplers: every process sees all groups
             seen = (
-                torch.tensor(self.sampler.indices(step)),
+                torch.tensor(self._step_rows),
                 combined,
                 sampling.distinct_n(rollout.outputs, a.group_size),
             )
@@ -366,6 +373,53 @@ class Trainer:
         if self.acc.num_processes > 1:
             metrics = self._reduce_metrics(metrics, rewards)
         return metrics
+
+    def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
+        """DAPO dynamic sampling (mmgrpo/dynamic_sampling.py): the first P groups with non-zero reward variance
+        over up to ``max_num_gen_batches`` generation batches; returns (rows, rollout, scores [B, K], metrics)."""
+        a, G, P = self.cfg.algorithm, self.cfg.algorithm.group_size, len(rows)
+        batches = [(rows, rollout, scores, self._step_rows)]
+        kept = lambda sc: dynamic_sampling.kept_groups(
+            adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), self.rewards.weights))
+        )
+        have = len(kept(scores))
+        for k in range(1, a.dynamic_sampling.max_num_gen_batches):
+            need = torch.tensor([float(have < P)], device=self.acc.device)
+            if float(self.acc.reduce(need, reduction="sum") if self.acc.num_processes > 1 else need) == 0:
+                break  # every process holds P groups with signal (all run the same number of batches)
+            idx = dynamic_sampling.refill_indices(
+                len(self.task.train_rows()), P, seed=self.cfg.seed, step=step, batch=k, rank=self.acc.process_index
+            )
+            more = self._sample_rows(step, idx)
+            keys = None
+            if self.cfg.rollout_noise == "keyed":  # the step's positions under a seed of this generation batch
+                seed = noise.mix(self.cfg.seed, 0x5EED, k)
+                keys = noise.NoiseKeys(seed, step, tuple(self.sampler.positions(step)), G)
+            with noise.keyed(keys):
+                r = self.adapter.rollout(more, G)
+            if a.gt_injection.enabled:
+                gt = a.gt_injection
+                injection.inject_ground_truth(
+                    self.adapter, r, more, column=gt.column, template=gt.template, slot=gt.slot
+                )
+            prompts, columns = reward_columns(more, G, r.extras)
+            columns.setdefault("group_index", [b // G for b in range(len(prompts))])
+            sc, mets = self.rewards(r.outputs, prompts, columns)  # [B, K]
+            reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
+            batches.append((more, r, sc, idx))
+            have += len(kept(sc))
+        order, short = dynamic_sampling.select_groups([kept(sc) for _, _, sc, _ in batches], P)
+        parts = [(batches[j][1], [g for jj, g in order if jj == j]) for j in range(len(batches))]
+        merged = dynamic_sampling.merge_groups(self.adapter, [(r, groups) for r, groups in parts if groups])
+        new_rows = [batches[j][0][g] for j, g in order]
+        self._step_rows = [batches[j][3][g] for j, g in order]
+        new_scores = torch.cat([batches[j][2][g * G : (g + 1) * G] for j, g in order])  # [B, K]
+        for k, name in enumerate(self.rewards.names):  # the kept groups' reward means
+            if f"reward/{name}" in reward_metrics:
+                reward_metrics[f"reward/{name}"] = float(new_scores[:, k].nanmean())
+        reward_metrics["data/dynamic_gen_batches"] = float(len(batches))
+        reward_metrics["data/dynamic_short_groups"] = float(short)
+        return new_rows, merged, new_scores, reward_metrics
 
     def _tw_grpo_weights(self, rollout) -> torch.Tensor:
         """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
@@ -415,12 +469,13 @@ class Trainer:
                 out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
         return out
 
-    def _sample_rows(self, step: int) -> list[dict]:
-        """The step's rows; a row that cannot be read is skipped (warned, counted) for the next one in file order."""
+    def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
+        """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
+        in file order."""
         data = self.task.train_rows()
         n = len(data)
         rows = []
-        for i in self.sampler.indices(step):
+        for i in self.sampler.indices(step) if indices is None else indices:
             for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
                 j = (i + attempt) % n
                 if j in self._bad_rows:

@@ -265,14 +265,29 @@ SMALL = [
 ]
 
 
-def _last_record(run) -> dict:
+def _records(run) -> list[dict]:
     import json
 
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if "loss/policy" in r][-1]
+    return [r for r in records if "loss/policy" in r]
+
+
+def _last_record(run) -> dict:
+    return _records(run)[-1]
 
 
 SAMPLING = "variant_variance_sampling.yaml"  # trained (and resumed) by the test below
+
+
+def length_reward(completions: list, **columns) -> list[float]:
+    """1 when the completion's length is a multiple of 4: zero-variance groups often, but not always."""
+    return [float(len(str(c)) % 4 == 0) for c in completions]
+
+
+# an untrained model scores 0 everywhere on the built-in rewards: give the refill groups to find
+VARIANT_OVERRIDES = {
+    "variant_dynamic_sampling.yaml": ["rewards=[{name: 'tests.test_variants:length_reward'}]", "steps=3"]
+}
 
 
 @pytest.mark.parametrize(
@@ -282,10 +297,18 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     from mmgrpo.trainer import train
 
     extra = ["model.args.max_new_tokens=12"] if name == "variant_tempsamp.yaml" else []  # room for the GT span
+    extra += VARIANT_OVERRIDES.get(name, [])
     cfg = load_config(ROOT / "configs" / name, [*SMALL, *extra, f"output_dir={tmp_path / 'run'}"])
     train(cfg)
     last = _last_record(tmp_path / "run")
     assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    if cfg.algorithm.dynamic_sampling.enabled:  # the kept groups have signal; only the fill-ins have none
+        P, limit = cfg.algorithm.prompts_per_step, cfg.algorithm.dynamic_sampling.max_num_gen_batches
+        for r in _records(tmp_path / "run"):
+            assert 1 <= r["data/dynamic_gen_batches"] <= limit
+            assert r["advantage/zero_std_fraction"] == pytest.approx(r["data/dynamic_short_groups"] / P)
+        refilled = [r for r in _records(tmp_path / "run") if r["data/dynamic_gen_batches"] > 1]
+        assert any(r["data/dynamic_short_groups"] < P for r in refilled)  # a refill found a group with signal
     if cfg.algorithm.token_weighting == "tw_grpo":  # weights in [1, alpha], the group's max position at alpha
         assert 1.0 < last["advantage/token_weight_mean"] < cfg.algorithm.token_weighting_args["alpha"]
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
@@ -412,3 +435,38 @@ def test_tw_grpo_config_errors():
         load_config(q, ["algorithm.token_weighting=tw"])
     with pytest.raises(ConfigError, match=r"token_weighting_args: \['max_weight'\] not allowed"):
         load_config(q, ["algorithm.token_weighting=tw_grpo", "algorithm.token_weighting_args={max_weight: 2}"])
+
+
+# --- DAPO dynamic sampling -----------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_selects_the_first_groups_with_signal():
+    from mmgrpo.dynamic_sampling import refill_indices, select_groups
+
+    # batch 0 keeps groups 1, 3; batch 1 keeps 0, 2, 3: the first P = 4 in generation order
+    assert select_groups([[1, 3], [0, 2, 3]], 4) == ([(0, 1), (0, 3), (1, 0), (1, 2)], 0)
+    # too few after all batches: the earliest zero-variance groups fill the rest
+    assert select_groups([[2], [1]], 4) == ([(0, 0), (0, 1), (0, 2), (1, 1)], 2)
+    a = refill_indices(100, 5, seed=1, step=3, batch=1, rank=0)
+    assert a == refill_indices(100, 5, seed=1, step=3, batch=1, rank=0)  # keyed: a resumed step redraws them
+    assert a != refill_indices(100, 5, seed=1, step=3, batch=2, rank=0) and all(0 <= i < 100 for i in a)
+
+
+def test_merge_groups_keeps_each_sample_with_its_prompt(tiny_vlm_path):
+    from mmgrpo.dynamic_sampling import merge_groups
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    torch.manual_seed(1)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
+    rows = ShapesTask(ShapesArgs(train_size=4, eval_size=1)).train_rows()
+    first, second = adapter.rollout([rows[0], rows[1]], 2), adapter.rollout([rows[2], rows[3]], 2)
+    merged = merge_groups(adapter, [(first, [1]), (second, [0, 1])])  # groups: rows 1, 2, 3
+    assert merged.batch_size == 6 and merged.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
+    assert merged.outputs == first.outputs[2:4] + second.outputs
+    torch.testing.assert_close(merged.old_logprobs, torch.cat([first.old_logprobs[2:4], second.old_logprobs]))
+    # the merged state recomputes the same log-probs: each completion still follows its own prompt (and image)
+    with torch.no_grad():
+        logp = adapter.logprobs(merged, torch.arange(6))
+    m = merged.mask.bool()
+    torch.testing.assert_close(logp[m], merged.old_logprobs[m], atol=1e-5, rtol=0)

@@ -409,6 +409,18 @@ class VLMAdapter(TokenPolicy):
         rollout.validate()
         return rollout
 
+    def merge_states(self, parts: list[tuple[VLMState, Tensor, Tensor]]) -> VLMState:
+        """One state from samples [n] and their prompts [p] of several rollouts' states, in order (DAPO refill,
+        ``mmgrpo.dynamic_sampling.merge_groups``); the samples of part j are the G samples of its prompts."""
+        encodings = [state.cache.encodings[i] for state, _, prompts in parts for i in prompts.tolist()]
+        ids = torch.cat([state.completion_ids[samples] for state, samples, _ in parts])  # [B, T]
+        G = ids.shape[0] // max(1, len(encodings))
+        return VLMState(
+            completion_ids=ids,
+            prompt_of=torch.arange(len(encodings)).repeat_interleave(G),
+            cache=PromptCache(encodings),
+        )
+
     @torch.no_grad()
     def inject(self, rollout: Rollout, index: Tensor, texts: list[str]) -> None:
         """Replace samples ``index`` [n] by ``texts`` + EOS, teacher-forced (``mmgrpo.injection``, TempSamp-R1).
