@@ -173,7 +173,9 @@ class AlgorithmConfig:
     ratio_norm: bool = False
     """GRPO-Guard RatioNorm: normalise per-step log-ratios before the surrogate (flow models)."""
     surrogate: str = "ppo_clip"
-    """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce."""
+    """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce | reg_grpo | dgpo (flow objective: dgpo)."""
+    surrogate_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the surrogate beyond the clip/tau keys, e.g. dgpo: {beta_dpo: 100}."""
     clip_low: float = 0.2
     """epsilon_low of the clipped ratio (1 - clip_low)."""
     clip_high: float = 0.28
@@ -602,6 +604,17 @@ def validate(cfg: TrainConfig) -> None:
         )
     check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
     _validate_variants(a)
+    objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units
+    if (a.surrogate == "dgpo") != (objective == "dgpo"):
+        raise ConfigError(
+            "algorithm.surrogate: dgpo and model.args.objective: dgpo go together (DGPO's units are DSM losses, not "
+            f"log-probs); got surrogate={a.surrogate!r}, objective={objective!r}: set both or neither"
+        )
+    if objective == "dgpo" and a.beta > 0 and a.kl != "gaussian_exact":
+        raise ConfigError(
+            "algorithm.kl: with model.args.objective: dgpo the KL term is DGPO's mean_D |v - v_ref|^2, "
+            f"algorithm.kl: gaussian_exact; got {a.kl!r}"
+        )
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
@@ -636,6 +649,19 @@ def _validate_variants(a: AlgorithmConfig) -> None:
         raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
     if a.sampler != sampling.SEQUENTIAL:
         check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    shared = {"clip_low", "clip_high", "dual_clip", "tau_pos", "tau_neg", "group_size"}
+    if set(a.surrogate_args) & shared:
+        raise ConfigError(
+            f"algorithm.surrogate_args: {sorted(set(a.surrogate_args) & shared)} are algorithm keys; set them there"
+        )
+    own = [n for n in inspect.signature(losses.SURROGATES.get(a.surrogate)).parameters if n not in shared][3:]
+    unknown = sorted(set(a.surrogate_args) - set(own))
+    if unknown:
+        raise ConfigError(
+            f"algorithm.surrogate_args: {unknown} not options of surrogate {a.surrogate!r}; allowed: "
+            f"{', '.join(own) or '(none)'}"
+        )
+    check_kwargs(losses.SURROGATES.get(a.surrogate), a.surrogate_args, "algorithm.surrogate_args", skip=3)
     _check_choice("algorithm.token_weighting", a.token_weighting, ["none", "tw_grpo"])
     extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
     if extra:

@@ -27,6 +27,8 @@ Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
   * ``reg_grpo``  — Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464): (ρ̂_i − Â_i)², the group-normalised
     sequence log-ratio regressed onto the advantage, no clip and no min. Needs whole groups in every minibatch
     (``GROUP_SURROGATES``; the trainer passes ``group_size`` and the config refuses minibatches that split groups).
+  * ``dgpo``      — DGPO (Luo et al. 2025, arXiv 2510.08425): the group-preference loss sg[σ(S_g)]·A_i·(ℓ_i − ℓ_i^ref)
+    on the DSM units of the flow adapter's ``objective: dgpo`` (no transition log-probs); a group surrogate too.
 
 Aggregations (``AGGREGATIONS``): ``token_mean`` (DAPO §3.3), ``seq_mean_token_mean`` (GRPO, DeepSeekMath eq. 3),
 ``seq_sum_const_norm`` (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783 §3.1).
@@ -65,7 +67,7 @@ SURROGATES: Registry[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = Registry
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
 """``fn(loss[n, T], mask[n, T], *, max_units) -> loss[]``."""
 
-GROUP_SURROGATES = frozenset({"reg_grpo"})
+GROUP_SURROGATES = frozenset({"reg_grpo", "dgpo"})
 """Surrogates whose loss couples the samples of a group: they take ``group_size=G`` as one more keyword and need
 every minibatch to hold whole groups, in group-major order (rows [g·G, (g+1)·G) are one prompt's samples)."""
 
@@ -451,6 +453,58 @@ def reg_grpo(
         **_ratio_metrics(lr.exp(), valid, m),
     }
     return loss * m, {k_: v.detach() for k_, v in metrics.items()}
+
+
+@SURROGATES.register("dgpo")
+def dgpo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+    group_size: int,
+    beta_dpo: float = 100.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DGPO group preference loss (Luo, Hu & Tang 2025, arXiv 2510.08425; Luo-Yihong/DGPO
+    ``scripts/train_sd3_dgpo.py::compute_group_dgpo_loss_allreduce``), on the units of ``objective: dgpo``.
+
+    The flow adapter's units are u = −ℓ (ℓ the DSM loss of a sample at one noise level) with ``old_logprobs`` −ℓ^ref,
+    so ``log_ratio`` = −(ℓ − ℓ^ref). Per unit column j (noise level) and group g of G samples::
+
+        S_{g,j} = (β_dpo/G) Σ_{i∈g} A_i·(ℓ_{i,j} − ℓ^ref_{i,j})      (no gradient)
+        loss_{i,j} = sg[σ(S_{g,j})]·A_i·(ℓ_{i,j} − ℓ^ref_{i,j})
+
+    The code's loss is mean(sg[σ(S)]·A·ℓ); ℓ^ref carries no gradient, so the gradients are equal (the value differs
+    by sg[σ(S)]·A·ℓ^ref). Minimising pushes ℓ down for A > 0 and up for A < 0; σ(S) shrinks as the group's
+    preference is already met (the gradient of −log σ(−S)). With ``token_mean`` over the M all-valid units this is
+    the code's mean over samples and noise levels (it accumulates the M levels into one update). Clip parameters
+    are ignored (the code's optional EMA-based stop-gradient is not implemented); β_dpo from
+    ``algorithm.surrogate_args`` (the code's 100 for SD3.5 GenEval/OCR, 10 for PickScore).
+
+    Shape:
+        log_ratio, advantages, mask: [n, M] with n = k·G (whole groups, group-major) → loss [n, M]
+    """
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, M] each (ratio: exp(ℓ^ref − ℓ))
+    n, M = lr.shape
+    if group_size < 1 or n % group_size:
+        raise ValueError(
+            f"dgpo scores whole groups: the minibatch has {n} samples, not a multiple of group_size={group_size}; "
+            "set algorithm.minibatch_size to a multiple of group_size"
+        )
+    delta = -lr  # [n, M] ℓ − ℓ^ref
+    score = (beta_dpo / group_size) * (adv * delta.detach() * m).view(-1, group_size, M).sum(1)  # [n/G, M]
+    weight = torch.sigmoid(score).repeat_interleave(group_size, 0)  # [n, M]
+    loss = weight.detach() * adv * delta  # [n, M]
+    metrics = {
+        "loss/dgpo_weight_mean": _masked_mean(weight, m),
+        "loss/dsm_delta_mean": _masked_mean(delta, m),
+        **_ratio_metrics(lr.exp(), valid, m),
+    }
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -551,6 +551,7 @@ class Trainer:
                             tau_pos=a.tau_pos,
                             tau_neg=a.tau_neg,
                             **group_kw,
+                            **a.surrogate_args,
                         )  # [n, T]
                         policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
                         loss = policy_loss

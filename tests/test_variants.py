@@ -277,6 +277,7 @@ def _last_record(run) -> dict:
 
 
 SAMPLING = "variant_variance_sampling.yaml"  # trained (and resumed) by the test below
+OWN_RUNS = {SAMPLING, "variant_dgpo.yaml"}  # configs with a test of their own (the flow one: other overrides)
 
 
 def length_reward(completions: list, **columns) -> list[float]:
@@ -286,12 +287,16 @@ def length_reward(completions: list, **columns) -> list[float]:
 
 # an untrained model scores 0 everywhere on the built-in rewards: give the refill groups to find
 VARIANT_OVERRIDES = {
-    "variant_dynamic_sampling.yaml": ["rewards=[{name: 'tests.test_variants:length_reward'}]", "steps=3"]
+    "variant_dynamic_sampling.yaml": [
+        "rewards=[{name: 'tests.test_variants:length_reward'}]",
+        "steps=3",
+        "algorithm.dynamic_sampling.max_num_gen_batches=2",
+    ]
 }
 
 
 @pytest.mark.parametrize(
-    "name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml") if p.name != SAMPLING)
+    "name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml") if p.name not in OWN_RUNS)
 )
 def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     from mmgrpo.trainer import train
@@ -470,3 +475,84 @@ def test_merge_groups_keeps_each_sample_with_its_prompt(tiny_vlm_path):
         logp = adapter.logprobs(merged, torch.arange(6))
     m = merged.mask.bool()
     torch.testing.assert_close(logp[m], merged.old_logprobs[m], atol=1e-5, rtol=0)
+
+
+# --- DGPO (flow) ------------------------------------------------------------------------------------------------
+
+
+def test_dgpo_surrogate_values_and_gradient_by_hand():
+    # one group of G = 2, M = 1 level: A = [1, -1], l - l_ref = [0.1, 0.3] -> log_ratio = [-0.1, -0.3]
+    lr = torch.tensor([[-0.1], [-0.3]], requires_grad=True)
+    A = torch.tensor([[1.0], [-1.0]])
+    loss, mets = losses.dgpo(lr, A, torch.ones(2, 1), group_size=2, beta_dpo=10.0, **NOCLIP)
+    w = 1 / (1 + math.exp(1.0))  # S = (10 / 2) * (1 * 0.1 - 1 * 0.3) = -1
+    assert loss[:, 0].tolist() == pytest.approx([w * 0.1, -w * 0.3], rel=1e-6)
+    assert float(mets["loss/dgpo_weight_mean"]) == pytest.approx(w)
+    loss.sum().backward()
+    # d/d log_ratio = -sg(w) * A, i.e. d/d l = +w * A: the code's gradient of mean(sg(sigmoid(S)) * A * l)
+    torch.testing.assert_close(lr.grad, torch.tensor([[-w], [w]]))
+    with pytest.raises(ValueError, match="not a multiple of group_size=2"):
+        losses.dgpo(torch.zeros(3, 1), torch.zeros(3, 1), torch.ones(3, 1), group_size=2, **NOCLIP)
+
+
+def test_dgpo_flow_units_are_dsm_losses_against_the_reference(mmgrpo_cache):
+    from mmgrpo import noise
+    from mmgrpo.config import LoraConfig
+    from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS, build_flow_adapter
+
+    args = {"name_or_path": "tiny-sd3", "objective": "dgpo", "dgpo_times": 2, "dgpo_trunc_steps": 2, "num_steps": 4}
+    args |= {"eval_num_steps": 2, "resolution": 32, "cfg": "none", "device": "cpu"}
+    ad = build_flow_adapter(args, lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=FLOW_LORA_TARGETS))
+    prompts = [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
+    keys = noise.NoiseKeys(3, 0, (0, 1), 2)
+    with noise.keyed(keys):
+        ro = ad.rollout(prompts, 2)
+    st = ro.state
+    assert ro.mask.tolist() == [[1.0, 1.0]] * 4 and st.eps.shape[:2] == (4, 2)
+    assert torch.equal(st.eps[0], st.eps[1]) and not torch.equal(st.eps[1], st.eps[2])  # shared within a group
+    assert not torch.equal(st.x0[0], st.x0[1])  # different samples of one group
+    # u = -mean_D |v(x_t) - (eps - x0)|^2 by hand for sample 3 at level 1
+    b, j = 3, 1
+    sig = float(st.sigma[b, j])
+    xt = (1 - sig) * st.x0[b] + sig * st.eps[b, j]
+    rows = {k: v[st.prompt_of[b : b + 1]] for k, v in st.cond.tensors.items()}
+    with torch.no_grad():
+        v = ad.backend.forward(ad.model, xt[None], st.t_model[b, j : j + 1], rows)
+        u = ad.logprobs(ro, torch.arange(4))
+    assert float(u[b, j]) == pytest.approx(-float((v[0] - (st.eps[b, j] - st.x0[b])).square().mean()), rel=1e-4)
+    # LoRA starts at zero: policy = reference, so every log-ratio and the velocity KL are 0
+    torch.testing.assert_close(u, ro.old_logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ad.exact_kl(ro, torch.arange(4)), torch.zeros(4, 2), atol=1e-10, rtol=0)
+    with noise.keyed(keys):  # keyed: the same rollout again (deterministic ODE samples, times and noise)
+        again = ad.rollout(prompts, 2)
+    assert torch.equal(again.state.x0, st.x0) and torch.equal(again.state.sigma, st.sigma)
+
+
+def test_dgpo_config_pairs_surrogate_and_objective():
+    with pytest.raises(ConfigError, match=r"surrogate: dgpo and model\.args\.objective: dgpo go together"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate=ppo_clip", "algorithm.surrogate_args={}"])
+    with pytest.raises(ConfigError, match=r"algorithm\.kl: with model\.args\.objective: dgpo"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.kl=k3"])
+    with pytest.raises(
+        ConfigError, match=r"surrogate_args: \['beta'\] not options of surrogate 'dgpo'; allowed: beta_dpo"
+    ):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate_args={beta: 1}"])
+    with pytest.raises(ConfigError, match=r"surrogate_args: \['clip_low'\] are algorithm keys"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate_args={clip_low: 1}"])
+
+
+@pytest.mark.slow  # ~10 s: the loss and the adapter's units are covered by the fast tests above
+def test_dgpo_config_trains(tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import train
+
+    small = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=2"]
+    small += ["model.args.num_steps=4", "model.args.dgpo_trunc_steps=2", "model.args.dgpo_times=2"]
+    small += ["model.args.eval_num_steps=2", "eval.before=false", "eval.max_rows=2", "task.args.eval_seeds=1"]
+    cfg = load_config(ROOT / "configs/variant_dgpo.yaml", [*small, f"output_dir={tmp_path / 'run'}"])
+    summary = train(cfg)
+    assert 0 <= summary["eval/after/reward"] <= 1
+    records = _records(tmp_path / "run")
+    assert len(records) == 2 and all(math.isfinite(r["loss/policy"]) for r in records)
+    assert all(0 < r["loss/dgpo_weight_mean"] < 1 for r in records)
+    assert records[0]["kl/mean"] == pytest.approx(0.0, abs=1e-9)  # LoRA at zero: the policy is the reference
+    assert records[1]["kl/mean"] > 0  # after the first update it moved away
