@@ -40,7 +40,8 @@ class TeacherForcing(Protocol):
 
     def inject(self, rollout: Rollout, index: Tensor, texts: list[str]) -> None:
         """Replace samples ``index`` [n] of ``rollout`` (in place) by ``texts``: their units, outputs, mask,
-        ``truncated`` and ``old_logprobs`` (the current policy's log-probs of the new units, no gradient)."""
+        ``truncated`` and ``old_logprobs`` (the current policy's log-probs of the new units, no gradient). Called
+        with n = 0 too: a sharded (FSDP) model must then still run its forward, as every process does one."""
         ...
 
 
@@ -78,7 +79,7 @@ def inject_ground_truth(
     texts = ground_truth_texts(rows, column, template)
     index = [p * G + (slot % G) for p, text in enumerate(texts) if text is not None]
     injected = torch.zeros(rollout.batch_size, dtype=torch.bool)  # [B]
-    if index:
-        adapter.inject(rollout, torch.tensor(index), [t for t in texts if t is not None])
-        injected[index] = True
+    # called even with no row to inject: under FSDP every process must run the adapter's one forward
+    adapter.inject(rollout, torch.tensor(index, dtype=torch.long), [t for t in texts if t is not None])
+    injected[index] = True
     return injected

@@ -393,6 +393,12 @@ def test_gt_injection_teacher_forces_one_slot_per_group(tiny_vlm_path):
     with torch.no_grad():
         after = adapter.logprobs(rollout, gt)
     assert float((after - logp.detach())[m].sum()) > 0
+    snapshot = (list(rollout.outputs), rollout.old_logprobs.clone())
+    none = inject_ground_truth(adapter, rollout, rows, column="missing", template="<answer>{answer}</answer>")
+    assert not none.any() and (list(rollout.outputs), rollout.old_logprobs.tolist()) == (
+        snapshot[0],
+        snapshot[1].tolist(),
+    )  # no ground truth anywhere: nothing changes
     with pytest.raises(ValueError, match=r"more than model\.args\.max_new_tokens=8"):
         inject_ground_truth(adapter, rollout, rows[:1] * 3, column="answer", template="<answer>{answer} " * 4)
     with pytest.raises(ValueError, match=r"gt_injection\.template .* cannot format row 0"):

@@ -429,6 +429,10 @@ class VLMAdapter(TokenPolicy):
         recomputed ``old_log_probs``), so their ratio is 1 before the first update.
         """
         state: VLMState = rollout.state
+        if len(index) == 0:  # nothing to inject here; FSDP still needs this process's forward (one per call)
+            if sharding.is_sharded(self._unwrapped()):
+                self._token_logprobs(self.model, state, torch.tensor([0]))
+            return
         T = state.completion_ids.shape[1]
         eos = int(self.eos_ids[0])
         for row, text in zip(index.tolist(), texts, strict=True):
