@@ -610,6 +610,11 @@ def validate(cfg: TrainConfig) -> None:
             "algorithm.surrogate: dgpo and model.args.objective: dgpo go together (DGPO's units are DSM losses, not "
             f"log-probs); got surrogate={a.surrogate!r}, objective={objective!r}: set both or neither"
         )
+    if objective == "dgpo" and (a.ratio_level != "token" or a.ratio_norm):
+        raise ConfigError(
+            "algorithm.ratio_level / ratio_norm: with model.args.objective: dgpo the units are DSM losses, scored one "
+            f"by one; use ratio_level: token and ratio_norm: false (got {a.ratio_level!r}, {a.ratio_norm})"
+        )
     if objective == "dgpo" and a.beta > 0 and a.kl != "gaussian_exact":
         raise ConfigError(
             "algorithm.kl: with model.args.objective: dgpo the KL term is DGPO's mean_D |v - v_ref|^2, "

@@ -537,6 +537,8 @@ def test_dgpo_flow_units_are_dsm_losses_against_the_reference(mmgrpo_cache):
 def test_dgpo_config_pairs_surrogate_and_objective():
     with pytest.raises(ConfigError, match=r"surrogate: dgpo and model\.args\.objective: dgpo go together"):
         load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate=ppo_clip", "algorithm.surrogate_args={}"])
+    with pytest.raises(ConfigError, match=r"use ratio_level: token and ratio_norm: false \(got 'sequence'"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.ratio_level=sequence"])
     with pytest.raises(ConfigError, match=r"algorithm\.kl: with model\.args\.objective: dgpo"):
         load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.kl=k3"])
     with pytest.raises(
