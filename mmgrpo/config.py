@@ -515,6 +515,18 @@ def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
         raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
+def variant_methods(a: AlgorithmConfig) -> dict[str, str]:
+    """Adapter methods the variants of docs/variants.md need: {method: the setting that needs it}."""
+    need = {}
+    if a.gt_injection.enabled:
+        need["inject"] = "algorithm.gt_injection.enabled"
+    if a.token_weighting == "tw_grpo":
+        need["vocab_logits"] = "algorithm.token_weighting: tw_grpo"
+    if a.dynamic_sampling.enabled:
+        need["merge_states"] = "algorithm.dynamic_sampling.enabled"
+    return need
+
+
 def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
     """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
     builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
@@ -533,6 +545,13 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                 raise ConfigError(
                     f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
                     f"(its optional capabilities: {offer}); change that setting or the adapter"
+                )
+        a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name
+        for method, why in variant_methods(a).items():
+            if not callable(getattr(adapter_class, method, None)):
+                raise ConfigError(
+                    f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
+                    "(token adapters vlm and video have it); change that setting or the adapter"
                 )
     task_class = getattr(task_builder, "task_class", None)
     if cfg.warmup.steps > 0 and task_class is not None and not callable(getattr(task_class, "warmup_rows", None)):

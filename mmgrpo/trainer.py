@@ -36,7 +36,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import dynamic_sampling, injection, losses, noise, sampling, schedules, shaping, sharding, thoughts
-from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict, variant_methods
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
     ADAPTER_CAPABILITIES,
@@ -160,17 +160,9 @@ class Trainer:
         for name, why in need.items():
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
-        if a.token_weighting == "tw_grpo" and not callable(getattr(self.adapter, "vocab_logits", None)):
-            raise ConfigError(
-                f"algorithm.token_weighting=tw_grpo needs an adapter with vocab_logits(); "
-                f"{cfg.model.adapter!r} has none"
-            )
-        if a.dynamic_sampling.enabled and not callable(getattr(self.adapter, "merge_states", None)):
-            raise ConfigError(
-                f"algorithm.dynamic_sampling needs an adapter with merge_states(); {cfg.model.adapter!r} has none"
-            )
-        if a.gt_injection.enabled and not isinstance(self.adapter, injection.TeacherForcing):
-            raise ConfigError(f"algorithm.gt_injection needs an adapter with inject(); {cfg.model.adapter!r} has none")
+        for method, why in variant_methods(a).items():  # docs/variants.md hooks (checked at load when declared)
+            if not callable(getattr(self.adapter, method, None)):
+                raise ConfigError(f"{why} needs an adapter with {method}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay

@@ -564,3 +564,15 @@ def test_dgpo_config_trains(tmp_path, mmgrpo_cache):
     assert all(0 < r["loss/dgpo_weight_mean"] < 1 for r in records)
     assert records[0]["kl/mean"] == pytest.approx(0.0, abs=1e-9)  # LoRA at zero: the policy is the reference
     assert records[1]["kl/mean"] > 0  # after the first update it moved away
+
+
+def test_variant_hooks_are_checked_at_load():
+    flow = ROOT / "configs/flow_grpo.yaml"  # the flow adapter has none of the token adapters' variant hooks
+    for over, method in [
+        ("algorithm.gt_injection.enabled=true", "inject"),
+        ("algorithm.token_weighting=tw_grpo", "vocab_logits"),
+        ("algorithm.dynamic_sampling.enabled=true", "merge_states"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"needs an adapter with {method}\(\); model\.adapter 'flow' has none"):
+            load_config(flow, [over])
+    load_config(ROOT / "configs/quickstart.yaml", ["algorithm.gt_injection.enabled=true"])  # vlm has them all
