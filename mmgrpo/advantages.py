@@ -277,3 +277,105 @@ def compute_advantages(
             "advantage/zero_std_fraction": zero_variance_groups(combined).float().mean(),
         }
     return advantages, {k: v.detach() for k, v in metrics.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# advantage transforms: [P, G] → [P, G], applied in order after the estimator (``algorithm.advantage_transform``)
+
+AdvantageTransform = Callable[..., Tensor]
+
+ADVANTAGE_TRANSFORMS: Registry[AdvantageTransform] = Registry("advantage transform")
+"""``fn(advantages[P, G], rewards[P, G], seq_logprob[P, G], **options) -> advantages[P, G]``.
+
+``rewards`` is the weighted combined reward (NaN = not applicable), ``seq_logprob`` the mean log-probability of
+each sample's valid units under the sampling policy (its "confidence" in log space; token policies)."""
+
+
+def _group_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``x`` over each group's valid entries (0 for a group without one). Shape: [P, G] → [P, 1]."""
+    mean, _, _ = _nan_stats(x, valid, 1, False)
+    return mean
+
+
+@ADVANTAGE_TRANSFORMS.register("difficulty")
+def difficulty_weight(
+    advantages: Tensor,
+    rewards: Tensor,
+    seq_logprob: Tensor,
+    *,
+    strength: float = 1.0,
+    reward_min: float = 0.0,
+    reward_max: float = 1.0,
+) -> Tensor:
+    """Difficulty-aware weighting, after DGRPO of VITAL (Zhang et al. 2025, "Thinking With Videos: Multimodal
+    Tool-Augmented Reinforcement Learning for Long Video Reasoning", arXiv 2508.04416, "DGRPO").
+
+    Each group's difficulty is its failure rate d_q = 1 − clip((mean_G r − r_min)/(r_max − r_min), 0, 1); the
+    advantages of the group are scaled by w_q = max(0, 1 + λ·(d_q − d̄)), d̄ the mean of d over the groups with a
+    valid reward and λ = ``strength``: groups harder than the batch average weigh more, easier ones less, and the
+    mean weight is 1 (before the clamp at 0).
+
+    Departure: VITAL weights by difficulty to balance the tasks of its multi-task mixture; the paper's exact
+    weighting equation could not be retrieved here, so this is our per-prompt reading of "difficulty-aware" with the
+    weight centred on the batch. ``reward_min``/``reward_max`` bound the combined reward (default [0, 1]).
+
+    Shape:
+        advantages, rewards, seq_logprob: [P, G] → [P, G]
+    """
+    _check_group_rewards(rewards)
+    if not reward_max > reward_min:
+        raise ValueError(f"difficulty: reward_max must be > reward_min, got {reward_max} <= {reward_min}")
+    r = rewards.float()  # [P, G]
+    valid = ~torch.isnan(r)  # [P, G]
+    has = valid.any(1, keepdim=True)  # [P, 1]
+    success = ((_group_mean(r, valid) - reward_min) / (reward_max - reward_min)).clamp(0.0, 1.0)  # [P, 1]
+    d = 1.0 - success  # [P, 1]
+    d_bar = (d * has).sum() / has.float().sum().clamp_min(1.0)  # []
+    w = (1.0 + strength * (d - d_bar)).clamp_min(0.0)  # [P, 1]
+    return advantages * torch.where(has, w, torch.ones_like(w))  # [P, G]
+
+
+@ADVANTAGE_TRANSFORMS.register("negative_groups")
+def negative_group_confidence(
+    advantages: Tensor,
+    rewards: Tensor,
+    seq_logprob: Tensor,
+    *,
+    strength: float = 1.0,
+    wrong_threshold: float = 0.0,
+) -> Tensor:
+    """Confidence reweighting of all-wrong groups, after LENS (Feng et al. 2025, "Don't Waste Mistakes: Leveraging
+    Negative RL-Groups via Confidence Reweighting", arXiv 2510.08696).
+
+    A group is negative when every valid reward is ≤ ``wrong_threshold``; GRPO gives it zero advantage. Here its
+    samples get A_i = −λ·(c_i − mean_G c), c_i = exp(min(0, seq_logprob_i)) ∈ (0, 1] the sample's confidence
+    (geometric-mean token probability) and λ = ``strength``: the more confident a mistake, the more it is pushed
+    down, the less confident ones are pushed up, and the group's advantages still sum to 0. Other groups keep their
+    advantages.
+
+    Departure: LENS derives a confidence-weighted penalty on incorrect responses from a maximum-likelihood reward
+    model objective; its exact reward could not be retrieved here. This is our reading, centred within the group
+    (a baseline, as GRPO's) and not divided by the std (so λ sets the scale of the penalty). Meant for token
+    policies, whose ``seq_logprob`` is a log-probability ≤ 0.
+
+    Shape:
+        advantages, rewards, seq_logprob: [P, G] → [P, G]
+    """
+    _check_group_rewards(rewards)
+    r = rewards.float()  # [P, G]
+    valid = ~torch.isnan(r)  # [P, G]
+    hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(1, keepdim=True)  # [P, 1]
+    negative = valid.any(1, keepdim=True) & (hi <= wrong_threshold)  # [P, 1]
+    c = seq_logprob.float().clamp(max=0.0).exp()  # [P, G]
+    penalty = -strength * (c - _group_mean(c, valid))  # [P, G]
+    penalty = torch.where(valid, penalty, torch.zeros_like(penalty))  # [P, G]
+    return torch.where(negative, penalty, advantages.float())  # [P, G]
+
+
+def apply_transforms(
+    names: list[str], advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, options: dict[str, dict]
+) -> Tensor:
+    """Apply the transforms ``names`` in order, each with ``options.get(name, {})``. Shape: [P, G] → [P, G]."""
+    for name in names:
+        advantages = ADVANTAGE_TRANSFORMS.get(name)(advantages, rewards, seq_logprob, **options.get(name, {}))
+    return advantages

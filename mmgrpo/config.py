@@ -122,6 +122,34 @@ class RewardRuntimeConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling (arXiv 2503.14476 §3.2; verl algorithm.filter_groups): refill zero-variance groups."""
+
+    enabled: bool = False
+    """Replace the groups whose combined rewards are all equal by groups of fresh prompts (mmgrpo/dynamic_sampling.py;
+    token adapters)."""
+    max_num_gen_batches: Annotated[int, Range(ge=1)] = 4
+    """Generation batches of P prompts per step at most, the step's own included; slots still empty after them keep
+    zero-variance groups (counted in data/dynamic_short_groups)."""
+
+
+@dataclass
+class GroundTruthInjectionConfig:
+    """TempSamp-R1 off-policy ground-truth injection (mmgrpo/injection.py, docs/variants.md); token adapters."""
+
+    enabled: bool = False
+    """Replace one sample of every group by the row's ground-truth answer, teacher-forced (ratio 1 at the first
+    update, as the public re-implementation recomputes its old log-probs with the policy)."""
+    column: str = "answer"
+    """Dataset column holding the ground truth; rows without it keep all G sampled completions."""
+    template: str = "<answer>{answer}</answer>"
+    """The GT completion: str.format with ``answer`` = the column's value, e.g.
+    ``<answer>{answer[0]:g} to {answer[1]:g}</answer>`` for a [start, end] span."""
+    slot: int = -1
+    """Which sample of the group is replaced (-1 = the last, the re-implementation's ``gt_replace_index``)."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """G: samples per prompt."""
@@ -150,7 +178,9 @@ class AlgorithmConfig:
     ratio_norm: bool = False
     """GRPO-Guard RatioNorm: normalise per-step log-ratios before the surrogate (flow models)."""
     surrogate: str = "ppo_clip"
-    """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce."""
+    """Per-unit surrogate: ppo_clip | sapo | gmpo | cispo | reinforce | reg_grpo | dgpo (flow objective: dgpo)."""
+    surrogate_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the surrogate beyond the clip/tau keys, e.g. dgpo: {beta_dpo: 100}."""
     clip_low: Annotated[float, Range(ge=0, lt=1)] = 0.2
     """epsilon_low of the clipped ratio (1 - clip_low), in [0, 1): a ratio bound 1 - clip_low <= 0 clips nothing."""
     clip_high: Annotated[float, Range(ge=0, le=10)] = 0.28
@@ -177,6 +207,30 @@ class AlgorithmConfig:
     gradient is accumulated over its minibatches (1 = one on-policy update per rollout when epochs=1)."""
     minibatch_size: Annotated[int, Range(ge=1)] = 8
     """Samples per forward/backward (gradient accumulation inside an update)."""
+    beta_schedule: str = "constant"
+    """β over the steps (registry mmgrpo.schedules.BETA_SCHEDULES; algorithm.beta is its peak): constant | othink
+    (GRPO-D, OThink-MR1) | linear | cosine. Logged as ``kl/beta``."""
+    beta_schedule_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the β schedule (othink: beta_min, warmup_ratio; linear/cosine: beta_start)."""
+    advantage_transform: list[str] = field(default_factory=list)
+    """Advantage transforms [P, G] → [P, G] applied in order after the estimator (registry
+    mmgrpo.advantages.ADVANTAGE_TRANSFORMS): difficulty (DGRPO) | negative_groups (LENS). docs/variants.md."""
+    advantage_transform_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Options per transform, by name, e.g. {negative_groups: {strength: 0.5}}."""
+    sampler: str = "sequential"
+    """Prompt sampler (registry mmgrpo.sampling.SAMPLERS): sequential (seeded permutation per epoch) |
+    variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
+    sampler_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the prompt sampler (docs/variants.md)."""
+    token_weighting: str = "none"
+    """Per-position weights on the per-unit advantages: none | tw_grpo (TW-GRPO intra-group divergence weights;
+    token adapters with vocab_logits(); one extra no-grad forward per step). docs/variants.md."""
+    token_weighting_args: dict[str, Any] = field(default_factory=dict)
+    """tw_grpo: alpha (the largest weight, default 1.4), chunk (positions per fp32 log-softmax, default 64)."""
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO dynamic sampling: refill zero-variance groups with fresh prompts (docs/variants.md)."""
+    gt_injection: GroundTruthInjectionConfig = field(default_factory=GroundTruthInjectionConfig)
+    """TempSamp-R1 ground-truth injection: one slot per group is the row's answer (docs/variants.md)."""
 
 
 @dataclass
@@ -213,6 +267,8 @@ class WarmupConfig:
     target_template: str = "{target}"
     """The supervised target built from a row when ``target_column`` is set: ``{target}`` is that column, any
     ``{column}`` another one, e.g. ``"<think>{reasoning}</think><answer>{target}</answer>"``."""
+    thought_dropout: Annotated[float, Range(ge=0, le=1)] = 0.0
+    """TON thought dropout: share of warm-up targets whose <think>…</think> is emptied (mmgrpo/thoughts.py)."""
 
 
 @dataclass
@@ -496,6 +552,18 @@ def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
         raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
 
 
+def variant_methods(a: AlgorithmConfig) -> dict[str, str]:
+    """Adapter methods the variants of docs/variants.md need: {method: the setting that needs it}."""
+    need = {}
+    if a.gt_injection.enabled:
+        need["inject"] = "algorithm.gt_injection.enabled"
+    if a.token_weighting == "tw_grpo":
+        need["vocab_logits"] = "algorithm.token_weighting: tw_grpo"
+    if a.dynamic_sampling.enabled:
+        need["merge_states"] = "algorithm.dynamic_sampling.enabled"
+    return need
+
+
 def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
     """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
     builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
@@ -517,6 +585,13 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                 raise ConfigError(
                     f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
                     f"(its optional capabilities: {offer}); change that setting or the adapter"
+                )
+        a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name
+        for method, why in variant_methods(a).items():
+            if not callable(getattr(adapter_class, method, None)):
+                raise ConfigError(
+                    f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
+                    "(token adapters vlm and video have it); change that setting or the adapter"
                 )
     task_class = getattr(task_builder, "task_class", None)
     if (
@@ -608,6 +683,23 @@ def validate(cfg: TrainConfig) -> None:
             "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
         )
     check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
+    _validate_variants(a)
+    objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units
+    if (a.surrogate == "dgpo") != (objective == "dgpo"):
+        raise ConfigError(
+            "algorithm.surrogate: dgpo and model.args.objective: dgpo go together (DGPO's units are DSM losses, not "
+            f"log-probs); got surrogate={a.surrogate!r}, objective={objective!r}: set both or neither"
+        )
+    if objective == "dgpo" and (a.ratio_level != "token" or a.ratio_norm):
+        raise ConfigError(
+            "algorithm.ratio_level / ratio_norm: with model.args.objective: dgpo the units are DSM losses, scored one "
+            f"by one; use ratio_level: token and ratio_norm: false (got {a.ratio_level!r}, {a.ratio_norm})"
+        )
+    if objective == "dgpo" and a.beta > 0 and a.kl != "gaussian_exact":
+        raise ConfigError(
+            "algorithm.kl: with model.args.objective: dgpo the KL term is DGPO's mean_D |v - v_ref|^2, "
+            f"algorithm.kl: gaussian_exact; got {a.kl!r}"
+        )
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
@@ -618,6 +710,57 @@ def validate(cfg: TrainConfig) -> None:
         if not spec.name:
             raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
     _validate_rewards(cfg)
+
+
+def _validate_variants(a: AlgorithmConfig) -> None:
+    """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
+    from mmgrpo import advantages, losses, sampling, schedules
+
+    _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
+    check_kwargs(schedules.BETA_SCHEDULES.get(a.beta_schedule), a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    for name in a.advantage_transform:
+        _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
+    for name, args in a.advantage_transform_args.items():
+        if name not in a.advantage_transform:
+            raise ConfigError(
+                f"algorithm.advantage_transform_args.{name}: {name!r} is not in algorithm.advantage_transform "
+                f"{a.advantage_transform}; add it there or remove its options"
+            )
+        check_kwargs(advantages.ADVANTAGE_TRANSFORMS.get(name), args, f"algorithm.advantage_transform_args.{name}", 3)
+    _check_choice("algorithm.sampler", a.sampler, [sampling.SEQUENTIAL, *sampling.SAMPLERS.names()])
+    if a.sampler == sampling.SEQUENTIAL and a.sampler_args:
+        raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
+    if a.sampler != sampling.SEQUENTIAL:
+        check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    shared = {"clip_low", "clip_high", "dual_clip", "tau_pos", "tau_neg", "group_size"}
+    if set(a.surrogate_args) & shared:
+        raise ConfigError(
+            f"algorithm.surrogate_args: {sorted(set(a.surrogate_args) & shared)} are algorithm keys; set them there"
+        )
+    own = [n for n in inspect.signature(losses.SURROGATES.get(a.surrogate)).parameters if n not in shared][3:]
+    unknown = sorted(set(a.surrogate_args) - set(own))
+    if unknown:
+        raise ConfigError(
+            f"algorithm.surrogate_args: {unknown} not options of surrogate {a.surrogate!r}; allowed: "
+            f"{', '.join(own) or '(none)'}"
+        )
+    check_kwargs(losses.SURROGATES.get(a.surrogate), a.surrogate_args, "algorithm.surrogate_args", skip=3)
+    _check_choice("algorithm.token_weighting", a.token_weighting, ["none", "tw_grpo"])
+    extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
+    if extra:
+        raise ConfigError(
+            f"algorithm.token_weighting_args: {sorted(extra)} not allowed for token_weighting={a.token_weighting!r}; "
+            "tw_grpo takes alpha and chunk"
+        )
+    if a.surrogate in losses.GROUP_SURROGATES:  # the loss normalises over groups: minibatches hold whole groups
+        G = a.group_size
+        if a.minibatch_size % G or a.prompts_per_step % a.updates_per_epoch:
+            raise ConfigError(
+                f"algorithm.surrogate={a.surrogate} normalises over each group, so every minibatch must hold whole "
+                f"groups: set algorithm.minibatch_size to a multiple of group_size={G} (got {a.minibatch_size}) "
+                f"and prompts_per_step to a multiple of updates_per_epoch (got {a.prompts_per_step} and "
+                f"{a.updates_per_epoch})"
+            )
 
 
 def _validate_rewards(cfg: TrainConfig) -> None:

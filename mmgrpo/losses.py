@@ -24,6 +24,11 @@ Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
   * ``gmpo``      — Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673).
   * ``cispo``     — −sg(min(r, 1+ε_high))·A·log r (MiniMax-M1, arXiv 2506.13585).
   * ``reinforce`` — −A·log r; for μ=1 (r ≡ 1) its gradient is the REINFORCE gradient −A·∇log π.
+  * ``reg_grpo``  — Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464): (ρ̂_i − Â_i)², the group-normalised
+    sequence log-ratio regressed onto the advantage, no clip and no min. Needs whole groups in every minibatch
+    (``GROUP_SURROGATES``; the trainer passes ``group_size`` and the config refuses minibatches that split groups).
+  * ``dgpo``      — DGPO (Luo et al. 2025, arXiv 2510.08425): the group-preference loss sg[σ(S_g)]·A_i·(ℓ_i − ℓ_i^ref)
+    on the DSM units of the flow adapter's ``objective: dgpo`` (no transition log-probs); a group surrogate too.
 
 Aggregations (``AGGREGATIONS``): ``token_mean`` (DAPO §3.3), ``seq_mean_token_mean`` (GRPO, DeepSeekMath eq. 3),
 ``seq_sum_const_norm`` (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783 §3.1).
@@ -61,6 +66,10 @@ SURROGATES: Registry[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = Registry
 
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
 """``fn(loss[n, T], mask[n, T], *, max_units) -> loss[]``."""
+
+GROUP_SURROGATES = frozenset({"reg_grpo", "dgpo"})
+"""Surrogates whose loss couples the samples of a group: they take ``group_size=G`` as one more keyword and need
+every minibatch to hold whole groups, in group-major order (rows [g·G, (g+1)·G) are one prompt's samples)."""
 
 KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
 """``fn(logprobs[n, T], ref_logprobs[n, T]) -> kl[n, T]``, an estimate of KL(π‖π_ref) per unit."""
@@ -376,6 +385,126 @@ def reinforce(
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
     loss = -adv * lr  # [n, T]
     return loss * m, {k: v.detach() for k, v in _ratio_metrics(lr.exp(), valid, m).items()}
+
+
+REG_GRPO_EPS = 1e-4
+"""Added to the group std of the sequence log-ratios in ``reg_grpo`` (the estimator's ``eps`` default)."""
+
+
+@SURROGATES.register("reg_grpo")
+def reg_grpo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+    group_size: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464, "Reg-GRPO"): regress the advantage.
+
+    With ρ_i the sequence log-ratio of sample i (masked mean of ``log_ratio`` over its valid units, i.e. the
+    length-normalised log π_θ(o_i|q)/π_old(o_i|q)), Â_i its advantage (masked mean of ``advantages``) and the
+    group statistics taken over the samples of the group that have a valid unit::
+
+        ρ̂_i = (ρ_i − mean_G ρ) / (std_G ρ + eps)          std with (n−1), eps = ``REG_GRPO_EPS``
+        ℓ_i = (ρ̂_i − Â_i)²                                 broadcast to every valid unit of sequence i
+
+    so ``seq_mean_token_mean`` gives the paper's (1/G) Σ_i (ρ̂_i − Â_i)². No clip, no min: the clip parameters
+    are ignored. The paper writes ρ_i = β·log(π_θ/π_old); a positive β cancels in ρ̂, so it is not a parameter.
+
+    Source and departures: the formula follows the project's research notes
+    (research/anchors_video_speech_rewards.md §2.5), which reconstruct it from the paper's description (the paper's
+    own equation could not be retrieved here, and no public code of the loss was found); the length normalisation
+    of ρ_i is our choice (GSPO's sequence ratio), as is ``eps``. On-policy every ρ_i is 0, std is 0 and the
+    gradient of ρ̂ is (∇ρ_i − mean ∇ρ)/eps: the first update's direction is the policy gradient −Σ_i Â_i ∇ρ_i at a
+    scale of 2/eps, so keep ``optim.max_grad_norm`` > 0. The variance is clamped at 1e-12 before the square root so
+    that its gradient is finite at 0.
+
+    Shape:
+        log_ratio, advantages, mask: [n, T] with n = k·G (whole groups, group-major) → loss [n, T]
+    """
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
+    n, T = lr.shape
+    if group_size < 2 or n % group_size:
+        raise ValueError(
+            f"reg_grpo normalises over whole groups: the minibatch has {n} samples, not a multiple of group_size="
+            f"{group_size}; set algorithm.minibatch_size to a multiple of group_size and prompts_per_step to a "
+            "multiple of updates_per_epoch"
+        )
+    count = m.sum(-1)  # [n]
+    has = (count > 0).float().view(-1, group_size)  # [n/G, G]
+    denom = torch.where(count > 0, count, torch.ones_like(count))  # [n]
+    rho = ((lr * m).sum(-1) / denom).view(-1, group_size)  # [n/G, G]
+    seq_adv = ((adv * m).sum(-1) / denom).view(-1, group_size)  # [n/G, G]
+    k = has.sum(-1, keepdim=True)  # [n/G, 1]
+    mean = (rho * has).sum(-1, keepdim=True) / k.clamp_min(1.0)  # [n/G, 1]
+    var = ((rho - mean).square() * has).sum(-1, keepdim=True) / (k - 1.0).clamp_min(1.0)  # [n/G, 1]
+    std = var.clamp_min(1e-12).sqrt()  # [n/G, 1]
+    rho_hat = (rho - mean) / (std + REG_GRPO_EPS)  # [n/G, G]
+    per_seq = (rho_hat - seq_adv).square() * has  # [n/G, G]
+    loss = per_seq.reshape(n, 1).expand(n, T)  # [n, T]
+    metrics = {
+        "loss/reg_target_abs_mean": (seq_adv.abs() * has).sum() / has.sum().clamp_min(1.0),
+        "loss/reg_pred_abs_mean": (rho_hat.detach().abs() * has).sum() / has.sum().clamp_min(1.0),
+        **_ratio_metrics(lr.exp(), valid, m),
+    }
+    return loss * m, {k_: v.detach() for k_, v in metrics.items()}
+
+
+@SURROGATES.register("dgpo")
+def dgpo(
+    log_ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    tau_pos: float,
+    tau_neg: float,
+    group_size: int,
+    beta_dpo: float = 100.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DGPO group preference loss (Luo, Hu & Tang 2025, arXiv 2510.08425; Luo-Yihong/DGPO
+    ``scripts/train_sd3_dgpo.py::compute_group_dgpo_loss_allreduce``), on the units of ``objective: dgpo``.
+
+    The flow adapter's units are u = −ℓ (ℓ the DSM loss of a sample at one noise level) with ``old_logprobs`` −ℓ^ref,
+    so ``log_ratio`` = −(ℓ − ℓ^ref). Per unit column j (noise level) and group g of G samples::
+
+        S_{g,j} = (β_dpo/G) Σ_{i∈g} A_i·(ℓ_{i,j} − ℓ^ref_{i,j})      (no gradient)
+        loss_{i,j} = sg[σ(S_{g,j})]·A_i·(ℓ_{i,j} − ℓ^ref_{i,j})
+
+    The code's loss is mean(sg[σ(S)]·A·ℓ); ℓ^ref carries no gradient, so the gradients are equal (the value differs
+    by sg[σ(S)]·A·ℓ^ref). Minimising pushes ℓ down for A > 0 and up for A < 0; σ(S) shrinks as the group's
+    preference is already met (the gradient of −log σ(−S)). With ``token_mean`` over the M all-valid units this is
+    the code's mean over samples and noise levels (it accumulates the M levels into one update). Clip parameters
+    are ignored (the code's optional EMA-based stop-gradient is not implemented); β_dpo from
+    ``algorithm.surrogate_args`` (the code's 100 for SD3.5 GenEval/OCR, 10 for PickScore).
+
+    Shape:
+        log_ratio, advantages, mask: [n, M] with n = k·G (whole groups, group-major) → loss [n, M]
+    """
+    lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, M] each (ratio: exp(ℓ^ref − ℓ))
+    n, M = lr.shape
+    if group_size < 1 or n % group_size:
+        raise ValueError(
+            f"dgpo scores whole groups: the minibatch has {n} samples, not a multiple of group_size={group_size}; "
+            "set algorithm.minibatch_size to a multiple of group_size"
+        )
+    delta = -lr  # [n, M] ℓ − ℓ^ref
+    score = (beta_dpo / group_size) * (adv * delta.detach() * m).view(-1, group_size, M).sum(1)  # [n/G, M]
+    weight = torch.sigmoid(score).repeat_interleave(group_size, 0)  # [n, M]
+    loss = weight.detach() * adv * delta  # [n, M]
+    metrics = {
+        "loss/dgpo_weight_mean": _masked_mean(weight, m),
+        "loss/dsm_delta_mean": _masked_mean(delta, m),
+        **_ratio_metrics(lr.exp(), valid, m),
+    }
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ Pure math (torch only). Every shaper has one signature::
   advantages from value differences, mixed with an absolute (value-anchored, not group-normalised) term whose
   weight grows as the group's reward std collapses. VGPO's equations were not available; what we implement is
   written out in :func:`value_anchored` (VGPO, arXiv 2512.12387, abstract: no code is public).
+- :func:`intragroup_divergence`, :func:`tw_grpo_weights`: TW-GRPO's per-position token weights from the
+  divergence of the group's next-token distributions (arXiv 2505.24718), applied by the trainer to the per-unit
+  advantages (``algorithm.token_weighting: tw_grpo``).
 - :func:`ratio_norm`: GRPO-Guard RatioNorm of per-step log-ratios (applied by the trainer, not a shaper).
 - :func:`gaussian_kl`: the exact KL between two Gaussian transitions of equal std, and Flow-GRPO's variant.
 
@@ -22,6 +25,7 @@ subsampling weighted by relative latent change is a step selector of the flow ad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -302,16 +306,72 @@ def gaussian_kl(
     return torch.where(s > 0, kl, torch.zeros_like(kl))
 
 
+# ------------------------------------------------------------------------ TW-GRPO intra-group token weights
+
+TW_GRPO_CLAMP = 11.0
+"""|ℓ̄ − ℓ| is clamped to this before the exp (TW-GRPO's code)."""
+
+
+def intragroup_divergence(logits: Tensor, mask: Tensor, *, chunk: int = 64) -> Tensor:
+    """TW-GRPO's per-position divergence of a group's next-token distributions (arXiv 2505.24718 §3; code
+    longmalongma/TW-GRPO ``src/open_r1/trainer/grpo_trainer.py::compute_token_importance_kl_logs_uniform``).
+
+    With ℓ_{i,t,·} = log_softmax(logits_{i,t,·}) for the G samples i of one prompt, replaced by the uniform
+    log(1/V) where sample i has no token at t (mask 0), and ℓ̄_{t,·} = (1/G) Σ_i ℓ_{i,t,·} (the mean in log space)::
+
+        D_t = (1/G) Σ_i Σ_v [e^d − d − 1],   d = clamp(ℓ̄_{t,v} − ℓ_{i,t,v}, −11, 11)
+
+    i.e. the mean over the group of a KL-like divergence (the k3 form) between each sample and the group's
+    log-mean distribution at position t. The fp32 log-probabilities exist for ``chunk`` positions at a time
+    ([G, chunk, V]); the result does not depend on ``chunk``.
+
+    Shape:
+        logits: [G, T, V] (any float dtype), mask: [G, T] → D [T]
+    """
+    _, T, V = logits.shape
+    valid = mask.to(logits.device) > 0  # [G, T]
+    uniform = -math.log(V)
+    out = []
+    for lo in range(0, T, max(1, chunk)):
+        hi = min(T, lo + max(1, chunk))
+        lp = torch.log_softmax(logits[:, lo:hi].float(), dim=-1)  # [G, c, V] the only fp32 copy
+        lp = torch.where(valid[:, lo:hi, None], lp, torch.full_like(lp, uniform))  # [G, c, V]
+        d = (lp.mean(0, keepdim=True) - lp).clamp(-TW_GRPO_CLAMP, TW_GRPO_CLAMP)  # [G, c, V]
+        out.append((d.exp() - d - 1.0).sum(-1).mean(0))  # [c]
+    return torch.cat(out)  # [T]
+
+
+def tw_grpo_weights(divergence: Tensor, mask: Tensor, *, alpha: float) -> Tensor:
+    """TW-GRPO token weights from the per-group divergences: w_t = 1 + (α − 1)·(D_t − min D)/(max D − min D + 1e-8).
+
+    Min and max are over all T positions of the group (also positions where no sample has a token, whose D is 0,
+    as in the code); the weight of position t is shared by the G samples and multiplied by their mask. α is
+    ``max_weight`` of the code (1.4 in its config, 1.7 in ``scripts/tw-grpo.sh``).
+
+    Shape:
+        divergence: [P, T], mask: [B, T] with B = P·G → weights [B, T]
+    """
+    if alpha < 1:
+        raise ValueError(f"algorithm.token_weighting_args.alpha: must be >= 1 (the largest weight), got {alpha}")
+    D = divergence.float()  # [P, T]
+    lo, hi = D.amin(1, keepdim=True), D.amax(1, keepdim=True)  # [P, 1]
+    w = 1.0 + (alpha - 1.0) * (D - lo) / (hi - lo + 1e-8)  # [P, T]
+    G = mask.shape[0] // D.shape[0]
+    return w.repeat_interleave(G, dim=0) * mask.float()  # [B, T]
+
+
 __all__ = [
     "SHAPERS",
     "ShapingInputs",
     "broadcast",
     "gaussian_kl",
+    "intragroup_divergence",
     "lambda_returns",
     "ratio_norm",
     "shape_advantages",
     "step_sizes",
     "tempflow_weights",
     "temporal",
+    "tw_grpo_weights",
     "value_anchored",
 ]

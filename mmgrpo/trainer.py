@@ -35,8 +35,19 @@ from accelerate.utils import DistributedType, ProjectConfiguration, broadcast_ob
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import importance, losses, noise, shaping, sharding
-from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from mmgrpo import (
+    dynamic_sampling,
+    importance,
+    injection,
+    losses,
+    noise,
+    sampling,
+    schedules,
+    shaping,
+    sharding,
+    thoughts,
+)
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict, variant_methods
 from mmgrpo.plugins import ADAPTERS, load_builtins
 from mmgrpo.preflight import preflight, row_name, warmup_target
 from mmgrpo.types import (
@@ -173,6 +184,9 @@ class Trainer:
         for name, why in need.items():
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
+        for method, why in variant_methods(a).items():  # docs/variants.md hooks (checked at load when declared)
+            if not callable(getattr(self.adapter, method, None)):
+                raise ConfigError(f"{why} needs an adapter with {method}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -189,12 +203,15 @@ class Trainer:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
             self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
-        self.sampler = PromptSampler(
+        a = cfg.algorithm  # algorithm.sampler: the sequential PromptSampler or a sampling.SAMPLERS class
+        sampler_cls = PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
+        self.sampler = sampler_cls(
             len(self.task.train_rows()),
-            cfg.algorithm.prompts_per_step,
+            a.prompts_per_step,
             self.acc.num_processes,
             self.acc.process_index,
             cfg.seed,
+            **a.sampler_args,
         )
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
@@ -313,6 +330,11 @@ class Trainer:
         if self.cfg.rollout.engine != "native":
             self._push_engine_weights(version=step + 1)
         rollout = self.adapter.rollout(rows, a.group_size, keys)
+        gt = a.gt_injection
+        if gt.enabled:  # TempSamp-R1: one slot per group becomes the ground truth, teacher-forced (mmgrpo/injection.py)
+            injected = injection.inject_ground_truth(
+                self.adapter, rollout, rows, column=gt.column, template=gt.template, slot=gt.slot
+            )  # [B]
         t1 = time.perf_counter()
         is_weights, engine_metrics = None, {}
         if rollout.engine_logprobs is not None and self.cfg.rollout.is_mode != "none":
@@ -327,9 +349,13 @@ class Trainer:
             )  # [B, T]
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
+        columns.setdefault("group_index", [b // a.group_size for b in range(len(prompts))])  # group-aware rewards
         scores, reward_metrics = self.rewards(
             rollout.outputs, prompts, columns, trainer_state=self._trl_state(step)
         )  # [B, K]
+        self._step_rows = self.sampler.indices(step)  # dataset rows of the P groups (the variance sampler's keys)
+        if a.dynamic_sampling.enabled:  # DAPO: refill zero-variance groups with fresh prompts
+            rows, rollout, scores, reward_metrics = self._refill(step, rows, rollout, scores, reward_metrics)
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
         t2 = time.perf_counter()
 
@@ -344,6 +370,22 @@ class Trainer:
             eps=a.eps,
         )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
+        if a.advantage_transform:  # docs/variants.md: [P, G] → [P, G] after the estimator
+            m = rollout.mask.float()  # [B, T]
+            seq_lp = (rollout.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B]
+            seq_lp = seq_lp.view(len(rows), a.group_size)  # [P, G]
+            advantages = adv_lib.apply_transforms(
+                a.advantage_transform, advantages, combined, seq_lp, a.advantage_transform_args
+            )  # [P, G]
+        if hasattr(self.sampler, "observe"):  # variance-aware samplers: every process sees all groups
+            seen = (
+                torch.tensor(self._step_rows),
+                combined,
+                sampling.distinct_n(rollout.outputs, a.group_size),
+            )
+            self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
+        if gt.enabled:
+            adv_metrics["gt/injected_fraction"] = injected.float().mean()  # share of the B samples
         mask = rollout.mask.clone()  # [B, T]
         if a.filter_zero_variance:
             keep = ~adv_lib.zero_variance_groups(combined)  # [P]
@@ -351,11 +393,17 @@ class Trainer:
             adv_metrics["advantage/kept_group_fraction"] = keep.float().mean()
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
         unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
+        if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
+            weights = self._tw_grpo_weights(rollout)  # [B, T]
+            unit_adv = unit_adv * weights  # [B, T]
+            adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
         ref = None
         if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
-        update_metrics = self._update(rollout, unit_adv, mask, ref, is_weights)
+        beta = schedules.beta_at(a.beta_schedule, step, self.cfg.steps, a.beta, a.beta_schedule_args)
+        update_metrics = self._update(rollout, unit_adv, mask, ref, beta, is_weights)
+        update_metrics["kl/beta"] = torch.tensor(beta)
         t3 = time.perf_counter()
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics, **engine_metrics}.items()}
@@ -375,6 +423,64 @@ class Trainer:
         if self.acc.num_processes > 1:
             metrics = self._reduce_metrics(metrics, rewards)
         return metrics
+
+    def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
+        """DAPO dynamic sampling (mmgrpo/dynamic_sampling.py): the first P groups with non-zero reward variance
+        over up to ``max_num_gen_batches`` generation batches; returns (rows, rollout, scores [B, K], metrics)."""
+        a, G, P = self.cfg.algorithm, self.cfg.algorithm.group_size, len(rows)
+        batches = [(rows, rollout, scores, self._step_rows)]
+        kept = lambda sc: dynamic_sampling.kept_groups(
+            adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), self.rewards.weights))
+        )
+        have = len(kept(scores))
+        for k in range(1, a.dynamic_sampling.max_num_gen_batches):
+            need = torch.tensor([float(have < P)], device=self.acc.device)
+            if float(self.acc.reduce(need, reduction="sum") if self.acc.num_processes > 1 else need) == 0:
+                break  # every process holds P groups with signal (all run the same number of batches)
+            idx = dynamic_sampling.refill_indices(
+                len(self.task.train_rows()), P, seed=self.cfg.seed, step=step, batch=k, rank=self.acc.process_index
+            )
+            more = self._sample_rows(step, idx)
+            keys = None
+            if self.cfg.rollout_noise == "keyed":  # the step's positions under a seed of this generation batch
+                seed = noise.mix(self.cfg.seed, 0x5EED, k)
+                keys = noise.NoiseKeys(seed, step, tuple(self.sampler.positions(step)), G)
+            r = self.adapter.rollout(more, G, keys)
+            if a.gt_injection.enabled:
+                gt = a.gt_injection
+                injection.inject_ground_truth(
+                    self.adapter, r, more, column=gt.column, template=gt.template, slot=gt.slot
+                )
+            prompts, columns = reward_columns(more, G, r.extras)
+            columns.setdefault("group_index", [b // G for b in range(len(prompts))])
+            sc, mets = self.rewards(r.outputs, prompts, columns)  # [B, K]
+            reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
+            batches.append((more, r, sc, idx))
+            have += len(kept(sc))
+        order, short = dynamic_sampling.select_groups([kept(sc) for _, _, sc, _ in batches], P)
+        parts = [(batches[j][1], [g for jj, g in order if jj == j]) for j in range(len(batches))]
+        merged = dynamic_sampling.merge_groups(self.adapter, [(r, groups) for r, groups in parts if groups])
+        new_rows = [batches[j][0][g] for j, g in order]
+        self._step_rows = [batches[j][3][g] for j, g in order]
+        new_scores = torch.cat([batches[j][2][g * G : (g + 1) * G] for j, g in order])  # [B, K]
+        for k, name in enumerate(self.rewards.names):  # the kept groups' reward means
+            if f"reward/{name}" in reward_metrics:
+                reward_metrics[f"reward/{name}"] = float(new_scores[:, k].nanmean())
+        reward_metrics["data/dynamic_gen_batches"] = float(len(batches))
+        reward_metrics["data/dynamic_short_groups"] = float(short)
+        return new_rows, merged, new_scores, reward_metrics
+
+    def _tw_grpo_weights(self, rollout) -> torch.Tensor:
+        """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
+        opts = self.cfg.algorithm.token_weighting_args
+        G, chunk = rollout.group_size, int(opts.get("chunk", 64))
+        divergence = [
+            shaping.intragroup_divergence(
+                self.adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk
+            ).cpu()  # [T]
+            for idx in torch.arange(rollout.batch_size).split(G)
+        ]
+        return shaping.tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
 
     def _reduce_metrics(self, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
         """Every process's metrics → one set for the whole step (identical on all processes).
@@ -412,12 +518,13 @@ class Trainer:
                 out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
         return out
 
-    def _sample_rows(self, step: int) -> list[dict]:
-        """The step's rows; a row that cannot be read is skipped (warned, counted) for the next one in file order."""
+    def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
+        """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
+        in file order."""
         data = self.task.train_rows()
         n = len(data)
         rows = []
-        for i in self.sampler.indices(step):
+        for i in self.sampler.indices(step) if indices is None else indices:
             for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
                 j = (i + attempt) % n
                 if j in self._bad_rows:
@@ -444,6 +551,7 @@ class Trainer:
         unit_adv: torch.Tensor,
         mask: torch.Tensor,
         ref: torch.Tensor | None,
+        beta: float,
         is_weights: torch.Tensor | None = None,
     ) -> dict:
         """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates.
@@ -458,6 +566,8 @@ class Trainer:
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
         kl_fn = None if a.kl == "gaussian_exact" else losses.KL_ESTIMATORS.get(a.kl)
+        grouped = a.surrogate in losses.GROUP_SURROGATES  # the loss needs whole groups per minibatch (config-checked)
+        group_kw = {"group_size": a.group_size} if grouped else {}
         sums: dict[str, torch.Tensor] = {}
         maxima: dict[str, torch.Tensor] = {}
         count = 0
@@ -465,6 +575,9 @@ class Trainer:
         world = self.acc.num_processes
         for _ in range(a.epochs):
             order = torch.randperm(rollout.batch_size) if a.epochs > 1 else torch.arange(rollout.batch_size)
+            if grouped and a.epochs > 1:  # shuffle whole groups, keeping each group's samples together
+                G = a.group_size
+                order = (torch.randperm(rollout.batch_size // G)[:, None] * G + torch.arange(G)).flatten()
             for update in order.tensor_split(a.updates_per_epoch):
                 minibatches = update.split(a.minibatch_size)
                 total = losses.aggregation_units(a.aggregation, mask[update]).to(device)  # [] this process
@@ -492,6 +605,8 @@ class Trainer:
                             dual_clip=a.dual_clip,
                             tau_pos=a.tau_pos,
                             tau_neg=a.tau_neg,
+                            **group_kw,
+                            **a.surrogate_args,
                         )  # [n, T]
                         if is_weights is not None:  # engine-sampled units: π_old / π_engine, bounded (TIS)
                             per_unit = per_unit * is_weights[idx].to(device)
@@ -503,7 +618,7 @@ class Trainer:
                             else:
                                 kl = kl_fn(logp, ref[idx].to(device)) * m  # [n, T]
                             kl_loss = aggregate(kl, m, max_units=m.shape[1])
-                            loss = loss + a.beta * kl_loss
+                            loss = loss + beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
                         self.acc.backward(loss * share)
                     mets["loss/policy"] = policy_loss.detach()
@@ -595,8 +710,10 @@ class Trainer:
         rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
         opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
         bar = _progress(self.cfg, self.acc, total=w.steps, desc="warm-up")
-        for _ in range(w.steps):
-            loss = self.adapter.supervised_loss(self._warmup_batch(rows, rng))
+        for i in range(w.steps):
+            batch = self._warmup_batch(rows, rng)
+            batch = thoughts.drop_thoughts(batch, w.thought_dropout, self.cfg.seed * 100_003 + i)  # TON (0: as is)
+            loss = self.adapter.supervised_loss(batch)
             self.acc.backward(loss)
             self.acc.clip_grad_norm_(self.adapter.trainable_parameters(), 1.0)
             opt.step()
@@ -808,6 +925,8 @@ class Trainer:
             return False
         saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
         self.state.load_state_dict(saved)
+        if "sampler" in saved and hasattr(self.sampler, "load_state_dict"):  # variance-aware samplers' statistics
+            self.sampler.load_state_dict(saved["sampler"])
         if self.acc.is_main_process:
             _truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
@@ -828,7 +947,10 @@ class Trainer:
             final=final,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            trainer_state=self.state.state_dict(),
+            trainer_state={  # + a stateful sampler's statistics (algorithm.sampler: variance)
+                **self.state.state_dict(),
+                **({"sampler": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}),
+            },
             config_text=dump_config(cfg),
             model_files=_model_files(cfg, self.adapter, step),
         )

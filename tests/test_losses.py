@@ -23,7 +23,7 @@ def leaf(values):
 
 def test_registry_names():
     assert RATIO_LEVELS.names() == ["chunk", "sequence", "sequence_token", "token"]
-    assert SURROGATES.names() == ["cispo", "gmpo", "ppo_clip", "reinforce", "sapo"]
+    assert SURROGATES.names() == ["cispo", "dgpo", "gmpo", "ppo_clip", "reg_grpo", "reinforce", "sapo"]
     assert AGGREGATIONS.names() == ["seq_mean_token_mean", "seq_sum_const_norm", "token_mean"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
 

@@ -53,6 +53,7 @@ from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from . import dgpo
 from . import kernels as K
 from .steps import STEP_SELECTORS, StepPlan
 from .tiny import resolve_pipeline
@@ -122,6 +123,13 @@ class FlowArgs:
     """Seed of the per-prompt evaluation noise."""
     device: str = "auto"
     """auto (cuda if available) | cpu | cuda[:i]; the trainer's accelerate device wins once it prepares the model."""
+    objective: Literal["logprob", "dgpo"] = "logprob"
+    """logprob: SDE rollouts, units = transitions with their log-probs (Flow-GRPO and kin) | dgpo: ODE rollouts,
+    units = DSM losses of the final latents (DGPO, arXiv 2510.08425; pair with algorithm.surrogate: dgpo)."""
+    dgpo_times: Annotated[int, Range(ge=1)] = 4
+    """dgpo: M noise levels per sample (DGPO num_train_timesteps)."""
+    dgpo_trunc_steps: Annotated[int, Range(ge=0)] = 4
+    """dgpo: the M levels are drawn among rollout steps 0..dgpo_trunc_steps (the high-noise end; DGPO trunc_steps)."""
 
 
 # ------------------------------------------------------------------------------------------ backends
@@ -382,6 +390,9 @@ class FlowAdapter:
         self.iteration = 0
         self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
         self._last: _Forward | None = None
+        self._last_v: tuple | None = None  # (key, velocities) of the last DGPO logprobs call
+        if args.objective == "dgpo" and not self.backend.is_flow:
+            raise ConfigError("model.args.objective: dgpo needs a flow-matching pipeline (SD3, FLUX), not a UNet")
 
     # ---- plumbing
 
@@ -458,6 +469,8 @@ class FlowAdapter:
     @torch.no_grad()
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         """Sample G images per prompt with the selected SDE steps; B = P·G samples, T = ``num_steps`` units."""
+        if self.args.objective == "dgpo":  # ODE samples, DSM units (modalities/flow/dgpo.py)
+            return dgpo.rollout(self, prompts, group_size, keys)
         a, dev = self.args, self.device
         self._sync_devices()
         model = self._unwrapped()
@@ -572,6 +585,10 @@ class FlowAdapter:
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
         """log π_θ of the trained transitions of rows ``index``, 0 elsewhere; differentiable, fp32. Shape: [n, T]."""
+        if self.args.objective == "dgpo":  # −ℓ_DSM [n, M] (modalities/flow/dgpo.py)
+            loss, v = dgpo.dsm_losses(self, self.model, rollout, index)
+            self._last_v = (_key(rollout, index), v)
+            return -loss
         m, k, rows, steps = self._forward_units(self.model, rollout, index)
         dev = k.logprob.device
         out = torch.zeros(m.shape, device=dev).index_put((rows.to(dev), steps.to(dev)), k.logprob)
@@ -595,6 +612,9 @@ class FlowAdapter:
     @torch.no_grad()
     def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
         """log π_ref (LoRA disabled or the frozen copy) of the trained transitions. Shape: [n, T]."""
+        if self.args.objective == "dgpo":
+            with self._reference() as ref:
+                return -dgpo.dsm_losses(self, ref, rollout, index)[0]
         with self._reference() as ref:
             m, k, rows, steps = self._forward_units(ref, rollout, index)
         return torch.zeros(m.shape).index_put((rows, steps), k.logprob.cpu()).to(self.device)
@@ -610,6 +630,13 @@ class FlowAdapter:
         Differentiable through μ_θ (reuses the preceding ``logprobs`` forward); ``kl_variant`` picks the exact KL
         or Flow-GRPO's (× h).
         """
+        if self.args.objective == "dgpo":  # DGPO's KL term mean_D ‖v_θ − v_ref‖² per (sample, time)
+            key, v = self._last_v if self._last_v is not None else (None, None)
+            if key != _key(rollout, index):
+                v = dgpo.dsm_losses(self, self.model, rollout, index)[1]
+            with torch.no_grad(), self._reference() as ref:
+                v_ref = dgpo.dsm_losses(self, ref, rollout, index)[1]
+            return (v.float() - v_ref.float()).square().flatten(1).mean(1).view(len(index), -1)
         cur = self._current(rollout, index)
         with torch.no_grad(), self._reference() as ref:
             _, k_ref, _, _ = self._forward_units(ref, rollout, index)
@@ -749,6 +776,11 @@ def build_flow_adapter(
         raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {allowed}")
     if a.num_steps < 1 or a.eval_num_steps < 1:
         raise ConfigError("model.args.num_steps and eval_num_steps must be >= 1")
+    if a.objective == "dgpo" and not a.dgpo_times <= a.dgpo_trunc_steps + 1 <= a.num_steps:
+        raise ConfigError(
+            f"model.args: dgpo_times={a.dgpo_times} levels are drawn among steps 0..dgpo_trunc_steps="
+            f"{a.dgpo_trunc_steps} of num_steps={a.num_steps}; need dgpo_times <= dgpo_trunc_steps + 1 <= num_steps"
+        )
     try:
         STEP_SELECTORS.get(a.steps)(a.num_steps, 2, 2, generator=torch.Generator().manual_seed(0), **a.step_args)
     except (TypeError, ValueError) as e:
@@ -768,7 +800,7 @@ def build_flow_adapter(
         _hf.diffusers_lora(model, lora, hint)
     else:
         model.requires_grad_(True)
-        if need_reference:
+        if need_reference or a.objective == "dgpo":  # DGPO's units need the reference loss
             reference = copy.deepcopy(model).requires_grad_(False).eval()
     model.train()
     return FlowAdapter(pipe, a, seed=seed, lora=use_lora, reference=reference)

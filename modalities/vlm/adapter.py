@@ -476,6 +476,48 @@ class VLMAdapter(TokenPolicy):
         rollout.validate()
         return rollout
 
+    def merge_states(self, parts: list[tuple[VLMState, Tensor, Tensor]]) -> VLMState:
+        """One state from samples [n] and their prompts [p] of several rollouts' states, in order (DAPO refill,
+        ``mmgrpo.dynamic_sampling.merge_groups``); the samples of part j are the G samples of its prompts."""
+        encodings = [state.cache.encodings[i] for state, _, prompts in parts for i in prompts.tolist()]
+        ids = torch.cat([state.completion_ids[samples] for state, samples, _ in parts])  # [B, T]
+        G = ids.shape[0] // max(1, len(encodings))
+        return VLMState(
+            completion_ids=ids,
+            prompt_of=torch.arange(len(encodings)).repeat_interleave(G),
+            cache=PromptCache(encodings),
+        )
+
+    @torch.no_grad()
+    def inject(self, rollout: Rollout, index: Tensor, texts: list[str]) -> None:
+        """Replace samples ``index`` [n] by ``texts`` + EOS, teacher-forced (``mmgrpo.injection``, TempSamp-R1).
+
+        Their old log-probs become the current policy's log-probs of the new tokens (the re-implementation's
+        recomputed ``old_log_probs``), so their ratio is 1 before the first update.
+        """
+        state: VLMState = rollout.state
+        if len(index) == 0:  # nothing to inject here; FSDP still needs this process's forward (one per call)
+            if sharding.is_sharded(self._unwrapped()):
+                self._token_logprobs(self.model, state, torch.tensor([0]))
+            return
+        T = state.completion_ids.shape[1]
+        eos = int(self.eos_ids[0])
+        for row, text in zip(index.tolist(), texts, strict=True):
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [eos]
+            if len(ids) > T:
+                raise ValueError(
+                    f"algorithm.gt_injection: the ground-truth completion {text!r} of sample {row} has {len(ids)} "
+                    f"tokens with EOS, more than model.args.max_new_tokens={T}; raise max_new_tokens"
+                )
+            state.completion_ids[row] = torch.tensor(ids + [self.pad_id] * (T - len(ids)))
+        comp = state.completion_ids[index]  # [n, T]
+        mask = self._completion_mask(comp).float()  # [n, T]
+        rollout.mask[index] = mask.to(rollout.mask.dtype)
+        rollout.truncated[index] = False
+        for row, text in zip(index.tolist(), self._decode(comp), strict=True):
+            rollout.outputs[row] = text
+        rollout.old_logprobs[index] = self._token_logprobs(self.model, state, index).cpu() * mask  # [n, T]
+
     def _image_columns(
         self, prompts: list[dict], encodings: list[dict[str, Tensor]], loaded_sizes: list | None
     ) -> dict[str, list]:
@@ -507,7 +549,15 @@ class VLMAdapter(TokenPolicy):
 
     # --------------------------------------------------------------------------------------- log-probs
 
-    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
+    @torch.no_grad()
+    def vocab_logits(self, rollout: Rollout, index: Tensor) -> Tensor:
+        """Next-token logits [n, T, V] at the completion positions of samples ``index``, current policy, no gradient
+        (TW-GRPO's intra-group divergence, ``mmgrpo.shaping.intragroup_divergence``). Model dtype; the caller asks
+        for one group at a time."""
+        return self._completion_logits(self.model, rollout.state, index)[1]
+
+    def _completion_logits(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> tuple[Tensor, Tensor]:
+        """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``."""
         comp = state.completion_ids[index]  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
@@ -521,6 +571,11 @@ class VLMAdapter(TokenPolicy):
         else:
             batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
             logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
+        return comp, logits
+
+    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
+        comp, logits = self._completion_logits(model, state, index)  # [n, T], [n, T, V]
+        T = comp.shape[1]
         # Suppressed tokens are never sampled, nor is EOS before min_new_tokens: not part of the distribution.
         banned = banned_mask(
             logits.shape[-1],

@@ -1,0 +1,576 @@
+"""The GRPO variants of docs/variants.md: each checked on a small hand-worked example of its equation."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmgrpo import advantages as adv_lib
+from mmgrpo import losses, schedules
+from mmgrpo.config import ConfigError, load_config
+from mmgrpo.rewards import load_reward
+from mmgrpo.rewards.variants import tempsamp_shape
+from mmgrpo.sampling import VarianceSampler, distinct_n
+
+ROOT = Path(__file__).resolve().parents[1]
+NOCLIP = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": None, "tau_pos": 1.0, "tau_neg": 1.05}
+
+
+# --- Reg-GRPO ------------------------------------------------------------------------------------------------
+
+
+def _reg_loss(log_ratio, adv, mask, G=3):
+    per_unit, metrics = losses.reg_grpo(log_ratio, adv, mask, group_size=G, **NOCLIP)
+    return losses.seq_mean_token_mean(per_unit, mask, max_units=mask.shape[1]), per_unit, metrics
+
+
+def test_reg_grpo_values_and_gradient_by_hand():
+    # one group of G=3; sequence log-ratios rho = [0.3, -0.1, 0.1] (row 0: units 0.2, 0.4 -> mean 0.3; row 1 has
+    # one valid unit), advantages A = [0.5, -1, 0.5]. mean 0.1, deviations [0.2, -0.2, 0], unbiased std 0.2.
+    lr = torch.tensor([[0.2, 0.4], [-0.1, 9.0], [0.1, 0.1]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    A = torch.tensor([[0.5, 0.5], [-1.0, -1.0], [0.5, 0.5]])
+    loss, per_unit, _ = _reg_loss(lr, A, mask)
+    s = 0.2 + losses.REG_GRPO_EPS
+    rho_hat = [0.2 / s, -0.2 / s, 0.0]
+    expect = [(rho_hat[0] - 0.5) ** 2, (rho_hat[1] + 1.0) ** 2, 0.25]
+    assert per_unit[:, 0].tolist() == pytest.approx(expect, rel=1e-5, abs=1e-9)
+    assert per_unit[1, 1] == 0.0  # masked unit
+    assert float(loss.detach()) == pytest.approx(sum(expect) / 3, rel=1e-5)
+    loss.backward()
+    # d/d rho_j of (1/3) sum_i (rho_hat_i - A_i)^2, with d rho_hat_i / d rho_j =
+    # (delta_ij - 1/3)/(s) - dev_i * dev_j / ((n-1) * std * s^2), dev = rho - mean, n = 3, std = 0.2
+    dev, a = [0.2, -0.2, 0.0], [0.5, -1.0, 0.5]
+    g_rho = []
+    for j in range(3):
+        g = 0.0
+        for i in range(3):
+            d_hat = ((i == j) - 1 / 3) / s - dev[i] * dev[j] / (2 * 0.2 * s**2)
+            g += (2 / 3) * (rho_hat[i] - a[i]) * d_hat
+        g_rho.append(g)
+    # rho_i is the mean over valid units: each valid unit gets g_rho / count
+    expect_grad = torch.tensor([[g_rho[0] / 2, g_rho[0] / 2], [g_rho[1], 0.0], [g_rho[2] / 2, g_rho[2] / 2]])
+    torch.testing.assert_close(lr.grad, expect_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_reg_grpo_on_policy_gradient_is_the_policy_gradient_direction():
+    lr = torch.zeros(4, 3, requires_grad=True)  # on-policy: every rho is 0
+    mask = torch.ones(4, 3)
+    A = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 3)
+    loss, _, _ = _reg_loss(lr, A, mask, G=4)
+    loss.backward()
+    assert torch.isfinite(lr.grad).all()
+    # d loss / d rho_i = -(2/G) (A_i - mean A) / (std + eps), std = sqrt(1e-12) (the clamp), split over 3 units
+    expect = -(2 / 4) * (torch.tensor([1.0, -1.0, 0.5, -0.5]) - 0.0) / (1e-6 + losses.REG_GRPO_EPS) / 3
+    torch.testing.assert_close(lr.grad[:, 0], expect, rtol=1e-4, atol=1e-3)
+
+
+def test_reg_grpo_refuses_a_minibatch_that_splits_a_group():
+    with pytest.raises(ValueError, match="not a multiple of group_size=3"):
+        losses.reg_grpo(torch.zeros(4, 2), torch.zeros(4, 2), torch.ones(4, 2), group_size=3, **NOCLIP)
+
+
+def test_config_refuses_group_surrogates_with_split_minibatches():
+    base = ["algorithm.surrogate=reg_grpo", "algorithm.group_size=8"]
+    with pytest.raises(ConfigError, match="minibatch_size to a multiple of group_size=8"):
+        load_config(ROOT / "configs/quickstart.yaml", [*base, "algorithm.minibatch_size=12"])
+    with pytest.raises(ConfigError, match="prompts_per_step to a multiple of updates_per_epoch"):
+        load_config(ROOT / "configs/quickstart.yaml", [*base, "algorithm.updates_per_epoch=3"])
+
+
+# --- dynamic KL -------------------------------------------------------------------------------------------------
+
+
+def test_beta_schedules_by_hand():
+    oth = {"beta_min": 0.02, "warmup_ratio": 0.5}
+    assert [schedules.beta_at("othink", t, 10, 0.1, oth) for t in (0, 2, 5, 9)] == pytest.approx(
+        [0.02, 0.052, 0.1, 0.1]
+    )
+    assert [schedules.beta_at("linear", t, 5, 0.1) for t in (0, 2, 4)] == pytest.approx([0.0, 0.05, 0.1])
+    assert [schedules.beta_at("cosine", t, 5, 0.1) for t in (0, 1, 2, 4)] == pytest.approx(
+        [0.0, 0.1 * 0.5 * (1 - math.cos(math.pi / 4)), 0.05, 0.1]
+    )
+    assert schedules.beta_at("constant", 3, 10, 0.04) == 0.04
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        schedules.beta_at("othink", 0, 10, 0.1, {"warmup_ratio": 0.0})
+
+
+def test_beta_schedule_config_errors_name_the_option():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule: 'expo' is not allowed"):
+        load_config(q, ["algorithm.beta_schedule=expo"])
+    with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule_args\.beta_max"):
+        load_config(q, ["algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={beta_max: 1}"])
+
+
+# --- advantage transforms ----------------------------------------------------------------------------------------
+
+
+def test_difficulty_weighting_by_hand():
+    r = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    a = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.5, -0.5, -0.5, -0.5]])
+    # failure rates d = [0.5, 0.75], mean 0.625 -> weights 1 + (d - 0.625) = [0.875, 1.125]
+    out = adv_lib.apply_transforms(["difficulty"], a, r, torch.zeros_like(r), {})
+    torch.testing.assert_close(out, a * torch.tensor([[0.875], [1.125]]))
+
+
+def test_negative_group_confidence_by_hand():
+    r = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    a = torch.tensor([[0.0, 0.0, 0.0], [1.15, -0.58, -0.58]])
+    lp = torch.log(torch.tensor([[0.5, 0.2, 0.2], [0.9, 0.9, 0.9]]))
+    out = adv_lib.apply_transforms(["negative_groups"], a, r, lp, {"negative_groups": {"strength": 2.0}})
+    # all-wrong group: c = [0.5, 0.2, 0.2], mean 0.3 -> A = -2 * (c - 0.3) = [-0.4, 0.2, 0.2]; group 2 unchanged
+    torch.testing.assert_close(out, torch.tensor([[-0.4, 0.2, 0.2], [1.15, -0.58, -0.58]]))
+
+
+def test_advantage_transform_config_errors():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage_transform: 'nope' is not allowed"):
+        load_config(q, ["algorithm.advantage_transform=[nope]"])
+    with pytest.raises(ConfigError, match=r"advantage_transform_args\.difficulty\.power"):
+        load_config(
+            q,
+            [
+                "algorithm.advantage_transform=[difficulty]",
+                "algorithm.advantage_transform_args={difficulty: {power: 2}}",
+            ],
+        )
+
+
+# --- rewards -------------------------------------------------------------------------------------------------
+
+
+def test_self_consistency_frequency_majority_and_entropy_term():
+    comps = ["<answer>red</answer>", "<answer>Red</answer>", "<answer>blue</answer>", "no tags", "<answer>x</answer>"]
+    cols = {"group_index": [0, 0, 0, 0, 1]}
+    freq = load_reward("self_consistency")(comps, prompts=["p"] * 5, **cols)
+    assert freq == pytest.approx([0.5, 0.5, 0.25, 0.0, 1.0])  # p(a) over the N=4 completions of group 0
+    maj = load_reward("self_consistency", vote="majority", entropy_weight=0.1)(comps, prompts=["p"] * 5, **cols)
+    assert maj == pytest.approx([1 + 0.1 * math.log(0.5), 1 + 0.1 * math.log(0.5), 0.1 * math.log(0.25), 0.0, 1.0])
+
+
+STEP_OK = (
+    "### Image Description: a red bar.\n### Rationales: count it.\n### Step 1: the bar is red and wide.\n"
+    "### Step 2: compare with Blue.\n### The final answer is: 42"
+)
+
+
+def test_step_rar_and_step_rvr_by_hand():
+    rar = load_reward("step_rar")
+    cols = {"answer": ["42", "41", "42"], "key_steps": [[["red", "crimson"], ["blue"], ["green"]], [["red"]], None]}
+    # 1 + 0.1 * 2/3 ; 0 + 0.1 * 1/1 ; answer only
+    assert rar([STEP_OK, STEP_OK, STEP_OK], prompts=["p"] * 3, **cols) == pytest.approx([1 + 0.2 / 3, 0.1, 1.0])
+    rvr = load_reward("step_rvr")
+    skipped = STEP_OK.replace("### Step 2:", "### Step 3:")
+    late = STEP_OK.replace("### The final answer is: 42", "") + "\n### The final answer is: 42\n### Step 3: x"
+    missing = STEP_OK.replace("### Rationales: count it.\n", "")
+    assert rvr([STEP_OK, skipped, late, missing], prompts=["p"] * 4) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_tempsamp_shape_by_hand():
+    e = math.e
+    assert tempsamp_shape(1.0) == pytest.approx(0.8 + 0.01 * math.log(1.2))  # 0.8018
+    assert tempsamp_shape(0.8) == pytest.approx(0.8)
+    assert tempsamp_shape(0.5) == pytest.approx(0.8 - (math.exp(0.3) - 1) / (e - 1))  # 0.5964
+    assert tempsamp_shape(0.0) == pytest.approx(0.8 - (math.exp(0.8) - 1) / (e - 1))  # 0.0868
+    soft = load_reward("tempsamp_soft")(
+        ["<answer>0.5 to 1.5</answer>", "<answer>0.5 to 1.0</answer>"], prompts=["p"] * 2, answer=[[0.5, 1.5], None]
+    )
+    assert soft[1] is None  # no ground truth: not applicable
+    assert soft[0] == pytest.approx(0.8 + 0.01 * math.log(1.2))  # IoU 1
+
+
+# --- variance-aware sampling ---------------------------------------------------------------------------------
+
+
+def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
+    one = VarianceSampler(20, 4, 1, 0, seed=3, mixture_ratio=1.0)
+    two = [VarianceSampler(20, 2, 2, r, seed=3, mixture_ratio=1.0) for r in range(2)]
+    assert one.indices(0) == two[0].indices(0) + two[1].indices(0)
+    assert one.positions(1) == two[0].positions(1) + two[1].positions(1)
+    rows = torch.arange(20)
+    rewards = torch.zeros(20, 4)
+    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])  # rows 0-3: variance p(1-p) = 0.25; the others 0
+    for s in [one, *two]:
+        s.observe(rows, rewards, distinct_n(["a b c"] * 80, 4))
+    torch.testing.assert_close(one.variance[:5], torch.tensor([0.25, 0.25, 0.25, 0.25, 0.0]))
+    assert one.diversity[0] == 0.25  # one distinct 3-gram among the group's four
+    # min-max normalised weights: 1 for rows 0-3, 0 for the others -> with mixture 1 only rows 0-3 are drawn
+    torch.testing.assert_close(one.weights()[:5], torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]), atol=1e-6, rtol=0)
+    assert all(set(one.indices(step)) == {0, 1, 2, 3} for step in range(1, 20))
+    assert one.indices(1) == two[0].indices(1) + two[1].indices(1)
+    filt = VarianceSampler(20, 4, 1, 0, seed=3, mode="filter")
+    filt.observe(rows, rewards, torch.ones(20))
+    assert all(set(filt.indices(s)) <= {0, 1, 2, 3} for s in range(5))
+
+
+def test_variance_sampler_mixture_momentum_and_distinct_3():
+    # MMR1 MixedCurriculumSampler: half of each step by weight (rows 0-3 only), half uniformly over the other rows,
+    # interleaved weighted / uniform
+    mix = VarianceSampler(20, 4, 1, 0, seed=5, mixture_ratio=0.5)
+    rewards = torch.zeros(20, 4)
+    rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    mix.observe(torch.arange(20), rewards, torch.zeros(20))
+    odd = []
+    for step in range(50):
+        rows = mix.indices(step)
+        assert len(set(rows)) == 4 and rows[0] < 4 and rows[2] < 4  # weighted draws at even slots
+        odd += rows[1::2]  # uniform over the 18 rows the weighted draw left: rows >= 4 with probability 16/18
+    assert 0.75 < sum(r >= 4 for r in odd) / len(odd) < 0.98  # 100 draws: about 3 standard deviations
+    # momentum m: new = m * old + (1 - m) * observed, for rows seen before
+    mom = VarianceSampler(4, 1, 1, 0, seed=0, momentum=0.75)
+    mom.observe(torch.tensor([0]), torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]))  # first sight: 0.25, 1
+    mom.observe(torch.tensor([0]), torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))  # variance 0, TDS 0
+    assert float(mom.variance[0]) == pytest.approx(0.75 * 0.25)
+    assert float(mom.diversity[0]) == pytest.approx(0.75)
+    # distinct-3: group 1 "a b c d" + "a b c x" -> 3-grams abc, bcd, abc, bcx: 3 distinct of 4; group 2 no 3-gram
+    torch.testing.assert_close(distinct_n(["a b c d", "a b c x", "a b", "c"], 2), torch.tensor([0.75, 0.0]))
+
+
+def test_variance_sampler_state_round_trip_draws_the_same_rows():
+    import json
+
+    a = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        rows = torch.tensor(a.indices(step))
+        a.observe(rows, torch.randint(0, 2, (3, 4), generator=gen).float(), torch.rand(3, generator=gen))
+    b = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    assert [b.indices(s) for s in range(4, 9)] != [a.indices(s) for s in range(4, 9)]  # fresh statistics differ
+    b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))  # strict JSON: unseen rows -> null
+    assert [b.indices(s) for s in range(4, 9)] == [a.indices(s) for s in range(4, 9)]
+    with pytest.raises(ValueError, match="has 30 rows, the training data has 29"):
+        VarianceSampler(29, 3, 1, 0, seed=1).load_state_dict(a.state_dict())
+
+
+# --- configs: one short run each ------------------------------------------------------------------------------
+
+SMALL = [
+    "algorithm.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "algorithm.minibatch_size=4",
+    "model.args.max_new_tokens=5",
+    "task.args.train_size=16",
+    "task.args.eval_size=4",
+    "warmup.steps=0",
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "steps=2",
+    "logging.trackers=[]",
+    "logging.progress=false",
+    "logging.plot=false",
+    "checkpoint.save_final=false",
+]
+
+
+def _records(run) -> list[dict]:
+    import json
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss/policy" in r]
+
+
+def _last_record(run) -> dict:
+    return _records(run)[-1]
+
+
+SAMPLING = "variant_variance_sampling.yaml"  # trained (and resumed) by the test below
+OWN_RUNS = {SAMPLING, "variant_dgpo.yaml"}  # configs with a test of their own (the flow one: other overrides)
+
+
+def length_reward(completions: list, **columns) -> list[float]:
+    """1 when the completion's length is a multiple of 4: zero-variance groups often, but not always."""
+    return [float(len(str(c)) % 4 == 0) for c in completions]
+
+
+# an untrained model scores 0 everywhere on the built-in rewards: give the refill groups to find
+VARIANT_OVERRIDES = {
+    "variant_dynamic_sampling.yaml": [
+        "rewards=[{name: 'tests.test_variants:length_reward'}]",
+        "steps=3",
+        "algorithm.dynamic_sampling.max_num_gen_batches=2",
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (ROOT / "configs").glob("variant_*.yaml") if p.name not in OWN_RUNS)
+)
+def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import train
+
+    extra = ["model.args.max_new_tokens=12"] if name == "variant_tempsamp.yaml" else []  # room for the GT span
+    extra += VARIANT_OVERRIDES.get(name, [])
+    cfg = load_config(ROOT / "configs" / name, [*SMALL, *extra, f"output_dir={tmp_path / 'run'}"])
+    train(cfg)
+    last = _last_record(tmp_path / "run")
+    assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    if cfg.algorithm.dynamic_sampling.enabled:  # the kept groups have signal; only the fill-ins have none
+        P, limit = cfg.algorithm.prompts_per_step, cfg.algorithm.dynamic_sampling.max_num_gen_batches
+        for r in _records(tmp_path / "run"):
+            assert 1 <= r["data/dynamic_gen_batches"] <= limit
+            assert r["advantage/zero_std_fraction"] == pytest.approx(r["data/dynamic_short_groups"] / P)
+        refilled = [r for r in _records(tmp_path / "run") if r["data/dynamic_gen_batches"] > 1]
+        assert any(r["data/dynamic_short_groups"] < P for r in refilled)  # a refill found a group with signal
+    if cfg.algorithm.token_weighting == "tw_grpo":  # weights in [1, alpha], the group's max position at alpha
+        assert 1.0 < last["advantage/token_weight_mean"] < cfg.algorithm.token_weighting_args["alpha"]
+    if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
+        assert last["gt/injected_fraction"] == pytest.approx(0.25)
+
+
+def test_variance_sampling_config_trains_and_resumes_its_statistics(tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import Trainer
+
+    over = [*SMALL, f"output_dir={tmp_path / 'run'}", "checkpoint.every=1"]
+    first = Trainer(load_config(ROOT / "configs" / SAMPLING, over))
+    first.run()
+    last = _last_record(tmp_path / "run")
+    assert math.isfinite(last["loss/policy"]) and "kl/beta" in last
+    seen = ~torch.isnan(first.sampler.variance)
+    assert int(seen.sum()) >= 2  # the two steps' prompts were observed
+    resumed = Trainer(load_config(ROOT / "configs" / SAMPLING, [*over, "resume=latest", "steps=4"]))
+    assert torch.isnan(resumed.sampler.variance).all()  # before the checkpoint is loaded: nothing seen
+    resumed._maybe_resume()
+    torch.testing.assert_close(resumed.sampler.variance, first.sampler.variance, equal_nan=True)
+    assert [resumed.sampler.indices(s) for s in (2, 3)] == [first.sampler.indices(s) for s in (2, 3)]
+
+
+def test_thought_dropout_empties_think_blocks_at_the_rate():
+    from mmgrpo.thoughts import EMPTY_THOUGHT, drop_thoughts
+
+    rows = [{"target": f"<think>step {i}</think><answer>{i}</answer>"} for i in range(1000)] + [{"target": "<answer>x"}]
+    out = drop_thoughts(rows, 0.3, seed=1)
+    dropped = [r["target"] == f"{EMPTY_THOUGHT}<answer>{i}</answer>" for i, r in enumerate(out[:1000])]
+    kept = [r["target"] == rows[i]["target"] for i, r in enumerate(out[:1000])]
+    assert all(d or k for d, k in zip(dropped, kept))
+    assert 0.25 < sum(dropped) / 1000 < 0.35  # binomial(1000, 0.3): 5 standard deviations
+    assert out[-1] == rows[-1] and drop_thoughts(rows, 0.3, seed=1) == out
+    assert drop_thoughts(rows, 1.0, seed=0)[0]["target"] == f"{EMPTY_THOUGHT}<answer>0</answer>"
+    with pytest.raises(ConfigError, match=r"warmup\.thought_dropout"):
+        load_config(ROOT / "configs/quickstart.yaml", ["warmup.thought_dropout=1.5"])
+
+
+# --- TempSamp-R1 ground-truth injection ---------------------------------------------------------------------------
+
+
+def test_gt_injection_teacher_forces_one_slot_per_group(tiny_vlm_path):
+    from mmgrpo.injection import inject_ground_truth
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    torch.manual_seed(0)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 8})
+    rows = list(ShapesTask(ShapesArgs(train_size=3, eval_size=1)).train_rows())
+    rows[1] = {k: v for k, v in rows[1].items() if k != "answer"}  # no ground truth: the group stays on-policy
+    rollout = adapter.rollout(rows, group_size=3)
+    before_old, before_out = rollout.old_logprobs.clone(), list(rollout.outputs)
+    injected = inject_ground_truth(adapter, rollout, rows, column="answer", template="<answer>{answer}</answer>")
+    assert injected.tolist() == [False, False, True, False, False, False, False, False, True]  # slot -1
+    for b in (2, 8):
+        text = f"<answer>{rows[b // 3]['answer']}</answer>"
+        ids = adapter.tokenizer.encode(text, add_special_tokens=False) + [int(adapter.eos_ids[0])]
+        comp = rollout.state.completion_ids[b]
+        assert comp[: len(ids)].tolist() == ids and (comp[len(ids) :] == adapter.pad_id).all()
+        assert rollout.outputs[b] == text and not rollout.truncated[b]
+        assert rollout.mask[b].tolist() == [1.0] * len(ids) + [0.0] * (8 - len(ids))  # up to and including EOS
+    keep = ~injected
+    assert torch.equal(rollout.old_logprobs[keep], before_old[keep])
+    assert [o for o, k in zip(rollout.outputs, keep) if k] == [o for o, k in zip(before_out, keep) if k]
+    gt = torch.tensor([2, 8])
+    logp = adapter.logprobs(rollout, gt)  # [2, T] the training forward, with grad
+    m = rollout.mask[gt].bool()
+    assert (rollout.old_logprobs[gt][m] < 0).all()  # real teacher-forced log-probs, not zeros
+    # the re-implementation's treatment: old log-probs recomputed by the policy -> ratio exactly 1, no IS weight
+    torch.testing.assert_close(logp.detach()[m], rollout.old_logprobs[gt][m], atol=1e-5, rtol=0)
+    # the gradient flows through the GT tokens: a positive advantage raises their log-probability
+    params = adapter.trainable_parameters()
+    opt = torch.optim.SGD(params, lr=0.05)
+    per_unit, _ = losses.ppo_clip(logp - rollout.old_logprobs[gt], torch.ones_like(logp), rollout.mask[gt], **NOCLIP)
+    losses.token_mean(per_unit, rollout.mask[gt], max_units=8).backward()
+    opt.step()
+    with torch.no_grad():
+        after = adapter.logprobs(rollout, gt)
+    assert float((after - logp.detach())[m].sum()) > 0
+    snapshot = (list(rollout.outputs), rollout.old_logprobs.clone())
+    none = inject_ground_truth(adapter, rollout, rows, column="missing", template="<answer>{answer}</answer>")
+    assert not none.any() and (list(rollout.outputs), rollout.old_logprobs.tolist()) == (
+        snapshot[0],
+        snapshot[1].tolist(),
+    )  # no ground truth anywhere: nothing changes
+    with pytest.raises(ValueError, match=r"more than model\.args\.max_new_tokens=8"):
+        inject_ground_truth(adapter, rollout, rows[:1] * 3, column="answer", template="<answer>{answer} " * 4)
+    with pytest.raises(ValueError, match=r"gt_injection\.template .* cannot format row 0"):
+        inject_ground_truth(adapter, rollout, rows, column="answer", template="{answer[5]}")
+
+
+# --- TW-GRPO token weights ---------------------------------------------------------------------------------------
+
+
+def _k3(lbar: list[float], lp: list[float]) -> float:
+    return sum(math.exp(a - b) - (a - b) - 1 for a, b in zip(lbar, lp))
+
+
+def test_tw_grpo_divergence_and_weights_by_hand():
+    from mmgrpo.shaping import intragroup_divergence, tw_grpo_weights
+
+    L = math.log
+    # G = 2 samples, T = 3 positions, V = 2; logits = log-probabilities. t0: both (0.5, 0.5); t1: (0.8, 0.2) vs
+    # (0.2, 0.8); t2: (0.8, 0.2) vs sample 2 ended (uniform log 1/2 replaces its row)
+    logits = torch.tensor(
+        [[[L(0.5), L(0.5)], [L(0.8), L(0.2)], [L(0.8), L(0.2)]], [[L(0.5), L(0.5)], [L(0.2), L(0.8)], [5.0, -3.0]]]
+    )
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    lbar1 = [L(0.4), L(0.4)]  # mean of log 0.8 and log 0.2 = log 0.4
+    lbar2 = [(L(0.8) + L(0.5)) / 2, (L(0.2) + L(0.5)) / 2]
+    d1 = (_k3(lbar1, [L(0.8), L(0.2)]) + _k3(lbar1, [L(0.2), L(0.8)])) / 2  # = 0.5
+    d2 = (_k3(lbar2, [L(0.8), L(0.2)]) + _k3(lbar2, [L(0.5), L(0.5)])) / 2
+    expect = torch.tensor([0.0, d1, d2])
+    assert d1 == pytest.approx(0.5)
+    for chunk in (1, 2, 64):  # chunking over positions does not change the result
+        torch.testing.assert_close(intragroup_divergence(logits, mask, chunk=chunk), expect, atol=1e-6, rtol=1e-6)
+    w = tw_grpo_weights(expect[None], mask, alpha=1.4)  # [2, 3]: min-max over T, shared by the group, masked
+    row = [1.0, 1.4, 1.0 + 0.4 * d2 / d1]
+    torch.testing.assert_close(w, torch.tensor([row, row[:2] + [0.0]]), atol=1e-6, rtol=1e-6)
+    # a large gap is clamped at 11 before the exp (the code's clamp): finite
+    far = torch.tensor([[[0.0, 0.0]], [[-200.0, 200.0]]])
+    assert torch.isfinite(intragroup_divergence(far, torch.ones(2, 1)))
+    with pytest.raises(ValueError, match="alpha: must be >= 1"):
+        tw_grpo_weights(expect[None], mask, alpha=0.5)
+
+
+def test_tw_grpo_config_errors():
+    q = ROOT / "configs/quickstart.yaml"
+    with pytest.raises(ConfigError, match=r"algorithm\.token_weighting: 'tw' is not allowed"):
+        load_config(q, ["algorithm.token_weighting=tw"])
+    with pytest.raises(ConfigError, match=r"token_weighting_args: \['max_weight'\] not allowed"):
+        load_config(q, ["algorithm.token_weighting=tw_grpo", "algorithm.token_weighting_args={max_weight: 2}"])
+
+
+# --- DAPO dynamic sampling -----------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_selects_the_first_groups_with_signal():
+    from mmgrpo.dynamic_sampling import refill_indices, select_groups
+
+    # batch 0 keeps groups 1, 3; batch 1 keeps 0, 2, 3: the first P = 4 in generation order
+    assert select_groups([[1, 3], [0, 2, 3]], 4) == ([(0, 1), (0, 3), (1, 0), (1, 2)], 0)
+    # too few after all batches: the earliest zero-variance groups fill the rest
+    assert select_groups([[2], [1]], 4) == ([(0, 0), (0, 1), (0, 2), (1, 1)], 2)
+    a = refill_indices(100, 5, seed=1, step=3, batch=1, rank=0)
+    assert a == refill_indices(100, 5, seed=1, step=3, batch=1, rank=0)  # keyed: a resumed step redraws them
+    assert a != refill_indices(100, 5, seed=1, step=3, batch=2, rank=0) and all(0 <= i < 100 for i in a)
+
+
+def test_merge_groups_keeps_each_sample_with_its_prompt(tiny_vlm_path):
+    from mmgrpo.dynamic_sampling import merge_groups
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    torch.manual_seed(1)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
+    rows = ShapesTask(ShapesArgs(train_size=4, eval_size=1)).train_rows()
+    first, second = adapter.rollout([rows[0], rows[1]], 2), adapter.rollout([rows[2], rows[3]], 2)
+    merged = merge_groups(adapter, [(first, [1]), (second, [0, 1])])  # groups: rows 1, 2, 3
+    assert merged.batch_size == 6 and merged.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
+    assert merged.outputs == first.outputs[2:4] + second.outputs
+    torch.testing.assert_close(merged.old_logprobs, torch.cat([first.old_logprobs[2:4], second.old_logprobs]))
+    # the merged state recomputes the same log-probs: each completion still follows its own prompt (and image)
+    with torch.no_grad():
+        logp = adapter.logprobs(merged, torch.arange(6))
+    m = merged.mask.bool()
+    torch.testing.assert_close(logp[m], merged.old_logprobs[m], atol=1e-5, rtol=0)
+
+
+# --- DGPO (flow) ------------------------------------------------------------------------------------------------
+
+
+def test_dgpo_surrogate_values_and_gradient_by_hand():
+    # one group of G = 2, M = 1 level: A = [1, -1], l - l_ref = [0.1, 0.3] -> log_ratio = [-0.1, -0.3]
+    lr = torch.tensor([[-0.1], [-0.3]], requires_grad=True)
+    A = torch.tensor([[1.0], [-1.0]])
+    loss, mets = losses.dgpo(lr, A, torch.ones(2, 1), group_size=2, beta_dpo=10.0, **NOCLIP)
+    w = 1 / (1 + math.exp(1.0))  # S = (10 / 2) * (1 * 0.1 - 1 * 0.3) = -1
+    assert loss[:, 0].tolist() == pytest.approx([w * 0.1, -w * 0.3], rel=1e-6)
+    assert float(mets["loss/dgpo_weight_mean"]) == pytest.approx(w)
+    loss.sum().backward()
+    # d/d log_ratio = -sg(w) * A, i.e. d/d l = +w * A: the code's gradient of mean(sg(sigmoid(S)) * A * l)
+    torch.testing.assert_close(lr.grad, torch.tensor([[-w], [w]]))
+    with pytest.raises(ValueError, match="not a multiple of group_size=2"):
+        losses.dgpo(torch.zeros(3, 1), torch.zeros(3, 1), torch.ones(3, 1), group_size=2, **NOCLIP)
+
+
+def test_dgpo_flow_units_are_dsm_losses_against_the_reference(mmgrpo_cache):
+    from mmgrpo import noise
+    from mmgrpo.config import LoraConfig
+    from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS, build_flow_adapter
+
+    args = {"name_or_path": "tiny-sd3", "objective": "dgpo", "dgpo_times": 2, "dgpo_trunc_steps": 2, "num_steps": 4}
+    args |= {"eval_num_steps": 2, "resolution": 32, "cfg": "none", "device": "cpu"}
+    ad = build_flow_adapter(args, lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=FLOW_LORA_TARGETS))
+    prompts = [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
+    keys = noise.NoiseKeys(3, 0, (0, 1), 2)
+    ro = ad.rollout(prompts, 2, keys)
+    st = ro.state
+    assert ro.mask.tolist() == [[1.0, 1.0]] * 4 and st.eps.shape[:2] == (4, 2)
+    assert torch.equal(st.eps[0], st.eps[1]) and not torch.equal(st.eps[1], st.eps[2])  # shared within a group
+    assert not torch.equal(st.x0[0], st.x0[1])  # different samples of one group
+    # u = -mean_D |v(x_t) - (eps - x0)|^2 by hand for sample 3 at level 1
+    b, j = 3, 1
+    sig = float(st.sigma[b, j])
+    xt = (1 - sig) * st.x0[b] + sig * st.eps[b, j]
+    rows = {k: v[st.prompt_of[b : b + 1]] for k, v in st.cond.tensors.items()}
+    with torch.no_grad():
+        v = ad.backend.forward(ad.model, xt[None], st.t_model[b, j : j + 1], rows)
+        u = ad.logprobs(ro, torch.arange(4))
+    assert float(u[b, j]) == pytest.approx(-float((v[0] - (st.eps[b, j] - st.x0[b])).square().mean()), rel=1e-4)
+    # LoRA starts at zero: policy = reference, so every log-ratio and the velocity KL are 0
+    torch.testing.assert_close(u, ro.old_logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ad.exact_kl(ro, torch.arange(4)), torch.zeros(4, 2), atol=1e-10, rtol=0)
+    again = ad.rollout(prompts, 2, keys)  # keyed: the same rollout again (deterministic ODE samples, times, noise)
+    assert torch.equal(again.state.x0, st.x0) and torch.equal(again.state.sigma, st.sigma)
+
+
+def test_dgpo_config_pairs_surrogate_and_objective():
+    with pytest.raises(ConfigError, match=r"surrogate: dgpo and model\.args\.objective: dgpo go together"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate=ppo_clip", "algorithm.surrogate_args={}"])
+    with pytest.raises(ConfigError, match=r"use ratio_level: token and ratio_norm: false \(got 'sequence'"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.ratio_level=sequence"])
+    with pytest.raises(ConfigError, match=r"algorithm\.kl: with model\.args\.objective: dgpo"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.kl=k3"])
+    with pytest.raises(
+        ConfigError, match=r"surrogate_args: \['beta'\] not options of surrogate 'dgpo'; allowed: beta_dpo"
+    ):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate_args={beta: 1}"])
+    with pytest.raises(ConfigError, match=r"surrogate_args: \['clip_low'\] are algorithm keys"):
+        load_config(ROOT / "configs/variant_dgpo.yaml", ["algorithm.surrogate_args={clip_low: 1}"])
+
+
+@pytest.mark.slow  # ~10 s: the loss and the adapter's units are covered by the fast tests above
+def test_dgpo_config_trains(tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import train
+
+    small = ["steps=2", "algorithm.group_size=2", "algorithm.prompts_per_step=2", "algorithm.minibatch_size=2"]
+    small += ["model.args.num_steps=4", "model.args.dgpo_trunc_steps=2", "model.args.dgpo_times=2"]
+    small += ["model.args.eval_num_steps=2", "eval.before=false", "eval.max_rows=2", "task.args.eval_seeds=1"]
+    cfg = load_config(ROOT / "configs/variant_dgpo.yaml", [*small, f"output_dir={tmp_path / 'run'}"])
+    summary = train(cfg)
+    assert 0 <= summary["eval/after/reward"] <= 1
+    records = _records(tmp_path / "run")
+    assert len(records) == 2 and all(math.isfinite(r["loss/policy"]) for r in records)
+    assert all(0 < r["loss/dgpo_weight_mean"] < 1 for r in records)
+    assert records[0]["kl/mean"] == pytest.approx(0.0, abs=1e-9)  # LoRA at zero: the policy is the reference
+    assert records[1]["kl/mean"] > 0  # after the first update it moved away
+
+
+def test_variant_hooks_are_checked_at_load():
+    flow = ROOT / "configs/flow_grpo.yaml"  # the flow adapter has none of the token adapters' variant hooks
+    for over, method in [
+        ("algorithm.gt_injection.enabled=true", "inject"),
+        ("algorithm.token_weighting=tw_grpo", "vocab_logits"),
+        ("algorithm.dynamic_sampling.enabled=true", "merge_states"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"needs an adapter with {method}\(\); model\.adapter 'flow' has none"):
+            load_config(flow, [over])
+    load_config(ROOT / "configs/quickstart.yaml", ["algorithm.gt_injection.enabled=true"])  # vlm has them all
