@@ -14,7 +14,8 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
   ``generation_config.suppress_tokens`` at every step and ``begin_suppress_tokens`` at the first step are
   banned, as are Whisper's special tokens other than end-of-text (and the timestamp tokens unless
   ``timestamps``), then logits / temperature, log-softmax in fp32 (in the training forward without an [n, T, V]
-  log-softmax: ``modalities/tokens/logprobs.py``). The same masks are applied in the training
+  log-softmax, and without the [n, T, V] logits: the fused linear log-prob through ``proj_out``,
+  ``modalities/tokens/logprobs.py``). The same masks are applied in the training
   forward, so the first ratio is 1. Departure: with ``timestamps`` the timestamp tokens are allowed freely
   (HF's ``WhisperTimeStampLogitsProcessor`` pairing rules are not applied), so the ratio stays exact.
 - A completion ends at the first ``<|endoftext|>`` (included in the loss); the rest is masked.
@@ -42,7 +43,7 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
-from ..tokens.logprobs import banned_mask, token_logprobs
+from ..tokens.logprobs import banned_mask, fusable_head, head_logprobs, head_outputs_hidden, vocab_size
 from ..tokens.policy import TokenPolicy
 from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
 from .audio import load_audio
@@ -298,14 +299,15 @@ class WhisperAdapter(TokenPolicy):
             enc = self._encode(model, state.cache.features[prompts])  # [n, S, d], one encoder pass per sample
         Lp = self.prefix.shape[0]
         dec_in = torch.cat([self.prefix.to(self.device).expand(n, -1), comp[:, : T - 1]], dim=1)  # [n, Lp+T-1]
-        logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[
-            :, Lp - 1 :
-        ]  # [n, T, V]
+        head = fusable_head(model)  # the fused log-prob through proj_out (tied to the token embedding)
+        with head_outputs_hidden(head):  # the forward returns decoder hidden states [.., d] in place of logits
+            out = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits
+        out = out[:, Lp - 1 :]  # [n, T, V] logits or [n, T, d] hidden states
         # The bans of ``_scores``: suppressed tokens everywhere, begin-suppressed ones at the first token.
         banned = banned_mask(
-            logits.shape[-1], self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=logits.device
+            vocab_size(out, head), self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=out.device
         )
-        return token_logprobs(logits, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)
