@@ -59,6 +59,7 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens import prefix_sharing
 from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
@@ -90,6 +91,11 @@ class ARImageArgs:
     AR-GRPO / T2I-R1) | scaled (guided logits / s, Janus-Pro-R1)."""
     prefix_sharing: bool = True
     """Encode each prompt once per minibatch (both branches) and continue its G samples from its KV cache."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in the backward pass instead of keeping its activations (transformers'
+    activation checkpointing, non-reentrant): less memory, one more forward. Checkpointed layers drop the KV cache,
+    so training forwards then run the naive [prompt ; image tokens] row per sample (the prompt is short beside the
+    T image tokens); sampling runs in eval mode with its cache."""
     forward_batch_size: int = 64
     """Rows per no-grad forward when computing old/reference log-probs."""
     attn_implementation: str = "sdpa"
@@ -276,7 +282,7 @@ class ARImageAdapter(TokenPolicy):
         tokens = state.image_tokens[index].to(self.device)  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         fam = self.family
-        if self.args.prefix_sharing:
+        if self.args.prefix_sharing and not prefix_sharing.checkpointing(model):  # checkpointing drops the cache
             unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts; rows [n]
             ids, mask = self._prompt_batch([state.cache.ids[p] for p in unique.tolist()])  # [2U, L]
             cache, last = self._prefill(model, ids, mask)  # last [2U, D]
@@ -455,6 +461,8 @@ def build_ar_image_adapter(
             if any(k in name for k in FROZEN_PARTS):
                 p.requires_grad_(False)
     model.lm_head.requires_grad_(False)  # text head: unused for image tokens (tied to the input embeddings)
+    if a.gradient_checkpointing:
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

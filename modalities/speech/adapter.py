@@ -43,6 +43,7 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens import prefix_sharing
 from ..tokens.logprobs import banned_mask, fusable_head, head_logprobs, head_outputs_hidden, vocab_size
 from ..tokens.policy import TokenPolicy
 from ..tokens.prefix_sharing import SamplingSpec, core_model, truncate
@@ -76,6 +77,10 @@ class WhisperArgs:
     """Do not train the audio encoder (its parameters keep requires_grad=False)."""
     share_encoder: bool = True
     """Log-prob forwards encode each prompt's audio once for its completions (False: once per sample, naive)."""
+    gradient_checkpointing: bool = False
+    """Recompute each encoder and decoder layer in the backward pass instead of keeping its activations
+    (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Sampling runs in eval
+    mode with its KV cache; the training forward has no cache, so nothing else changes."""
     silence_threshold: float = 1e-4
     """Audio whose peak amplitude is at most this is rejected as silent."""
     forward_batch_size: int = 64
@@ -361,6 +366,8 @@ def build_whisper_adapter(
     processor = AutoProcessor.from_pretrained(path)
     if a.freeze_encoder:
         model.get_encoder().requires_grad_(False)
+    if a.gradient_checkpointing:
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

@@ -543,11 +543,7 @@ def build_vlm_adapter(
             if "visual" in name or "vision" in name:
                 p.requires_grad_(False)
     if a.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers ≥ 5.x name
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)
