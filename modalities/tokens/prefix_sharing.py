@@ -44,11 +44,12 @@ attention mask lets each completion attend to its prompt and causally to itself 
 continue the prompt's (:func:`packed_completion_logits`; the layout of Prefix Grouper, arXiv 2506.05433, §3). One
 checkpointable forward, no cache; the vision encoder and the prompt tokens still run once per prompt.
 
-Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE), text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain
-``DynamicCache`` and whose positions are computed here; under gradient checkpointing the same families with the
-``sdpa`` or ``eager`` attention kernel (those that take a custom 4-D mask as given). Any other family,
-sliding-window attention, or checkpointing outside that set falls back to the naive path with a one-time warning
-that names the reason (:func:`unsupported_reason`).
+Coverage: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (mRoPE; Qwen3-VL's DeepStack features touch prompt positions only),
+text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain ``DynamicCache`` and whose
+positions are computed here; under gradient checkpointing the same families with the ``sdpa`` or ``eager``
+attention kernel (those that take a custom 4-D mask as given). Any other family, sliding-window attention, or
+checkpointing outside that set falls back to the naive path with a one-time warning that names the reason
+(:func:`unsupported_reason`).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -67,7 +68,7 @@ from mmgrpo import noise, sharding
 
 logger = logging.getLogger(__name__)
 
-MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 TEXT_MODEL_TYPES = frozenset({"qwen2", "qwen2_audio"})  # 1-D RoPE (Qwen2-Audio: audio features fill <|AUDIO|> slots)
 PACKED_MODEL_TYPES = MROPE_MODEL_TYPES | TEXT_MODEL_TYPES  # the packed forward (checkpointing) passes a 4-D mask
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
