@@ -171,49 +171,58 @@ def _attention(model_layers: int, hidden: int, queries: float, keys: float) -> f
     return 4.0 * model_layers * queries * keys * hidden
 
 
-def _vision_forward(v: VisionConfig, text_hidden: int, image_tokens: int) -> float:
+def _vision_forward(v: VisionConfig, text_hidden: int, image_tokens: int, attention: bool = True) -> float:
     """One image of I merged tokens through the ViT (linear layers, window and full attention) and the merger."""
     m2 = v.merge**2
     patches = m2 * image_tokens
     window = min(patches, (v.window // v.patch) ** 2)
     linear = 2.0 * patches * (v.depth * v.block_params() + 3 * v.temporal_patch * v.patch**2 * v.hidden)
-    attn = 4.0 * v.hidden * patches * (v.full_blocks * patches + (v.depth - v.full_blocks) * window)
+    attn = attention * 4.0 * v.hidden * patches * (v.full_blocks * patches + (v.depth - v.full_blocks) * window)
     merger = 2.0 * image_tokens * ((m2 * v.hidden) ** 2 + m2 * v.hidden * text_hidden)
     return linear + attn + merger
 
 
-def _vision_backward(v: VisionConfig, text_hidden: int, image_tokens: int, trained: bool) -> float:
+def _vision_backward(v: VisionConfig, text_hidden: int, image_tokens: int, trained: bool, attention: bool) -> float:
     """2× forward when trained (1× when frozen: input gradients only), minus the patch embedding's input grad."""
-    fwd = _vision_forward(v, text_hidden, image_tokens)
+    fwd = _vision_forward(v, text_hidden, image_tokens, attention)
     embed = 2.0 * v.merge**2 * image_tokens * 3 * v.temporal_patch * v.patch**2 * v.hidden
     return (2.0 if trained else 1.0) * fwd - embed
 
 
-def step_flops(model: ModelConfig, w: Workload, toolkit: str) -> dict[str, float]:
-    """FLOPs of one step by phase, for ``toolkit`` in mmgrpo | trl. See the module docstring for the algorithms."""
+def step_flops(model: ModelConfig, w: Workload, toolkit: str, attention: bool = True) -> dict[str, float]:
+    """FLOPs of one step by phase, for ``toolkit`` in mmgrpo | trl. See the module docstring for the algorithms.
+
+    ``attention=False`` leaves the attention score and value products out, as ``FlopCounterMode`` does on CPU:
+    it has no formula for ``aten._scaled_dot_product_flash_attention_for_cpu`` (nor its backward), the kernel SDPA
+    runs there (torch/utils/flop_counter.py registers the CUDA kernels only)."""
     t, v = model.text, model.vision
+    att = _attention if attention else (lambda *args: 0.0)
     L, I, T, P, B = w.prompt_tokens, w.image_tokens, w.completion_tokens, w.prompts, w.rows
     d, lm = 2.0 * t.layers * t.layer_params, 2.0 * t.hidden * t.vocab
-    vision = _vision_forward(v, t.hidden, I)
+    vision = _vision_forward(v, t.hidden, I, attention)
     trained = w.lora_params == 0
     bwd = 2.0 if trained else 1.0  # input + weight gradients, or input gradients only (LoRA's are negligible)
     # decoding: T − 1 steps of B rows after the prefill, query 1 against L + t + 1 keys
-    decode = B * (T - 1) * (d + lm) + sum(_attention(t.layers, t.hidden, B, L + s + 1) for s in range(T - 1))
+    decode = B * (T - 1) * (d + lm) + sum(att(t.layers, t.hidden, B, L + s + 1) for s in range(T - 1))
     if toolkit == "trl":
-        rollout = B * vision + B * L * d + _attention(t.layers, t.hidden, B * L, L) + B * lm + decode
+        rollout = B * vision + B * L * d + att(t.layers, t.hidden, B * L, L) + B * lm + decode
         S = L + T
         scored = B * T if w.trl_head == "compact" else B * S
-        body = B * vision + B * S * d + _attention(t.layers, t.hidden, B * S, S)
+        body = B * vision + B * S * d + att(t.layers, t.hidden, B * S, S)
         head = scored * lm
         out = {"rollout": rollout, "old_logprobs": 0.0, "forward": body + head}
-        out["backward"] = bwd * (body - B * vision) + B * _vision_backward(v, t.hidden, I, trained) + bwd * head
+        out["backward"] = (
+            bwd * (body - B * vision) + B * _vision_backward(v, t.hidden, I, trained, attention) + bwd * head
+        )
     elif toolkit == "mmgrpo":
-        rollout = P * vision + P * L * d + _attention(t.layers, t.hidden, P * L, L) + P * lm + decode
+        rollout = P * vision + P * L * d + att(t.layers, t.hidden, P * L, L) + P * lm + decode
         body = P * vision + (P * L + B * (T - 1)) * d
-        body += _attention(t.layers, t.hidden, P * L, L) + _attention(t.layers, t.hidden, B * (T - 1), L + T - 1)
+        body += att(t.layers, t.hidden, P * L, L) + att(t.layers, t.hidden, B * (T - 1), L + T - 1)
         head = B * T * lm  # the fused log-prob: forward once, its backward recomputes the logits (+1)
         out = {"rollout": rollout, "old_logprobs": (body + head) if w.old_logprobs else 0.0, "forward": body + head}
-        out["backward"] = bwd * (body - P * vision) + P * _vision_backward(v, t.hidden, I, trained) + (1 + bwd) * head
+        out["backward"] = (
+            bwd * (body - P * vision) + P * _vision_backward(v, t.hidden, I, trained, attention) + (1 + bwd) * head
+        )
     else:
         raise ValueError(f"toolkit: {toolkit!r} not allowed; choose mmgrpo | trl")
     if w.checkpointing:  # the recomputed forward of every checkpointed layer (decoder and vision blocks)
@@ -325,7 +334,7 @@ def validate(report_path: Path) -> str:
                 s["prompts"],
                 trl_head=s["trl_fused_head"] if s["trl_fused_head"] == "compact" else "all",
             )
-            f = step_flops(model, w, tk)["total"]
+            f = step_flops(model, w, tk, attention=False)["total"]  # as FlopCounterMode counts on CPU
             m = step_memory(model, w, tk)["peak"]
             mf, mm = row[tk]["flops_per_step"], row[tk]["working_set_mb"] * 2**20
             lines.append(

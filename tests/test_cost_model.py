@@ -52,6 +52,9 @@ def test_step_flops_by_hand(cm, tiny):
     # backward: 2× the trained forward (the patch embedding gets no input gradient: −12), 3× the fused head
     assert mm["backward"] == 2 * (body - 112) + (2 * 112 - 12) + 3 * 4 * 80
     assert mm["total"] == 2064 + 2144 + 2144 + 4596 == 10948
+    # without attention (as FlopCounterMode counts on CPU): 144 + 128 + 8 (vision window) in each of rollout, old
+    # log-probs and forward, twice that (prompt 144, completions 128, vision 8) in the backward
+    assert cm.step_flops(tiny, w, "mmgrpo", attention=False)["total"] == 10948 - 3 * 280 - 2 * 280 == 9548
     trl = cm.step_flops(tiny, w, "trl")
     assert trl["rollout"] == 2 * 112 + 2 * 3 * 288 + 16 * 6 * 3 + 2 * 80 + 864 == 3264  # the prompt prefilled G times
     assert trl["old_logprobs"] == 0 and trl["forward"] == 2 * 112 + 2 * 5 * 288 + 16 * 10 * 5 + 4 * 80
