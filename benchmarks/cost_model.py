@@ -291,18 +291,21 @@ def ratios(model: ModelConfig, w: Workload) -> dict[str, float]:
     }
 
 
-def prediction_table(T: int = 256, image_fraction: float = 0.9, prompts: int = 4, group_size: int = 8) -> str:
+def prediction_table(
+    T: int = 256, image_fraction: float = 0.9, prompts: int = 4, group_size: int = 8, minibatch: int = 8
+) -> str:
     """Predicted TRL / mmgrpo ratios for Qwen2.5-VL-3B and -7B at 2:1, 8:1 and 32:1 (full fine-tuning, fp32
-    sizes, minibatch = all rows); ``image_fraction`` of the prompt is the image."""
+    bytes, ``minibatch`` rows per backward in both); ``image_fraction`` of the prompt is the image."""
     lines = [
-        f"T = {T}, G = {group_size}, P = {prompts}, image = {image_fraction:.0%} of the prompt, TRL's GPU rule",
+        f"T = {T}, G = {group_size}, P = {prompts}, minibatch {minibatch} rows, image = {image_fraction:.0%} of the "
+        "prompt, full fine-tuning, fp32, TRL's GPU rule",
         "| model | L:T | L | TFLOP/step TRL / mmgrpo | FLOP ratio | peak GB TRL / mmgrpo | memory saved |",
         "|---|---|---|---|---|---|---|",
     ]
     for model in (QWEN25_VL_3B, QWEN25_VL_7B):
         for r in (2, 8, 32):
             L = r * T
-            w = Workload(L, int(image_fraction * L), T, group_size, prompts)
+            w = Workload(L, int(image_fraction * L), T, group_size, prompts, minibatch=minibatch)
             q = ratios(model, w)
             lines.append(
                 f"| {model.name} | {r}:1 | {L} | {q['flops_trl'] / 1e12:.0f} / {q['flops_mmgrpo'] / 1e12:.0f} "

@@ -299,6 +299,8 @@ def _annotate_for_profile() -> None:
     )
     VLMAdapter._token_logprobs = _scoped(VLMAdapter._token_logprobs, "bench/logprob_forward")
     mm_logprobs._TokenLogProbs.apply = _scoped(mm_logprobs._TokenLogProbs.apply, "bench/token_logprobs")
+    linear = mm_logprobs._LinearTokenLogProbs  # the fused lm_head + log-prob (its matmuls included)
+    linear.apply = _scoped(linear.apply, "bench/token_logprobs")
     cls = modeling_qwen2_5_vl.Qwen2_5_VLForConditionalGeneration
     init = cls.__init__
 
