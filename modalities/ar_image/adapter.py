@@ -22,9 +22,10 @@ cond`` is the reference implementations' shortcut — log softmax(ℓ_c / τ), t
 Janus-Pro-R1's log softmax((ℓ_u + s(ℓ_c − ℓ_u)) / s) (``wendell0218/Janus-Pro-R1`` ``grpo_trainer_t2iv3.py``).
 The identities the tests check: guided == cond at s = 1 (ℓ_u cancels) and guided == log softmax(ℓ_u/τ) at s = 0.
 top-k shapes the sampler but not the log-probs (as in the VLM adapter): keep it 0 for an exact ratio.
-The training forward never builds the [n, T, V] logits: the head's last layer is affine, so the guided logits
-are that layer applied to the same combination of its input features, and the fused linear log-prob
-(``modalities/tokens/logprobs.py``) scores that block by block.
+With an fp32 head the training forward never builds the [n, T, V] logits: the head's last layer is affine, so the
+guided logits are that layer applied to the same combination of its input features, and the fused linear log-prob
+(``modalities/tokens/logprobs.py``) scores that block by block (a bf16 head rounds each branch's logits before the
+combination, so it keeps the logits path).
 
 **Prompt sharing.** Sampling prefills each prompt's two rows once and expands the KV cache G ways along the
 batch. The training forward encodes the U distinct prompts of a minibatch (both branches) once *with* autograd
@@ -325,6 +326,8 @@ class ARImageAdapter(TokenPolicy):
         tokens = state.image_tokens[index].to(self.device)  # [n, T]
         hidden = self._unit_hidden(model, state, index)  # [2n or n, T, D]
         head = fusable_head(model, fam.image_head(base))  # the fused log-prob through the head's last linear layer
+        if head is not None and head.weight.dtype != torch.float32:
+            head = None  # a bf16 head rounds each branch's logits before guidance: keep those numerics
         if head is None:
             x, div = self._distribution(*self._split(fam.image_logits(base, hidden).float()))  # [n, T, V] fp32
             return token_logprobs(x, tokens, temperature=div)  # [n, T], log softmax(x / div)

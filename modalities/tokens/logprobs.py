@@ -154,6 +154,7 @@ def linear_token_logprobs(
     banned: Tensor | None = None,
     rows: int = DEFAULT_ROWS,
     chunk: int = DEFAULT_CHUNK,
+    round_to: torch.dtype | None = None,
 ) -> Tensor:
     """fp32 ``log softmax(mask(hidden @ weight.T + bias) / temperature)`` at ``tokens``, without the logits.
 
@@ -168,7 +169,10 @@ def linear_token_logprobs(
     forward + backward instead of 3).
 
     Per block the logits are ``hidden.float() @ weight.float().T`` (fp32 accumulation; bf16 weights are upcast
-    block by block), so bf16 models get the log-probs of their fp32 logits rather than of logits rounded to bf16.
+    block by block). With ``round_to`` (e.g. bf16) each block is instead computed in that dtype — the product a
+    bf16 model's own head computes (fp32 accumulation inside the kernel, the result rounded to bf16) — and then
+    upcast, so the log-probs are those of the logits the model samples from (:func:`head_logprobs` does this for a
+    low-precision head); the backward still runs in fp32 (the rounding passes the gradient through, as a cast does).
     The log-sum-exp is the online one (a running max and a rescaled running sum, as in flash attention). Values and
     gradients equal :func:`token_logprobs` on ``hidden @ weight.T + bias`` to float rounding
     (tests/test_fused_logprobs.py).
@@ -197,19 +201,23 @@ def linear_token_logprobs(
         ban_row = None
     out = _LinearTokenLogProbs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias, tokens.reshape(-1), banned, ban_row,
-        float(temperature), int(rows), int(chunk),
+        float(temperature), int(rows), int(chunk), round_to,
     )  # fmt: skip
     return out.reshape(lead)
 
 
 def _block_scores(
     h: Tensor, weight: Tensor, bias: Tensor | None, banned: Tensor | None, ban_rows: Tensor | None,
-    lo: int, hi: int, temperature: float,
+    lo: int, hi: int, temperature: float, round_to: torch.dtype | None,
 ) -> Tensor:  # fmt: skip
-    """fp32 scores of vocabulary columns [lo, hi) for the fp32 rows ``h``. [r, H] → [r, hi − lo]."""
-    scores = h @ weight[lo:hi].float().T  # [r, c]
-    if bias is not None:
-        scores = scores + bias[lo:hi].float()
+    """fp32 scores of vocabulary columns [lo, hi) for the rows ``h``. [r, H] → [r, hi − lo]."""
+    if round_to is not None:  # the head's own product in its dtype, then upcast
+        b = None if bias is None else bias[lo:hi].to(round_to)
+        scores = torch.nn.functional.linear(h.to(round_to), weight[lo:hi].to(round_to), b).float()  # [r, c]
+    else:
+        scores = h.float() @ weight[lo:hi].float().T  # [r, c]
+        if bias is not None:
+            scores = scores + bias[lo:hi].float()
     if banned is not None:
         scores = scores.masked_fill(banned[ban_rows, lo:hi], float("-inf"))
     return scores / temperature if temperature != 1.0 else scores
@@ -219,20 +227,20 @@ class _LinearTokenLogProbs(torch.autograd.Function):
     """Blocked matmul + online log-sum-exp; the backward recomputes each block (see linear_token_logprobs)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, banned, ban_row, temperature, rows, chunk):
+    def forward(ctx, hidden, weight, bias, tokens, banned, ban_row, temperature, rows, chunk, round_to):
         N, V = hidden.shape[0], weight.shape[0]
         peak = hidden.new_full((N,), float("-inf"), dtype=torch.float32)  # [N] running max score
         total = hidden.new_zeros((N,), dtype=torch.float32)  # [N] Σ exp(s − peak)
         picked = hidden.new_full((N,), float("-inf"), dtype=torch.float32)  # [N] the token's score
         for r0 in range(0, N, rows):
             r1 = min(r0 + rows, N)
-            h = hidden[r0:r1].float()  # [r, H]
+            h = hidden[r0:r1] if round_to is not None else hidden[r0:r1].float()  # [r, H]
             tok = tokens[r0:r1]  # [r]
             br = None if ban_row is None else ban_row[r0:r1]
             m, s, p = peak[r0:r1], total[r0:r1], picked[r0:r1]  # views, updated in place
             for lo in range(0, V, chunk):
                 hi = min(lo + chunk, V)
-                scores = _block_scores(h, weight, bias, banned, br, lo, hi, temperature)  # [r, c]
+                scores = _block_scores(h, weight, bias, banned, br, lo, hi, temperature, round_to)  # [r, c]
                 new = torch.maximum(m, scores.amax(-1))  # [r]
                 safe = new.masked_fill(new == float("-inf"), 0.0)  # all −inf so far: nothing to rescale
                 s.mul_(torch.exp(m - safe)).add_(torch.exp(scores - safe[:, None]).sum(-1))
@@ -242,13 +250,13 @@ class _LinearTokenLogProbs(torch.autograd.Function):
                 p.copy_(torch.where(inside, here, p))
         log_total = total.log()  # [N]
         ctx.save_for_backward(hidden, weight, bias, tokens, banned, ban_row, peak, log_total)
-        ctx.temperature, ctx.rows, ctx.chunk = temperature, rows, chunk
+        ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to = temperature, rows, chunk, round_to
         return (picked - peak) - log_total  # [N] fp32, rounded as torch.log_softmax rounds
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, bias, tokens, banned, ban_row, peak, log_total = ctx.saved_tensors
-        tau, rows, chunk = ctx.temperature, ctx.rows, ctx.chunk
+        tau, rows, chunk, round_to = ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N, V = hidden.shape[0], weight.shape[0]
         g_all = grad_out.float()  # [N]
@@ -263,7 +271,7 @@ class _LinearTokenLogProbs(torch.autograd.Function):
             shift = (peak[r0:r1] + log_total[r0:r1])[:, None]  # [r, 1] log-sum-exp of each row
             for lo in range(0, V, chunk):
                 hi = min(lo + chunk, V)
-                scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau)  # [r, c]
+                scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau, round_to)  # [r, c] as forward
                 part = -g * torch.exp(scores - shift)  # [r, c] −g·softmax
                 inside = (tok >= lo) & (tok < hi)  # [r]
                 part.scatter_add_(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None], g * inside[:, None])
@@ -281,7 +289,7 @@ class _LinearTokenLogProbs(torch.autograd.Function):
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
-            *([None] * 6),
+            *([None] * 7),
         )
 
 
@@ -357,7 +365,11 @@ def head_logprobs(
     """
     if head is None:
         return token_logprobs(out, tokens, temperature=temperature, banned=banned)
-    return linear_token_logprobs(out, head.weight, tokens, bias=head.bias, temperature=temperature, banned=banned)
+    dtype = torch.promote_types(out.dtype, head.weight.dtype)  # the dtype of the logits the head would produce
+    round_to = dtype if torch.finfo(dtype).bits < 32 else None  # bf16/fp16 models: the logits they sample from
+    return linear_token_logprobs(
+        out, head.weight, tokens, bias=head.bias, temperature=temperature, banned=banned, round_to=round_to
+    )
 
 
 def vocab_size(out: Tensor, head: torch.nn.Linear | None) -> int:
