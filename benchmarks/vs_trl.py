@@ -73,6 +73,26 @@ QUESTIONS = ["colour", "shape"]
 # step weigh as they do in the real model. The tokenizer is unchanged: ids past it decode to nothing, in both
 # toolkits alike.
 VOCABS = {"small": None, "real": 151_936}
+# The real-FLOP-mix model (``--model real-mix``): widths, depth and vocabulary chosen so that the per-token FLOPs of
+# the lm_head, the decoder and the vision encoder (``cost_model.flop_mix``: one text position through the decoder, one
+# scored position through the lm_head, one image token through the ViT and merger) are within 5 points of
+# Qwen2.5-VL-3B's (5.5% / 49.1% / 45.4%; its config in cost_model.QWEN25_VL_3B). The decoder keeps Qwen2.5-VL's
+# proportions (MLP 5.375× the hidden size, 3:1 query to KV heads here, 8:1 there), the ViT its MLP/hidden ratio
+# (3420 / 1280); the vocabulary is the tokenizer's, resized to REAL_MIX_VOCAB rows (ids past the tokenizer decode to
+# nothing, in both toolkits alike).
+REAL_MIX_SIZES = dict(
+    text_hidden=192,
+    text_layers=4,
+    text_heads=6,
+    text_kv_heads=2,
+    text_intermediate=1024,
+    vision_hidden=128,
+    vision_depth=2,
+    vision_heads=2,
+    vision_intermediate=344,
+)
+REAL_MIX_VOCAB = 1600
+MODELS = {"default": MODEL_SIZES, "real-mix": REAL_MIX_SIZES}
 
 
 @dataclass
@@ -93,15 +113,16 @@ class RunSpec:
     flops: bool = True
     mmgrpo_args: dict = field(default_factory=dict)
     profile: str = ""  # a path: profile the last timed step (torch.profiler) and write a summary there
-    trl_fused_head: str = "device"  # device (TRL as shipped) | compact (its CUDA/XPU rule: score labelled rows only)
+    trl_fused_head: str = "compact"  # compact (TRL's CUDA/XPU rule: score labelled rows only) | device (as on CPU)
 
 
 # ------------------------------------------------------------------------------------------------ model
 
 
-def build_model(directory: Path, seed: int) -> Path:
-    """The benchmark model: ``build_tiny_qwen25_vl`` with MODEL_SIZES, mRoPE sections for head_dim 64, and a
-    processor that keeps images up to 1024 merged tokens (the tiny default caps them at 112×112 pixels)."""
+def build_model(directory: Path, seed: int, sizes: dict | None = None) -> Path:
+    """The benchmark model: ``build_tiny_qwen25_vl`` with ``sizes`` (MODEL_SIZES by default), mRoPE sections for
+    head_dim 32, and a processor that keeps images up to 1024 merged tokens (the tiny default caps them at 112×112
+    pixels)."""
     from transformers import AutoProcessor
 
     from mmgrpo.modalities.vlm.tiny import TinySizes, build_tiny_qwen25_vl
@@ -109,7 +130,7 @@ def build_model(directory: Path, seed: int) -> Path:
     if (directory / "config.json").is_file():
         return directory
     tmp = directory.with_name(directory.name + ".build")
-    build_tiny_qwen25_vl(tmp, seed=seed, sizes=TinySizes(**MODEL_SIZES))
+    build_tiny_qwen25_vl(tmp, seed=seed, sizes=TinySizes(**(sizes or MODEL_SIZES)))
     config = json.loads((tmp / "config.json").read_text())
     for node in (config, config.get("text_config", {})):
         rope = node.get("rope_parameters") or node.get("rope_scaling")
@@ -278,6 +299,8 @@ def _annotate_for_profile() -> None:
     )
     VLMAdapter._token_logprobs = _scoped(VLMAdapter._token_logprobs, "bench/logprob_forward")
     mm_logprobs._TokenLogProbs.apply = _scoped(mm_logprobs._TokenLogProbs.apply, "bench/token_logprobs")
+    linear = mm_logprobs._LinearTokenLogProbs  # the fused lm_head + log-prob (its matmuls included)
+    linear.apply = _scoped(linear.apply, "bench/token_logprobs")
     cls = modeling_qwen2_5_vl.Qwen2_5_VLForConditionalGeneration
     init = cls.__init__
 
@@ -572,6 +595,7 @@ def summarize(runs: list[dict], matmul: list[float], toolkits: list[str]) -> lis
     for key in sorted({r["key"] for r in runs}, key=lambda k: k[1]):
         by = {tk: [r for r in runs if r["key"] == key and r["spec"]["toolkit"] == tk] for tk in toolkits}
         row = {"image_size": key[0], "prompt_tokens": key[1], "completion_tokens": key[2], "ratio": key[1] / key[2]}
+        row["image_tokens"] = (key[0] // 28) ** 2  # Qwen2.5-VL: one merged token per 28×28 pixels
         for tk, rs in by.items():
             step = _median([_median(r["step_s"]) for r in rs])
             flops = _median([r["flops_per_step"] for r in rs if r["flops_per_step"]])
@@ -586,7 +610,7 @@ def summarize(runs: list[dict], matmul: list[float], toolkits: list[str]) -> lis
                 "fraction_of_matmul": flops / step / peak if step and peak else float("nan"),
             }
         for tk in toolkits:
-            if tk == "trl":
+            if tk in ("trl", "trl_cpu"):
                 continue
             ratios = {}
             for metric in ("step_s", "rollout_s", "update_s", "peak_rss_mb"):
@@ -598,6 +622,14 @@ def summarize(runs: list[dict], matmul: list[float], toolkits: list[str]) -> lis
                 ratios[metric] = _median(per_rep)
             row[f"trl_over_{tk}"] = ratios
             row[f"{tk}_memory_saving"] = 1 - 1 / ratios["peak_rss_mb"]
+        if "trl_cpu" in toolkits:  # TRL's CPU rule against mmgrpo (adjacent runs), the second, labelled row
+            per_rep = {m: [] for m in ("step_s", "rollout_s", "update_s", "peak_rss_mb")}
+            for a, b in zip(by["trl_cpu"], by["mmgrpo"]):
+                for m in per_rep:
+                    x = _median(a[m]) if isinstance(a[m], list) else a[m]
+                    y = _median(b[m]) if isinstance(b[m], list) else b[m]
+                    per_rep[m].append(x / y)
+            row["trl_cpu_over_mmgrpo"] = {m: _median(v) for m, v in per_rep.items()}
         table.append(row)
     return table
 
@@ -681,6 +713,24 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
                     f"| {1 - m['peak_rss_mb'] / t['peak_rss_mb']:.0%} "
                     f"| {t['working_set_mb']:.0f} / {m['working_set_mb']:.0f} |"
                 )
+    if "trl_cpu" in toolkits:
+        lines += [
+            "",
+            "| L:T | TRL's rule | step TRL (s) | step × | rollout × | log-prob+update × | peak RSS TRL (MB) "
+            "| peak RSS saved | GFLOP/step TRL |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in table:
+            for label, key, q in (
+                ("GPU (compact head)", "trl", r["trl_over_mmgrpo"]),
+                ("CPU (every position)", "trl_cpu", r["trl_cpu_over_mmgrpo"]),
+            ):
+                t = r[key]
+                lines.append(
+                    f"| {r['ratio']:.1f}:1 | {label} | {t['step_s']:.2f} | {q['step_s']:.2f} | {q['rollout_s']:.2f} "
+                    f"| {q['update_s']:.2f} | {t['peak_rss_mb']:.0f} | {1 - 1 / q['peak_rss_mb']:.0%} "
+                    f"| {t['flops_per_step'] / 1e9:.1f} |"
+                )
     if "mmgrpo_naive" in toolkits:
         lines += ["", "| L:T | step × (TRL / mmgrpo naive path) | peak RSS × |", "|---|---|---|"]
         for r in table:
@@ -689,6 +739,7 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
     return "\n".join(lines)
 
 
+TRL_HEAD = {"trl_cpu": "device"}  # the second TRL row: TRL's CPU rule (its fused head scores every position)
 MMGRPO_ARGS = {
     "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
     "mmgrpo_ckpt": {"gradient_checkpointing": True},
@@ -747,9 +798,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--trl-fused-head",
         choices=["device", "compact"],
-        default="device",
-        help="device: TRL as shipped (on CPU its fused lm_head scores every prompt position too) | compact: the "
-        "rule TRL uses on CUDA/XPU, only the completion positions",
+        default="compact",
+        help="compact (default): the rule TRL's fused lm_head follows on CUDA/XPU, only the completion positions | "
+        "device: TRL as shipped on CPU (it scores every prompt position too)",
+    )
+    p.add_argument(
+        "--trl-cpu-row",
+        action="store_true",
+        help="also run TRL with its CPU rule (every position scored), reported as a second, labelled row",
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="default",
+        help="default: hidden 128, 4 layers (lm_head-heavy at --vocab real) | real-mix: Qwen2.5-VL-3B's per-token "
+        "FLOP mix of lm_head / decoder / vision (REAL_MIX_SIZES, vocabulary REAL_MIX_VOCAB)",
     )
     p.add_argument(
         "--profile",
@@ -774,16 +837,23 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads((out / "vs_trl.json").read_text())
         toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
         toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if "trl_ckpt" in report["table"][0] else []
+        toolkits += ["trl_cpu"] if "trl_cpu" in report["table"][0] else []
         (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
         plot(report["table"], toolkits, out / "vs_trl.png")
         return 0
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    model_dir = build_model(out / "model", a.seed)
-    if VOCABS[a.vocab]:
-        model_dir = resize_vocab(model_dir, VOCABS[a.vocab])
+    sizes = MODELS[a.model]
+    model_dir = build_model(out / ("model" if a.model == "default" else f"model_{a.model}"), a.seed, sizes)
+    vocab = VOCABS[a.vocab] or (REAL_MIX_VOCAB if a.model == "real-mix" else None)
+    if vocab:
+        model_dir = resize_vocab(model_dir, vocab)
+    mixes = flop_mixes(model_dir, sizes)
+    for name, mix in mixes.items():
+        print(f"per-token FLOP mix, {name}: " + ", ".join(f"{k} {v:.1%}" for k, v in mix.items()), flush=True)
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
     toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
+    toolkits += ["trl_cpu"] if a.trl_cpu_row else []
     T = a.completion_tokens
     points = [image_side_for(model_dir, float(r), T) for r in a.ratios.split(",")]
     if a.profile:
@@ -809,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
                     result=str(result),
                     flops=rep == 0,
                     mmgrpo_args=MMGRPO_ARGS.get(tk, {}),
-                    trl_fused_head=a.trl_fused_head,
+                    trl_fused_head=TRL_HEAD.get(tk, a.trl_fused_head),
                 )
                 _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
                 r = json.loads(result.read_text())
@@ -832,7 +902,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": vars(a),
-        "model_sizes": {**MODEL_SIZES, "vocab": VOCABS[a.vocab] or "tokenizer"},
+        "model_sizes": {**sizes, "name": a.model, "vocab": _vocab_size(model_dir)},
+        "flop_mix": mixes,
         "environment": _environment(a.threads),
         "matmul_flops_per_s": matmul,
         "table": table,
@@ -853,6 +924,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{out / 'vs_trl.json'}"
     )
     return 0
+
+
+def _vocab_size(model_dir: Path) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+
+
+def flop_mixes(model_dir: Path, sizes: dict) -> dict[str, dict[str, float]]:
+    """Per-token FLOP shares (lm_head / decoder / vision, ``cost_model.flop_mix``) of the benchmark model beside
+    Qwen2.5-VL-3B's and -7B's."""
+    import cost_model as cm
+
+    text = cm.TextConfig(sizes["text_hidden"], sizes["text_layers"], sizes["text_intermediate"], sizes["text_heads"],
+                         sizes["text_kv_heads"], _vocab_size(model_dir))  # fmt: skip
+    vision = cm.VisionConfig(sizes["vision_hidden"], sizes["vision_depth"], sizes["vision_intermediate"],
+                             sizes["vision_heads"])  # fmt: skip
+    bench = cm.ModelConfig("benchmark", text, vision)
+    return {
+        "benchmark model": cm.flop_mix(bench),
+        **{m.name: cm.flop_mix(m) for m in (cm.QWEN25_VL_3B, cm.QWEN25_VL_7B)},
+    }
 
 
 def _environment(threads: int) -> dict:

@@ -347,3 +347,38 @@ def test_draw_token_logprobs_equal_log_softmax():
             assert (token != 7).all()
             ref = scores.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
             torch.testing.assert_close(logp, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_qwen3_vl_shared_forward_equals_naive(tmp_path, checkpointed, caplog):
+    """Qwen3-VL (interleaved mRoPE, DeepStack visual features in the first decoder layer): the shared forward and,
+    under gradient checkpointing, the packed one give the naive forward's log-probs and gradients, without a
+    fallback; sampling prefills once."""
+    from mmgrpo.modalities.vlm.tiny import build_tiny_qwen3_vl
+
+    path = str(build_tiny_qwen3_vl(tmp_path / "qwen3_vl"))
+    adapter = build_vlm_adapter(
+        {
+            "name_or_path": path,
+            "max_new_tokens": 6,
+            "temperature": 0.8,
+            "gradient_checkpointing": checkpointed,
+            "old_logprobs": "sampler",
+        }
+    )
+    model = adapter._unwrapped()
+    assert model.config.model_type == "qwen3_vl" and prefix_sharing.unsupported_reason(model) is None
+    assert prefix_sharing.checkpointing(model) == checkpointed
+    state = _state(adapter, _rows(), G=3, T=6)
+    prefix_sharing._warned.clear()
+    with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
+        _assert_same(adapter, state, torch.arange(6))
+        _assert_same(adapter, state, torch.tensor([5, 0, 3]))
+    assert not [r for r in caplog.records if r.name == prefix_sharing.__name__]  # no fallback
+    calls = []
+    model.model.visual.register_forward_hook(lambda m, a, out: calls.append(1))
+    rollout = adapter.rollout(_rows(), group_size=3)
+    assert len(calls) == 1  # one prefill for both prompts: the KV-expanded sampler ran
+    logp = adapter.logprobs(rollout, torch.arange(6))
+    m = rollout.mask.bool()
+    torch.testing.assert_close(logp[m].detach(), rollout.old_logprobs[m], atol=LOGP_ATOL, rtol=0)

@@ -22,6 +22,10 @@ cond`` is the reference implementations' shortcut — log softmax(ℓ_c / τ), t
 Janus-Pro-R1's log softmax((ℓ_u + s(ℓ_c − ℓ_u)) / s) (``wendell0218/Janus-Pro-R1`` ``grpo_trainer_t2iv3.py``).
 The identities the tests check: guided == cond at s = 1 (ℓ_u cancels) and guided == log softmax(ℓ_u/τ) at s = 0.
 top-k shapes the sampler but not the log-probs (as in the VLM adapter): keep it 0 for an exact ratio.
+With an fp32 head the training forward never builds the [n, T, V] logits: the head's last layer is affine, so the
+guided logits are that layer applied to the same combination of its input features, and the fused linear log-prob
+(``modalities/tokens/logprobs.py``) scores that block by block (a bf16 head rounds each branch's logits before the
+combination, so it keeps the logits path).
 
 **Prompt sharing.** Sampling prefills each prompt's two rows once and expands the KV cache G ways along the
 batch. The training forward encodes the U distinct prompts of a minibatch (both branches) once *with* autograd
@@ -56,8 +60,9 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode
-from ..tokens.logprobs import token_logprobs
+from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
 
@@ -88,6 +93,11 @@ class ARImageArgs:
     AR-GRPO / T2I-R1) | scaled (guided logits / s, Janus-Pro-R1)."""
     prefix_sharing: bool = True
     """Encode each prompt once per minibatch (both branches) and continue its G samples from its KV cache."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in the backward pass instead of keeping its activations (transformers'
+    activation checkpointing, non-reentrant): less memory, one more forward. Checkpointed layers drop the KV cache,
+    so training forwards then run the naive [prompt ; image tokens] row per sample (the prompt is short beside the
+    T image tokens); sampling runs in eval mode with its cache."""
     forward_batch_size: int = 64
     """Rows per no-grad forward when computing old/reference log-probs."""
     attn_implementation: str = "sdpa"
@@ -104,7 +114,7 @@ class ARImageArgs:
 class JanusFamily:
     """What is specific to Janus / Janus-Pro (transformers ``JanusForConditionalGeneration``).
 
-    A new VQ-token family implements the same five methods and the ``grid`` attribute.
+    A new VQ-token family implements the same seven methods and the ``grid`` attribute.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any):
@@ -139,6 +149,14 @@ class JanusFamily:
 
     def image_logits(self, model: torch.nn.Module, hidden: Tensor) -> Tensor:
         return model.model.generation_head(hidden)  # [..., V]
+
+    def image_head(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The head's last layer (features → logits), for the fused log-prob; ``image_features`` feeds it."""
+        return model.model.generation_head.vision_head
+
+    def image_features(self, model: torch.nn.Module, hidden: Tensor) -> Tensor:
+        head = model.model.generation_head
+        return head.activation_fn(head.proj_out(hidden))  # [..., P], image_head(features) = image_logits
 
     @torch.no_grad()
     def decode(self, model: torch.nn.Module, tokens: Tensor) -> list[Image.Image]:
@@ -257,13 +275,14 @@ class ARImageAdapter(TokenPolicy):
         )
         return out.last_hidden_state  # [m, t, D]
 
-    def _unit_logits(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Conditional and unconditional image-head logits of every unit of rows ``index``, fp32. [n, T, V] each."""
+    def _unit_hidden(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> Tensor:
+        """Last hidden states predicting every unit of rows ``index``: conditional rows, then unconditional ones
+        when guided. [2n or n, T, D]"""
         base = self._base(model)
         tokens = state.image_tokens[index].to(self.device)  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         fam = self.family
-        if self.args.prefix_sharing:
+        if self.args.prefix_sharing and not prefix_sharing.checkpointing(model):  # checkpointing drops the cache
             unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts; rows [n]
             ids, mask = self._prompt_batch([state.cache.ids[p] for p in unique.tolist()])  # [2U, L]
             cache, last = self._prefill(model, ids, mask)  # last [2U, D]
@@ -285,22 +304,34 @@ class ARImageAdapter(TokenPolicy):
                 inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False
             )
             hidden = out.last_hidden_state[:, L - 1 :]  # [2n, T, D]
-        return self._split(fam.image_logits(base, hidden).float())
+        return hidden
 
-    def _distribution_logits(self, cond: Tensor, uncond: Tensor | None) -> Tensor:
-        """The logits whose log-softmax is the trained log-prob, per ``cfg_logprob``. [..., V] → [..., V]."""
+    def _unit_logits(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Conditional and unconditional image-head logits of every unit of rows ``index``, fp32. [n, T, V] each."""
+        return self._split(self.family.image_logits(self._base(model), self._unit_hidden(model, state, index)).float())
+
+    def _distribution(self, cond: Tensor, uncond: Tensor | None) -> tuple[Tensor, float]:
+        """The logits x and divisor τ' with log softmax(x / τ') the trained log-prob, per ``cfg_logprob``.
+        The head's last layer is affine, so the same combination of its input features gives its input for x
+        (the bias b enters as b_u + s·(b_c − b_u) = b). [..., V or P] each → [..., V or P], float."""
         s, tau = self.args.guidance_scale, self.args.temperature
         if self.args.cfg_logprob == "cond":
-            return cond / tau
+            return cond, tau
         guided = guided_logits(cond, uncond, s)
-        if self.args.cfg_logprob == "scaled":
-            return guided / s
-        return guided / tau
+        return guided, (s if self.args.cfg_logprob == "scaled" else tau)
 
     def _token_logprobs(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> Tensor:
-        cond, uncond = self._unit_logits(model, state, index)  # [n, T, V] each
-        scores = self._distribution_logits(cond, uncond)  # [n, T, V] fp32
-        return token_logprobs(scores, state.image_tokens[index].to(scores.device))  # [n, T], log softmax(scores)
+        base, fam = self._base(model), self.family
+        tokens = state.image_tokens[index].to(self.device)  # [n, T]
+        hidden = self._unit_hidden(model, state, index)  # [2n or n, T, D]
+        head = fusable_head(model, fam.image_head(base))  # the fused log-prob through the head's last linear layer
+        if head is not None and head.weight.dtype != torch.float32:
+            head = None  # a bf16 head rounds each branch's logits before guidance: keep those numerics
+        if head is None:
+            x, div = self._distribution(*self._split(fam.image_logits(base, hidden).float()))  # [n, T, V] fp32
+            return token_logprobs(x, tokens, temperature=div)  # [n, T], log softmax(x / div)
+        x, div = self._distribution(*self._split(fam.image_features(base, hidden).float()))  # [n, T, P] fp32
+        return linear_token_logprobs(x, head.weight, tokens, bias=head.bias, temperature=div)  # [n, T] fp32
 
     # ---------------------------------------------------------------------------------------- sampling
 
@@ -447,6 +478,8 @@ def build_ar_image_adapter(
             if any(k in name for k in FROZEN_PARTS):
                 p.requires_grad_(False)
     model.lm_head.requires_grad_(False)  # text head: unused for image tokens (tied to the input embeddings)
+    if a.gradient_checkpointing:
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

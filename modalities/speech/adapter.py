@@ -14,7 +14,8 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
   ``generation_config.suppress_tokens`` at every step and ``begin_suppress_tokens`` at the first step are
   banned, as are Whisper's special tokens other than end-of-text (and the timestamp tokens unless
   ``timestamps``), then logits / temperature, log-softmax in fp32 (in the training forward without an [n, T, V]
-  log-softmax: ``modalities/tokens/logprobs.py``). The same masks are applied in the training
+  log-softmax, and without the [n, T, V] logits: the fused linear log-prob through ``proj_out``,
+  ``modalities/tokens/logprobs.py``). The same masks are applied in the training
   forward, so the first ratio is 1. Departure: with ``timestamps`` the timestamp tokens are allowed freely
   (HF's ``WhisperTimeStampLogitsProcessor`` pairing rules are not applied), so the ratio stays exact.
 - A completion ends at the first ``<|endoftext|>`` (included in the loss); the rest is masked.
@@ -42,8 +43,16 @@ from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode
-from ..tokens.logprobs import banned_mask, completion_id_lists, token_logprobs
+from ..tokens.logprobs import (
+    banned_mask,
+    completion_id_lists,
+    fusable_head,
+    head_logprobs,
+    head_outputs_hidden,
+    vocab_size,
+)
 from ..tokens.policy import TokenPolicy
 from .audio import load_audio
 from .tiny import resolve_model_path
@@ -75,6 +84,10 @@ class WhisperArgs:
     """Do not train the audio encoder (its parameters keep requires_grad=False)."""
     share_encoder: bool = True
     """Log-prob forwards encode each prompt's audio once for its completions (False: once per sample, naive)."""
+    gradient_checkpointing: bool = False
+    """Recompute each encoder and decoder layer in the backward pass instead of keeping its activations
+    (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Sampling runs in eval
+    mode with its KV cache; the training forward has no cache, so nothing else changes."""
     silence_threshold: float = 1e-4
     """Audio whose peak amplitude is at most this is rejected as silent."""
     forward_batch_size: int = 64
@@ -268,14 +281,15 @@ class WhisperAdapter(TokenPolicy):
             enc = self._encode(model, state.cache.features[prompts])  # [n, S, d], one encoder pass per sample
         Lp = self.prefix.shape[0]
         dec_in = torch.cat([self.prefix.to(self.device).expand(n, -1), comp[:, : T - 1]], dim=1)  # [n, Lp+T-1]
-        logits = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits[
-            :, Lp - 1 :
-        ]  # [n, T, V]
+        head = fusable_head(model)  # the fused log-prob through proj_out (tied to the token embedding)
+        with head_outputs_hidden(head):  # the forward returns decoder hidden states [.., d] in place of logits
+            out = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits
+        out = out[:, Lp - 1 :]  # [n, T, V] logits or [n, T, d] hidden states
         # The bans of ``_scores``: suppressed tokens everywhere, begin-suppressed ones at the first token.
         banned = banned_mask(
-            logits.shape[-1], self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=logits.device
+            vocab_size(out, head), self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=out.device
         )
-        return token_logprobs(logits, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)
@@ -330,6 +344,8 @@ def build_whisper_adapter(
         processor = AutoProcessor.from_pretrained(path)
     if a.freeze_encoder:
         model.get_encoder().requires_grad_(False)
+    if a.gradient_checkpointing:
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

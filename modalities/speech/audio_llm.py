@@ -11,7 +11,9 @@ Prompt sharing (``modalities/tokens/prefix_sharing.py``, 1-D RoPE path): samplin
 the audio encoder included — and expands its KV cache G ways; log-prob forwards encode each distinct prompt of a
 minibatch once and let its completions attend to it. It is required here, not optional: Qwen2-Audio's forward
 ignores ``logits_to_keep``, so the VLM adapter's naive fallback would mis-slice the logits; the builder refuses
-a model the sharing does not cover (e.g. gradient checkpointing) with a one-line error.
+a model the sharing does not cover (e.g. gradient checkpointing with flash attention) with a one-line error.
+Under gradient checkpointing the log-prob forward packs each prompt and its completions into one row with a 4-D
+attention mask (``prefix_sharing.packed_completion_logits``).
 
 Log-probs are those of the sampling distribution (logits / temperature, fp32), with ``<|AUDIO|>``,
 ``<|audio_bos|>`` and ``<|audio_eos|>`` banned from sampling and masked out of the log-softmax (a sampled audio
@@ -72,6 +74,10 @@ class AudioLLMArgs:
     float rounding)."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder and audio-encoder layer in the backward pass instead of keeping its activations
+    (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
+    working through one packed forward per minibatch (needs sdpa or eager attention)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -142,6 +148,8 @@ def build_audio_llm_adapter(
         raise ConfigError(f"model.args.name_or_path {a.name_or_path!r}: its processor has no feature_extractor (audio)")
     if a.freeze_audio_encoder:
         model.model.audio_tower.requires_grad_(False)
+    if a.gradient_checkpointing:
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

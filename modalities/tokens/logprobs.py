@@ -27,7 +27,8 @@ Shape glossary: ``n`` rows, ``T`` positions, ``V`` vocabulary; ``...`` any leadi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -141,3 +142,243 @@ def completion_id_lists(completion_ids: Tensor, mask: Tensor) -> list[list[int]]
     ``GRPOTrainer`` passes them (``completion_ids_list``, trl/trainer/grpo_trainer.py); ``mask_truncated`` does
     not shorten them. Shape: [B, T] ids and [B, T] mask (1 up to the first EOS) → B lists."""
     return [ids[m.bool()].tolist() for ids, m in zip(completion_ids.cpu(), mask.cpu())]
+
+
+# ------------------------------------------------------------------------------------- fused lm_head
+
+
+DEFAULT_ROWS = 1024
+"""Rows (positions) per block of the fused path: its temporaries are a few fp32 tensors of rows × chunk values."""
+
+
+def linear_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    banned: Tensor | None = None,
+    rows: int = DEFAULT_ROWS,
+    chunk: int = DEFAULT_CHUNK,
+    round_to: torch.dtype | None = None,
+) -> Tensor:
+    """fp32 ``log softmax(mask(hidden @ weight.T + bias) / temperature)`` at ``tokens``, without the logits.
+
+    The fused linear log-prob: the lm_head's matmul, the mask, the temperature and the log-sum-exp run block by
+    block — ``rows`` positions × ``chunk`` vocabulary columns — so neither the ``[..., V]`` logits nor their
+    gradient ever exists; the backward recomputes each block's logits and accumulates the gradients of
+    ``hidden``, ``weight`` and ``bias`` in fp32. It is the idea of Liger-Kernel's fused linear cross-entropy
+    (Hsu et al. 2024, arXiv 2410.10989; linkedin/Liger-Kernel ``ops/fused_linear_cross_entropy.py``) and of
+    cut-cross-entropy (Wijmans et al. 2024, arXiv 2411.09009), written in torch so it runs on any device; here the
+    output is one log-prob per position (the loss weighs each one), so unlike Liger's scalar loss the gradient
+    cannot be folded into the forward and the backward recomputes the logits (4 matmuls of the head's size per
+    forward + backward instead of 3).
+
+    Per block the logits are ``hidden.float() @ weight.float().T`` (fp32 accumulation; bf16 weights are upcast
+    block by block). With ``round_to`` (e.g. bf16) each block is instead computed in that dtype — the product a
+    bf16 model's own head computes (fp32 accumulation inside the kernel, the result rounded to bf16) — and then
+    upcast, so the log-probs are those of the logits the model samples from (:func:`head_logprobs` does this for a
+    low-precision head); the backward still runs in fp32 (the rounding passes the gradient through, as a cast does).
+    The log-sum-exp is the online one (a running max and a rescaled running sum, as in flash attention). Values and
+    gradients equal :func:`token_logprobs` on ``hidden @ weight.T + bias`` to float rounding
+    (tests/test_fused_logprobs.py).
+
+    Shape:
+        hidden: [..., H] (any float dtype); weight: [V, H]; bias: [V] or None; tokens: [...] (long)
+        banned: bool, broadcastable to [..., V] ([V], or [T, V] for position-dependent bans); True = −inf
+        returns [...] fp32
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if rows < 1 or chunk < 1:
+        raise ValueError(f"rows and chunk must be >= 1, got {rows} and {chunk}")
+    if hidden.shape[-1] != weight.shape[-1] or hidden.shape[:-1] != tokens.shape:
+        raise ValueError(
+            f"shapes do not match: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, "
+            f"tokens {tuple(tokens.shape)} (want [..., H], [V, H], [...])"
+        )
+    V = weight.shape[0]
+    lead = tokens.shape
+    if banned is not None:  # row r of the flattened positions uses row ban_row[r] of banned.reshape(-1, V)
+        b_lead = banned.shape[:-1]
+        ban_row = torch.arange(banned[..., 0].numel(), device=banned.device).reshape(b_lead).expand(lead).reshape(-1)
+        banned = banned.reshape(-1, V)
+    else:
+        ban_row = None
+    out = _LinearTokenLogProbs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, bias, tokens.reshape(-1), banned, ban_row,
+        float(temperature), int(rows), int(chunk), round_to,
+    )  # fmt: skip
+    return out.reshape(lead)
+
+
+def _block_scores(
+    h: Tensor, weight: Tensor, bias: Tensor | None, banned: Tensor | None, ban_rows: Tensor | None,
+    lo: int, hi: int, temperature: float, round_to: torch.dtype | None,
+) -> Tensor:  # fmt: skip
+    """fp32 scores of vocabulary columns [lo, hi) for the rows ``h``. [r, H] → [r, hi − lo]."""
+    if round_to is not None:  # the head's own product in its dtype, then upcast
+        b = None if bias is None else bias[lo:hi].to(round_to)
+        scores = torch.nn.functional.linear(h.to(round_to), weight[lo:hi].to(round_to), b).float()  # [r, c]
+    else:
+        scores = h.float() @ weight[lo:hi].float().T  # [r, c]
+        if bias is not None:
+            scores = scores + bias[lo:hi].float()
+    if banned is not None:
+        scores = scores.masked_fill(banned[ban_rows, lo:hi], float("-inf"))
+    return scores / temperature if temperature != 1.0 else scores
+
+
+class _LinearTokenLogProbs(torch.autograd.Function):
+    """Blocked matmul + online log-sum-exp; the backward recomputes each block (see linear_token_logprobs)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, banned, ban_row, temperature, rows, chunk, round_to):
+        N, V = hidden.shape[0], weight.shape[0]
+        peak = hidden.new_full((N,), float("-inf"), dtype=torch.float32)  # [N] running max score
+        total = hidden.new_zeros((N,), dtype=torch.float32)  # [N] Σ exp(s − peak)
+        picked = hidden.new_full((N,), float("-inf"), dtype=torch.float32)  # [N] the token's score
+        for r0 in range(0, N, rows):
+            r1 = min(r0 + rows, N)
+            h = hidden[r0:r1] if round_to is not None else hidden[r0:r1].float()  # [r, H]
+            tok = tokens[r0:r1]  # [r]
+            br = None if ban_row is None else ban_row[r0:r1]
+            m, s, p = peak[r0:r1], total[r0:r1], picked[r0:r1]  # views, updated in place
+            for lo in range(0, V, chunk):
+                hi = min(lo + chunk, V)
+                scores = _block_scores(h, weight, bias, banned, br, lo, hi, temperature, round_to)  # [r, c]
+                new = torch.maximum(m, scores.amax(-1))  # [r]
+                safe = new.masked_fill(new == float("-inf"), 0.0)  # all −inf so far: nothing to rescale
+                s.mul_(torch.exp(m - safe)).add_(torch.exp(scores - safe[:, None]).sum(-1))
+                m.copy_(new)
+                inside = (tok >= lo) & (tok < hi)  # [r]
+                here = scores.gather(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None]).squeeze(-1)  # [r]
+                p.copy_(torch.where(inside, here, p))
+        log_total = total.log()  # [N]
+        ctx.save_for_backward(hidden, weight, bias, tokens, banned, ban_row, peak, log_total)
+        ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to = temperature, rows, chunk, round_to
+        return (picked - peak) - log_total  # [N] fp32, rounded as torch.log_softmax rounds
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, tokens, banned, ban_row, peak, log_total = ctx.saved_tensors
+        tau, rows, chunk, round_to = ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        N, V = hidden.shape[0], weight.shape[0]
+        g_all = grad_out.float()  # [N]
+        grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None  # [N, H]
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
+        grad_b = torch.zeros((V,), dtype=torch.float32, device=weight.device) if need_b else None  # [V]
+        for r0 in range(0, N, rows):
+            r1 = min(r0 + rows, N)
+            h = hidden[r0:r1].float()  # [r, H]
+            tok, g = tokens[r0:r1], g_all[r0:r1, None]  # [r], [r, 1]
+            br = None if ban_row is None else ban_row[r0:r1]
+            shift = (peak[r0:r1] + log_total[r0:r1])[:, None]  # [r, 1] log-sum-exp of each row
+            for lo in range(0, V, chunk):
+                hi = min(lo + chunk, V)
+                scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau, round_to)  # [r, c] as forward
+                part = -g * torch.exp(scores - shift)  # [r, c] −g·softmax
+                inside = (tok >= lo) & (tok < hi)  # [r]
+                part.scatter_add_(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None], g * inside[:, None])
+                if banned is not None:
+                    part = part.masked_fill(banned[br, lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
+                if tau != 1.0:
+                    part = part / tau  # [r, c] ∂/∂logits
+                if need_h:
+                    grad_h[r0:r1] += part @ weight[lo:hi].float()  # [r, H]
+                if need_w:
+                    grad_w[lo:hi] += part.T @ h  # [c, H]
+                if need_b:
+                    grad_b[lo:hi] += part.sum(0)
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            *([None] * 7),
+        )
+
+
+# ------------------------------------------------------------------------------- models' output heads
+
+_SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Config fields of families whose forward rescales the head's output (Gemma 2's soft-capping, Cohere's scale...)."""
+
+
+def fusable_head(model: torch.nn.Module, head: torch.nn.Module | None = None) -> torch.nn.Linear | None:
+    """The output layer that :func:`head_outputs_hidden` can bypass, or None to keep the logits path.
+
+    ``head`` defaults to the model's ``get_output_embeddings()`` (under DDP/accelerate and peft wrappers). It
+    qualifies when it is a plain ``nn.Linear`` (tied or not; a LoRA-wrapped head is not), its weight is not an
+    FSDP shard (a ``DTensor``, gathered only inside the module's own forward), no forward hook is registered on
+    it (a hook expects logits), and the model's config names no rescaling of the logits after the head.
+    """
+    core = model
+    while hasattr(core, "module") and isinstance(core.module, torch.nn.Module):
+        core = core.module
+    if hasattr(core, "get_base_model"):
+        core = core.get_base_model()
+    if head is None:
+        get = getattr(core, "get_output_embeddings", None)
+        head = get() if get is not None else None
+    if type(head) is not torch.nn.Linear or type(head.weight) is not torch.nn.Parameter:
+        return None  # a LoRA / quantised head, or a DTensor shard (FSDP2)
+    if head._forward_hooks or head._forward_pre_hooks:
+        return None  # a hook expects the logits
+    config = getattr(core, "config", None)
+    configs = [config, getattr(config, "get_text_config", lambda: None)()] if config is not None else []
+    if any(getattr(c, name, None) not in (None, 1, 1.0) for c in configs for name in _SCALED_LOGITS):
+        return None
+    return head
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+@contextmanager
+def head_outputs_hidden(head: torch.nn.Module | None) -> Iterator[None]:
+    """Inside the block, ``head(x)`` returns ``x``: a model's forward then hands back, as its ``logits``, the
+    hidden states its head would have projected (after the model's own ``logits_to_keep`` slicing), and the
+    ``[..., V]`` logits are never computed. ``None`` changes nothing. The head's parameters stay registered; a
+    ``forward`` another library set on the instance (accelerate's hooks) is restored afterwards."""
+    if head is None:
+        yield
+        return
+    saved = head.__dict__.get("forward")
+    head.forward = _identity
+    try:
+        yield
+    finally:
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
+
+
+def head_logprobs(
+    out: Tensor,
+    head: torch.nn.Linear | None,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    banned: Tensor | None = None,
+) -> Tensor:
+    """:func:`linear_token_logprobs` of ``out`` through ``head`` when ``head`` is given (``out`` is then the hidden
+    states a forward under :func:`head_outputs_hidden` returned), else :func:`token_logprobs` of the logits ``out``.
+
+    Shape: out [..., H] or [..., V]; tokens [...]; banned broadcastable to [..., V]; returns [...] fp32
+    """
+    if head is None:
+        return token_logprobs(out, tokens, temperature=temperature, banned=banned)
+    dtype = torch.promote_types(out.dtype, head.weight.dtype)  # the dtype of the logits the head would produce
+    round_to = dtype if torch.finfo(dtype).bits < 32 else None  # bf16/fp16 models: the logits they sample from
+    return linear_token_logprobs(
+        out, head.weight, tokens, bias=head.bias, temperature=temperature, banned=banned, round_to=round_to
+    )
+
+
+def vocab_size(out: Tensor, head: torch.nn.Linear | None) -> int:
+    """V of the distribution scored from ``out`` (hidden states when ``head`` is given, logits otherwise)."""
+    return out.shape[-1] if head is None else head.out_features

@@ -44,11 +44,12 @@ attention mask lets each completion attend to its prompt and causally to itself 
 continue the prompt's (:func:`packed_completion_logits`; the layout of Prefix Grouper, arXiv 2506.05433, §3). One
 checkpointable forward, no cache; the vision encoder and the prompt tokens still run once per prompt.
 
-Coverage: Qwen2-VL, Qwen2.5-VL (mRoPE), text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain
-``DynamicCache`` and whose positions are computed here; under gradient checkpointing Qwen2-VL, Qwen2.5-VL and Qwen2
-with the ``sdpa`` or ``eager`` attention kernel (those that take a custom 4-D mask as given). Any other family,
-sliding-window attention, or checkpointing outside that set falls back to the naive path with a one-time warning
-that names the reason (:func:`unsupported_reason`).
+Coverage: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (mRoPE; Qwen3-VL's DeepStack features touch prompt positions only),
+text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain ``DynamicCache`` and whose
+positions are computed here; under gradient checkpointing the same families with the ``sdpa`` or ``eager``
+attention kernel (those that take a custom 4-D mask as given). Any other family, sliding-window attention, or
+checkpointing outside that set falls back to the naive path with a one-time warning that names the reason
+(:func:`unsupported_reason`).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -70,9 +71,9 @@ from .decode import SamplingSpec, decode, sampling_scores
 
 logger = logging.getLogger(__name__)
 
-MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 TEXT_MODEL_TYPES = frozenset({"qwen2", "qwen2_audio"})  # 1-D RoPE (Qwen2-Audio: audio features fill <|AUDIO|> slots)
-PACKED_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2"}  # the packed forward (gradient checkpointing) passes a 4-D mask
+PACKED_MODEL_TYPES = MROPE_MODEL_TYPES | TEXT_MODEL_TYPES  # the packed forward (checkpointing) passes a 4-D mask
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 
@@ -87,6 +88,15 @@ def checkpointing(model: torch.nn.Module) -> bool:
     turns the KV cache off inside every checkpointed layer)."""
     core = core_model(model)
     return core.training and any(getattr(m, "gradient_checkpointing", False) is True for m in core.modules())
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on transformers' non-reentrant activation checkpointing (``model.args.gradient_checkpointing``)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers ≥ 5.x name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -286,6 +296,7 @@ def packed_completion_logits(
             packed[key] = torch.cat([value, value.new_zeros((U, K * t))], dim=1)
     position_ids = _position_arg(torch.cat([positions, slot_positions], dim=-1))  # [R, U, S] or [U, S]
     logits = model(**packed, position_ids=position_ids, use_cache=False, logits_to_keep=S - L + 1).logits
+    logits = logits[:, logits.shape[1] - (S - L + 1) :]  # (Qwen2-Audio ignores logits_to_keep)
     # logits [U, 1 + K·t, V]: index 0 is the last prompt position, 1 + k·t + a completion token a of slot k
     first = logits[rows, :1]  # [n, 1, V]
     if t == 0:

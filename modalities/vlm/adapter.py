@@ -10,9 +10,11 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
   KV cache G ways, and log-prob forwards encode each prompt once with its completions attending to it.
 - Prompts are left-padded (a right-padded processor would shift multimodal positions, TRL #5785).
 - ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: log-softmax of
-  logits / temperature, in fp32 (bf16 logits upcast), computed without an [n, T, V] log-softmax
-  (``modalities/tokens/logprobs.py``). top-p / top-k truncation is applied when sampling but not in the
-  log-probs (like TRL and verl without rollout correction), so keep them off for an unbiased ratio.
+  logits / temperature, in fp32 (bf16 logits upcast), computed without an [n, T, V] log-softmax and, when the
+  lm_head is a plain linear layer, without the [n, T, V] logits: the training forward returns the last hidden
+  states and the fused linear log-prob scores them block by block (``modalities/tokens/logprobs.py``).
+  top-p / top-k truncation is applied when sampling but not in the log-probs (like TRL and verl without rollout
+  correction), so keep them off for an unbiased ratio.
 - A completion ends at the first EOS (included in the loss); tokens after it are masked. A completion that
   used all ``max_new_tokens`` without EOS is ``truncated``; ``mask_truncated`` drops it from the loss (DAPO).
 - LoRA through peft; the reference policy is the same model with the adapter disabled, or a frozen copy
@@ -41,7 +43,14 @@ from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
 from ..tokens.engine import EngineError, VLLMClient, engine_weights, prompt_seeds
-from ..tokens.logprobs import banned_mask, completion_id_lists, token_logprobs
+from ..tokens.logprobs import (
+    banned_mask,
+    completion_id_lists,
+    fusable_head,
+    head_logprobs,
+    head_outputs_hidden,
+    vocab_size,
+)
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import TokenPolicy
 from .tiny import resolve_model_path
@@ -556,37 +565,42 @@ class VLMAdapter(TokenPolicy):
         for one group at a time."""
         return self._completion_logits(self.model, rollout.state, index)[1]
 
-    def _completion_logits(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> tuple[Tensor, Tensor]:
-        """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``."""
+    def _completion_logits(
+        self, model: torch.nn.Module, state: VLMState, index: Tensor, head: torch.nn.Linear | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``; with
+        ``head`` (the model's fusable lm_head) the hidden states [n, T, H] it would project instead."""
         comp = state.completion_ids[index]  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
-        if self._shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
-            unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
-            batch = self._collate([state.cache.encodings[p] for p in unique.tolist()])
-            comp = comp.to(self.device)
-            logits = prefix_sharing.completion_logits(
-                model, batch, rows.to(self.device), comp, self._completion_mask(comp)
-            )  # [n, T, V], the model's dtype
-        else:
-            batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
-            logits = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V]
-        return comp, logits
+        with head_outputs_hidden(head):  # head given: the forward returns hidden states [.., H] in place of logits
+            if self._shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
+                unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
+                batch = self._collate([state.cache.encodings[p] for p in unique.tolist()])
+                comp = comp.to(self.device)
+                out = prefix_sharing.completion_logits(
+                    model, batch, rows.to(self.device), comp, self._completion_mask(comp)
+                )  # [n, T, V] logits or [n, T, H] hidden states, the model's dtype
+            else:
+                batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
+                out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
+        return comp, out
 
     def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
-        comp, logits = self._completion_logits(model, state, index)  # [n, T], [n, T, V]
+        head = fusable_head(model)  # the fused lm_head log-prob when the head is a plain linear layer
+        comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V | H]
         T = comp.shape[1]
         # Suppressed tokens are never sampled, nor is EOS before min_new_tokens: not part of the distribution.
         banned = banned_mask(
-            logits.shape[-1],
+            vocab_size(out, head),
             self.suppress_ids,
             self.eos_ids.tolist(),
             self.args.min_new_tokens,
             steps=T,
-            device=logits.device,
+            device=out.device,
         )
-        comp = comp.to(logits.device)
-        return token_logprobs(logits, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+        comp = comp.to(out.device)
+        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
         self._unwrapped().save_pretrained(directory, safe_serialization=True)
@@ -651,11 +665,7 @@ def build_vlm_adapter(
             if "visual" in name or "vision" in name:
                 p.requires_grad_(False)
     if a.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers ≥ 5.x name
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        prefix_sharing.enable_checkpointing(model)
     reference = None
     if lora is not None and lora.enabled:
         model = _hf.peft_lora(model, lora)

@@ -204,6 +204,74 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: build_tiny_qwen25_vl(d, seed, sizes)))
 
 
+def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
+    """Write a tiny Qwen3-VL (``Qwen3VLForConditionalGeneration``: 16-pixel patches, interleaved mRoPE, DeepStack
+    visual features added to the first decoder layer) with the tokenizer and chat template of the tiny Qwen2.5-VL.
+    Not a built-in name: tests build it into a temporary directory."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    s = sizes or TinySizes()
+    directory = Path(directory)
+    tokenizer = build_tokenizer(s.bpe_vocab)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = s.text_hidden // s.text_heads
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=s.text_hidden,
+            intermediate_size=s.text_intermediate,
+            num_hidden_layers=s.text_layers,
+            num_attention_heads=s.text_heads,
+            num_key_value_heads=s.text_kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=4096,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [head_dim // 4, head_dim // 8, head_dim // 8],  # Qwen3-VL: [24, 20, 20] of 64
+                "mrope_interleaved": True,
+            },
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=s.vision_depth,
+            hidden_size=s.vision_hidden,
+            intermediate_size=s.vision_intermediate,
+            num_heads=s.vision_heads,
+            out_hidden_size=s.text_hidden,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    pixels = dict(min_pixels=32 * 32, max_pixels=128 * 128, patch_size=16, merge_size=2)
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**pixels),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(**pixels, temporal_patch_size=2),
+        chat_template=CHAT_TEMPLATE,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
 def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """A tiny text-only ``Qwen2ForCausalLM`` with the same local tokenizer (for text-only GRPO and tests)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

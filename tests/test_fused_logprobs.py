@@ -1,0 +1,253 @@
+"""The fused linear log-prob (modalities/tokens/logprobs.py, ``linear_token_logprobs``) against today's path:
+``token_logprobs`` of the logits ``hidden @ weight.T (+ bias)``.
+
+Tolerances: values |Δ| ≤ 1e-6 + 1e-6·|ref|, as for the chunked log-prob (tests/test_token_logprobs.py);
+gradients (hidden states, weight, bias) |Δ| ≤ 1e-6·max|ref| elementwise, i.e. 1e-6 relative to the gradient's
+scale: each gradient element sums V terms, whose fp32 rounding depends on the order (on the first case here both
+fp32 paths differ from an fp64 reference by 1.5–2.6e-6 at max|ref| ≈ 3.6–5.7, and from each other by ≤ 1e-6).
+A dispatch-mode test records every tensor the fused forward and backward create and shows that none has n·T·V
+elements.
+"""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mmgrpo.modalities.tokens.logprobs import (
+    banned_mask,
+    fusable_head,
+    head_outputs_hidden,
+    linear_token_logprobs,
+    token_logprobs,
+)
+
+N, T, H, V = 3, 5, 16, 1000
+TOL = 1e-6
+
+
+def _inputs(seed=0, dtype=torch.float32, bias=False, tied=False):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, T, H, generator=g).to(dtype).requires_grad_()  # [n, T, H]
+    weight = (torch.randn(V, H, generator=g) / math.sqrt(H) * 3).to(dtype).requires_grad_()  # [V, H]
+    b = torch.randn(V, generator=g).to(dtype).requires_grad_() if bias else None  # [V]
+    tokens = torch.randint(0, V, (N, T), generator=g)  # [n, T]
+    tokens[2, 0] = 1  # banned at step 0 below: log π = −inf
+    return hidden, weight, b, tokens
+
+
+def _close_grad(got, want, tol=TOL):
+    torch.testing.assert_close(got, want, rtol=0, atol=tol * float(want.abs().max()))
+
+
+def _grads(out, inputs, weights):
+    finite = torch.isfinite(out)
+    return torch.autograd.grad((out[finite] * weights[finite]).sum(), [x for x in inputs if x is not None])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("rows,chunk", [(1024, 4096), (4, 128), (7, 37)])  # one block; uneven; odd sizes
+@pytest.mark.parametrize("with_ban", [True, False])
+@pytest.mark.parametrize("bias", [False, True])
+def test_values_and_gradients_equal_the_logits_path(temperature, rows, chunk, with_ban, bias):
+    hidden, weight, b, tokens = _inputs(bias=bias)
+    banned = banned_mask(V, always=[5, 17, 999], early=[0, 1], early_steps=2, steps=T) if with_ban else None
+    weights = torch.randn(N, T, generator=torch.Generator().manual_seed(1))  # a loss that weights each token
+    logits = torch.nn.functional.linear(hidden, weight, b)  # [n, T, V]
+    ref = token_logprobs(logits, tokens, temperature=temperature, banned=banned)
+    out = linear_token_logprobs(
+        hidden, weight, tokens, bias=b, temperature=temperature, banned=banned, rows=rows, chunk=chunk
+    )
+    assert out.dtype == torch.float32 and out.shape == (N, T)
+    torch.testing.assert_close(out, ref, rtol=TOL, atol=TOL)
+    assert bool(torch.isinf(out[2, 0])) == with_ban
+    for got, want in zip(_grads(out, (hidden, weight, b), weights), _grads(ref, (hidden, weight, b), weights)):
+        _close_grad(got, want)
+
+
+def test_tied_head_gradient_sums_both_uses():
+    """A tied head (the input embedding is the lm_head): the weight's gradient adds the embedding's."""
+    hidden, weight, _, tokens = _inputs()
+    ids = torch.randint(0, V, (N, T), generator=torch.Generator().manual_seed(2))
+
+    def loss(fn):
+        h = hidden + torch.nn.functional.embedding(ids, weight)  # [n, T, H] the weight used twice
+        return fn(h).sum()
+
+    ref = loss(lambda h: token_logprobs(h @ weight.T, tokens, temperature=0.9))
+    out = loss(lambda h: linear_token_logprobs(h, weight, tokens, temperature=0.9, rows=4, chunk=100))
+    torch.testing.assert_close(out, ref, rtol=TOL, atol=TOL)
+    (g_ref,) = torch.autograd.grad(ref, weight)
+    (g_out,) = torch.autograd.grad(out, weight)
+    _close_grad(g_out, g_ref)
+
+
+def test_bf16_weights_give_the_log_probs_of_the_fp32_logits():
+    """bf16 hidden states and weight: fp32 accumulation, so the result is that of the upcast operands."""
+    hidden, weight, _, tokens = _inputs(dtype=torch.bfloat16)
+    out = linear_token_logprobs(hidden, weight, tokens, temperature=0.7, rows=4, chunk=100)
+    h32 = hidden.detach().float().requires_grad_()
+    w32 = weight.detach().float().requires_grad_()
+    ref = token_logprobs(h32 @ w32.T, tokens, temperature=0.7)
+    torch.testing.assert_close(out, ref, rtol=TOL, atol=TOL)
+    gh, gw = torch.autograd.grad(out.sum(), (hidden, weight))
+    assert gh.dtype == gw.dtype == torch.bfloat16
+    rh, rw = torch.autograd.grad(ref.sum(), (h32, w32))
+    for got, want in ((gh, rh), (gw, rw)):  # fp32 accumulation, rounded to bf16 once: half a bf16 ulp
+        torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=TOL * float(want.abs().max()))
+    # the bf16 logits path differs by bf16's rounding of the logits; round_to=bf16 reproduces it
+    bf = token_logprobs(hidden @ weight.T, tokens, temperature=0.7)
+    assert (out - bf).abs().max() > 1e-4
+    rounded = linear_token_logprobs(hidden, weight, tokens, temperature=0.7, rows=4, chunk=100, round_to=torch.bfloat16)
+    torch.testing.assert_close(rounded, bf, rtol=TOL, atol=TOL)
+    gh, gw = torch.autograd.grad(rounded.sum(), (hidden, weight))  # fp32 backward through the rounding
+    torch.testing.assert_close(gh.float(), rh, rtol=2**-7, atol=1e-2 * float(rh.abs().max()))
+    torch.testing.assert_close(gw.float(), rw, rtol=2**-7, atol=1e-2 * float(rw.abs().max()))
+
+
+class _Sizes(TorchDispatchMode):
+    """Records the element count of every tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.numels = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.numels.append(t.numel())
+        return out
+
+
+def test_no_tensor_of_n_t_v_elements_is_created():
+    """Forward and backward (default block sizes, V larger than one chunk) never create n·T·V elements; the
+    logits path does."""
+    v, h = 5000, 8  # v > the default chunk of 4096 columns; h < n·T, so the weight is smaller than n·T·V
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(N, T, h, generator=g, requires_grad=True)
+    weight = (torch.randn(v, h, generator=g) / 4).requires_grad_()
+    tokens = torch.randint(0, v, (N, T), generator=g)
+    banned = banned_mask(v, always=[3], early=[0], early_steps=1, steps=T)
+    with _Sizes() as fused:
+        linear_token_logprobs(hidden, weight, tokens, temperature=0.8, banned=banned).sum().backward()
+    assert max(fused.numels) < N * T * v and N * T * v not in fused.numels
+    assert max(fused.numels) == max(v * h, N * T * 4096)  # one [n·T, chunk] block, or the weight's gradient
+    with _Sizes() as plain:
+        token_logprobs(hidden @ weight.T, tokens, temperature=0.8, banned=banned).sum().backward()
+    assert N * T * v in plain.numels  # the check can fail: the logits path creates them
+
+
+def test_head_outputs_hidden_bypasses_only_a_plain_linear_head():
+    from mmgrpo.modalities.vlm.tiny import build_tiny_qwen25_vl  # noqa: F401  (import check only)
+
+    lin = torch.nn.Linear(4, 9, bias=False)
+    x = torch.randn(2, 4)
+    with head_outputs_hidden(lin):
+        assert torch.equal(lin(x), x)
+    assert lin(x).shape == (2, 9)  # restored
+    model = torch.nn.Module()
+    model.get_output_embeddings = lambda: lin
+    assert fusable_head(model) is lin
+    model.get_output_embeddings = lambda: torch.nn.Sequential(lin)
+    assert fusable_head(model) is None
+
+
+def _one_trainer_step(tmp_path, monkeypatch, fused: bool) -> tuple[dict, dict]:
+    """One GRPO step of the quickstart config (tiny Qwen2.5-VL, β > 0): its metrics and the gradients the
+    optimizer stepped with."""
+    import mmgrpo.modalities.vlm.adapter as vlm
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import Trainer
+    from tests.test_trainer import QUICK, SMALL
+
+    if not fused:
+        monkeypatch.setattr(vlm, "fusable_head", lambda model, head=None: None)
+    cfg = load_config(QUICK, SMALL + [f"output_dir={tmp_path}", "steps=1", "warmup.steps=0"])
+    trainer = Trainer(cfg)
+    assert (vlm.fusable_head(trainer.adapter.model) is not None) == fused
+    runner = trainer.rewards  # the untrained model scores 0 everywhere: add the completion's length, for a gradient
+
+    class WithLength:
+        weights = runner.weights
+
+        def __call__(self, outputs, prompts, columns):
+            scores, metrics = runner(outputs, prompts, columns)  # [B, K]
+            return scores + torch.tensor([[len(o) / 10] for o in outputs], dtype=scores.dtype), metrics
+
+    trainer.rewards = WithLength()
+    grads = {}
+
+    def keep(optimizer, args, kwargs):
+        grads.update({n: p.grad.clone() for n, p in trainer.adapter.model.named_parameters() if p.grad is not None})
+
+    getattr(trainer.optimizer, "optimizer", trainer.optimizer).register_step_pre_hook(keep)
+    metrics = trainer.train_step(0)
+    monkeypatch.undo()
+    return metrics, grads
+
+
+def test_trainer_step_equals_the_logits_path(tmp_path, monkeypatch, mmgrpo_cache):
+    """A whole VLM trainer step (rollout, old/ref log-probs, loss, backward) with the fused head and with the
+    logits path: same loss, KL and gradients within 1e-6 (gradients: 1e-6 of each tensor's largest entry)."""
+    fused, g_fused = _one_trainer_step(tmp_path / "fused", monkeypatch, True)
+    plain, g_plain = _one_trainer_step(tmp_path / "plain", monkeypatch, False)
+    for key in ("loss/policy", "kl/mean", "optim/grad_norm"):
+        assert key in plain and abs(fused[key] - plain[key]) <= 1e-6 * max(1.0, abs(plain[key])), key
+    assert g_fused.keys() == g_plain.keys() and plain["optim/grad_norm"] > 1e-2  # a step with a gradient
+    for name, want in g_plain.items():
+        _close_grad(g_fused[name], want)
+
+
+def _parity(monkeypatch, module, adapter, state, index, tol=TOL):
+    """The adapter's training log-probs and their gradients with the fused head and, ``fusable_head`` switched
+    off in ``module``, with the logits path: values |Δ| ≤ 1e-6, gradients within ``tol`` of their scale."""
+    params = [p for p in adapter.model.parameters() if p.requires_grad]
+    weights = torch.randn(index.shape[0], 1, generator=torch.Generator().manual_seed(3))  # [n, 1]
+
+    def run():
+        logp = adapter._token_logprobs(adapter.model, state, index)  # [n, T]
+        return logp.detach(), torch.autograd.grad((logp * weights).sum(), params, allow_unused=True)
+
+    fused, g_fused = run()
+    with monkeypatch.context() as m:
+        m.setattr(module, "fusable_head", lambda model, head=None: None)
+        plain, g_plain = run()
+    torch.testing.assert_close(fused, plain, rtol=TOL, atol=TOL)
+    assert sum(g is not None for g in g_plain) > len(params) // 2
+    for got, want in zip(g_fused, g_plain):
+        assert (got is None) == (want is None)
+        if want is not None:
+            _close_grad(got, want, tol)
+
+
+@pytest.mark.parametrize("cfg_logprob", ["guided", "cond", "scaled"])
+def test_ar_image_cfg_logprobs_equal_the_logits_path(cfg_logprob, monkeypatch, mmgrpo_cache):
+    """Janus's image head (proj_out → GELU → vision_head, with a bias): the fused path scores the guided
+    combination of vision_head's input features. Gradient tolerance 1e-6·s (s = 3): ℓ_u + s·(ℓ_c − ℓ_u) scales
+    the branches' rounding by s, and the two paths round before (features) and after (logits) the head (observed
+    1.1e-6 of the gradient's scale with guidance)."""
+    import mmgrpo.modalities.ar_image.adapter as ar
+    from tests.test_ar_image_adapter import _sampled_state, make
+
+    adapter = make(lora=False, cfg_logprob=cfg_logprob, temperature=0.8)
+    assert ar.fusable_head(adapter.model, adapter.family.image_head(adapter.model)) is not None
+    state, _ = _sampled_state(adapter)
+    _parity(monkeypatch, ar, adapter, state, torch.arange(4), tol=TOL * adapter.args.guidance_scale)
+
+
+def test_whisper_logprobs_equal_the_logits_path(monkeypatch, mmgrpo_cache):
+    import shutil
+
+    import mmgrpo.modalities.speech.adapter as speech
+    from mmgrpo.modalities.speech.tiny import resolve_model_path
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no speech to synthesise")
+    rows = SpokenDigitsTask(SpokenDigitsArgs(train_size=2, eval_size=1, warmup_size=2)).train_rows()
+    adapter = speech.build_whisper_adapter({"name_or_path": resolve_model_path("tiny-whisper"), "temperature": 0.8})
+    assert speech.fusable_head(adapter.model) is adapter.model.proj_out
+    rollout = adapter.rollout(rows, group_size=3)
+    _parity(monkeypatch, speech, adapter, rollout.state, torch.arange(6))
