@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, ProjectConfiguration, gather_objec
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import losses, noise, shaping, sharding
+from mmgrpo import losses, noise, shaping, sharding, tracking
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
 from mmgrpo.types import (
@@ -553,12 +553,14 @@ class Trainer:
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
-            _append_jsonl(self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result})
+            tracking.append_jsonl(
+                self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result}
+            )
             from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
 
             records = [(rows[i], o) for i, o in outputs[:8]]
             written = sample_files.write_samples(self.out, stage, records, step=self.state.step)
-            sample_files.log_samples(self.acc, stage, written, self.out, self.state.step)
+            tracking.log_samples(self.acc, stage, written, self.out, self.state.step)  # the trackers' media types
         self.acc.log(result, step=self.state.step)
         return result
 
@@ -577,7 +579,7 @@ class Trainer:
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.acc.log(metrics, step=step)
         if self.acc.is_main_process:
-            _append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
+            tracking.append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
     def _check_run_dir(self) -> Path | None:
         """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
@@ -650,13 +652,15 @@ class Trainer:
             self._save(self.state.step, final=True)
         if acc.is_main_process:
             history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
-            rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
+            rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
             if rewards:
                 tail = rewards[-max(1, len(rewards) // 10) :]
                 self.summary["train/reward_first"] = rewards[0]
                 self.summary["train/reward_last10pct"] = sum(tail) / len(tail)
             self.summary["train/steps"] = self.state.step
-            ckpt.atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=2, sort_keys=True))
+            ckpt.atomic_write_text(
+                self.out / "summary.json", json.dumps(tracking.json_safe(self.summary), indent=2, sort_keys=True)
+            )
             if cfg.logging.plot:
                 from mmgrpo.plotting import plot_reward_curve
 
@@ -860,13 +864,6 @@ def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
         "completion/truncated_fraction": float(rollout.truncated.float().mean()),
         "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
     }
-
-
-def _append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _flat_hparams(cfg: TrainConfig) -> dict:
