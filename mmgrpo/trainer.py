@@ -812,11 +812,13 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 
 
 def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
-    """``README.md`` (model card) and ``mmgrpo_sampling.json`` written next to the saved weights.
+    """``README.md`` (model card, :func:`mmgrpo.checkpoint.model_card`) and ``mmgrpo_sampling.json`` written next
+    to the saved weights.
 
     The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
     them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
-    ``max_sequence_length``; the plain library defaults may differ.
+    ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
+    reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
     """
     report = getattr(adapter, "sampling_settings", None)
     settings = report() if callable(report) else {}
@@ -829,30 +831,29 @@ def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
         "sampling_settings": settings,
         "step": step,
     }
-    base = model.get("args", {}).get("name_or_path", "(the adapter default)")
-    call = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    card = f"""# mmgrpo policy: {cfg.task.name}, {step} steps
-
-Trained with mmgrpo (group-relative policy optimisation) from the config below.
-
-- **Base model**: `{base}` (adapter `{cfg.model.adapter}`{", LoRA weights only" if cfg.model.lora else ""})
-- **Algorithm**: estimator `{cfg.algorithm.estimator}`, surrogate `{cfg.algorithm.surrogate}`, \
-group size {cfg.algorithm.group_size}, β = {cfg.algorithm.beta}
-- **Rewards**: {", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards)}
-
-## Sampling
-
-Sample with the settings the policy was trained with (also in `mmgrpo_sampling.json`); the library defaults
-can differ and then give different (worse) outputs.
-
-{f"Call the pipeline / generate with: `{call}`" if call else "Use the adapter options in `model.args` below."}
-
-## Training config
-
-```yaml
-{dump_config(cfg).rstrip()}
-```
-"""
+    describe = getattr(adapter, "export_info", None)
+    info = describe() if callable(describe) else {}
+    lora = cfg.model.lora.enabled
+    info = {
+        "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
+        "library": "transformers",
+        "model_class": type(adapter).__name__,
+        "pipeline_tag": "",
+        "built_in": None,
+        **info,
+        "lora": lora,
+    }
+    a = cfg.algorithm
+    card = ckpt.model_card(
+        info,
+        task=cfg.task.name,
+        step=step,
+        seed=cfg.seed,
+        algorithm=f"estimator `{a.estimator}`, surrogate `{a.surrogate}`, group size {a.group_size}, β = {a.beta}",
+        rewards=", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards),
+        sampling_call=", ".join(f"{k}={v!r}" for k, v in settings.items()),
+        config_text=dump_config(cfg),
+    )
     return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
 
 

@@ -78,6 +78,7 @@ class AudioLLMArgs:
     def token_args(self) -> dict[str, Any]:
         """The options of the token policy (``vlm`` adapter), with prompt sharing on."""
         keep = (
+            "name_or_path",  # as the config named it: recorded by the export (save_pretrained, model card)
             "max_new_tokens",
             "temperature",
             "top_p",
@@ -99,6 +100,9 @@ class AudioLLMAdapter(VLMAdapter):
     Nothing of the token policy is overridden: the constructor only chooses the encoder (a required
     :class:`AudioEncoder`) and bans the audio special tokens.
     """
+
+    PIPELINE_TAG = "audio-text-to-text"
+    TINY_MODULE = "mmgrpo.modalities.speech.tiny"
 
     def __init__(self, model: torch.nn.Module, processor: Any, args: AudioLLMArgs, reference: torch.nn.Module | None):
         token_args: VLMArgs = from_dict(VLMArgs, args.token_args(), "model.args")

@@ -71,6 +71,8 @@ class VideoArgs(VLMArgs):
 class VideoAdapter(VLMAdapter):
     """The token policy with ``[ImageEncoder, VideoEncoder]`` and the T-GRPO shuffled-frame rollouts."""
 
+    PIPELINE_TAG = "video-text-to-text"
+
     args: VideoArgs
 
     def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None):
