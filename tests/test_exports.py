@@ -154,7 +154,8 @@ def test_whisper_export_transcribes(mmgrpo_cache, tmp_path):
     model, processor = WhisperForConditionalGeneration.from_pretrained(d).eval(), AutoProcessor.from_pretrained(d)
     features = processor(np.zeros(16000, dtype=np.float32), sampling_rate=16000, return_tensors="pt").input_features
     out = model.generate(features, max_new_tokens=3, language="en", task="transcribe")
-    assert out.shape[0] == 1 and 1 <= out.shape[1] and isinstance(processor.batch_decode(out)[0], str)
+    assert out.shape[0] == 1 and out.shape[1] in (1, 2, 3)  # at most max_new_tokens, the decoder prompt stripped
+    assert isinstance(processor.batch_decode(out, skip_special_tokens=True)[0], str)
 
 
 def test_audio_llm_export_answers_from_audio(mmgrpo_cache, tmp_path):
