@@ -419,7 +419,7 @@ CARD_TEMPLATE = """---
 {{ card_data }}
 ---
 
-# mmgrpo policy: {{ task }}, {{ step }} steps
+# mmgrpo policy: {{ task }}, {{ steps }}
 
 Trained with mmgrpo (group-relative policy optimisation) from the config below.
 
@@ -431,6 +431,9 @@ Trained with mmgrpo (group-relative policy optimisation) from the config below.
 ## Use
 
 ```python
+import json
+
+sampling_settings = json.load(open("path/to/this/directory/mmgrpo_sampling.json"))["sampling_settings"]
 {{ usage }}
 ```
 
@@ -521,7 +524,8 @@ def model_card(
     if info.get("built_in"):
         imports, base = _base_expression(info, seed)
         base_line = (
-            f"`{name}`, mmgrpo's built-in tiny model (on no hub; rebuilt from config by `{imports.strip()}; {base}`)"
+            f"`{name}`, one of mmgrpo's built-in tiny models (on no hub; "
+            f"`{imports.strip()}; {base}` builds it from config or loads the copy shipped with mmgrpo)"
         )
     else:
         base_line = f"`{name}` ({'hub id' if hub else 'path'} as the config named it)"
@@ -535,7 +539,7 @@ def model_card(
         data,
         template_str=CARD_TEMPLATE,
         task=task,
-        step=step,
+        steps=f"{step} step{'' if step == 1 else 's'}",
         base_line=base_line,
         weights_line=weights_line,
         algorithm_line=algorithm,
