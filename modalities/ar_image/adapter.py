@@ -424,7 +424,9 @@ def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
     try:
         processor = AutoProcessor.from_pretrained(path)
-    except (OSError, ValueError, TypeError):  # saved without one (the shipped tiny model): built from the config
+    except (OSError, ValueError, TypeError):
+        processor = None
+    if getattr(processor, "image_processor", None) is None:  # saved without one (the shipped tiny model)
         tokenizer = AutoTokenizer.from_pretrained(path, extra_special_tokens=IMAGE_TOKENS)
         processor = build_processor(tokenizer, model.config)
     return model, processor, FAMILIES[model_type]
