@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -92,9 +93,12 @@ def save_policy(model: torch.nn.Module, directory: str, base_model: str) -> None
     built-in tiny models a directory in this machine's cache). ``PeftModel.from_pretrained(base, directory)``
     ignores the field; ``AutoPeftModel*`` loads the base from it, which works for hub ids and paths.
     """
-    for config in getattr(model, "peft_config", {}).values():
-        config.base_model_name_or_path = base_model
     model.save_pretrained(directory, safe_serialization=True)
+    if hasattr(model, "peft_config"):  # named after saving: peft checks the vocabulary against the loaded base
+        for path in Path(directory).glob("**/adapter_config.json"):
+            config = json.loads(path.read_text())
+            config["base_model_name_or_path"] = base_model
+            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def export_info(model: torch.nn.Module, name_or_path: str, *, pipeline_tag: str, tiny_module: str) -> dict:
