@@ -10,6 +10,7 @@ import json
 import math
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -46,32 +47,49 @@ def _table_text(events, tag: str) -> str:
     return events.Tensors(tag)[-1].tensor_proto.string_val[0].decode()
 
 
-def _wandb_run(out: Path) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """The offline W&B run file read back: ``{key: value_json}`` of every history item, and ``{name: {path:
-    local file}}`` of every ``run_table`` artifact (a table with media cells is stored as one; the run's own
-    ``media/table/*.json`` holds only the cell types). The file is a LevelDB-format log of
-    ``wandb_internal_pb2.Record`` protobufs: 7-byte header, 32 KiB blocks, records split into typed chunks."""
+def _wandb_records(path: Path) -> list:
+    """The ``wandb_internal_pb2.Record`` protobufs of an offline W&B run file, a LevelDB-format log: a 7-byte
+    header, 32 KiB blocks, each record split into typed chunks (FULL, or FIRST / MIDDLE / LAST)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    paths = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(paths) == 1, f"expected one offline W&B run under {out / 'wandb'}, found {paths}"
-    data = paths[0].read_bytes()
+    data = path.read_bytes()
     assert data[:4] == b":W&B"
-    history: dict[str, str] = {}
-    tables: dict[str, dict[str, str]] = {}
-    pos, block, buf = 7, 32768, b""
+    records, pos, block, buf = [], 7, 32768, b""
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # block trailer: padding
             pos += block - pos % block
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
         buf += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
-        if kind not in (1, 4):  # FIRST / MIDDLE chunk: the record continues
-            continue
-        record = pb.Record()
-        record.ParseFromString(buf)
-        buf = b""
+        if kind in (1, 4):  # FULL or LAST chunk: a whole record
+            record = pb.Record()
+            record.ParseFromString(buf)
+            records.append(record)
+            buf = b""
+    return records
+
+
+def _wandb_run(out: Path) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The offline W&B run read back: ``{key: value_json}`` of every history item, and ``{name: {path: local
+    file}}`` of every ``run_table`` artifact (a table with media cells is stored as one; the run's own
+    ``media/table/*.json`` holds only the cell types).
+
+    W&B's service writes the run file after ``finish()`` returns: it is read once its ``exit`` record is there.
+    """
+    paths = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(paths) == 1, f"expected one offline W&B run under {out / 'wandb'}, found {paths}"
+    deadline = time.monotonic() + 60
+    records = _wandb_records(paths[0])
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, f"{paths[0]} has no exit record after 60 s"
+        time.sleep(0.2)
+        records = _wandb_records(paths[0])
+    history: dict[str, str] = {}
+    tables: dict[str, dict[str, str]] = {}
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             history.update({item.key or "/".join(item.nested_key): item.value_json for item in record.history.item})
         elif record.WhichOneof("record_type") == "artifact" and record.artifact.type == "run_table":
