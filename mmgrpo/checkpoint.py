@@ -413,6 +413,7 @@ def _prune(root: Path, keep_last: int) -> None:
 
 # ------------------------------------------------------------------------------------------- model card
 
+LORA_FORMATS = {"transformers": "peft", "diffusers": "diffusers LoRA format"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 CARD_TEMPLATE = """---
@@ -465,6 +466,8 @@ def _base_expression(info: dict, seed: int) -> tuple[str, str]:
 def _usage(info: dict, seed: int) -> str:
     """A snippet that loads the export with the stock library classes."""
     cls, here = info["model_class"], '"path/to/this/directory"'
+    if info["library"] not in ("transformers", "diffusers"):  # a plugin adapter without export_info()
+        return f"# written by the {cls} adapter's save_pretrained(); load it with the library that adapter uses"
     imports, base = _base_expression(info, seed)
     if info["library"] == "diffusers":
         built_pipe = bool(info.get("built_in")) and info["built_in"]["function"] == "resolve_pipeline"
@@ -517,7 +520,7 @@ def model_card(
     hub = bool(_HUB_ID.match(name)) and not Path(name).exists() and not info.get("built_in")
     data = ModelCardData(
         base_model=name if hub else None,
-        library_name="peft" if lora and info["library"] == "transformers" else info["library"],
+        library_name="peft" if lora and info["library"] == "transformers" else info["library"] or None,
         pipeline_tag=info.get("pipeline_tag") or None,
         tags=["mmgrpo", "grpo", "reinforcement-learning", *(["lora"] if lora else [])],
     )
@@ -530,7 +533,7 @@ def model_card(
     else:
         base_line = f"`{name}` ({'hub id' if hub else 'path'} as the config named it)"
     weights_line = (
-        f"a LoRA adapter only ({'peft' if info['library'] == 'transformers' else 'diffusers LoRA format'}); "
+        f"a LoRA adapter only ({LORA_FORMATS.get(info['library'], 'the adapter's format')}); "
         "load it on the base model (below)"
         if lora
         else f"the full fine-tuned model (`{info['model_class']}`), loadable on its own"

@@ -836,8 +836,8 @@ def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
     lora = cfg.model.lora.enabled
     info = {
         "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
-        "library": "transformers",
-        "model_class": type(adapter).__name__,
+        "library": "",  # unknown: an adapter without export_info()
+        "model_class": cfg.model.adapter,
         "pipeline_tag": "",
         "built_in": None,
         **info,
