@@ -533,7 +533,7 @@ def model_card(
     else:
         base_line = f"`{name}` ({'hub id' if hub else 'path'} as the config named it)"
     weights_line = (
-        f"a LoRA adapter only ({LORA_FORMATS.get(info['library'], 'the adapter's format')}); "
+        f"a LoRA adapter only ({LORA_FORMATS.get(info['library'], 'in the adapter format')}); "
         "load it on the base model (below)"
         if lora
         else f"the full fine-tuned model (`{info['model_class']}`), loadable on its own"
