@@ -198,3 +198,21 @@ def test_flow_export_generates_in_diffusers(mmgrpo_cache, tmp_path):
     pipe = DiffusionPipeline.from_pretrained(d)
     image = pipe("a red circle", num_inference_steps=2, height=32, width=32).images[0]
     assert image.size == (32, 32)
+
+
+def test_every_built_in_adapter_describes_its_export():
+    load_builtins()
+    for name in ADAPTERS.names():
+        cls = ADAPTERS.get(name).adapter_class
+        assert callable(getattr(cls, "export_info", None)), f"{name}: {cls.__name__} has no export_info()"
+
+
+def test_card_of_an_adapter_without_export_info_guesses_no_loader():
+    from mmgrpo.checkpoint import model_card
+
+    info = {"base_model": "org/model", "library": "", "model_class": "my_adapter", "lora": True, "pipeline_tag": ""}
+    card = ModelCard(
+        model_card(info, task="t", step=1, seed=0, algorithm="", rewards="", sampling_call="", config_text="")
+    )
+    assert card.data.library_name is None and "from transformers" not in card.text and "from diffusers" not in card.text
+    assert "my_adapter adapter's save_pretrained()" in card.text and "# mmgrpo policy: t, 1 step\n" in card.text
