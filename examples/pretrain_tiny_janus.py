@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python examples/pretrain_tiny_janus.py                        # the shipped checkpoint
     python examples/pretrain_tiny_janus.py --out /tmp/janus --vq-steps 50 --lm-steps 50   # a quick smoke run
 
-Writes a ``JanusForConditionalGeneration`` directory + tokenizer (real transformers classes). Without ``--out``
+Writes a ``JanusForConditionalGeneration`` directory + ``JanusProcessor`` (real transformers classes). Without ``--out``
 it replaces ``modalities/ar_image/assets/tiny-janus-shapes``, the base that ``model.args.name_or_path:
 tiny-janus-shapes`` loads.
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmgrpo.modalities.ar_image.adapter import JanusFamily
-from mmgrpo.modalities.ar_image.tiny import RESOLUTION, SHIPPED, build_tiny_janus
+from mmgrpo.modalities.ar_image.tiny import RESOLUTION, SHIPPED, build_processor, build_tiny_janus
 from mmgrpo.tasks.flow_shapes import random_render
 
 
@@ -139,7 +139,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
+    build_processor(tok, model.config).save_pretrained(str(out))  # JanusProcessor: tokenizer + image processor
     print(f"wrote {out}")
 
 

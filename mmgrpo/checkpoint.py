@@ -671,3 +671,148 @@ def _prune(root: Path, keep_last: int) -> None:
         return
     for old in complete_checkpoints(root.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------- model card
+
+LORA_FORMATS = {"transformers": "peft", "diffusers": "diffusers LoRA format"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+CARD_TEMPLATE = """---
+{{ card_data }}
+---
+
+# mmgrpo policy: {{ task }}, {{ steps }}
+
+Trained with mmgrpo (group-relative policy optimisation) from the config below.
+
+- **Base model**: {{ base_line }}
+- **Weights**: {{ weights_line }}
+- **Algorithm**: {{ algorithm_line }}
+- **Rewards**: {{ rewards_line }}
+
+## Use
+
+```python
+import json
+
+sampling_settings = json.load(open("path/to/this/directory/mmgrpo_sampling.json"))["sampling_settings"]
+{{ usage }}
+```
+
+## Sampling
+
+Sample with the settings the policy was trained with (also in `mmgrpo_sampling.json`); the library defaults
+can differ and then give different (worse) outputs.
+
+{{ sampling_line }}
+
+## Training config
+
+```yaml
+{{ config_text }}
+```
+"""
+
+
+def _base_expression(info: dict, seed: int) -> tuple[str, str]:
+    """(import lines, Python expression) giving the base model's ``from_pretrained`` argument (or, for a built-in
+    flow pipeline, the pipeline itself)."""
+    built = info.get("built_in")
+    if not built:
+        return "", repr(info["base_model"])
+    fn = built["function"]
+    return f"from {built['module']} import {fn}\n", f"{fn}({info['base_model']!r}, seed={seed})"
+
+
+def _usage(info: dict, seed: int) -> str:
+    """A snippet that loads the export with the stock library classes."""
+    cls, here = info["model_class"], '"path/to/this/directory"'
+    if info["library"] not in ("transformers", "diffusers"):  # a plugin adapter without export_info()
+        return f"# written by the {cls} adapter's save_pretrained(); load it with the library that adapter uses"
+    imports, base = _base_expression(info, seed)
+    if info["library"] == "diffusers":
+        built_pipe = bool(info.get("built_in")) and info["built_in"]["function"] == "resolve_pipeline"
+        load_base = f"pipe = {base}" if built_pipe else f"pipe = DiffusionPipeline.from_pretrained({base})"
+        if info["lora"]:
+            return (
+                f"from diffusers import DiffusionPipeline\n{imports}\n{load_base}\n"
+                f"pipe.load_lora_weights({here})  # pipe.fuse_lora() merges them into the weights\n"
+                "image = pipe(prompt, **sampling_settings).images[0]"
+            )
+        return (
+            f"from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained({here})\n"
+            "image = pipe(prompt, **sampling_settings).images[0]"
+        )
+    lines = f"from transformers import AutoProcessor, {cls}\n"
+    if info["lora"]:
+        return (
+            f"{lines}from peft import PeftModel\n{imports}\nbase = {cls}.from_pretrained({base})\n"
+            f"model = PeftModel.from_pretrained(base, {here})\n"
+            "model = model.merge_and_unload()  # optional: plain transformers weights (model.save_pretrained(...))\n"
+            f"processor = AutoProcessor.from_pretrained({here})\n"
+            "outputs = model.generate(**processor(...), **sampling_settings)"
+        )
+    return (
+        f"{lines}\nmodel = {cls}.from_pretrained({here})\nprocessor = AutoProcessor.from_pretrained({here})\n"
+        "outputs = model.generate(**processor(...), **sampling_settings)"
+    )
+
+
+def model_card(
+    info: dict,
+    *,
+    task: str,
+    step: int,
+    seed: int,
+    algorithm: str,
+    rewards: str,
+    sampling_call: str,
+    config_text: str,
+) -> str:
+    """The ``README.md`` of a saved model (``huggingface_hub.ModelCard``, hub metadata in its YAML header).
+
+    ``info`` is the adapter's ``export_info()``: ``base_model`` as the config named it (a hub id, a path, or a
+    built-in tiny name with ``built_in`` saying how to rebuild it), ``library``, ``model_class``, ``lora``,
+    ``pipeline_tag``. The metadata's ``base_model`` is set only for a hub id (the hub rejects anything else).
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    name, lora = info["base_model"], bool(info["lora"])
+    hub = bool(_HUB_ID.match(name)) and not Path(name).exists() and not info.get("built_in")
+    data = ModelCardData(
+        base_model=name if hub else None,
+        library_name="peft" if lora and info["library"] == "transformers" else info["library"] or None,
+        pipeline_tag=info.get("pipeline_tag") or None,
+        tags=["mmgrpo", "grpo", "reinforcement-learning", *(["lora"] if lora else [])],
+    )
+    if info.get("built_in"):
+        imports, base = _base_expression(info, seed)
+        base_line = (
+            f"`{name}`, one of mmgrpo's built-in tiny models (on no hub; "
+            f"`{imports.strip()}; {base}` builds it from config or loads the copy shipped with mmgrpo)"
+        )
+    else:
+        base_line = f"`{name}` ({'hub id' if hub else 'path'} as the config named it)"
+    weights_line = (
+        f"a LoRA adapter only ({LORA_FORMATS.get(info['library'], 'in the adapter format')}); "
+        "load it on the base model (below)"
+        if lora
+        else f"the full fine-tuned model (`{info['model_class']}`), loadable on its own"
+    )
+    card = ModelCard.from_template(
+        data,
+        template_str=CARD_TEMPLATE,
+        task=task,
+        steps=f"{step} step{'' if step == 1 else 's'}",
+        base_line=base_line,
+        weights_line=weights_line,
+        algorithm_line=algorithm,
+        rewards_line=rewards,
+        usage=_usage(info, seed),
+        sampling_line=f"Call the pipeline / generate with: `{sampling_call}`"
+        if sampling_call
+        else "Use the adapter options in `model.args` below.",
+        config_text=config_text.rstrip(),
+    )
+    return str(card)

@@ -12,8 +12,9 @@ def plot_reward_curve(history: list[dict], path: Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [h["step"] for h in history if "reward/mean" in h]
-    rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
+    finite = [h for h in history if h.get("reward/mean") is not None]  # metrics.jsonl holds null for NaN / inf
+    steps = [h["step"] for h in finite]
+    rewards = [h["reward/mean"] for h in finite]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rewards, alpha=0.35, label="train reward (per step)")
     window = max(1, len(rewards) // 20)
@@ -25,6 +26,8 @@ def plot_reward_curve(history: list[dict], path: Path, title: str = "") -> None:
         ax.plot(steps, smooth, label=f"train reward (mean of {window})")
     for h in history:
         for key, value in h.items():
+            if value is None:
+                continue
             if key.startswith("eval/") and key.count("/") == 2 and key.endswith(("accuracy", "reward")):
                 stage = key.split("/")[1]
                 ax.scatter([h["step"]], [value], marker="o", zorder=3)

@@ -11,8 +11,9 @@ depends only on its type (:func:`kind_of`), so a new model family needs no chang
   audio dict) → wav (soundfile);
 - a path to an existing ``.png/.jpg/.mp4/.wav/...`` file (row inputs such as a task's video clips) → copied.
 
-:func:`log_samples` sends the same records to TensorBoard (``add_image`` / ``add_audio`` / ``add_text``) through
-the accelerate tracker, so images and sounds are viewable there too.
+:func:`log_samples` sends the same records, inputs and outputs, to TensorBoard (images, audio, video as GIF, a
+markdown table) and W&B (``wandb.Table`` with ``wandb.Image`` / ``wandb.Audio`` / ``wandb.Video`` cells) through the
+accelerate trackers (:mod:`mmgrpo.tracking`).
 """
 
 from __future__ import annotations
@@ -189,22 +190,7 @@ def read_samples(run_dir: Path) -> dict[str, list[dict]]:
 
 
 def log_samples(accelerator, stage: str, records: list[dict], run_dir: Path, step: int) -> None:
-    """Send sample records to TensorBoard as images / audio / text (no-op without the tensorboard tracker)."""
-    try:
-        writer = getattr(accelerator.get_tracker("tensorboard"), "writer", None)  # a blank tracker has none
-    except ValueError:  # other trackers only
-        return
-    if writer is None or not hasattr(writer, "add_image"):
-        return
-    for i, rec in enumerate(records):
-        tag = f"samples/{stage}/{i:03d}"
-        kind, value = rec.get("output_kind"), rec.get("output")
-        if kind == "image":
-            writer.add_image(tag, np.asarray(Image.open(Path(run_dir) / value).convert("RGB")), step, dataformats="HWC")
-        elif kind == "audio":
-            import soundfile
+    """Send sample records to the run's trackers with their media types (:func:`mmgrpo.tracking.log_samples`)."""
+    from mmgrpo.tracking import log_samples as send
 
-            arr, rate = soundfile.read(str(Path(run_dir) / value), dtype="float32", always_2d=True)
-            writer.add_audio(tag, arr.mean(axis=1), step, sample_rate=rate)
-        writer.add_text(tag, f"prompt: {rec['prompt']}  \nanswer: {rec.get('answer')}  \noutput: {value}", step)
-    writer.flush()
+    send(accelerator, stage, records, run_dir, step)

@@ -46,6 +46,7 @@ from mmgrpo import (
     shaping,
     sharding,
     thoughts,
+    tracking,
 )
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict, variant_methods
 from mmgrpo.plugins import ADAPTERS, load_builtins
@@ -773,12 +774,14 @@ class Trainer:
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
-            _append_jsonl(self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result})
+            tracking.append_jsonl(
+                self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result}
+            )
             from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
 
             records = [(rows[i], o) for i, o in outputs[:8]]
             written = sample_files.write_samples(self.out, stage, records, step=self.state.step)
-            sample_files.log_samples(self.acc, stage, written, self.out, self.state.step)
+            tracking.log_samples(self.acc, stage, written, self.out, self.state.step)  # the trackers' media types
         self.acc.log(result, step=self.state.step)
         return result
 
@@ -813,7 +816,7 @@ class Trainer:
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.acc.log(metrics, step=step)
         if self.acc.is_main_process:
-            _append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
+            tracking.append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
     def _take_run_lock(self) -> ckpt.RunLock | None:
         """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
@@ -961,13 +964,15 @@ class Trainer:
             self._save(self.state.step, final=True)
         if acc.is_main_process:
             history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
-            rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
+            rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
             if rewards:
                 tail = rewards[-max(1, len(rewards) // 10) :]
                 self.summary["train/reward_first"] = rewards[0]
                 self.summary["train/reward_last10pct"] = sum(tail) / len(tail)
             self.summary["train/steps"] = self.state.step
-            ckpt.atomic_write_text(self.out / "summary.json", json.dumps(self.summary, indent=2, sort_keys=True))
+            ckpt.atomic_write_text(
+                self.out / "summary.json", json.dumps(tracking.json_safe(self.summary), indent=2, sort_keys=True)
+            )
             if cfg.logging.plot:
                 from mmgrpo.plotting import plot_reward_curve
 
@@ -1151,11 +1156,13 @@ def _truncate_jsonl(path: Path, step: int) -> None:
 
 
 def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
-    """``README.md`` (model card) and ``mmgrpo_sampling.json`` written next to the saved weights.
+    """``README.md`` (model card, :func:`mmgrpo.checkpoint.model_card`) and ``mmgrpo_sampling.json`` written next
+    to the saved weights.
 
     The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
     them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
-    ``max_sequence_length``; the plain library defaults may differ.
+    ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
+    reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
     """
     report = getattr(adapter, "sampling_settings", None)
     settings = report() if callable(report) else {}
@@ -1168,30 +1175,29 @@ def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
         "sampling_settings": settings,
         "step": step,
     }
-    base = model.get("args", {}).get("name_or_path", "(the adapter default)")
-    call = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    card = f"""# mmgrpo policy: {cfg.task.name}, {step} steps
-
-Trained with mmgrpo (group-relative policy optimisation) from the config below.
-
-- **Base model**: `{base}` (adapter `{cfg.model.adapter}`{", LoRA weights only" if cfg.model.lora else ""})
-- **Algorithm**: estimator `{cfg.algorithm.estimator}`, surrogate `{cfg.algorithm.surrogate}`, \
-group size {cfg.algorithm.group_size}, β = {cfg.algorithm.beta}
-- **Rewards**: {", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards)}
-
-## Sampling
-
-Sample with the settings the policy was trained with (also in `mmgrpo_sampling.json`); the library defaults
-can differ and then give different (worse) outputs.
-
-{f"Call the pipeline / generate with: `{call}`" if call else "Use the adapter options in `model.args` below."}
-
-## Training config
-
-```yaml
-{dump_config(cfg).rstrip()}
-```
-"""
+    describe = getattr(adapter, "export_info", None)
+    info = describe() if callable(describe) else {}
+    lora = cfg.model.lora.enabled
+    info = {
+        "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
+        "library": "",  # unknown: an adapter without export_info()
+        "model_class": cfg.model.adapter,
+        "pipeline_tag": "",
+        "built_in": None,
+        **info,
+        "lora": lora,
+    }
+    a = cfg.algorithm
+    card = ckpt.model_card(
+        info,
+        task=cfg.task.name,
+        step=step,
+        seed=cfg.seed,
+        algorithm=f"estimator `{a.estimator}`, surrogate `{a.surrogate}`, group size {a.group_size}, β = {a.beta}",
+        rewards=", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards),
+        sampling_call=", ".join(f"{k}={v!r}" for k, v in settings.items()),
+        config_text=dump_config(cfg),
+    )
     return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
 
 
@@ -1203,13 +1209,6 @@ def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
         "completion/truncated_fraction": float(rollout.truncated.float().mean()),
         "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
     }
-
-
-def _append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _flat_hparams(cfg: TrainConfig) -> dict:

@@ -7,12 +7,16 @@
 - :data:`DTYPES` maps ``model.dtype`` to torch dtypes.
 - :func:`loading` turns a failed ``from_pretrained`` (a path that does not exist, a hub id offline or unknown, a
   directory without a model) into a one-line ``ConfigError`` naming ``model.args.name_or_path``, for every family.
+- :func:`save_policy` exports a policy in Hugging Face format (a full model, or a peft adapter whose
+  ``adapter_config.json`` names the base model as the config named it); :func:`export_info` describes the
+  export for the model card.
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -114,3 +118,39 @@ def cached_build(name: str, marker: str, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
+
+
+def save_policy(model: torch.nn.Module, directory: str, base_model: str) -> None:
+    """``save_pretrained`` of the unwrapped policy: the whole model, or (peft) the LoRA adapter only.
+
+    A peft adapter records ``base_model_name_or_path`` = ``base_model``, the name the config gave
+    (``model.args.name_or_path``: a hub id or the user's path), not the directory it was loaded from (for the
+    built-in tiny models a directory in this machine's cache). ``PeftModel.from_pretrained(base, directory)``
+    ignores the field; ``AutoPeftModel*`` loads the base from it, which works for hub ids and paths.
+    """
+    model.save_pretrained(directory, safe_serialization=True)
+    if hasattr(model, "peft_config"):  # named after saving: peft checks the vocabulary against the loaded base
+        for path in Path(directory).glob("**/adapter_config.json"):
+            config = json.loads(path.read_text())
+            config["base_model_name_or_path"] = base_model
+            path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def export_info(model: torch.nn.Module, name_or_path: str, *, pipeline_tag: str, tiny_module: str) -> dict:
+    """What the model card says about an export of ``model`` (unwrapped; a peft model or a transformers model).
+
+    ``built_in`` is set when ``name_or_path`` is one of mmgrpo's built-in tiny models (loaded from another
+    directory than the name and not a path on disk): how to rebuild it, since no hub holds it.
+    """
+    lora = hasattr(model, "peft_config")
+    base = model.get_base_model() if lora else model
+    loaded = str(getattr(base, "name_or_path", "") or "")
+    built_in = loaded != name_or_path and not Path(name_or_path).exists()
+    return {
+        "base_model": name_or_path,
+        "library": "transformers",
+        "model_class": type(base).__name__,
+        "lora": lora,
+        "pipeline_tag": pipeline_tag,
+        "built_in": {"module": tiny_module, "function": "resolve_model_path"} if built_in else None,
+    }

@@ -94,7 +94,7 @@ def test_nan_gradients_are_skipped_and_never_reach_a_checkpoint(tmp_path, mmgrpo
         trainer.run()
     records = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
     assert [records[s]["optim/skipped_steps"] for s in (1, 2)] == [0.0, 1.0] and 3 not in records
-    assert math.isfinite(records[1]["optim/grad_norm"]) and math.isnan(records[2]["optim/grad_norm"])
+    assert math.isfinite(records[1]["optim/grad_norm"]) and records[2]["optim/grad_norm"] is None  # NaN: null
     assert [p.name for p in ckpt.complete_checkpoints(out)] == ["step-000002"]  # step 3 raised before saving
     saved = load_file(str(out / "checkpoints/step-000002/state/model.safetensors"))
     assert _all_finite(out / "checkpoints/step-000002")

@@ -64,7 +64,7 @@ from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode
 from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
-from .tiny import resolve_model_path
+from .tiny import IMAGE_TOKENS, build_processor, resolve_model_path
 
 CFG_LOGPROBS = ("guided", "cond", "scaled")
 FROZEN_PARTS = ("model.vqmodel.", "model.vision_model.", "model.aligner.")
@@ -206,9 +206,13 @@ def _select_cache(cache: Any, rows: Tensor) -> Any:
 class ARImageAdapter(TokenPolicy):
     """Image-token policy with classifier-free guidance (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, family: Any, args: ARImageArgs, reference=None):
+    PIPELINE_TAG = "text-to-image"
+    TINY_MODULE = "mmgrpo.modalities.ar_image.tiny"
+
+    def __init__(self, model: torch.nn.Module, processor: Any, family: Any, args: ARImageArgs, reference=None):
         self.model = model
-        self.tokenizer = tokenizer
+        self.processor = processor  # JanusProcessor: tokenizer + image processor (exported with the model)
+        self.tokenizer = processor.tokenizer
         self.family = family
         self.args = args
         self.reference = reference
@@ -399,8 +403,18 @@ class ARImageAdapter(TokenPolicy):
     # ------------------------------------------------------------------------------- training plumbing
 
     def save_pretrained(self, directory: str) -> None:
-        self._unwrapped().save_pretrained(directory, safe_serialization=True)
-        self.tokenizer.save_pretrained(directory)
+        """The model (or LoRA adapter, base named as in the config) and a ``JanusProcessor``, so that the export
+        generates images with ``JanusForConditionalGeneration.generate(..., generation_mode="image")``.
+
+        The generation config is saved standalone with ``generation_kwargs.boi_token_id`` (Janus's image
+        ``generate`` reads it; a config marked ``_from_model_config`` loses it on load).
+        """
+        model = self._unwrapped()
+        gen = self._base(model).generation_config
+        gen.generation_kwargs = {**(getattr(gen, "generation_kwargs", None) or {}), "boi_token_id": self.family.boi_id}
+        gen._from_model_config = False
+        _hf.save_policy(model, directory, self.args.name_or_path)
+        self.processor.save_pretrained(directory)  # tokenizer + image processor
 
 
 class _GuidedStepper:
@@ -440,7 +454,7 @@ class _GuidedStepper:
 
 
 def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
-    from transformers import AutoConfig, AutoTokenizer, JanusForConditionalGeneration
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer, JanusForConditionalGeneration
 
     path = resolve_model_path(args.name_or_path, seed=seed)
     with _hf.loading(args.name_or_path):
@@ -453,8 +467,14 @@ def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     kwargs = dict(dtype=dtype, attn_implementation=args.attn_implementation, **args.extra)
     with _hf.loading(args.name_or_path):
         model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer, FAMILIES[model_type]
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except (OSError, ValueError, TypeError):
+            processor = None
+        if getattr(processor, "image_processor", None) is None:  # saved without one (the shipped tiny model)
+            tokenizer = AutoTokenizer.from_pretrained(path, extra_special_tokens=IMAGE_TOKENS)
+            processor = build_processor(tokenizer, model.config)
+    return model, processor, FAMILIES[model_type]
 
 
 @ADAPTERS.register("ar_image")
@@ -471,8 +491,8 @@ def build_ar_image_adapter(
         raise ConfigError("model.args.cfg_logprob: scaled divides by guidance_scale; set guidance_scale > 0")
     if a.top_k < 0:
         raise ConfigError(f"model.args.top_k: must be >= 0, got {a.top_k}")
-    model, tokenizer, family_cls = _load(a, _hf.DTYPES[dtype], seed)
-    family = family_cls(model, tokenizer)
+    model, processor, family_cls = _load(a, _hf.DTYPES[dtype], seed)
+    family = family_cls(model, processor.tokenizer)
     if a.freeze_vq:
         for name, p in model.named_parameters():
             if any(k in name for k in FROZEN_PARTS):
@@ -490,7 +510,7 @@ def build_ar_image_adapter(
     elif need_reference:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     model.train()
-    return ARImageAdapter(model, tokenizer, family, a, reference)
+    return ARImageAdapter(model, processor, family, a, reference)
 
 
 build_ar_image_adapter.args_class = ARImageArgs

@@ -29,6 +29,8 @@ RESOLUTION = 16  # the VQ works at 16×16; rewards resize the decoded image to t
 PATCH = 4  # pixels per image token side: a 4×4 token grid
 CODEBOOK = 128
 
+IMAGE_TOKENS = {"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>", "eoi_token": "<end_of_image>"}
+"""The named special tokens ``JanusProcessor`` reads from its tokenizer (``tokenizer.image_token`` ...)."""
 TINY_NAMES = ("tiny-janus",)
 SHIPPED = {"tiny-janus-shapes": Path(__file__).parent / "assets" / "tiny-janus-shapes"}
 """Pre-trained tiny Janus shipped with the package (made by ``examples/pretrain_tiny_janus.py``)."""
@@ -52,8 +54,27 @@ def build_tokenizer():
         bos_token="<bos>",
         eos_token="<eos>",
         unk_token="<unk>",
-        additional_special_tokens=list(SPECIAL[4:]),
+        extra_special_tokens=IMAGE_TOKENS,
         model_max_length=32,
+    )
+
+
+def build_processor(tokenizer, config):
+    """A ``JanusProcessor`` (tokenizer + ``JanusImageProcessor``) for a Janus model saved without one.
+
+    The image processor works at the model's vision ``image_size`` and maps pixels to [-1, 1] (mean = std = 0.5,
+    as Janus-Pro's ``preprocessor_config.json``), the range the VQ decodes to, so ``processor.postprocess`` turns
+    ``model.decode_image_tokens`` into images as the adapter does. ``tokenizer`` needs the names of
+    :data:`IMAGE_TOKENS` (``AutoTokenizer.from_pretrained(path, extra_special_tokens=IMAGE_TOKENS)``).
+    """
+    from transformers import JanusImageProcessor, JanusProcessor
+
+    vision = config.vision_config
+    image_processor = JanusImageProcessor(
+        size={"height": vision.image_size, "width": vision.image_size}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    return JanusProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, num_image_tokens=vision.num_image_tokens
     )
 
 
@@ -110,6 +131,9 @@ def build_tiny_janus(seed: int = 0):
     gc = model.generation_config
     gc.bos_token_id, gc.pad_token_id, gc.eos_token_id = tok.bos_token_id, tok.pad_token_id, tok.eos_token_id
     gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<begin_of_image>")}
+    # GenerationConfig drops attributes it has no default for (generation_kwargs, which Janus's image generate
+    # reads) when the saved file says it came from the model config; saved as a standalone config, it keeps them.
+    gc._from_model_config = False
     return model, tok
 
 
@@ -127,10 +151,18 @@ def resolve_model_path(name_or_path: str, seed: int = 0) -> str:
         def build(tmp: Path) -> None:
             model, tok = build_tiny_janus(seed)
             model.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
+            build_processor(tok, model.config).save_pretrained(str(tmp))  # tokenizer + image processor
 
         return str(_hf.cached_build(f"{name_or_path}-seed{seed}", "config.json", build))
     return name_or_path
 
 
-__all__ = ["SHIPPED", "TINY_NAMES", "build_tiny_janus", "build_tokenizer", "resolve_model_path"]
+__all__ = [
+    "IMAGE_TOKENS",
+    "SHIPPED",
+    "TINY_NAMES",
+    "build_processor",
+    "build_tiny_janus",
+    "build_tokenizer",
+    "resolve_model_path",
+]

@@ -56,7 +56,7 @@ from .. import _hf
 from . import dgpo
 from . import kernels as K
 from .steps import STEP_SELECTORS, StepPlan
-from .tiny import resolve_pipeline
+from .tiny import SHIPPED, TINY_NAMES, resolve_pipeline
 
 FLOW_LORA_TARGETS = [
     "attn.to_q",
@@ -678,6 +678,19 @@ class FlowAdapter:
             type(self.pipe).save_lora_weights(directory, **kwargs, safe_serialization=True)
         else:
             self.pipe.save_pretrained(directory, safe_serialization=True)
+
+    def export_info(self) -> dict:
+        """What the model card says about the saved pipeline (or LoRA weights) and how it loads in diffusers."""
+        name = self.args.name_or_path
+        built_in = name in TINY_NAMES or name in SHIPPED
+        return {
+            "base_model": name,
+            "library": "diffusers",
+            "model_class": type(self.pipe).__name__,
+            "lora": bool(self.lora),
+            "pipeline_tag": "text-to-image",
+            "built_in": {"module": "mmgrpo.modalities.flow.tiny", "function": "resolve_pipeline"} if built_in else None,
+        }
 
     @torch.no_grad()
     def sampling_settings(self) -> dict:

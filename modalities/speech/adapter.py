@@ -127,6 +127,9 @@ class SpeechState:
 class WhisperAdapter(TokenPolicy):
     """Token-level policy over a Whisper seq2seq model (see the module docstring)."""
 
+    PIPELINE_TAG = "automatic-speech-recognition"
+    TINY_MODULE = "mmgrpo.modalities.speech.tiny"
+
     def __init__(self, model: torch.nn.Module, processor: Any, args: WhisperArgs, reference: torch.nn.Module | None):
         self.model = model
         self.processor = processor
@@ -292,7 +295,8 @@ class WhisperAdapter(TokenPolicy):
         return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
-        self._unwrapped().save_pretrained(directory, safe_serialization=True)
+        """The model (or LoRA adapter, base named as in the config) and its processor, in Hugging Face format."""
+        _hf.save_policy(self._unwrapped(), directory, self.args.name_or_path)
         self.processor.save_pretrained(directory)
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:

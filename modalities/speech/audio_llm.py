@@ -84,6 +84,7 @@ class AudioLLMArgs:
     def token_args(self) -> dict[str, Any]:
         """The options of the token policy (``vlm`` adapter), with prompt sharing on."""
         keep = (
+            "name_or_path",  # as the config named it: recorded by the export (save_pretrained, model card)
             "max_new_tokens",
             "temperature",
             "top_p",
@@ -107,6 +108,8 @@ class AudioLLMAdapter(VLMAdapter):
     """
 
     use_engine = None  # rollout.engine: vllm does not send audio yet (refused at load: no capability)
+    PIPELINE_TAG = "audio-text-to-text"
+    TINY_MODULE = "mmgrpo.modalities.speech.tiny"
 
     def __init__(self, model: torch.nn.Module, processor: Any, args: AudioLLMArgs, reference: torch.nn.Module | None):
         token_args: VLMArgs = from_dict(VLMArgs, args.token_args(), "model.args")

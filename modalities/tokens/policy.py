@@ -10,7 +10,7 @@ under ``model``, differentiable when grad is on. :class:`TokenPolicy` builds the
   model with its LoRA adapter disabled (peft's ``disable_adapter``) — the reference of TRL and verl with LoRA;
 - ``_batched_no_grad``: no-grad log-probs in ``args.forward_batch_size`` chunks (old/reference log-probs);
 - ``sync_reference`` (after a supervised warm-up the KL anchors to the warmed-up model, as RLHF anchors to its
-  SFT model) and ``trainable_parameters``.
+  SFT model), ``trainable_parameters`` and ``export_info`` (what the model card says about the saved model).
 
 Subclasses set ``model``, ``reference`` and ``args`` (with ``forward_batch_size``).
 """
@@ -80,6 +80,17 @@ class TokenPolicy:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._unwrapped().parameters() if p.requires_grad]
+
+    PIPELINE_TAG = ""
+    """The Hugging Face hub task of the exported model (``image-text-to-text``, ...), for the model card."""
+    TINY_MODULE = ""
+    """The module whose ``resolve_model_path(name, seed)`` builds this family's built-in tiny models."""
+
+    def export_info(self) -> dict:
+        """How the saved model loads outside mmgrpo (:func:`mmgrpo.modalities._hf.export_info`)."""
+        return _hf.export_info(
+            self._unwrapped(), self.args.name_or_path, pipeline_tag=self.PIPELINE_TAG, tiny_module=self.TINY_MODULE
+        )
 
 
 __all__ = ["TokenPolicy"]

@@ -71,6 +71,8 @@ class VideoArgs(VLMArgs):
 class VideoAdapter(VLMAdapter):
     """The token policy with ``[ImageEncoder, VideoEncoder]`` and the T-GRPO shuffled-frame rollouts."""
 
+    PIPELINE_TAG = "video-text-to-text"
+
     args: VideoArgs
 
     use_engine = None  # rollout.engine: vllm does not send videos yet (refused at load: no capability)

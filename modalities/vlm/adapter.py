@@ -139,6 +139,9 @@ class VLMState:
 class VLMAdapter(TokenPolicy):
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
+    PIPELINE_TAG = "image-text-to-text"
+    TINY_MODULE = "mmgrpo.modalities.vlm.tiny"
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -603,7 +606,8 @@ class VLMAdapter(TokenPolicy):
         return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
 
     def save_pretrained(self, directory: str) -> None:
-        self._unwrapped().save_pretrained(directory, safe_serialization=True)
+        """The model (or LoRA adapter, base named as in the config) and its processor, in Hugging Face format."""
+        _hf.save_policy(self._unwrapped(), directory, self.args.name_or_path)
         self.processor.save_pretrained(directory)
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
