@@ -172,8 +172,8 @@ def _one_trainer_step(tmp_path, monkeypatch, fused: bool) -> tuple[dict, dict]:
     class WithLength:
         weights = runner.weights
 
-        def __call__(self, outputs, prompts, columns):
-            scores, metrics = runner(outputs, prompts, columns)  # [B, K]
+        def __call__(self, outputs, prompts, columns, **trainer_kwargs):
+            scores, metrics = runner(outputs, prompts, columns, **trainer_kwargs)  # [B, K]
             return scores + torch.tensor([[len(o) / 10] for o in outputs], dtype=scores.dtype), metrics
 
     trainer.rewards = WithLength()
