@@ -552,7 +552,7 @@ class Trainer:
         unit_adv: torch.Tensor,
         mask: torch.Tensor,
         ref: torch.Tensor | None,
-        beta: float,
+        beta: float | None = None,
         is_weights: torch.Tensor | None = None,
     ) -> dict:
         """μ epochs; each epoch's B samples are split into ``updates_per_epoch`` optimizer updates.
@@ -563,6 +563,7 @@ class Trainer:
         the W processes. Logged loss terms are weighted the same way, so they are whole-update values.
         """
         a = self.cfg.algorithm
+        beta = a.beta if beta is None else beta  # this step's β (algorithm.beta_schedule)
         surrogate = losses.SURROGATES.get(a.surrogate)
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
