@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
-    from mmgrpo.types import DataError
+    from mmgrpo.types import DataError, EngineError
 
     if args.dry_run:
         from mmgrpo.preflight import preflight
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # adapter/task/reward options are validated when they are built
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
-    except (FloatingPointError, CheckpointError) as e:  # non-finite training: the last good checkpoint is kept
+    except (FloatingPointError, CheckpointError, EngineError) as e:  # the last good checkpoint is kept
         print(f"mmgrpo: error: {e}", file=sys.stderr)
         return 1
     except DataError as e:  # the first rows of a dataset are checked when the task is built

@@ -124,6 +124,11 @@ class PolicyAdapter(Protocol):
         ...
 
 
+class EngineError(RuntimeError):
+    """The rollout engine (``rollout.engine: vllm``) is unreachable, failed, or serves other weights than the
+    trainer's. One line; the run stops (the last good checkpoint is kept)."""
+
+
 class DataError(ValueError):
     """A dataset row cannot be used: a missing column, a missing/empty/unreadable media file, a bad line.
 

@@ -29,13 +29,10 @@ import torch
 from torch import Tensor
 
 from mmgrpo import noise
+from mmgrpo.types import EngineError
 
 from .. import _hf
 from .decode import SamplingSpec
-
-
-class EngineError(RuntimeError):
-    """The rollout engine is unreachable, failed, or serves other weights than the trainer's; one line."""
 
 
 class VLLMClient:

@@ -59,6 +59,14 @@ class Engine:
         self.model = args.model
         self.version = 0
         self.lock = threading.Lock()
+        import torch
+
+        # vLLM's CPU runner cannot rewind a seeded request's generator after a discarded token of a chunked prefill
+        # ("CPU Generator does not use offset"): on CPU every prompt is prefilled whole (and the batch token budget
+        # holds a whole context), so per-request seeds work there too.
+        cpu_options = {}
+        if not torch.cuda.is_available():
+            cpu_options = {"enable_chunked_prefill": False, "max_num_batched_tokens": args.max_model_len or 4096}
         self.llm = LLM(
             model=args.model,
             dtype=args.dtype,
@@ -69,6 +77,7 @@ class Engine:
             logprobs_mode="processed_logprobs",
             limit_mm_per_prompt={"image": args.max_images, "video": 0},
             gpu_memory_utilization=args.gpu_memory_utilization,
+            **cpu_options,
         )
 
     def generate(self, body: dict) -> dict:
