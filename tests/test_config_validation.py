@@ -59,8 +59,9 @@ def test_valid_values_still_load():
     assert load_config(QUICK, ["model.args.temperature=0.7"]).model.args["temperature"] == 0.7
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
-def test_wandb_tracker_without_wandb_is_an_error():
+def test_wandb_tracker_without_wandb_is_an_error(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"logging.trackers: 'wandb' is not installed; pip install wandb"):
         load_config(QUICK, ["logging.trackers=[wandb]"])
 

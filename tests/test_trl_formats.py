@@ -140,7 +140,8 @@ SEEN: list[dict] = []
 
 
 def _record(completions, completion_ids=None, trainer_state=None, **kwargs):
-    """A TRL-style reward: it reads TRL's keyword arguments."""
+    """A TRL-style reward: it records TRL's keyword arguments. Source: this test (the registry asks every reward
+    for one)."""
     SEEN.append({"completions": completions, "ids": completion_ids, "state": trainer_state, "kwargs": set(kwargs)})
     kwargs["log_metric"]("seen", float(len(completions)))
     return [0.0] * len(completions)
