@@ -107,6 +107,7 @@ FLOW = [
     "algorithm.updates_per_epoch=1",  # one update per step (see the docs: update splits are per process)
     "model.args.num_steps=4",
     "model.args.encode_batch_size=1",
+    "model.args.decode_batch_size=1",
 ]
 QUIET = [
     "eval.before=false",
