@@ -147,21 +147,13 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
         encodings = [adapter._encode_prompt(r) for r in rows]
     if not engine:
         return adapter._sample(encodings, 1, greedy=True)[0]
-    from mmgrpo.modalities.tokens.decode import SamplingSpec
-
     texts, images = [], []
     with adapter._media_scope():
         for r in rows:
             loaded = {e.kind: e.load(r) for e in adapter.encoders}
             texts.append(adapter._prompt_text(r, loaded))
             images.append(list(loaded.get("image", [])))
-    spec = SamplingSpec(
-        adapter.args.max_new_tokens,
-        adapter.eos_ids.tolist(),
-        adapter.pad_id,
-        suppress_ids=tuple(adapter.suppress_ids),
-        greedy=True,
-    )
+    spec = adapter._sampling_spec(greedy=True)
     ids, _, _ = adapter.engine.generate(texts, images, 1, spec, [0] * len(rows))
     mask = adapter._completion_mask(ids)
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id))

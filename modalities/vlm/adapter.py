@@ -325,6 +325,23 @@ class VLMAdapter(TokenPolicy):
             prefix_sharing.warn_fallback_once(what, reason)
         return reason is None
 
+    def _sampling_spec(self, greedy: bool = False, synced: bool = False) -> SamplingSpec:
+        """The sampling distribution of ``model.args`` (both engines draw from it; media placeholders banned)."""
+        a = self.args
+        return SamplingSpec(
+            max_new_tokens=a.max_new_tokens,
+            eos_ids=self.eos_ids.tolist(),
+            pad_id=self.pad_id,
+            temperature=a.temperature,
+            top_k=a.top_k,
+            top_p=a.top_p,
+            min_new_tokens=a.min_new_tokens,
+            suppress_ids=tuple(self.suppress_ids),
+            greedy=greedy,
+            synced=synced,
+            draw=a.sample_draw,
+        )
+
     @torch.no_grad()
     def _generate(
         self,
@@ -352,19 +369,7 @@ class VLMAdapter(TokenPolicy):
         model.eval()
         try:
             if self._shares_prefix(model, "sampling", self.args.kv_expand_rollout):
-                spec = SamplingSpec(
-                    max_new_tokens=self.args.max_new_tokens,
-                    eos_ids=self.eos_ids.tolist(),
-                    pad_id=self.pad_id,
-                    temperature=self.args.temperature,
-                    top_k=self.args.top_k,
-                    top_p=self.args.top_p,
-                    min_new_tokens=self.args.min_new_tokens,
-                    suppress_ids=tuple(self.suppress_ids),
-                    greedy=greedy,
-                    synced=synced,
-                    draw=self.args.sample_draw,
-                )
+                spec = self._sampling_spec(greedy=greedy, synced=synced)
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec, keys)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
@@ -424,16 +429,7 @@ class VLMAdapter(TokenPolicy):
                 loaded = {e.kind: e.load(row) for e in self.encoders}
                 texts.append(self._prompt_text(row, loaded))
                 images.append(list(loaded.get("image", [])))
-        spec = SamplingSpec(
-            max_new_tokens=self.args.max_new_tokens,
-            eos_ids=self.eos_ids.tolist(),
-            pad_id=self.pad_id,
-            temperature=self.args.temperature,
-            top_k=self.args.top_k,
-            top_p=self.args.top_p,
-            min_new_tokens=self.args.min_new_tokens,
-            suppress_ids=tuple(self.suppress_ids),
-        )
+        spec = self._sampling_spec()
         ids, logprobs, engine_prompts = self.engine.generate(
             texts, images, group_size, spec, prompt_seeds(keys, len(prompts))
         )
