@@ -416,9 +416,10 @@ def reg_grpo(
     so ``seq_mean_token_mean`` gives the paper's (1/G) Σ_i (ρ̂_i − Â_i)². No clip, no min: the clip parameters
     are ignored. The paper writes ρ_i = β·log(π_θ/π_old); a positive β cancels in ρ̂, so it is not a parameter.
 
-    Source and departures: the formula follows the project's research notes
-    (research/anchors_video_speech_rewards.md §2.5), which reconstruct it from the paper's description (the paper's
-    own equation could not be retrieved here, and no public code of the loss was found); the length normalisation
+    Source and departures: the formula is our reconstruction from the paper's description (Park et al. 2025,
+    "DeepVideo-R1", arXiv 2506.07464, §1 and abstract: "regression that directly predicts the advantage", no clip
+    and no min); the paper's own equation could not be retrieved here and no public code of the loss was found
+    (mlvlab/DeepVideoR1 was not reachable). The length normalisation
     of ρ_i is our choice (GSPO's sequence ratio), as is ``eps``. On-policy every ρ_i is 0, std is 0 and the
     gradient of ρ̂ is (∇ρ_i − mean ∇ρ)/eps: the first update's direction is the policy gradient −Σ_i Â_i ∇ρ_i at a
     scale of 2/eps, so keep ``optim.max_grad_norm`` > 0. The variance is clamped at 1e-12 before the square root so

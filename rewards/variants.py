@@ -139,7 +139,7 @@ def step_rar(
     right. A sample without key steps gets only the answer term; without a ground truth it is not applicable.
 
     Source: R1-VL StepGRPO (Zhang et al. 2025, arXiv 2503.12937, "StepRAR"; jingyi0000/R1-VL
-    ``src/r1-vl/src/open_r1/grpo.py``), research/anchors_video_speech_rewards.md §4.7. Departure: math_verify is
+    ``src/r1-vl/src/open_r1/grpo.py`` at commit 679be5c). Departure: math_verify is
     replaced by normalised-string / numeric equality.
     """
     answers = column(columns, answer_key, "step_rar", len(completions))
@@ -172,8 +172,8 @@ def step_rvr(completions: list, *, prompts: list | None = None, **columns: Any) 
     ``### The final answer is:``, the steps are numbered 1, 2, …, n consecutively, the description comes before the
     rationales, the rationales before Step 1, and the final answer after the last step; else 0.
 
-    Source: R1-VL StepGRPO (arXiv 2503.12937, "StepRVR"; jingyi0000/R1-VL ``src/r1-vl/src/open_r1/grpo.py``),
-    research/anchors_video_speech_rewards.md §4.7.
+    Source: R1-VL StepGRPO (arXiv 2503.12937, "StepRVR"; jingyi0000/R1-VL ``src/r1-vl/src/open_r1/grpo.py`` at
+    commit 679be5c).
     """
     out = []
     for c in completions:
@@ -203,7 +203,7 @@ def tempsamp_shape(r: float, tau: float = 0.8, alpha: float = 1.0) -> float:
     f(r) = τ − (e^{α(τ−r)} − 1)/(e^α − 1) for r < τ (expands the low ones: f(0) = 0.0870 at τ = 0.8, α = 1).
     Continuous at r = τ (both branches give τ), increasing in r.
 
-    Source: research/anchors_video_speech_rewards.md §2.3, from the public re-implementation
+    Source: TempSamp-R1 (arXiv 2509.18056, asymmetric soft advantage), as written in the public re-implementation
     ZhangZikun6666/TempSamp-R1 ``scripts/timelens/timelens_reward.py::transform_rewards`` (defaults τ = 0.8, α = 1).
     """
     if not alpha > 0:

@@ -1,8 +1,8 @@
 """DGPO rollouts and units for the flow adapter (``model.args.objective: dgpo``): no transition log-probs.
 
 DGPO (Luo, Hu & Tang 2025, "Reinforcing Diffusion Models by Direct Group Preference Optimization",
-arXiv 2510.08425; code Luo-Yihong/DGPO ``scripts/train_sd3_dgpo.py`` and ``config/dgpo.py``; research notes
-anchors_generative.md §7) samples each group with the deterministic ODE sampler and learns from the group
+arXiv 2510.08425; code Luo-Yihong/DGPO ``scripts/train_sd3_dgpo.py`` lines 52–193 and 1040–1160 and
+``config/dgpo.py``, commit 01ceb4b) samples each group with the deterministic ODE sampler and learns from the group
 preference through the denoising (DSM) loss of the final latents:
 
 * rollout: ODE steps (``noise_level = 0``) with the rollout CFG; x₀ = the final latent of every sample;
