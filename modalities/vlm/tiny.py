@@ -116,6 +116,47 @@ def _mrope_section(s: TinySizes) -> list[int]:
     return [t, (half - t) // 2, half - t - (half - t) // 2]
 
 
+def _text_config(s: TinySizes, vocab: int, ids: dict[str, int], rope_parameters: dict, **extra) -> dict:
+    """The decoder half of a tiny Qwen-VL config (Qwen2.5-VL and Qwen3-VL share it but for the rope)."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=s.text_hidden,
+        intermediate_size=s.text_intermediate,
+        num_hidden_layers=s.text_layers,
+        num_attention_heads=s.text_heads,
+        num_key_value_heads=s.text_kv_heads,
+        max_position_embeddings=4096,
+        rope_parameters=rope_parameters,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,
+        **extra,
+    )
+
+
+def _media_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    """The config's media token ids, from the tokenizer's special tokens."""
+    return dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _build_and_save(model_class, config, processor, ids: dict[str, int], seed: int, directory: Path) -> Path:
+    """Initialise ``model_class(config)`` from ``seed``, set its generation EOS/pad, save it with ``processor``."""
+    torch.manual_seed(seed)
+    model = model_class(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
+
+
 def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """Write a tiny Qwen2.5-VL (config, random weights, tokenizer, processor) to ``directory``.
 
@@ -135,19 +176,8 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vocab = len(tokenizer)
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=vocab,
-            hidden_size=s.text_hidden,
-            intermediate_size=s.text_intermediate,
-            num_hidden_layers=s.text_layers,
-            num_attention_heads=s.text_heads,
-            num_key_value_heads=s.text_kv_heads,
-            max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)},
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=True,
+        text_config=_text_config(
+            s, vocab, ids, {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)}
         ),
         vision_config=dict(
             depth=s.vision_depth,
@@ -162,16 +192,9 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
             fullatt_block_indexes=[s.vision_depth - 1],
             tokens_per_second=2,
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_media_token_ids(ids),
         tie_word_embeddings=True,
     )
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
     image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2)
     video_processor = Qwen2VLVideoProcessor(
         min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
@@ -182,11 +205,7 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
-
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    return _build_and_save(Qwen2_5_VLForConditionalGeneration, config, processor, ids, seed, directory)
 
 
 ENGINE_NAME = "tiny-qwen2.5-vl-engine"
@@ -217,25 +236,17 @@ def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tiny
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = s.text_hidden // s.text_heads
     config = Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=s.text_hidden,
-            intermediate_size=s.text_intermediate,
-            num_hidden_layers=s.text_layers,
-            num_attention_heads=s.text_heads,
-            num_key_value_heads=s.text_kv_heads,
-            head_dim=head_dim,
-            max_position_embeddings=4096,
-            rope_parameters={
+        text_config=_text_config(
+            s,
+            len(tokenizer),
+            ids,
+            {
                 "rope_type": "default",
                 "rope_theta": 10000.0,
                 "mrope_section": [head_dim // 4, head_dim // 8, head_dim // 8],  # Qwen3-VL: [24, 20, 20] of 64
                 "mrope_interleaved": True,
             },
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=True,
+            head_dim=head_dim,
         ),
         vision_config=dict(
             depth=s.vision_depth,
@@ -249,16 +260,9 @@ def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tiny
             num_position_embeddings=64,
             deepstack_visual_indexes=[0],
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **_media_token_ids(ids),
         tie_word_embeddings=True,
     )
-    torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
     pixels = dict(min_pixels=32 * 32, max_pixels=128 * 128, patch_size=16, merge_size=2)
     processor = Qwen3VLProcessor(
         image_processor=Qwen2VLImageProcessor(**pixels),
@@ -266,10 +270,7 @@ def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tiny
         video_processor=Qwen3VLVideoProcessor(**pixels, temporal_patch_size=2),
         chat_template=CHAT_TEMPLATE,
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    return _build_and_save(Qwen3VLForConditionalGeneration, config, processor, ids, seed, directory)
 
 
 def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
