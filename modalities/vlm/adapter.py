@@ -424,7 +424,7 @@ class VLMAdapter(TokenPolicy):
         """Completion ids [B, T] (pad after EOS) and the engine's log-probs [B, T] from the vLLM server; the engine
         must tokenize each prompt as the adapter does (checked: a template or processor mismatch is one line)."""
         texts, images = [], []
-        with self._media_scope():
+        with self._media_scope():  # inside rollout's scope: the media its encodings decoded, not decoded again
             for row in prompts:
                 loaded = {e.kind: e.load(row) for e in self.encoders}
                 texts.append(self._prompt_text(row, loaded))
@@ -446,14 +446,13 @@ class VLMAdapter(TokenPolicy):
         return ids, logprobs * mask  # [B, T] each
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
-        with self._media_scope():  # each prompt's media are decoded once for its G samples
+        engine_logprobs = sampler_logprobs = None
+        with self._media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
             encodings = [self._encode_prompt(row) for row in prompts]
             columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
-        engine_logprobs = None
-        if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
-            completion_ids, engine_logprobs = self._engine_sample(prompts, encodings, group_size, keys)
-            sampler_logprobs = None
-        else:
+            if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
+                completion_ids, engine_logprobs = self._engine_sample(prompts, encodings, group_size, keys)
+        if self.engine is None:
             completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
