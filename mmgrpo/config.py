@@ -311,7 +311,7 @@ class CheckpointConfig:
 class RolloutConfig:
     engine: Literal["native", "vllm"] = "native"
     """Who samples the rollouts of a token family: native (the trainer's model, the one decode loop) | vllm (a vLLM
-    server in its own environment: ``bash scripts/setup_vllm.sh``, then ``mmgrpo rollout-server --config CONFIG``;
+    server in its own environment: ``bash scripts/setup_vllm.sh``, then ``mmgrpo rollout-server CONFIG``;
     docs/scale.md). The trainer re-scores vLLM's samples with its own model and corrects the mismatch by
     importance sampling (``is_mode``)."""
     url: str = "http://127.0.0.1:8100"

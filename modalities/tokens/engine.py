@@ -45,7 +45,7 @@ class VLLMClient:
 
     def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
         req = urllib.request.Request(self.url + path, data=data, headers=headers or {})
-        hint = "start it with `mmgrpo rollout-server --config CONFIG` (docs/scale.md) or set rollout.url"
+        hint = "start it with `mmgrpo rollout-server CONFIG` (docs/scale.md) or set rollout.url"
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())
