@@ -31,6 +31,11 @@ each changes only the keys shown in ``SETTINGS``):
   differs from grpo by definition in the sampler that is evaluated, so its curve starts from the CFG-free base
   (0.639), above the CFG base (0.594); the docs report the CFG-matched settings separately.
 - ``nocfg_sde_window_temporal``: the cheapest combination: CFG-free, SDE window, TempFlow weights.
+- ``dgpo``: DGPO (Luo et al. 2025, arXiv 2510.08425; Luo-Yihong/DGPO) as ``configs/variant_dgpo.yaml`` ships it:
+  CFG-free deterministic (ODE) rollouts, the group-preference loss on M = 4 DSM levels, β = 0.02 velocity KL, one
+  update per rollout batch. Its sampler is CFG-free, so it is compared with ``nocfg`` (same evaluation sampler) as
+  well as with grpo's target. One iteration costs about what a CFG-free one does (0.34 s vs 0.33 s for
+  ``configs/flow_grpo.yaml`` on one thread), so its scale is nocfg's.
 
 Every setting gets about grpo's CPU budget: one iteration of a setting that trains fewer steps, or runs no CFG,
 costs less, so it runs ``scale`` × grpo's iterations (and evaluates every ``scale`` × as many), ``scale`` = grpo's
@@ -103,6 +108,7 @@ SETTINGS = {
     "nocfg_sde_window_temporal": Setting(
         "configs/flow_temporal.yaml", WINDOW, 2.8, "CFG-free, SDE window + TempFlow step weights"
     ),
+    "dgpo": Setting("configs/variant_dgpo.yaml", [], 1.8, "DGPO: CFG-free ODE rollouts, group preference on 4 DSM levels"),
 }
 
 

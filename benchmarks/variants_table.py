@@ -1,0 +1,146 @@
+"""Held-out effect of the GRPO variants (docs/variants.md), 3 seeds each, next to the GRPO default of the same task.
+
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study quickstart --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study reg_grpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tempsamp --seeds 0 1 2 --out runs/variants
+
+Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
+override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
+Studies:
+
+- ``quickstart``: ``configs/quickstart.yaml`` (GRPO) vs ``configs/variant_variance_sampling.yaml`` (MMR1
+  variance-aware sampling; the same task, model and hyper-parameters). Reported: held-out accuracy at every
+  evaluation, and the mean over training steps of ``advantage/zero_std_fraction`` (groups without signal), the
+  quantity the sampler is meant to lower.
+- ``reg_grpo`` (video_motion, direction, 200 steps): ``configs/video_motion.yaml`` (GRPO, k3 KL β = 0.05) vs
+  ``configs/variant_reg_grpo.yaml`` (Reg-GRPO as shipped: β = 0) and the same with the default's KL term.
+- ``tempsamp`` (video_motion, "when" grounding, held-out temporal IoU, 200 steps): ``configs/variant_tempsamp.yaml``
+  without injection and with the plain ``temporal_iou`` reward (GRPO), with the soft shaping only, and as shipped
+  (shaping + ground-truth injection).
+
+Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
+table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STUDIES: dict[str, dict] = {
+    "quickstart": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "variance_sampling": ("configs/variant_variance_sampling.yaml", []),
+        },
+    },
+    "reg_grpo": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/video_motion.yaml", []),
+            "reg_grpo": ("configs/variant_reg_grpo.yaml", []),
+            "reg_grpo_kl": ("configs/variant_reg_grpo.yaml", ["algorithm.beta=0.05", "algorithm.kl=k3"]),
+        },
+        "overrides": ["steps=200", "eval.every=50"],
+    },
+    "tempsamp": {
+        "metric": "temporal_iou",
+        "runs": {
+            "grpo": (
+                "configs/variant_tempsamp.yaml",
+                [
+                    "algorithm.gt_injection.enabled=false",
+                    "rewards=[{name: temporal_iou, weight: 1.0}, {name: format, weight: 0.1, kwargs: {think: false}}]",
+                ],
+            ),
+            "soft_shaping": ("configs/variant_tempsamp.yaml", ["algorithm.gt_injection.enabled=false"]),
+            "tempsamp": ("configs/variant_tempsamp.yaml", []),
+        },
+        "overrides": ["steps=200", "eval.every=50"],
+    },
+}
+
+
+def train(config: str, out: Path, seed: int, overrides: list[str], fresh: bool) -> float:
+    """Train one run (or reuse it); return its wall seconds (0 when reused)."""
+    if (out / "summary.json").exists() and not fresh:
+        return 0.0
+    cmd = [sys.executable, "-m", "mmgrpo", "train", config, f"output_dir={out}", f"seed={seed}",
+           "logging.progress=false", "logging.plot=false", *overrides]  # fmt: skip
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return time.perf_counter() - t0
+
+
+def read_run(out: Path, metric: str) -> dict:
+    """Held-out ``metric`` at each evaluation (in order), the mean zero-variance fraction, and the final value."""
+    evals, zero = [], []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        for key, value in record.items():
+            if key.startswith("eval/") and key.endswith(f"/{metric}"):
+                evals.append((key.split("/")[1], record.get("step"), value))
+        if record.get("advantage/zero_std_fraction") is not None:
+            zero.append(record["advantage/zero_std_fraction"])
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "evals": evals,
+        "after": summary.get(f"eval/after/{metric}"),
+        "zero_std_fraction": statistics.fmean(zero) if zero else None,
+        "train_wall_s": summary.get("train/wall_s"),
+    }
+
+
+def table(results: dict[str, dict[int, dict]]) -> str:
+    lines = [
+        "| run | seed | held-out metric at each evaluation (stage:step) | **after** | mean zero_std_fraction | train s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        for seed, r in sorted(runs.items()):
+            curve = " ".join(f"{v:.2f}" for _, _, v in r["evals"])
+            zero = "–" if r["zero_std_fraction"] is None else f"{r['zero_std_fraction']:.3f}"
+            lines.append(f"| `{name}` | {seed} | {curve} | **{r['after']:.3f}** | {zero} | {r['train_wall_s']:.0f} |")
+        afters = [r["after"] for r in runs.values()]
+        zeros = [r["zero_std_fraction"] for r in runs.values() if r["zero_std_fraction"] is not None]
+        zero = f"{statistics.fmean(zeros):.3f}" if zeros else "–"
+        lines.append(f"| `{name}` | mean | | **{statistics.fmean(afters):.3f}** | {zero} | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--study", choices=sorted(STUDIES), required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--only", nargs="*", help="config names of the study to run (default: all)")
+    p.add_argument("--out", type=Path, default=Path("runs/variants"))
+    p.add_argument("--fresh", action="store_true", help="retrain runs that already have a summary.json")
+    args = p.parse_args()
+    study = STUDIES[args.study]
+    base = (args.out / args.study).resolve()
+    results: dict[str, dict[int, dict]] = {}
+    for name, (config, overrides) in study["runs"].items():
+        if args.only and name not in args.only:
+            continue
+        for seed in args.seeds:
+            out = base / f"{name}_seed{seed}"
+            seconds = train(config, out, seed, [*study.get("overrides", []), *overrides], args.fresh)
+            results.setdefault(name, {})[seed] = read_run(out, study["metric"])
+            print(f"{name} seed {seed}: after {results[name][seed]['after']} ({seconds:.0f} s)", flush=True)
+    (base / "results.json").write_text(json.dumps(results, indent=2))
+    text = table(results)
+    (base / "table.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
