@@ -108,7 +108,9 @@ SETTINGS = {
     "nocfg_sde_window_temporal": Setting(
         "configs/flow_temporal.yaml", WINDOW, 2.8, "CFG-free, SDE window + TempFlow step weights"
     ),
-    "dgpo": Setting("configs/variant_dgpo.yaml", [], 1.8, "DGPO: CFG-free ODE rollouts, group preference on 4 DSM levels"),
+    "dgpo": Setting(
+        "configs/variant_dgpo.yaml", [], 1.8, "DGPO: CFG-free ODE rollouts, group preference on 4 DSM levels"
+    ),
 }
 
 

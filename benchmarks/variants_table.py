@@ -102,7 +102,7 @@ def read_run(out: Path, metric: str) -> dict:
 
 def table(results: dict[str, dict[int, dict]]) -> str:
     lines = [
-        "| run | seed | held-out metric at each evaluation (stage:step) | **after** | mean zero_std_fraction | train s |",
+        "| run | seed | held-out metric at each evaluation | **after** | mean zero_std_fraction | train s |",
         "|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():

@@ -382,3 +382,48 @@ def test_qwen3_vl_shared_forward_equals_naive(tmp_path, checkpointed, caplog):
     logp = adapter.logprobs(rollout, torch.arange(6))
     m = rollout.mask.bool()
     torch.testing.assert_close(logp[m].detach(), rollout.old_logprobs[m], atol=LOGP_ATOL, rtol=0)
+
+
+def test_reserved_cache_layer_equals_concatenation_and_writes_in_place():
+    """ReservedLayer (decode's KV cache): the same keys/values as transformers' concatenating DynamicLayer, written
+    into one buffer reserved for the completion (no reallocation while it fits), growing by concatenation past it."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    g = torch.Generator().manual_seed(0)
+    k0, v0 = torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g)  # [B, H, L, d]
+    plain, reserved = DynamicLayer(), DynamicLayer()
+    plain.update(k0, v0)
+    reserved.update(k0, v0)
+    cache = DynamicCache()
+    cache.layers = [reserved]
+    decode.reserve_cache(cache, extra=2)
+    layer = cache.layers[0]
+    assert isinstance(layer, decode.ReservedLayer) and layer.get_seq_length() == 5
+    buffer = layer.keys.data_ptr()
+    for t in range(4):  # 2 steps inside the reserved room, then 2 past it
+        k, v = torch.randn(3, 2, 1, 4, generator=g), torch.randn(3, 2, 1, 4, generator=g)
+        want_k, want_v = plain.update(k, v)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+        assert layer.get_seq_length() == 6 + t
+        if t < 2:
+            assert got_k.data_ptr() == buffer  # a view of the reserved buffer: nothing copied but the new position
+
+
+def test_kv_expanded_sampler_reserves_the_cache_and_keeps_its_draws(tiny_vlm_path, monkeypatch):
+    """The KV-expanded sampler decodes on a reserved cache (every step's K/V written in place), with the same keyed
+    tokens and log-probs as on transformers' concatenating cache."""
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "old_logprobs": "sampler"})
+    rows, G = _rows(), 3
+    keys = noise.NoiseKeys(seed=0, step=0, positions=tuple(range(len(rows))), group_size=G)
+    updates = []
+    update = decode.ReservedLayer.update
+    monkeypatch.setattr(
+        decode.ReservedLayer, "update", lambda self, *a, **k: (updates.append(1), update(self, *a, **k))[1]
+    )
+    reserved = adapter.rollout(rows, G, keys=keys)
+    assert updates  # the decode steps went through the reserved layers
+    monkeypatch.setattr(prefix_sharing, "reserve_cache", lambda cache, extra: None)  # transformers' DynamicLayer
+    plain = adapter.rollout(rows, G, keys=keys)
+    assert torch.equal(reserved.state.completion_ids, plain.state.completion_ids)
+    torch.testing.assert_close(reserved.old_logprobs, plain.old_logprobs, atol=1e-6, rtol=0)

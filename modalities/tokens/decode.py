@@ -36,6 +36,7 @@ from typing import Protocol
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer, EncoderDecoderCache
 
 from mmgrpo import noise, sharding
 
@@ -178,6 +179,50 @@ def decode(
             break
         logits = stepper.step(token, t)  # [B, V]
     return ids, logprobs
+
+
+class ReservedLayer(DynamicLayer):
+    """A KV-cache layer whose keys/values live in a buffer reserved for the whole completion.
+
+    transformers' ``DynamicLayer.update`` grows the cache by ``torch.cat`` at every decoding step, so step t copies
+    all L + t cached positions of every layer (an O((L + T)·T) copy over a completion, and a fresh allocation per
+    layer and step). Here the prompt's keys/values are copied once into a buffer with room for ``extra`` more
+    positions, each step writes its new positions in place, and ``keys``/``values`` are views of the filled part
+    (same values, same shapes: attention and the mask sizes are unchanged). Past the reserved room it falls back
+    to growing by concatenation, so a longer continuation is never wrong. For sampling only (in-place writes).
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor, extra: int):
+        super().__init__()
+        n = keys.shape[-2]
+        self._k = keys.new_empty((*keys.shape[:-2], n + extra, keys.shape[-1]))  # [B, H, L + extra, d]
+        self._v = values.new_empty((*values.shape[:-2], n + extra, values.shape[-1]))
+        self._k[..., :n, :].copy_(keys)
+        self._v[..., :n, :].copy_(values)
+        self.device, self.is_initialized = keys.device, True
+        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        n = self.keys.shape[-2]
+        m = n + key_states.shape[-2]
+        if m > self._k.shape[-2]:  # past the reserved room: grow as transformers does
+            self._k = torch.cat([self.keys, key_states], dim=-2)
+            self._v = torch.cat([self.values, value_states], dim=-2)
+        else:
+            self._k[..., n:m, :].copy_(key_states)
+            self._v[..., n:m, :].copy_(value_states)
+        self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+        return self.keys, self.values
+
+
+def reserve_cache(cache: Cache, extra: int) -> None:
+    """Give every plain dynamic layer of ``cache`` (full attention, already filled) room for ``extra`` more
+    positions, in place (:class:`ReservedLayer`). Other layer kinds (sliding window, static, quantized, linear
+    attention) are left as they are."""
+    layers = cache.self_attention_cache.layers if isinstance(cache, EncoderDecoderCache) else cache.layers
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and layer.is_initialized and layer.keys is not None and layer.keys.dim() == 4:
+            layers[i] = ReservedLayer(layer.keys, layer.values, extra)
 
 
 def all_done(done: Tensor, synced: bool) -> bool:

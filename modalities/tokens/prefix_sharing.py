@@ -67,7 +67,7 @@ from torch import Tensor
 from mmgrpo import noise
 
 from .. import _hf
-from .decode import SamplingSpec, decode, sampling_scores
+from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
 
 logger = logging.getLogger(__name__)
 
@@ -312,14 +312,16 @@ class PrefixStepper:
     """:class:`~.decode.Stepper` of a decoder-only model: one prefill per prompt (media included), the KV cache and
     last logits expanded G ways, then one token per row and step through :func:`continue_prefix`."""
 
-    def __init__(self, model: torch.nn.Module, batch: dict[str, Tensor]):
-        self.model, self.batch = model, batch
+    def __init__(self, model: torch.nn.Module, batch: dict[str, Tensor], reserve: int = 0):
+        self.model, self.batch, self.reserve = model, batch, reserve
 
     def prefill(self, group_size: int) -> Tensor:
         prefix = prefill(self.model, self.batch)
         P = prefix.last_logits.shape[0]
         rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
         self.prefix = prefix.select(rows)
+        if self.reserve:
+            reserve_cache(self.prefix.cache, self.reserve)  # in-place K/V writes, no per-step concatenation
         self.mask = self.prefix.attention_mask  # [B, L + t]
         return self.prefix.last_logits  # [B, V]
 
@@ -346,4 +348,4 @@ def sample(
         batch: left-padded prompts, input_ids [P, L] (+ media)
         returns completion_ids [B, T] (long, on the model's device), logprobs [B, T] fp32
     """
-    return decode(PrefixStepper(model, batch), group_size, spec, keys)
+    return decode(PrefixStepper(model, batch, reserve=spec.max_new_tokens), group_size, spec, keys)
