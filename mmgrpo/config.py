@@ -59,7 +59,7 @@ class Range:
 
 
 @dataclass(frozen=True)
-class Moved(Range):
+class Moved:
     """Marks a field whose key moved: ``x: Annotated[Any, Moved("algorithm.surrogate_args")] = None``; any value
     other than null raises a one-line error that shows where to write it."""
 
@@ -407,7 +407,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         inner, *extras = typing.get_args(tp)
         value = _coerce(value, inner, where)
         for extra in extras:
-            if isinstance(extra, Range) and value is not None:
+            if isinstance(extra, (Range, Moved)) and value is not None:
                 extra.check(value, where)
         return value
     if origin is typing.Literal:
