@@ -1,5 +1,6 @@
 """Hand-computed checks of mmgrpo.losses: values, gradients and errors (arithmetic next to each expected value)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -326,3 +327,91 @@ def test_kl_fp32_and_k3_clamp():
     assert KL_ESTIMATORS.get("k1")(logp, ref).dtype == torch.float32
     with pytest.raises(ValueError, match="one shape"):
         KL_ESTIMATORS.get("k2")(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+# --------------------------------------------------------------------------------------------------------- options
+
+
+def _algorithm(**fields):
+    from mmgrpo.config import AlgorithmConfig
+
+    return AlgorithmConfig(**fields)
+
+
+def test_each_component_declares_its_own_options_with_the_old_defaults():
+    from mmgrpo import losses
+
+    opts = losses.resolve_options(_algorithm())
+    assert opts.surrogate == PPOClipOptions(clip_low=0.2, clip_high=0.28, dual_clip=None)
+    assert opts.aggregation == losses.TokenMeanOptions() and opts.kl == losses.SampleKLOptions()
+    assert losses.resolve_options(_algorithm(surrogate="sapo")).surrogate == SAPOOptions(tau_pos=1.0, tau_neg=1.05)
+    assert losses.resolve_options(_algorithm(surrogate="cispo")).surrogate == losses.CISPOOptions(clip_high=0.28)
+    assert losses.resolve_options(_algorithm(surrogate="dgpo")).surrogate == losses.DGPOOptions(beta_dpo=100.0)
+    assert losses.resolve_options(_algorithm(surrogate="reg_grpo")).surrogate == losses.RegGRPOOptions(eps=1e-4)
+    # GMPO's bounds are on log r, with their own names and the paper's 0.4 (arXiv 2507.20673)
+    assert losses.resolve_options(_algorithm(surrogate="gmpo")).surrogate == GMPOOptions(0.4, 0.4)
+    for registry in (SURROGATES, AGGREGATIONS, KL_ESTIMATORS):
+        for name in registry.names():
+            assert dataclasses.is_dataclass(options_class(registry.get(name))), (registry.kind, name)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            dict(surrogate="sapo", surrogate_args={"clip_high": 0.3}),
+            r"^algorithm\.surrogate_args\.clip_high: not an option of surrogate 'sapo'; allowed: tau_pos, tau_neg$",
+        ),
+        (
+            dict(surrogate="gmpo", surrogate_args={"clip_low": 0.2}),
+            r"surrogate_args\.clip_low: not an option of surrogate 'gmpo'; allowed: log_clip_low, log_clip_high$",
+        ),
+        (
+            dict(surrogate="reinforce", surrogate_args={"dual_clip": 3}),
+            r"surrogate_args\.dual_clip: not an option of surrogate 'reinforce'; allowed: \(none\)$",
+        ),
+        (
+            dict(surrogate="gmpo", surrogate_args={"log_clip_high": 11}),
+            r"^algorithm\.surrogate_args\.log_clip_high: must be >= 0 and <= 10, got 11",
+        ),
+        (dict(surrogate_args={"clip_low": 1.0}), r"surrogate_args\.clip_low: must be >= 0 and < 1, got 1\.0$"),
+        (dict(surrogate_args={"dual_clip": 0.5}), r"surrogate_args\.dual_clip: must be > 1, got 0\.5$"),
+        (dict(surrogate="sapo", surrogate_args={"tau_neg": 0}), r"surrogate_args\.tau_neg: must be > 0, got 0"),
+        (dict(surrogate="dgpo", surrogate_args={"beta_dpo": "x"}), r"surrogate_args\.beta_dpo: expected a number"),
+        (
+            dict(aggregation_args={"max_units": 4}),
+            r"^algorithm\.aggregation_args\.max_units: not an option of loss aggregation 'token_mean'",
+        ),
+        (dict(kl="k1", kl_args={"clamp": 20}), r"^algorithm\.kl_args\.clamp: not an option of KL estimator 'k1'"),
+    ],
+)
+def test_options_are_checked_against_the_components_dataclass(fields, message):
+    from mmgrpo import losses
+    from mmgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as err:
+        losses.resolve_options(_algorithm(**fields))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("key, value", [("clip_high", 0.28), ("clip_low", 0.2), ("dual_clip", 3), ("tau_pos", 2)])
+def test_an_old_flat_key_names_its_new_place(key, value):
+    from mmgrpo.config import ConfigError, load_config
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    with pytest.raises(ConfigError) as err:
+        load_config(root / "configs/quickstart.yaml", [f"algorithm.{key}={value}"])
+    assert str(err.value) == f"algorithm.{key} moved: write algorithm.surrogate_args: {{{key}: {value}}}"
+
+
+def test_gaussian_exact_is_a_kl_estimator_reading_the_adapters_closed_form():
+    from mmgrpo import losses
+
+    fn = KL_ESTIMATORS.get("gaussian_exact")
+    assert options_class(fn).reads == "exact_kl" and options_class(KL_ESTIMATORS.get("k3")).reads == "ref_logprobs"
+    exact = torch.tensor([[0.5, 0.0], [1.5, 2.0]], dtype=torch.float64)
+    out = fn(torch.zeros(2, 2), exact, losses.GaussianExactOptions())
+    assert out.dtype == torch.float32
+    close(out, [[0.5, 0.0], [1.5, 2.0]])
+    with pytest.raises(ValueError, match="one shape"):
+        fn(torch.zeros(2, 3), exact)
