@@ -113,6 +113,11 @@ def _ratio_metrics(ratio: Tensor, valid: Tensor, m: Tensor) -> dict[str, Tensor]
     }
 
 
+def _result(loss: Tensor, m: Tensor, metrics: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """A surrogate's return value: the per-unit loss times the float mask, and its metrics detached."""
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
+
+
 def _check_same_shape(**tensors: Tensor) -> None:
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) != 1 or any(len(s) != 2 for s in shapes.values()):
@@ -277,7 +282,7 @@ def ppo_clip(
         loss = torch.where(dual_active, bound, loss)  # [n, T]
         metrics["loss/dual_clip_fraction"] = _masked_mean(dual_active.float(), m)
     metrics.update(_ratio_metrics(ratio, valid, m))
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 @dataclass(frozen=True)
@@ -312,7 +317,7 @@ def sapo(
     ratio = lr.exp()  # [n, T]
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))  # [n, T]
     loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv  # [n, T]
-    return loss * m, {k: v.detach() for k, v in _ratio_metrics(ratio, valid, m).items()}
+    return _result(loss, m, _ratio_metrics(ratio, valid, m))
 
 
 @dataclass(frozen=True)
@@ -364,7 +369,7 @@ def gmpo(
         "loss/seq_ratio_mean": (seq_ratio.detach() * has).sum() / has.sum().clamp_min(1.0),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 @dataclass(frozen=True)
@@ -402,7 +407,7 @@ def cispo(
         "loss/clip_fraction": _masked_mean((ratio > 1.0 + clip_high).float(), m),
         **_ratio_metrics(ratio, valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 @dataclass(frozen=True)
@@ -424,7 +429,7 @@ def reinforce(
     """
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
     loss = -adv * lr  # [n, T]
-    return loss * m, {k: v.detach() for k, v in _ratio_metrics(lr.exp(), valid, m).items()}
+    return _result(loss, m, _ratio_metrics(lr.exp(), valid, m))
 
 
 REG_GRPO_EPS = 1e-4
@@ -497,7 +502,7 @@ def reg_grpo(
         "loss/reg_pred_abs_mean": (rho_hat.detach().abs() * has).sum() / has.sum().clamp_min(1.0),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k_: v.detach() for k_, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 @dataclass(frozen=True)
@@ -551,7 +556,7 @@ def dgpo(
         "loss/dsm_delta_mean": _masked_mean(delta, m),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------
