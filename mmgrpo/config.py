@@ -58,19 +58,6 @@ class Range:
             raise ConfigError(f"{where}: must be {wanted}, got {value}")
 
 
-@dataclass(frozen=True)
-class Moved:
-    """Marks a field whose key moved: ``x: Annotated[Any, Moved("algorithm.surrogate_args")] = None``; any value
-    other than null raises a one-line error that shows where to write it."""
-
-    to: str = ""
-    """The mapping the key now lives in."""
-
-    def check(self, value: Any, where: str) -> None:
-        key = where.rsplit(".", 1)[-1]
-        raise ConfigError(f"{where} moved: write {self.to}: {{{key}: {value}}}")
-
-
 # --------------------------------------------------------------------------------------------- sections
 
 
@@ -196,16 +183,6 @@ class AlgorithmConfig:
     """Options of the surrogate, checked against its dataclass in mmgrpo/losses.py: ppo_clip {clip_low: 0.2,
     clip_high: 0.28, dual_clip: null} | sapo {tau_pos: 1.0, tau_neg: 1.05} | gmpo {log_clip_low: 0.4,
     log_clip_high: 0.4} | cispo {clip_high: 0.28} | reg_grpo {eps: 1e-4} | dgpo {beta_dpo: 100} | reinforce {}."""
-    clip_low: Annotated[Any, Moved(to="algorithm.surrogate_args")] = None
-    """Moved to surrogate_args (ppo_clip)."""
-    clip_high: Annotated[Any, Moved(to="algorithm.surrogate_args")] = None
-    """Moved to surrogate_args (ppo_clip, cispo; gmpo's is log_clip_high)."""
-    dual_clip: Annotated[Any, Moved(to="algorithm.surrogate_args")] = None
-    """Moved to surrogate_args (ppo_clip)."""
-    tau_pos: Annotated[Any, Moved(to="algorithm.surrogate_args")] = None
-    """Moved to surrogate_args (sapo)."""
-    tau_neg: Annotated[Any, Moved(to="algorithm.surrogate_args")] = None
-    """Moved to surrogate_args (sapo)."""
     aggregation: str = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | seq_sum_const_norm (Dr.GRPO)."""
     aggregation_args: dict[str, Any] = field(default_factory=dict)
@@ -407,7 +384,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         inner, *extras = typing.get_args(tp)
         value = _coerce(value, inner, where)
         for extra in extras:
-            if isinstance(extra, (Range, Moved)) and value is not None:
+            if isinstance(extra, Range) and value is not None:
                 extra.check(value, where)
         return value
     if origin is typing.Literal:
@@ -472,6 +449,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+MOVED_KEYS = {
+    f"algorithm.{key}": "algorithm.surrogate_args"
+    for key in ("clip_low", "clip_high", "dual_clip", "tau_pos", "tau_neg")
+}
+"""Config keys that moved, by dotted path → where they live now (each surrogate's options are its own dataclass,
+mmgrpo/losses.py); :func:`from_dict` names the new place in its one-line error."""
+
+
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`.
 
@@ -486,6 +471,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else key
+        if path in MOVED_KEYS:
+            raise ConfigError(f"{path} moved: write {MOVED_KEYS[path]}: {{{key}: {value}}}")
         if key not in names:
             raise ConfigError(f"unknown field {path!r}; allowed: {', '.join(names)}")
         kwargs[key] = _coerce(value, hints[key], path)
