@@ -66,9 +66,12 @@ def _check_scale(scale: str) -> None:
         raise ValueError(f"unknown advantage scale {scale!r}; valid: {', '.join(SCALES)}")
 
 
-def _check_group_rewards(rewards: Tensor) -> None:
+def _group_rewards(rewards: Tensor) -> tuple[Tensor, Tensor]:
+    """fp32 group rewards and their valid (not NaN) entries, after checking the shape. Shape: [P, G] → [P, G] × 2."""
     if rewards.dim() != 2:
         raise ValueError(f"group rewards must be [P, G]; got shape {tuple(rewards.shape)}")
+    r = rewards.float()  # [P, G]
+    return r, ~torch.isnan(r)
 
 
 def _nan_stats(x: Tensor, valid: Tensor, dim: int | None, unbiased: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -121,10 +124,8 @@ def _group_mean_baseline(rewards: Tensor, *, scale: str, unbiased: bool, eps: fl
     Shape:
         rewards: [P, G] → advantages [P, G]
     """
-    _check_group_rewards(rewards)
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
     _check_scale(scale)
-    r = rewards.float()  # [P, G]
-    valid = ~torch.isnan(r)  # [P, G]
     mean, _, _ = _nan_stats(r, valid, 1, unbiased)  # [P, 1]
     return _scale(r - mean, r, valid, scale=scale, unbiased=unbiased, eps=eps)  # [P, G]
 
@@ -164,12 +165,10 @@ def rloo(rewards: Tensor, *, scale: str, unbiased: bool, eps: float) -> Tensor:
     Shape:
         rewards: [P, G] with G ≥ 2 → advantages [P, G]
     """
-    _check_group_rewards(rewards)
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
     _check_scale(scale)
     if rewards.shape[1] < 2:
         raise ValueError(f"rloo needs a group size G >= 2 for a leave-one-out baseline; got G={rewards.shape[1]}")
-    r = rewards.float()  # [P, G]
-    valid = ~torch.isnan(r)  # [P, G]
     rz = torch.where(valid, r, torch.zeros_like(r))  # [P, G]
     total = rz.sum(1, keepdim=True)  # [P, 1]
     others = valid.float().sum(1, keepdim=True) - 1.0  # [P, 1] valid samples other than i
@@ -208,9 +207,7 @@ def zero_variance_groups(rewards: Tensor, *, tol: float = 1e-6) -> Tensor:
     Shape:
         rewards: [P, G] → [P] bool
     """
-    _check_group_rewards(rewards)
-    r = rewards.float()  # [P, G]
-    valid = ~torch.isnan(r)  # [P, G]
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
     hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(1)  # [P]
     lo = torch.where(valid, r, torch.full_like(r, float("inf"))).amin(1)  # [P]
     return (hi - lo) <= tol  # [P]; all-NaN: -inf - inf = -inf → True
@@ -322,11 +319,9 @@ def difficulty_weight(
     Shape:
         advantages, rewards, seq_logprob: [P, G] → [P, G]
     """
-    _check_group_rewards(rewards)
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
     if not reward_max > reward_min:
         raise ValueError(f"difficulty: reward_max must be > reward_min, got {reward_max} <= {reward_min}")
-    r = rewards.float()  # [P, G]
-    valid = ~torch.isnan(r)  # [P, G]
     has = valid.any(1, keepdim=True)  # [P, 1]
     success = ((_group_mean(r, valid) - reward_min) / (reward_max - reward_min)).clamp(0.0, 1.0)  # [P, 1]
     d = 1.0 - success  # [P, 1]
@@ -361,9 +356,7 @@ def negative_group_confidence(
     Shape:
         advantages, rewards, seq_logprob: [P, G] → [P, G]
     """
-    _check_group_rewards(rewards)
-    r = rewards.float()  # [P, G]
-    valid = ~torch.isnan(r)  # [P, G]
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
     hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(1, keepdim=True)  # [P, 1]
     negative = valid.any(1, keepdim=True) & (hi <= wrong_threshold)  # [P, 1]
     c = seq_logprob.float().clamp(max=0.0).exp()  # [P, G]

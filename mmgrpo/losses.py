@@ -1,8 +1,11 @@
 """Per-unit policy losses: importance-ratio levels, surrogates, aggregations and KL estimators.
 
 Four registries, one signature each; the trainer composes them as
-``loss = AGGREGATIONS[a](SURROGATES[s](RATIO_LEVELS[l](logprobs − old_logprobs, mask), advantages, mask)[0], mask)``
-plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs)`` aggregated the same way. Formulas: TRL
+``loss = AGGREGATIONS[a](SURROGATES[s](RATIO_LEVELS[l](logprobs − old_logprobs, mask), advantages, mask, o_s)[0],
+mask, o_a)`` plus β·``KL_ESTIMATORS[k](logprobs, ref_logprobs, o_k)`` aggregated the same way. Each surrogate,
+aggregation and KL estimator declares its options as a frozen dataclass, the annotation of its ``options``
+parameter (``PPOClipOptions``, ``SAPOOptions``, …); ``resolve_options`` builds them from ``algorithm.surrogate_args``,
+``aggregation_args`` and ``kl_args`` at config load, so a new component is one function and its dataclass. Formulas: TRL
 ``trl/trainer/grpo_trainer.py`` ``_compute_loss`` (each ``loss_type``) and GCPO (arXiv 2510.21583) for chunk ratios.
 
 Ratio levels (``RATIO_LEVELS``), all one masked segment mean (``segment_mean``) over a different partition of units:
@@ -32,7 +35,8 @@ Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
 
 Aggregations (``AGGREGATIONS``): ``token_mean`` (DAPO §3.3), ``seq_mean_token_mean`` (GRPO, DeepSeekMath eq. 3),
 ``seq_sum_const_norm`` (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783 §3.1).
-KL (``KL_ESTIMATORS``): k1, k2, k3 of Schulman (2020), "Approximating KL Divergence", from samples of π.
+KL (``KL_ESTIMATORS``): k1, k2, k3 of Schulman (2020), "Approximating KL Divergence", from samples of π;
+``gaussian_exact``, the closed-form KL of Gaussian transitions that flow/diffusion adapters compute (``exact_kl``).
 
 Departures from the papers:
   * Ratio levels return 0 at units with mask 0 (so padding can never produce inf/NaN downstream), and surrogates
@@ -41,7 +45,7 @@ Departures from the papers:
   * ``gmpo`` needs one advantage per sequence; it takes the masked mean of ``advantages`` over the sequence (equal
     to the GRPO advantage when no per-unit shaping is applied). Its per-sequence loss is broadcast to every valid
     unit of the sequence, so ``seq_mean_token_mean`` reproduces the paper's 1/G Σ_i; ``token_mean`` weights
-    sequences by length. ``clip_low``/``clip_high`` are log-space bounds for GMPO (paper default 0.4 each).
+    sequences by length. Its bounds are on log r and named so: ``log_clip_low``/``log_clip_high`` (paper: 0.4 each).
   * ``cispo`` uses only the upper bound 1+ε_high on the IS weight, as MiniMax-M1 does in practice (ε_low unset), and
     writes the loss with log r = log π − log π_old (same gradient as log π, value 0 on-policy).
   * ``k3`` clamps (ref − logp) to [−20, 20] before the exp so that a far-off token cannot give inf.
@@ -51,28 +55,37 @@ All math in fp32; masks enter as float multiplications or ``torch.where`` (no bo
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from mmgrpo.config import Range
 from mmgrpo.registry import Registry
 
 RATIO_LEVELS: Registry[Callable[..., Tensor]] = Registry("ratio level")
 """``fn(log_ratio[n, T], mask[n, T], *, chunk_sizes) -> log_ratio[n, T]`` (0 where mask is 0)."""
 
 SURROGATES: Registry[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = Registry("surrogate")
-"""``fn(log_ratio, advantages, mask, *, clip_low, clip_high, dual_clip, tau_pos, tau_neg) -> (loss[n, T], metrics)``."""
+"""``fn(log_ratio[n, T], advantages[n, T], mask[n, T], options) -> (loss[n, T], metrics)``; ``options`` is an instance
+of the dataclass the function annotates (``options_class``), built from ``algorithm.surrogate_args``."""
 
 AGGREGATIONS: Registry[Callable[..., Tensor]] = Registry("loss aggregation")
-"""``fn(loss[n, T], mask[n, T], *, max_units) -> loss[]``."""
+"""``fn(loss[n, T], mask[n, T], options, *, max_units) -> loss[]``; the options class's ``units(mask) -> []`` is the
+count the aggregation divides by (the trainer weights minibatches by it)."""
 
 GROUP_SURROGATES = frozenset({"reg_grpo", "dgpo"})
 """Surrogates whose loss couples the samples of a group: they take ``group_size=G`` as one more keyword and need
 every minibatch to hold whole groups, in group-major order (rows [g·G, (g+1)·G) are one prompt's samples)."""
 
-KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator")
-"""``fn(logprobs[n, T], ref_logprobs[n, T]) -> kl[n, T]``, an estimate of KL(π‖π_ref) per unit."""
+KL_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry("KL estimator")
+"""``fn(logprobs[n, T], reference[n, T], options) -> kl[n, T]``, KL(π‖π_ref) per unit; ``reference`` is what the
+options class's ``reads`` names: ``ref_logprobs`` (sample-based estimators) or ``exact_kl`` (the adapter's closed
+form, ``PolicyAdapter.exact_kl``)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,6 +111,11 @@ def _ratio_metrics(ratio: Tensor, valid: Tensor, m: Tensor) -> dict[str, Tensor]
         "loss/ratio_mean": _masked_mean(r, m),
         "loss/ratio_max": torch.where(valid, r, torch.zeros_like(r)).amax() if r.numel() else r.sum(),
     }
+
+
+def _result(loss: Tensor, m: Tensor, metrics: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """A surrogate's return value: the per-unit loss times the float mask, and its metrics detached."""
+    return loss * m, {k: v.detach() for k, v in metrics.items()}
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
@@ -215,17 +233,26 @@ def _prepare(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tenso
     return lr, adv, valid, m
 
 
+@dataclass(frozen=True)
+class PPOClipOptions:
+    """``algorithm.surrogate_args`` of ``ppo_clip``."""
+
+    clip_low: Annotated[float, Range(ge=0, lt=1)] = 0.2
+    """ε_low: the ratio is clipped below at 1 − clip_low, in [0, 1) (a bound 1 − clip_low <= 0 clips nothing)."""
+    clip_high: Annotated[float, Range(ge=0, le=10)] = 0.28
+    """ε_high: the ratio is clipped above at 1 + clip_high; DAPO clip-higher default 0.28. At most 10: published values
+    are 1e-4 (GSPO, sequence level) to 0.28; far above that the clip bounds nothing, so a huge value hides a typo (for
+    no clipping use surrogate: reinforce)."""
+    dual_clip: Annotated[float, Range(gt=1)] | None = None
+    """Dual-clip bound c > 1 on the loss of negative-advantage units (−c·A); null disables."""
+
+
 @SURROGATES.register("ppo_clip")
 def ppo_clip(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
+    options: PPOClipOptions = PPOClipOptions(),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with asymmetric bounds and optional dual clip.
 
@@ -238,6 +265,7 @@ def ppo_clip(
     Shape:
         log_ratio, advantages, mask: [n, T] → loss [n, T]
     """
+    clip_low, clip_high, dual_clip = options.clip_low, options.clip_high, options.dual_clip
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip_low and clip_high must be >= 0; got {clip_low}, {clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
@@ -254,7 +282,17 @@ def ppo_clip(
         loss = torch.where(dual_active, bound, loss)  # [n, T]
         metrics["loss/dual_clip_fraction"] = _masked_mean(dual_active.float(), m)
     metrics.update(_ratio_metrics(ratio, valid, m))
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
+
+
+@dataclass(frozen=True)
+class SAPOOptions:
+    """``algorithm.surrogate_args`` of ``sapo`` (defaults: TRL's ``sapo_temperature_pos/neg``)."""
+
+    tau_pos: Annotated[float, Range(gt=0)] = 1.0
+    """τ for units with positive advantage."""
+    tau_neg: Annotated[float, Range(gt=0)] = 1.05
+    """τ for units with zero or negative advantage."""
 
 
 @SURROGATES.register("sapo")
@@ -262,28 +300,35 @@ def sapo(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
+    options: SAPOOptions = SAPOOptions(),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO soft gate (arXiv 2511.20347): ℓ = −(4/τ)·σ(τ(r − 1))·A, τ = τ_pos if A > 0 else τ_neg.
 
     The gradient is −4σ(1−σ)·A·r·∇log π: equal to the plain policy gradient at r = 1 and decaying smoothly as r
-    leaves 1 (instead of PPO's hard cut). Clip parameters are ignored.
+    leaves 1 (instead of PPO's hard cut).
 
     Shape:
         log_ratio, advantages, mask: [n, T] → loss [n, T]
     """
+    tau_pos, tau_neg = options.tau_pos, options.tau_neg
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"SAPO temperatures must be > 0; got tau_pos={tau_pos}, tau_neg={tau_neg}")
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
     ratio = lr.exp()  # [n, T]
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))  # [n, T]
     loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * adv  # [n, T]
-    return loss * m, {k: v.detach() for k, v in _ratio_metrics(ratio, valid, m).items()}
+    return _result(loss, m, _ratio_metrics(ratio, valid, m))
+
+
+@dataclass(frozen=True)
+class GMPOOptions:
+    """``algorithm.surrogate_args`` of ``gmpo``: bounds on the log-ratio, not on the ratio (paper: 0.4 each)."""
+
+    log_clip_low: Annotated[float, Range(ge=0, le=10)] = 0.4
+    """ε_low: each token's log r is clipped below at −log_clip_low, i.e. r >= e^−log_clip_low."""
+    log_clip_high: Annotated[float, Range(ge=0, le=10)] = 0.4
+    """ε_high: each token's log r is clipped above at log_clip_high, i.e. r <= e^log_clip_high (e^10 ≈ 2·10^4
+    already bounds nothing)."""
 
 
 @SURROGATES.register("gmpo")
@@ -291,19 +336,14 @@ def gmpo(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
+    options: GMPOOptions = GMPOOptions(),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): maximise the geometric mean of clipped token ratios.
 
     With Â_i the masked mean advantage of sequence i and s = sign(Â_i), each token's log-ratio is clipped in log
     space, sign-aware: ℓ̃_t = s·min(s·log r_t, s·clip(log r_t, −ε_low, ε_high)) (the pessimistic side, as PPO's
     min), and the sequence loss is −Â_i·exp((1/|o_i|) Σ_t ℓ̃_t), broadcast to every valid unit of the sequence.
-    ``clip_low``/``clip_high`` are therefore bounds on log r: r_t ∈ [e^−ε_low, e^ε_high] (paper: 0.4 each).
+    ``log_clip_low``/``log_clip_high`` are bounds on log r: r_t ∈ [e^−ε_low, e^ε_high] (paper: 0.4 each).
 
     Metrics: ``loss/clip_fraction`` = share of valid units where the clipped side was taken (gradient cut); token
     ratio mean/max; ``loss/seq_ratio_mean`` = mean over sequences with a valid unit of exp(mean_t ℓ̃_t).
@@ -311,14 +351,15 @@ def gmpo(
     Shape:
         log_ratio, advantages, mask: [n, T] → loss [n, T] (constant over each row's valid units)
     """
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0; got {clip_low}, {clip_high}")
+    low, high = options.log_clip_low, options.log_clip_high
+    if low < 0 or high < 0:
+        raise ValueError(f"log_clip_low and log_clip_high must be >= 0; got {low}, {high}")
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
     count = m.sum(-1, keepdim=True)  # [n, 1]
     denom = torch.where(count > 0, count, torch.ones_like(count))  # [n, 1]
     seq_adv = (adv * m).sum(-1, keepdim=True) / denom  # [n, 1]
     sign = torch.sign(seq_adv)  # [n, 1]
-    lr_clip = lr.clamp(-clip_low, clip_high)  # [n, T]
+    lr_clip = lr.clamp(-low, high)  # [n, T]
     lr_pess = sign * torch.minimum(sign * lr, sign * lr_clip)  # [n, T]
     seq_ratio = ((lr_pess * m).sum(-1, keepdim=True) / denom).exp()  # [n, 1]
     loss = (-seq_adv * seq_ratio).expand_as(lr)  # [n, T]
@@ -328,7 +369,15 @@ def gmpo(
         "loss/seq_ratio_mean": (seq_ratio.detach() * has).sum() / has.sum().clamp_min(1.0),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
+
+
+@dataclass(frozen=True)
+class CISPOOptions:
+    """``algorithm.surrogate_args`` of ``cispo``: only the upper bound (MiniMax-M1 leaves ε_low unset)."""
+
+    clip_high: Annotated[float, Range(ge=0, le=10)] = 0.28
+    """ε_high: the detached IS weight is min(r, 1 + clip_high)."""
 
 
 @SURROGATES.register("cispo")
@@ -336,12 +385,7 @@ def cispo(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
+    options: CISPOOptions = CISPOOptions(),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): ℓ = −sg(min(r, 1 + ε_high))·A·log r.
 
@@ -352,6 +396,7 @@ def cispo(
     Shape:
         log_ratio, advantages, mask: [n, T] → loss [n, T]
     """
+    clip_high = options.clip_high
     if clip_high < 0:
         raise ValueError(f"clip_high must be >= 0; got {clip_high}")
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
@@ -362,7 +407,12 @@ def cispo(
         "loss/clip_fraction": _masked_mean((ratio > 1.0 + clip_high).float(), m),
         **_ratio_metrics(ratio, valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
+
+
+@dataclass(frozen=True)
+class ReinforceOptions:
+    """``reinforce`` takes no options."""
 
 
 @SURROGATES.register("reinforce")
@@ -370,12 +420,7 @@ def reinforce(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
+    options: ReinforceOptions = ReinforceOptions(),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE with a group baseline: ℓ = −A·log r, gradient −A·∇log π_θ (unweighted, even off-policy).
 
@@ -384,11 +429,19 @@ def reinforce(
     """
     lr, adv, valid, m = _prepare(log_ratio, advantages, mask)  # [n, T] each
     loss = -adv * lr  # [n, T]
-    return loss * m, {k: v.detach() for k, v in _ratio_metrics(lr.exp(), valid, m).items()}
+    return _result(loss, m, _ratio_metrics(lr.exp(), valid, m))
 
 
 REG_GRPO_EPS = 1e-4
 """Added to the group std of the sequence log-ratios in ``reg_grpo`` (the estimator's ``eps`` default)."""
+
+
+@dataclass(frozen=True)
+class RegGRPOOptions:
+    """``algorithm.surrogate_args`` of ``reg_grpo``."""
+
+    eps: Annotated[float, Range(gt=0)] = REG_GRPO_EPS
+    """Added to the group std of the sequence log-ratios before dividing (sets the on-policy gradient scale 2/eps)."""
 
 
 @SURROGATES.register("reg_grpo")
@@ -396,12 +449,8 @@ def reg_grpo(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    options: RegGRPOOptions = RegGRPOOptions(),
     *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
     group_size: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464, "Reg-GRPO"): regress the advantage.
@@ -410,11 +459,11 @@ def reg_grpo(
     length-normalised log π_θ(o_i|q)/π_old(o_i|q)), Â_i its advantage (masked mean of ``advantages``) and the
     group statistics taken over the samples of the group that have a valid unit::
 
-        ρ̂_i = (ρ_i − mean_G ρ) / (std_G ρ + eps)          std with (n−1), eps = ``REG_GRPO_EPS``
+        ρ̂_i = (ρ_i − mean_G ρ) / (std_G ρ + eps)          std with (n−1), eps = ``options.eps``
         ℓ_i = (ρ̂_i − Â_i)²                                 broadcast to every valid unit of sequence i
 
-    so ``seq_mean_token_mean`` gives the paper's (1/G) Σ_i (ρ̂_i − Â_i)². No clip, no min: the clip parameters
-    are ignored. The paper writes ρ_i = β·log(π_θ/π_old); a positive β cancels in ρ̂, so it is not a parameter.
+    so ``seq_mean_token_mean`` gives the paper's (1/G) Σ_i (ρ̂_i − Â_i)². No clip, no min. The paper writes
+    ρ_i = β·log(π_θ/π_old); a positive β cancels in ρ̂, so it is not a parameter.
 
     Source and departures: the formula is our reconstruction from the paper's description (Park et al. 2025,
     "DeepVideo-R1", arXiv 2506.07464, §1 and abstract: "regression that directly predicts the advantage", no clip
@@ -445,7 +494,7 @@ def reg_grpo(
     mean = (rho * has).sum(-1, keepdim=True) / k.clamp_min(1.0)  # [n/G, 1]
     var = ((rho - mean).square() * has).sum(-1, keepdim=True) / (k - 1.0).clamp_min(1.0)  # [n/G, 1]
     std = var.clamp_min(1e-12).sqrt()  # [n/G, 1]
-    rho_hat = (rho - mean) / (std + REG_GRPO_EPS)  # [n/G, G]
+    rho_hat = (rho - mean) / (std + options.eps)  # [n/G, G]
     per_seq = (rho_hat - seq_adv).square() * has  # [n/G, G]
     loss = per_seq.reshape(n, 1).expand(n, T)  # [n, T]
     metrics = {
@@ -453,7 +502,15 @@ def reg_grpo(
         "loss/reg_pred_abs_mean": (rho_hat.detach().abs() * has).sum() / has.sum().clamp_min(1.0),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k_: v.detach() for k_, v in metrics.items()}
+    return _result(loss, m, metrics)
+
+
+@dataclass(frozen=True)
+class DGPOOptions:
+    """``algorithm.surrogate_args`` of ``dgpo``."""
+
+    beta_dpo: Annotated[float, Range(gt=0)] = 100.0
+    """β_dpo, the scale of the group score S (the code's 100 for SD3.5 GenEval/OCR, 10 for PickScore)."""
 
 
 @SURROGATES.register("dgpo")
@@ -461,14 +518,9 @@ def dgpo(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    options: DGPOOptions = DGPOOptions(),
     *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None,
-    tau_pos: float,
-    tau_neg: float,
     group_size: int,
-    beta_dpo: float = 100.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DGPO group preference loss (Luo, Hu & Tang 2025, arXiv 2510.08425; Luo-Yihong/DGPO
     ``scripts/train_sd3_dgpo.py::compute_group_dgpo_loss_allreduce``), on the units of ``objective: dgpo``.
@@ -482,9 +534,8 @@ def dgpo(
     The code's loss is mean(sg[σ(S)]·A·ℓ); ℓ^ref carries no gradient, so the gradients are equal (the value differs
     by sg[σ(S)]·A·ℓ^ref). Minimising pushes ℓ down for A > 0 and up for A < 0; σ(S) shrinks as the group's
     preference is already met (the gradient of −log σ(−S)). With ``token_mean`` over the M all-valid units this is
-    the code's mean over samples and noise levels (it accumulates the M levels into one update). Clip parameters
-    are ignored (the code's optional EMA-based stop-gradient is not implemented); β_dpo from
-    ``algorithm.surrogate_args`` (the code's 100 for SD3.5 GenEval/OCR, 10 for PickScore).
+    the code's mean over samples and noise levels (it accumulates the M levels into one update). The code's
+    optional EMA-based stop-gradient is not implemented; β_dpo is ``options.beta_dpo``.
 
     Shape:
         log_ratio, advantages, mask: [n, M] with n = k·G (whole groups, group-major) → loss [n, M]
@@ -497,7 +548,7 @@ def dgpo(
             "set algorithm.minibatch_size to a multiple of group_size"
         )
     delta = -lr  # [n, M] ℓ − ℓ^ref
-    score = (beta_dpo / group_size) * (adv * delta.detach() * m).view(-1, group_size, M).sum(1)  # [n/G, M]
+    score = (options.beta_dpo / group_size) * (adv * delta.detach() * m).view(-1, group_size, M).sum(1)  # [n/G, M]
     weight = torch.sigmoid(score).repeat_interleave(group_size, 0)  # [n, M]
     loss = weight.detach() * adv * delta  # [n, M]
     metrics = {
@@ -505,15 +556,25 @@ def dgpo(
         "loss/dsm_delta_mean": _masked_mean(delta, m),
         **_ratio_metrics(lr.exp(), valid, m),
     }
-    return loss * m, {k: v.detach() for k, v in metrics.items()}
+    return _result(loss, m, metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # aggregations
 
 
+@dataclass(frozen=True)
+class TokenMeanOptions:
+    """``token_mean`` takes no options; it divides by the valid units."""
+
+    @staticmethod
+    def units(mask: Tensor) -> Tensor:
+        """Σ m: the valid units (TRL's ``dapo`` loss type normalises by the global count). Shape: [n, T] → []."""
+        return mask.float().sum()
+
+
 @AGGREGATIONS.register("token_mean")
-def token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+def token_mean(loss: Tensor, mask: Tensor, options: TokenMeanOptions = TokenMeanOptions(), *, max_units: int) -> Tensor:
     """DAPO token-level mean (arXiv 2503.14476 §3.3): Σ_{i,t} ℓ·m / Σ_{i,t} m; 0 if nothing is valid.
 
     Shape:
@@ -523,8 +584,20 @@ def token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
     return _masked_mean(loss.float(), mask.float())
 
 
+@dataclass(frozen=True)
+class SeqMeanTokenMeanOptions:
+    """``seq_mean_token_mean`` takes no options; it divides by the sequences with a valid unit."""
+
+    @staticmethod
+    def units(mask: Tensor) -> Tensor:
+        """The number of sequences with a valid unit. Shape: [n, T] → []."""
+        return (mask.float().sum(-1) > 0).float().sum()
+
+
 @AGGREGATIONS.register("seq_mean_token_mean")
-def seq_mean_token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+def seq_mean_token_mean(
+    loss: Tensor, mask: Tensor, options: SeqMeanTokenMeanOptions = SeqMeanTokenMeanOptions(), *, max_units: int
+) -> Tensor:
     """GRPO (DeepSeekMath eq. 3): (1/n') Σ_i (1/|o_i|) Σ_t ℓ_{i,t} over the n' sequences with a valid unit.
 
     Shape:
@@ -539,8 +612,20 @@ def seq_mean_token_mean(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor
     return (per_seq * has).sum() / torch.where(n_seq > 0, n_seq, torch.ones_like(n_seq))
 
 
+@dataclass(frozen=True)
+class SeqSumConstNormOptions:
+    """``seq_sum_const_norm`` takes no options; it divides by the sequences (times the constant ``max_units``)."""
+
+    @staticmethod
+    def units(mask: Tensor) -> Tensor:
+        """The number of sequences n. Shape: [n, T] → []."""
+        return torch.tensor(float(mask.shape[0]), device=mask.device)
+
+
 @AGGREGATIONS.register("seq_sum_const_norm")
-def seq_sum_const_norm(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
+def seq_sum_const_norm(
+    loss: Tensor, mask: Tensor, options: SeqSumConstNormOptions = SeqSumConstNormOptions(), *, max_units: int
+) -> Tensor:
     """Dr.GRPO (arXiv 2503.20783 §3.1): Σ_{i,t} ℓ·m / (n · max_units), a length-independent constant normaliser.
 
     ``max_units`` is the largest possible number of units (e.g. max_completion_length), not this batch's T.
@@ -557,46 +642,33 @@ def seq_sum_const_norm(loss: Tensor, mask: Tensor, *, max_units: int) -> Tensor:
     return (loss.float() * mask.float()).sum() / float(n * max_units)
 
 
-def aggregation_units(aggregation: str, mask: Tensor) -> Tensor:
-    """The count an aggregation divides by, so that a loss split into minibatches equals the whole-update loss.
-
-    Each aggregation is Σ(minibatch) / D(minibatch); the whole update's value is Σ_mb Σ(mb) / D(update), so
-    minibatch ``mb`` is weighted by D(mb) / D(update): valid units for ``token_mean`` (DAPO §3.3, TRL's ``dapo``
-    loss type normalises by the global count of active tokens), sequences with a valid unit for
-    ``seq_mean_token_mean``, sequences for ``seq_sum_const_norm``. An aggregation registered elsewhere is
-    weighted by its sequence count.
-
-    Shape:
-        mask: [n, T] → []
-    """
-    m = mask.float()  # [n, T]
-    if aggregation == "token_mean":
-        return m.sum()
-    if aggregation == "seq_mean_token_mean":
-        return (m.sum(-1) > 0).float().sum()
-    return torch.tensor(float(mask.shape[0]), device=mask.device)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # KL estimators (Schulman 2020, "Approximating KL Divergence"; samples y ~ π, x = log π_ref(y) − log π(y))
 
 
+@dataclass(frozen=True)
+class SampleKLOptions:
+    """k1, k2 and k3 take no options; they read the reference log-probs of the sampled units."""
+
+    reads: ClassVar[str] = "ref_logprobs"
+
+
 @KL_ESTIMATORS.register("k1")
-def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor, options: SampleKLOptions = SampleKLOptions()) -> Tensor:
     """k1 = −x = log π − log π_ref: unbiased, high variance, can be negative. Shape: [n, T] → [n, T]."""
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return logprobs.float() - ref_logprobs.float()  # [n, T]
 
 
 @KL_ESTIMATORS.register("k2")
-def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor, options: SampleKLOptions = SampleKLOptions()) -> Tensor:
     """k2 = ½x²: biased, low variance, ≥ 0. Shape: [n, T] → [n, T]."""
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     return 0.5 * (logprobs.float() - ref_logprobs.float()).square()  # [n, T]
 
 
 @KL_ESTIMATORS.register("k3")
-def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, options: SampleKLOptions = SampleKLOptions()) -> Tensor:
     """k3 = eˣ − x − 1: unbiased, low variance, ≥ 0 (GRPO's KL, DeepSeekMath eq. 4).
 
     x = ref − logp is clamped to [−20, 20] first (e²⁰ ≈ 4.9e8 stays finite in fp32); outside that range the value
@@ -608,3 +680,67 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     _check_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     x = (ref_logprobs.float() - logprobs.float()).clamp(-20.0, 20.0)  # [n, T]
     return x.exp() - x - 1.0  # [n, T]
+
+
+@dataclass(frozen=True)
+class GaussianExactOptions:
+    """``gaussian_exact`` takes no options here (the flow adapter's ``model.args.kl_variant`` picks the exact KL or
+    Flow-GRPO's); it reads the adapter's closed form (``PolicyAdapter.exact_kl``) instead of reference log-probs."""
+
+    reads: ClassVar[str] = "exact_kl"
+
+
+@KL_ESTIMATORS.register("gaussian_exact")
+def kl_gaussian_exact(
+    logprobs: Tensor, exact_kl: Tensor, options: GaussianExactOptions = GaussianExactOptions()
+) -> Tensor:
+    """KL(π_θ‖π_ref) of Gaussian transitions in closed form (flow/diffusion, ``shaping.gaussian_kl``), as computed by
+    the adapter's ``exact_kl(rollout, index)`` from the policy's and the reference's transition means; no sampling
+    estimate. ``logprobs`` only fixes the shape. Shape: [n, T], [n, T] → [n, T]."""
+    _check_same_shape(logprobs=logprobs, exact_kl=exact_kl)
+    return exact_kl.float()  # [n, T]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# options: each component's dataclass, built from algorithm.surrogate_args / aggregation_args / kl_args
+
+
+def options_class(fn: Callable[..., object]) -> type:
+    """The options dataclass a registered component declares: the annotation of its ``options`` parameter."""
+    return typing.get_type_hints(fn)["options"]
+
+
+def _resolve(registry: Registry, name: str, args: dict[str, Any] | None, where: str) -> Any:
+    """``args`` checked against component ``name``'s options dataclass; unknown keys and bad values raise
+    ``ConfigError`` naming the key, the component and the allowed keys."""
+    from mmgrpo.config import ConfigError, from_dict
+
+    cls = options_class(registry.get(name))
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for key in args or {}:
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.{key}: not an option of {registry.kind} {name!r}; allowed: {', '.join(allowed) or '(none)'}"
+            )
+    return from_dict(cls, args or {}, where)
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """The options objects of the configured surrogate, aggregation and KL estimator."""
+
+    surrogate: Any
+    aggregation: Any
+    kl: Any
+
+
+def resolve_options(algorithm: Any) -> LossOptions:
+    """Each loss component's options from ``algorithm`` (an ``AlgorithmConfig``): ``surrogate_args`` against the
+    surrogate's dataclass, ``aggregation_args`` the aggregation's, ``kl_args`` the KL estimator's. Called at
+    config load (``mmgrpo.config.validate``) and by the trainer."""
+    a = algorithm
+    return LossOptions(
+        surrogate=_resolve(SURROGATES, a.surrogate, a.surrogate_args, "algorithm.surrogate_args"),
+        aggregation=_resolve(AGGREGATIONS, a.aggregation, a.aggregation_args, "algorithm.aggregation_args"),
+        kl=_resolve(KL_ESTIMATORS, a.kl, a.kl_args, "algorithm.kl_args"),
+    )

@@ -399,7 +399,7 @@ class Trainer:
             unit_adv = unit_adv * weights  # [B, T]
             adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
         ref = None
-        if a.beta > 0 and a.kl != "gaussian_exact":  # sample-based estimators need reference log-probs
+        if a.beta > 0 and losses.options_class(losses.KL_ESTIMATORS.get(a.kl)).reads == "ref_logprobs":
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
         beta = schedules.beta_at(a.beta_schedule, step, self.cfg.steps, a.beta, a.beta_schedule_args)
@@ -559,7 +559,7 @@ class Trainer:
 
         An update's gradient is that of one loss over all its samples on all processes: minibatch ``mb`` is
         weighted by its share D(mb) / D(update) of the units its aggregation divides by
-        (``losses.aggregation_units``, summed over processes), times W because DDP averages gradients over
+        (the aggregation options' ``units``, summed over processes), times W because DDP averages gradients over
         the W processes. Logged loss terms are weighted the same way, so they are whole-update values.
         """
         a = self.cfg.algorithm
@@ -567,7 +567,8 @@ class Trainer:
         surrogate = losses.SURROGATES.get(a.surrogate)
         aggregate = losses.AGGREGATIONS.get(a.aggregation)
         ratio_level = losses.RATIO_LEVELS.get(a.ratio_level)
-        kl_fn = None if a.kl == "gaussian_exact" else losses.KL_ESTIMATORS.get(a.kl)
+        kl_fn = losses.KL_ESTIMATORS.get(a.kl)
+        opts = losses.resolve_options(a)  # each component's own options (algorithm.surrogate_args, ...)
         grouped = a.surrogate in losses.GROUP_SURROGATES  # the loss needs whole groups per minibatch (config-checked)
         group_kw = {"group_size": a.group_size} if grouped else {}
         sums: dict[str, torch.Tensor] = {}
@@ -582,11 +583,11 @@ class Trainer:
                 order = (torch.randperm(rollout.batch_size // G)[:, None] * G + torch.arange(G)).flatten()
             for update in order.tensor_split(a.updates_per_epoch):
                 minibatches = update.split(a.minibatch_size)
-                total = losses.aggregation_units(a.aggregation, mask[update]).to(device)  # [] this process
+                total = opts.aggregation.units(mask[update]).to(device)  # [] this process
                 if world > 1:
                     total = self.acc.reduce(total, reduction="sum")  # [] all processes
                 for i, idx in enumerate(minibatches):
-                    units = losses.aggregation_units(a.aggregation, mask[idx]).to(device)  # []
+                    units = opts.aggregation.units(mask[idx]).to(device)  # []
                     share = float(world * units / total) if float(total) > 0 else 0.0
                     sync = i == len(minibatches) - 1
                     with self.acc.no_sync(self.adapter.model) if not sync else nullcontext():
@@ -599,27 +600,19 @@ class Trainer:
                             log_ratio = shaping.ratio_norm(log_ratio, m, sig, **extra)
                         log_ratio = ratio_level(log_ratio, m, chunk_sizes=a.chunk_sizes)
                         per_unit, mets = surrogate(
-                            log_ratio,
-                            unit_adv[idx].to(device),
-                            m,
-                            clip_low=a.clip_low,
-                            clip_high=a.clip_high,
-                            dual_clip=a.dual_clip,
-                            tau_pos=a.tau_pos,
-                            tau_neg=a.tau_neg,
-                            **group_kw,
-                            **a.surrogate_args,
+                            log_ratio, unit_adv[idx].to(device), m, opts.surrogate, **group_kw
                         )  # [n, T]
                         if is_weights is not None:  # engine-sampled units: π_old / π_engine, bounded (TIS)
                             per_unit = per_unit * is_weights[idx].to(device)
-                        policy_loss = aggregate(per_unit, m, max_units=m.shape[1])
+                        policy_loss = aggregate(per_unit, m, opts.aggregation, max_units=m.shape[1])
                         loss = policy_loss
                         if a.beta > 0:
-                            if a.kl == "gaussian_exact":  # closed form from the adapter's transition means
-                                kl = self.adapter.exact_kl(rollout, idx).to(device) * m  # [n, T]
+                            if opts.kl.reads == "exact_kl":  # closed form from the adapter's transition means
+                                reference = self.adapter.exact_kl(rollout, idx)  # [n, T]
                             else:
-                                kl = kl_fn(logp, ref[idx].to(device)) * m  # [n, T]
-                            kl_loss = aggregate(kl, m, max_units=m.shape[1])
+                                reference = ref[idx]  # [n, T] reference log-probs
+                            kl = kl_fn(logp, reference.to(device), opts.kl) * m  # [n, T]
+                            kl_loss = aggregate(kl, m, opts.aggregation, max_units=m.shape[1])
                             loss = loss + beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
                         self.acc.backward(loss * share)

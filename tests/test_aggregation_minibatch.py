@@ -63,11 +63,7 @@ def _whole_update_grads(t: Trainer, unit_adv, mask) -> list[torch.Tensor]:
         logp - r.old_logprobs,
         unit_adv,
         mask,
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        dual_clip=None,
-        tau_pos=a.tau_pos,
-        tau_neg=a.tau_neg,
+        losses.resolve_options(a).surrogate,
     )
     losses.AGGREGATIONS.get(a.aggregation)(per_unit, mask, max_units=mask.shape[1]).backward()
     grads = [
@@ -138,6 +134,6 @@ def test_worked_example_token_mean_is_one_mean_over_the_update(trainer):
 
 def test_aggregation_units_by_hand():
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
-    assert float(losses.aggregation_units("token_mean", mask)) == 4.0
-    assert float(losses.aggregation_units("seq_mean_token_mean", mask)) == 2.0
-    assert float(losses.aggregation_units("seq_sum_const_norm", mask)) == 3.0
+    assert float(losses.TokenMeanOptions().units(mask)) == 4.0
+    assert float(losses.SeqMeanTokenMeanOptions().units(mask)) == 2.0
+    assert float(losses.SeqSumConstNormOptions().units(mask)) == 3.0

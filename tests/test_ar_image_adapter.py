@@ -171,7 +171,7 @@ def test_one_grpo_step_changes_parameters(ratio_level, mmgrpo_cache):
     chunks = [4, 4, 4, 4] if ratio_level == "chunk" else None  # rows of the 4×4 token grid
     log_ratio = losses.RATIO_LEVELS.get(ratio_level)(logp - ro.old_logprobs, ro.mask, chunk_sizes=chunks)
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
-        log_ratio, unit_adv, ro.mask, clip_low=0.2, clip_high=0.2, dual_clip=None, tau_pos=1.0, tau_neg=1.05
+        log_ratio, unit_adv, ro.mask, losses.PPOClipOptions(clip_low=0.2, clip_high=0.2)
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, ro.mask, max_units=T)
     assert torch.isfinite(loss)

@@ -24,10 +24,16 @@ def test_every_shipped_config_loads_and_validates(path):
 def test_overrides_set_nested_values_with_yaml_types():
     cfg = load_config(
         ROOT / "configs/quickstart.yaml",
-        ["algorithm.beta=0.04", "steps=3", "output_dir=/tmp/x", "algorithm.dual_clip=3", "logging.trackers=[]"],
+        [
+            "algorithm.beta=0.04",
+            "steps=3",
+            "output_dir=/tmp/x",
+            "algorithm.surrogate_args.dual_clip=3",
+            "logging.trackers=[]",
+        ],
     )
     assert cfg.algorithm.beta == 0.04 and cfg.steps == 3 and cfg.output_dir == "/tmp/x"
-    assert cfg.algorithm.dual_clip == 3.0 and cfg.logging.trackers == []
+    assert cfg.algorithm.surrogate_args["dual_clip"] == 3 and cfg.logging.trackers == []
 
 
 def test_apply_override_rejects_malformed():
@@ -45,7 +51,7 @@ def test_apply_override_rejects_malformed():
         ("algorithm.group_size=one", "algorithm.group_size: expected an integer, got 'one'"),
         ("algorithm.group_size=1", "algorithm.group_size: group-relative advantages need at least 2"),
         ("algorithm.scale=std", "algorithm.scale: 'std' is not allowed; choose one of: auto, group, batch, none"),
-        ("algorithm.dual_clip=0.5", "algorithm.dual_clip: must be > 1"),
+        ("algorithm.surrogate_args.dual_clip=0.5", "algorithm.surrogate_args.dual_clip: must be > 1"),
         ("algorithm.ratio_level=chunk", "algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes"),
         ("optim.lr=-1", "optim.lr: must be > 0"),
         ("model.adapter=nope", "model.adapter: 'nope' is not allowed; choose one of:"),

@@ -31,7 +31,10 @@ from tests.test_reliability import QUICK, ROOT, TINY, _cfg, _steps
         ("optim.betas=[0.9,1.5]", r"optim.betas\[1\]: must be >= 0 and < 1, got 1.5"),
         ("warmup.steps=-3", "warmup.steps: must be >= 0, got -3"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last: must be >= 1, got 0"),
-        ("algorithm.clip_high=1e9", "algorithm.clip_high: must be >= 0 and <= 10, got 1000000000.0"),
+        (
+            "algorithm.surrogate_args.clip_high=1e9",
+            "algorithm.surrogate_args.clip_high: must be >= 0 and <= 10, got 1000000000.0",
+        ),
         ("stop_after=500", "stop_after: 500 is past steps=300"),
     ],
 )

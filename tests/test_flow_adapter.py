@@ -83,7 +83,7 @@ def test_one_grpo_step_changes_parameters(kind, mmgrpo_cache):
     logp = ad.logprobs(ro, idx)
     log_ratio = losses.RATIO_LEVELS.get("token")(logp - ro.old_logprobs, ro.mask, chunk_sizes=None)
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
-        log_ratio, unit_adv, ro.mask, clip_low=1e-4, clip_high=1e-4, dual_clip=None, tau_pos=1.0, tau_neg=1.05
+        log_ratio, unit_adv, ro.mask, losses.PPOClipOptions(clip_low=1e-4, clip_high=1e-4)
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, ro.mask, max_units=T)
     assert torch.isfinite(loss)

@@ -38,7 +38,7 @@ def test_synthetic_variants_differ_only_in_their_own_keys():
     assert value.model.args["value_rewards"] == [{"name": "flow_shape_match"}]
     for cfg in (chunk, temporal, value):
         assert cfg.optim == base.optim and cfg.steps == base.steps and cfg.seed == base.seed
-        assert cfg.algorithm.clip_low == base.algorithm.clip_low and cfg.model.lora == base.model.lora
+        assert cfg.algorithm.surrogate_args == base.algorithm.surrogate_args and cfg.model.lora == base.model.lora
         assert {k: v for k, v in cfg.model.args.items() if k != "value_rewards"} == base.model.args
 
 
@@ -47,7 +47,7 @@ def test_recipes_carry_flow_grpo_defaults():
     a = sd3.model.args
     assert (sd3.algorithm.kl, a["kl_variant"], sd3.algorithm.beta) == ("gaussian_exact", "flow_grpo", 0.01)
     assert (a["num_steps"], a["eval_num_steps"], a["noise_level"], a["guidance_scale"]) == (10, 40, 0.7, 4.5)
-    assert sd3.algorithm.group_size == 24 and sd3.algorithm.clip_low == 1e-4 and sd3.optim.lr == 3e-4
+    assert sd3.algorithm.group_size == 24 and sd3.algorithm.surrogate_args["clip_low"] == 1e-4 and sd3.optim.lr == 3e-4
     assert (sd3.model.lora.r, sd3.model.lora.alpha) == (32, 64)
     flux = load_config(CONFIGS[0].parent / "flow_flux_dev_recipe.yaml")
     f = flux.model.args

@@ -1,16 +1,26 @@
 """Hand-computed checks of mmgrpo.losses: values, gradients and errors (arithmetic next to each expected value)."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from mmgrpo.losses import AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, SURROGATES, segment_mean
+from mmgrpo.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    RATIO_LEVELS,
+    SURROGATES,
+    GMPOOptions,
+    PPOClipOptions,
+    SAPOOptions,
+    options_class,
+    segment_mean,
+)
 
 NAN, INF = float("nan"), float("inf")
 TOL = dict(atol=1e-6, rtol=1e-6)
 LN2 = math.log(2.0)  # 0.6931472
-KW = dict(clip_low=0.2, clip_high=0.28, dual_clip=None, tau_pos=1.0, tau_neg=1.05)
 
 
 def close(actual, expected):
@@ -25,7 +35,7 @@ def test_registry_names():
     assert RATIO_LEVELS.names() == ["chunk", "sequence", "sequence_token", "token"]
     assert SURROGATES.names() == ["cispo", "dgpo", "gmpo", "ppo_clip", "reg_grpo", "reinforce", "sapo"]
     assert AGGREGATIONS.names() == ["seq_mean_token_mean", "seq_sum_const_norm", "token_mean"]
-    assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
+    assert KL_ESTIMATORS.names() == ["gaussian_exact", "k1", "k2", "k3"]
 
 
 # ---------------------------------------------------------------------------------------------------- ratio levels
@@ -126,7 +136,7 @@ def test_ppo_clip_values_gradients_metrics():
     lr = leaf([[math.log(1.5), math.log(0.5), math.log(0.5), math.log(1.5), 0.0, INF]])
     adv = torch.tensor([[1.0, 1.0, -2.0, -2.0, 0.5, NAN]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 0.0]])
-    loss, m = SURROGATES.get("ppo_clip")(lr, adv, mask, **KW)
+    loss, m = SURROGATES.get("ppo_clip")(lr, adv, mask)
     # max(-A·r, -A·clip(r, 0.8, 1.28)):
     # (1.5,+1): max(-1.5, -1.28) = -1.28 clipped | (0.5,+1): max(-0.5, -0.8) = -0.5
     # (0.5,-2): max(1.0, 1.6) = 1.6 clipped      | (1.5,-2): max(3.0, 2.56) = 3.0 | (1,.5): -0.5 | masked 0
@@ -145,14 +155,14 @@ def test_ppo_dual_clip():
     # (4, +1): dual clip only acts for A < 0 → max(-4, -1.28) = -1.28
     lr = leaf([[math.log(4.0), math.log(1.5), math.log(4.0)]])
     adv = torch.tensor([[-1.0, -2.0, 1.0]])
-    loss, m = SURROGATES.get("ppo_clip")(lr, adv, torch.ones(1, 3), **{**KW, "dual_clip": 3.0})
+    loss, m = SURROGATES.get("ppo_clip")(lr, adv, torch.ones(1, 3), PPOClipOptions(dual_clip=3.0))
     close(loss, [[3.0, 3.0, -1.28]])
     loss.sum().backward()
     close(lr.grad, [[0.0, 3.0, 0.0]])  # only (1.5, -2) is on the unclipped branch: -A·r = 3
     close(m["loss/dual_clip_fraction"], 1 / 3)
     for bad in (1.0, 0.5):
         with pytest.raises(ValueError, match="dual_clip must be > 1"):
-            SURROGATES.get("ppo_clip")(lr, adv, torch.ones(1, 3), **{**KW, "dual_clip": bad})
+            SURROGATES.get("ppo_clip")(lr, adv, torch.ones(1, 3), PPOClipOptions(dual_clip=bad))
 
 
 def test_sapo_soft_gate():
@@ -162,24 +172,23 @@ def test_sapo_soft_gate():
     # (2, 0): A = 0 → loss 0, gradient 0
     lr = leaf([[0.0, math.log(1.5), math.log(2.0)]])
     adv = torch.tensor([[1.0, -2.0, 0.0]])
-    loss, m = SURROGATES.get("sapo")(lr, adv, torch.ones(1, 3), **KW)
+    loss, m = SURROGATES.get("sapo")(lr, adv, torch.ones(1, 3))
     close(loss, [[-2.0, 4.7871710, 0.0]])
     loss.sum().backward()
     close(lr.grad, [[-1.0, 2.8024195, 0.0]])
     close(m["loss/ratio_mean"], 1.5)  # (1 + 1.5 + 2) / 3
     # τ_pos is used for A > 0: with τ_pos = 2, (1, +1) → -(4/2)·σ(0) = -1
-    loss2, _ = SURROGATES.get("sapo")(lr.detach(), adv, torch.ones(1, 3), **{**KW, "tau_pos": 2.0})
+    loss2, _ = SURROGATES.get("sapo")(lr.detach(), adv, torch.ones(1, 3), SAPOOptions(tau_pos=2.0))
     close(loss2[0, 0], -1.0)
     with pytest.raises(ValueError, match="temperatures must be > 0"):
-        SURROGATES.get("sapo")(lr, adv, torch.ones(1, 3), **{**KW, "tau_neg": 0.0})
+        SURROGATES.get("sapo")(lr, adv, torch.ones(1, 3), SAPOOptions(tau_neg=0.0))
 
 
 def test_gmpo_sign_aware_log_clip_and_geometric_mean():
     lr = leaf([[LN2, 0.0, -0.1, 5.0], [LN2, -0.5, 0.0, NAN]])
     adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-1.0, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
-    kw = {**KW, "clip_low": 0.4, "clip_high": 0.4}
-    loss, m = SURROGATES.get("gmpo")(lr, adv, mask, **kw)
+    loss, m = SURROGATES.get("gmpo")(lr, adv, mask, GMPOOptions(log_clip_low=0.4, log_clip_high=0.4))
     # row 0, A>0: min(lr, clip(lr, -.4, .4)) = [0.4, 0, -0.1] → mean 0.1 → loss -1·e^0.1 = -1.1051709
     # row 1, A<0: max(lr, clip(lr))          = [ln2, -0.4, 0] → mean (0.6931472-0.4)/3 = 0.0977157
     #             → loss +1·e^0.0977157 = 1.1026493
@@ -196,7 +205,7 @@ def test_gmpo_sign_aware_log_clip_and_geometric_mean():
 def test_gmpo_uses_masked_mean_advantage_per_sequence():
     # per-unit advantages [3, 0, 0, (9 masked)] → sequence advantage 1; ratio 1 → loss -1 on valid units
     loss, _ = SURROGATES.get("gmpo")(
-        torch.zeros(1, 4), torch.tensor([[3.0, 0.0, 0.0, 9.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]]), **KW
+        torch.zeros(1, 4), torch.tensor([[3.0, 0.0, 0.0, 9.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     )
     close(loss, [[-1.0, -1.0, -1.0, 0.0]])
 
@@ -206,7 +215,7 @@ def test_cispo_detached_clipped_weight():
     # loss = -w·A·log r = [-1.28·0.6931472, -0.5·(-1)·(-0.6931472), 0] = [-0.8872284, -0.3465736, 0]
     lr = leaf([[LN2, -LN2, 0.0]])
     adv = torch.tensor([[1.0, -1.0, 2.0]])
-    loss, m = SURROGATES.get("cispo")(lr, adv, torch.ones(1, 3), **KW)
+    loss, m = SURROGATES.get("cispo")(lr, adv, torch.ones(1, 3))
     close(loss, [[-0.8872284, -0.3465736, 0.0]])
     loss.sum().backward()
     # the weight is a constant: ∇ = -clamp(r)·A·∇log π = [-1.28, 0.5, -2] (a non-detached weight would add
@@ -221,7 +230,7 @@ def test_reinforce_gradient_through_logprobs():
     # μ = 1: logprobs == old_logprobs, so log r = 0 and the loss value is 0, but ∇_logp = -A
     logp = leaf([[-1.2, -0.3, -2.0]])
     adv = torch.tensor([[1.0, -2.0, 0.5]])
-    loss, m = SURROGATES.get("reinforce")(logp - logp.detach(), adv, torch.tensor([[1.0, 1.0, 0.0]]), **KW)
+    loss, m = SURROGATES.get("reinforce")(logp - logp.detach(), adv, torch.tensor([[1.0, 1.0, 0.0]]))
     close(loss, [[0.0, 0.0, 0.0]])
     loss.sum().backward()
     close(logp.grad, [[-1.0, 2.0, 0.0]])
@@ -233,7 +242,8 @@ def test_surrogates_ignore_garbage_at_masked_units(name):
     lr = leaf([[0.1, INF, NAN], [-0.2, 0.0, -INF]])
     adv = torch.tensor([[1.0, NAN, 5.0], [-1.0, 2.0, INF]])
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
-    loss, metrics = SURROGATES.get(name)(lr, adv, mask, **{**KW, "dual_clip": 3.0})
+    options = PPOClipOptions(dual_clip=3.0) if name == "ppo_clip" else options_class(SURROGATES.get(name))()
+    loss, metrics = SURROGATES.get(name)(lr, adv, mask, options)
     assert loss.shape == (2, 3) and loss.dtype == torch.float32
     assert loss[0, 1] == 0 and loss[0, 2] == 0 and loss[1, 2] == 0
     assert torch.isfinite(loss).all()
@@ -245,7 +255,7 @@ def test_surrogates_ignore_garbage_at_masked_units(name):
 
 def test_surrogate_shape_mismatch():
     with pytest.raises(ValueError, match="one shape"):
-        SURROGATES.get("ppo_clip")(torch.zeros(2, 3), torch.zeros(2, 1), torch.ones(2, 3), **KW)
+        SURROGATES.get("ppo_clip")(torch.zeros(2, 3), torch.zeros(2, 1), torch.ones(2, 3))
 
 
 # ---------------------------------------------------------------------------------------------------- aggregations
@@ -317,3 +327,91 @@ def test_kl_fp32_and_k3_clamp():
     assert KL_ESTIMATORS.get("k1")(logp, ref).dtype == torch.float32
     with pytest.raises(ValueError, match="one shape"):
         KL_ESTIMATORS.get("k2")(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+# --------------------------------------------------------------------------------------------------------- options
+
+
+def _algorithm(**fields):
+    from mmgrpo.config import AlgorithmConfig
+
+    return AlgorithmConfig(**fields)
+
+
+def test_each_component_declares_its_own_options_with_the_old_defaults():
+    from mmgrpo import losses
+
+    opts = losses.resolve_options(_algorithm())
+    assert opts.surrogate == PPOClipOptions(clip_low=0.2, clip_high=0.28, dual_clip=None)
+    assert opts.aggregation == losses.TokenMeanOptions() and opts.kl == losses.SampleKLOptions()
+    assert losses.resolve_options(_algorithm(surrogate="sapo")).surrogate == SAPOOptions(tau_pos=1.0, tau_neg=1.05)
+    assert losses.resolve_options(_algorithm(surrogate="cispo")).surrogate == losses.CISPOOptions(clip_high=0.28)
+    assert losses.resolve_options(_algorithm(surrogate="dgpo")).surrogate == losses.DGPOOptions(beta_dpo=100.0)
+    assert losses.resolve_options(_algorithm(surrogate="reg_grpo")).surrogate == losses.RegGRPOOptions(eps=1e-4)
+    # GMPO's bounds are on log r, with their own names and the paper's 0.4 (arXiv 2507.20673)
+    assert losses.resolve_options(_algorithm(surrogate="gmpo")).surrogate == GMPOOptions(0.4, 0.4)
+    for registry in (SURROGATES, AGGREGATIONS, KL_ESTIMATORS):
+        for name in registry.names():
+            assert dataclasses.is_dataclass(options_class(registry.get(name))), (registry.kind, name)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            dict(surrogate="sapo", surrogate_args={"clip_high": 0.3}),
+            r"^algorithm\.surrogate_args\.clip_high: not an option of surrogate 'sapo'; allowed: tau_pos, tau_neg$",
+        ),
+        (
+            dict(surrogate="gmpo", surrogate_args={"clip_low": 0.2}),
+            r"surrogate_args\.clip_low: not an option of surrogate 'gmpo'; allowed: log_clip_low, log_clip_high$",
+        ),
+        (
+            dict(surrogate="reinforce", surrogate_args={"dual_clip": 3}),
+            r"surrogate_args\.dual_clip: not an option of surrogate 'reinforce'; allowed: \(none\)$",
+        ),
+        (
+            dict(surrogate="gmpo", surrogate_args={"log_clip_high": 11}),
+            r"^algorithm\.surrogate_args\.log_clip_high: must be >= 0 and <= 10, got 11",
+        ),
+        (dict(surrogate_args={"clip_low": 1.0}), r"surrogate_args\.clip_low: must be >= 0 and < 1, got 1\.0$"),
+        (dict(surrogate_args={"dual_clip": 0.5}), r"surrogate_args\.dual_clip: must be > 1, got 0\.5$"),
+        (dict(surrogate="sapo", surrogate_args={"tau_neg": 0}), r"surrogate_args\.tau_neg: must be > 0, got 0"),
+        (dict(surrogate="dgpo", surrogate_args={"beta_dpo": "x"}), r"surrogate_args\.beta_dpo: expected a number"),
+        (
+            dict(aggregation_args={"max_units": 4}),
+            r"^algorithm\.aggregation_args\.max_units: not an option of loss aggregation 'token_mean'",
+        ),
+        (dict(kl="k1", kl_args={"clamp": 20}), r"^algorithm\.kl_args\.clamp: not an option of KL estimator 'k1'"),
+    ],
+)
+def test_options_are_checked_against_the_components_dataclass(fields, message):
+    from mmgrpo import losses
+    from mmgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as err:
+        losses.resolve_options(_algorithm(**fields))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("key, value", [("clip_high", 0.28), ("clip_low", 0.2), ("dual_clip", 3), ("tau_pos", 2)])
+def test_an_old_flat_key_names_its_new_place(key, value):
+    from mmgrpo.config import ConfigError, load_config
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    with pytest.raises(ConfigError) as err:
+        load_config(root / "configs/quickstart.yaml", [f"algorithm.{key}={value}"])
+    assert str(err.value) == f"algorithm.{key} moved: write algorithm.surrogate_args: {{{key}: {value}}}"
+
+
+def test_gaussian_exact_is_a_kl_estimator_reading_the_adapters_closed_form():
+    from mmgrpo import losses
+
+    fn = KL_ESTIMATORS.get("gaussian_exact")
+    assert options_class(fn).reads == "exact_kl" and options_class(KL_ESTIMATORS.get("k3")).reads == "ref_logprobs"
+    exact = torch.tensor([[0.5, 0.0], [1.5, 2.0]], dtype=torch.float64)
+    out = fn(torch.zeros(2, 2), exact, losses.GaussianExactOptions())
+    assert out.dtype == torch.float32
+    close(out, [[0.5, 0.0], [1.5, 2.0]])
+    with pytest.raises(ValueError, match="one shape"):
+        fn(torch.zeros(2, 3), exact)

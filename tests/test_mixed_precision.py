@@ -38,11 +38,7 @@ def test_bf16_ratio_is_one_before_the_first_update(tiny_vlm_path, old_logprobs):
         logp - rollout.old_logprobs[index].to(logp.device),
         adv[index],
         rollout.mask[index],
-        clip_low=0.2,
-        clip_high=0.2,
-        dual_clip=None,
-        tau_pos=1,
-        tau_neg=1,
+        losses.PPOClipOptions(clip_low=0.2, clip_high=0.2),
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask[index], max_units=T)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)

@@ -29,11 +29,7 @@ def test_ratio_is_one_before_update_and_loss_changes_parameters(tiny_vlm_path):
         logp - rollout.old_logprobs,
         adv,
         rollout.mask,
-        clip_low=0.2,
-        clip_high=0.2,
-        dual_clip=None,
-        tau_pos=1,
-        tau_neg=1,
+        losses.PPOClipOptions(clip_low=0.2, clip_high=0.2),
     )
     loss = losses.AGGREGATIONS.get("token_mean")(per_unit, rollout.mask, max_units=T)
     assert torch.isfinite(loss)
