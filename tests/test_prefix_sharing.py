@@ -399,9 +399,13 @@ def test_reserved_cache_layer_equals_concatenation_and_writes_in_place():
     decode.reserve_cache(cache, extra=2)
     layer = cache.layers[0]
     assert isinstance(layer, decode.ReservedLayer) and layer.get_seq_length() == 5
+    rows = torch.tensor([0, 0, 1, 2, 2])  # the G-way expansion, after reserving: the room comes along
+    plain.reorder_cache(rows)
+    cache.reorder_cache(rows)
+    assert torch.equal(layer.keys, plain.keys) and torch.equal(layer.values, plain.values)
     buffer = layer.keys.data_ptr()
     for t in range(4):  # 2 steps inside the reserved room, then 2 past it
-        k, v = torch.randn(3, 2, 1, 4, generator=g), torch.randn(3, 2, 1, 4, generator=g)
+        k, v = torch.randn(5, 2, 1, 4, generator=g), torch.randn(5, 2, 1, 4, generator=g)
         want_k, want_v = plain.update(k, v)
         got_k, got_v = layer.update(k, v)
         assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)

@@ -214,6 +214,14 @@ class ReservedLayer(DynamicLayer):
         self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
         return self.keys, self.values
 
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Rows ``beam_idx`` of the buffer (room included): reserving before the G-way expansion copies the P
+        prompts once and expands into buffers that already have the room."""
+        n = self.keys.shape[-2]
+        self._k = self._k.index_select(0, beam_idx.to(self._k.device))
+        self._v = self._v.index_select(0, beam_idx.to(self._v.device))
+        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
+
 
 def reserve_cache(cache: Cache, extra: int) -> None:
     """Give every plain dynamic layer of ``cache`` (full attention, already filled) room for ``extra`` more

@@ -317,11 +317,11 @@ class PrefixStepper:
 
     def prefill(self, group_size: int) -> Tensor:
         prefix = prefill(self.model, self.batch)
+        if self.reserve:  # in-place K/V writes, no per-step concatenation; reserved before the G-way expansion
+            reserve_cache(prefix.cache, self.reserve)
         P = prefix.last_logits.shape[0]
         rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
         self.prefix = prefix.select(rows)
-        if self.reserve:
-            reserve_cache(self.prefix.cache, self.reserve)  # in-place K/V writes, no per-step concatenation
         self.mask = self.prefix.attention_mask  # [B, L + t]
         return self.prefix.last_logits  # [B, V]
 
