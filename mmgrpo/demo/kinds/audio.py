@@ -17,12 +17,6 @@ def upload():
     return gr.Audio(type="filepath", sources=["upload"], label="audio (upload to replace)")
 
 
-KIND = OutputKind(
-    name="audio",
-    output=output,
-    empty=None,
-    shown_as="files",
-    columns=("audio",),
-    upload=upload,
-    suffixes=frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a"}),
-)
+SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".m4a"})
+
+KIND = OutputKind("audio", output, empty=None, shown_as="files", columns=("audio",), upload=upload, suffixes=SUFFIXES)

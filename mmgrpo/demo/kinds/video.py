@@ -17,12 +17,6 @@ def upload():
     return gr.Video(sources=["upload"], label="video clip (upload to replace)", height=224)
 
 
-KIND = OutputKind(
-    name="video",
-    output=output,
-    empty=None,
-    shown_as="gallery",
-    columns=("video",),
-    upload=upload,
-    suffixes=frozenset({".mp4", ".webm", ".mov", ".avi", ".mkv"}),
-)
+SUFFIXES = frozenset({".mp4", ".webm", ".mov", ".avi", ".mkv"})
+
+KIND = OutputKind("video", output, empty=None, shown_as="gallery", columns=("video",), upload=upload, suffixes=SUFFIXES)
