@@ -62,10 +62,15 @@ class TinyDecoderSizes:
     """Sizes of a tiny Qwen2 text decoder (the text half of the tiny VLM and audio LLM, or a causal LM)."""
 
     text_hidden: int = 64
+    """Hidden size (tied input and output embeddings)."""
     text_layers: int = 2
+    """Decoder layers."""
     text_heads: int = 4
+    """Query heads; head_dim = text_hidden / text_heads."""
     text_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
     text_intermediate: int = 128
+    """MLP width."""
 
 
 def qwen2_decoder_config(s: TinyDecoderSizes, tokenizer, **extra) -> dict:
