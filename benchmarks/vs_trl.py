@@ -654,28 +654,20 @@ def plot(table: list[dict], toolkits: list[str], path: Path) -> None:
             ax1.plot(x, [r[f"trl_over_{tk}"][metric] for r in table], style, marker="o", label=f"{label} ({tk})")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.axhline(2.0, color="grey", lw=0.8, ls="--")
-    ax1.set(
-        xscale="log",
-        xlabel="prefix : completion (L / T)",
-        ylabel="TRL / mmgrpo",
-        title="TRL ÷ mmgrpo (>1: mmgrpo better)",
-    )
-    ax1.set_xticks(x, [f"{v:.0f}:1" for v in x])
-    ax1.minorticks_off()
-    ax1.legend(fontsize=7)
+    _ratio_axes(ax1, x, "TRL / mmgrpo", "TRL ÷ mmgrpo (>1: mmgrpo better)")
     for tk in toolkits:
         ax2.plot(x, [r[tk]["fraction_of_matmul"] for r in table], marker="o", label=tk)
-    ax2.set(
-        xscale="log",
-        xlabel="prefix : completion (L / T)",
-        ylabel="achieved FLOP/s ÷ matmul FLOP/s",
-        title="hardware efficiency (counted FLOPs / step time)",
-    )
-    ax2.set_xticks(x, [f"{v:.0f}:1" for v in x])
-    ax2.minorticks_off()
-    ax2.legend(fontsize=7)
+    _ratio_axes(ax2, x, "achieved FLOP/s ÷ matmul FLOP/s", "hardware efficiency (counted FLOPs / step time)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _ratio_axes(ax, x: list[float], ylabel: str, title: str) -> None:
+    """A plot over the prefix:completion ratios (log x axis, one tick per ratio), with its legend."""
+    ax.set(xscale="log", xlabel="prefix : completion (L / T)", ylabel=ylabel, title=title)
+    ax.set_xticks(x, [f"{v:.0f}:1" for v in x])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
 
 
 def markdown(table: list[dict], toolkits: list[str]) -> str:
@@ -745,29 +737,32 @@ MMGRPO_ARGS = {
 }
 
 
+def run_worker(a, toolkit: str, model_dir: Path, image_size: int, result: Path, **fields) -> None:
+    """One worker run (:class:`RunSpec`) of ``toolkit`` in a subprocess, with the command line's (``a``) completion
+    length, batch, warm-up, threads and TRL head rule; ``fields`` set the rest (steps, seed, ...)."""
+    spec = RunSpec(
+        toolkit=toolkit,
+        model_dir=str(model_dir),
+        image_size=image_size,
+        completion_tokens=a.completion_tokens,
+        prompts=a.prompts,
+        group_size=a.group_size,
+        warmup=a.warmup,
+        threads=a.threads,
+        result=str(result),
+        **{"trl_fused_head": a.trl_fused_head, **fields},
+    )
+    _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
+
+
 def profile(a, model_dir: Path, point: tuple[int, int], raw: Path, out: Path) -> int:
     """One warm-up step, then one step of each toolkit under torch.profiler (one thread, as in the sweep)."""
     side, L = point
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "prompt_tokens": L, "toolkits": {}}
     for tk in ("trl", "mmgrpo"):
         path = raw / f"profile_{tk}.json"
-        spec = RunSpec(
-            toolkit=tk,
-            model_dir=str(model_dir),
-            image_size=side,
-            completion_tokens=a.completion_tokens,
-            prompts=a.prompts,
-            group_size=a.group_size,
-            warmup=a.warmup,
-            steps=1,
-            threads=a.threads,
-            seed=a.seed,
-            result=str(raw / f"profiled_{tk}.json"),
-            flops=False,
-            profile=str(path),
-            trl_fused_head=a.trl_fused_head,
-        )
-        _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
+        result = raw / f"profiled_{tk}.json"
+        run_worker(a, tk, model_dir, side, result, steps=1, seed=a.seed, flops=False, profile=str(path))
         report["toolkits"][tk] = json.loads(path.read_text())
         scopes = report["toolkits"][tk]["scopes_s"]
         print(f"profile {tk}: step {report['toolkits'][tk]['step_s']:.2f}s " + json.dumps(scopes), flush=True)
@@ -864,23 +859,18 @@ def main(argv: list[str] | None = None) -> int:
             order = toolkits if (rep + i) % 2 == 0 else toolkits[::-1]
             for tk in order:
                 result = raw / f"{tk}_side{side}_rep{rep}.json"
-                spec = RunSpec(
-                    toolkit=tk,
-                    model_dir=str(model_dir),
-                    image_size=side,
-                    completion_tokens=T,
-                    prompts=a.prompts,
-                    group_size=a.group_size,
-                    warmup=a.warmup,
+                run_worker(
+                    a,
+                    tk,
+                    model_dir,
+                    side,
+                    result,
                     steps=a.steps,
-                    threads=a.threads,
                     seed=a.seed + rep,
-                    result=str(result),
                     flops=rep == 0,
                     mmgrpo_args=MMGRPO_ARGS.get(tk, {}),
                     trl_fused_head=TRL_HEAD.get(tk, a.trl_fused_head),
                 )
-                _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
                 r = json.loads(result.read_text())
                 r["key"] = (side, L, T)
                 if r.get("prompt_lengths") and max(r["prompt_lengths"]) != L:

@@ -220,6 +220,12 @@ def _vae(s: TinyFlowSizes, shift_factor: float, scaling_factor: float):
     )
 
 
+def _joint_attention(s: TinyFlowSizes) -> dict:
+    """The attention sizes the SD3 (MMDiT) and FLUX transformers share: heads of ``head_dim`` over the image
+    tokens joined with the T5 text tokens."""
+    return dict(attention_head_dim=s.head_dim, num_attention_heads=s.heads, joint_attention_dim=s.t5_hidden)
+
+
 def build_tiny_sd3(seed: int = 0, sizes: TinyFlowSizes | None = None):
     """A ``StableDiffusion3Pipeline`` of tiny random components (SD3.5-M layout: 2 CLIPs + T5, shift 3)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
@@ -235,9 +241,7 @@ def build_tiny_sd3(seed: int = 0, sizes: TinyFlowSizes | None = None):
         in_channels=s.latent_channels,
         out_channels=s.latent_channels,
         num_layers=s.layers,
-        attention_head_dim=s.head_dim,
-        num_attention_heads=s.heads,
-        joint_attention_dim=s.t5_hidden,
+        **_joint_attention(s),
         caption_projection_dim=s.heads * s.head_dim,
         pooled_projection_dim=2 * s.text_hidden,
         pos_embed_max_size=max(16, latent // s.patch_size),
@@ -268,9 +272,7 @@ def build_tiny_flux(seed: int = 0, sizes: TinyFlowSizes | None = None):
         in_channels=4 * s.latent_channels,
         num_layers=max(1, s.layers // 2),
         num_single_layers=max(1, s.layers // 2),
-        attention_head_dim=s.head_dim,
-        num_attention_heads=s.heads,
-        joint_attention_dim=s.t5_hidden,
+        **_joint_attention(s),
         pooled_projection_dim=s.text_hidden,
         guidance_embeds=True,
         axes_dims_rope=(s.head_dim // 4, 3 * s.head_dim // 8, 3 * s.head_dim // 8),

@@ -30,6 +30,8 @@ import torch
 
 from mmgrpo.cache import cache_dir
 
+from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, train_byte_level_bpe
+
 TINY_WHISPER = "tiny-whisper"
 TINY_QWEN2_AUDIO = "tiny-qwen2-audio"
 
@@ -65,16 +67,7 @@ def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Vocabulary and merges of a byte-level BPE trained on the fixed corpus."""
     import json
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    model = json.loads(tok.to_str())["model"]
+    model = json.loads(train_byte_level_bpe(_CORPUS, vocab_size).to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     return model["vocab"], merges
 
@@ -200,14 +193,9 @@ QWEN_AUDIO_CHAT_TEMPLATE = (
 
 
 @dataclass
-class TinyQwen2AudioSizes:
-    """Sizes of the tiny Qwen2-Audio (the architecture is the real one)."""
+class TinyQwen2AudioSizes(TinyDecoderSizes):
+    """Sizes of the tiny Qwen2-Audio (the architecture is the real one): the decoder's, then the audio encoder's."""
 
-    text_hidden: int = 64
-    text_layers: int = 2
-    text_heads: int = 4
-    text_kv_heads: int = 2
-    text_intermediate: int = 128
     audio_d_model: int = 64
     audio_layers: int = 2
     audio_heads: int = 4
@@ -220,33 +208,8 @@ class TinyQwen2AudioSizes:
 
 def build_qwen_audio_tokenizer(vocab_size: int = 400):
     """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen2-Audio's special tokens, trained on a fixed corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=QWEN_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        padding_side="left",
-        extra_special_tokens={
-            "audio_token": "<|AUDIO|>",
-            "audio_bos_token": "<|audio_bos|>",
-            "audio_eos_token": "<|audio_eos|>",
-        },
-    )
-    fast.add_tokens(TAG_TOKENS)
-    fast.chat_template = QWEN_AUDIO_CHAT_TEMPLATE
-    return fast
+    media_tokens = {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"}
+    return qwen_tokenizer(_CORPUS, vocab_size, QWEN_SPECIAL_TOKENS, media_tokens, TAG_TOKENS, QWEN_AUDIO_CHAT_TEMPLATE)
 
 
 def build_tiny_qwen2_audio(
@@ -262,7 +225,6 @@ def build_tiny_qwen2_audio(
 
     s = sizes or TinyQwen2AudioSizes()
     tok = build_qwen_audio_tokenizer(s.bpe_vocab)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     config = Qwen2AudioConfig(
         audio_config=dict(
             num_mel_bins=s.num_mel_bins,
@@ -272,25 +234,10 @@ def build_tiny_qwen2_audio(
             d_model=s.audio_d_model,
             max_source_positions=s.chunk_length * 50,
         ),
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=s.text_hidden,
-            intermediate_size=s.text_intermediate,
-            num_hidden_layers=s.text_layers,
-            num_attention_heads=s.text_heads,
-            num_key_value_heads=s.text_kv_heads,
-            max_position_embeddings=4096,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=True,
-        ),
-        audio_token_index=ids["<|AUDIO|>"],
+        text_config=qwen2_decoder_config(s, tok),
+        audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"),
     )
-    torch.manual_seed(seed)
-    model = Qwen2AudioForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model = init_model(Qwen2AudioForConditionalGeneration, config, seed, tok)
     fe = WhisperFeatureExtractor(
         feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
     )

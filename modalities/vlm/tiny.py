@@ -16,9 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .._hf import cached_build
+from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save
 
 TINY_NAME = "tiny-qwen2.5-vl"
 
@@ -61,14 +60,9 @@ user assistant system You are a helpful assistant. Look at the image and answer 
 
 
 @dataclass
-class TinySizes:
-    """Sizes of the tiny model (the architecture is the real Qwen2.5-VL)."""
+class TinySizes(TinyDecoderSizes):
+    """Sizes of the tiny model (the architecture is the real Qwen2.5-VL): the decoder's, then the vision tower's."""
 
-    text_hidden: int = 64
-    text_layers: int = 2
-    text_heads: int = 4
-    text_kv_heads: int = 2
-    text_intermediate: int = 128
     vision_hidden: int = 32
     vision_depth: int = 2
     vision_heads: int = 2
@@ -78,34 +72,13 @@ class TinySizes:
 
 def build_tokenizer(vocab_size: int = 512):
     """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen's special tokens, trained on a fixed corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        padding_side="left",
-        extra_special_tokens={
-            "image_token": "<|image_pad|>",
-            "video_token": "<|video_pad|>",
-            "vision_bos_token": "<|vision_start|>",
-            "vision_eos_token": "<|vision_end|>",
-        },
-    )
-    fast.add_tokens(TAG_TOKENS)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    media_tokens = {
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_bos_token": "<|vision_start|>",
+        "vision_eos_token": "<|vision_end|>",
+    }
+    return qwen_tokenizer(_CORPUS, vocab_size, SPECIAL_TOKENS, media_tokens, TAG_TOKENS, CHAT_TEMPLATE)
 
 
 def _mrope_section(s: TinySizes) -> list[int]:
@@ -116,21 +89,18 @@ def _mrope_section(s: TinySizes) -> list[int]:
     return [t, (half - t) // 2, half - t - (half - t) // 2]
 
 
-def _text_config(s: TinySizes, vocab: int, ids: dict[str, int], rope_parameters: dict, **extra) -> dict:
-    """The decoder half of a tiny Qwen-VL config (Qwen2.5-VL and Qwen3-VL share it but for the rope)."""
+def _vision_config(s: TinySizes, patch_size: int, **extra) -> dict:
+    """The vision tower of a tiny Qwen-VL config (Qwen2.5-VL and Qwen3-VL share it but for the patch size and
+    their own keys)."""
     return dict(
-        vocab_size=vocab,
-        hidden_size=s.text_hidden,
-        intermediate_size=s.text_intermediate,
-        num_hidden_layers=s.text_layers,
-        num_attention_heads=s.text_heads,
-        num_key_value_heads=s.text_kv_heads,
-        max_position_embeddings=4096,
-        rope_parameters=rope_parameters,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        tie_word_embeddings=True,
+        depth=s.vision_depth,
+        hidden_size=s.vision_hidden,
+        intermediate_size=s.vision_intermediate,
+        num_heads=s.vision_heads,
+        out_hidden_size=s.text_hidden,
+        patch_size=patch_size,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
         **extra,
     )
 
@@ -143,18 +113,6 @@ def _media_token_ids(ids: dict[str, int]) -> dict[str, int]:
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-
-
-def _build_and_save(model_class, config, processor, ids: dict[str, int], seed: int, directory: Path) -> Path:
-    """Initialise ``model_class(config)`` from ``seed``, set its generation EOS/pad, save it with ``processor``."""
-    torch.manual_seed(seed)
-    model = model_class(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
 
 
 def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
@@ -171,26 +129,13 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     )
 
     s = sizes or TinySizes()
-    directory = Path(directory)
     tokenizer = build_tokenizer(s.bpe_vocab)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    vocab = len(tokenizer)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)}
     config = Qwen2_5_VLConfig(
-        text_config=_text_config(
-            s, vocab, ids, {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)}
-        ),
-        vision_config=dict(
-            depth=s.vision_depth,
-            hidden_size=s.vision_hidden,
-            intermediate_size=s.vision_intermediate,
-            num_heads=s.vision_heads,
-            out_hidden_size=s.text_hidden,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=56,
-            fullatt_block_indexes=[s.vision_depth - 1],
-            tokens_per_second=2,
+        text_config=qwen2_decoder_config(s, tokenizer, rope_parameters=rope),
+        vision_config=_vision_config(
+            s, 14, window_size=56, fullatt_block_indexes=[s.vision_depth - 1], tokens_per_second=2
         ),
         **_media_token_ids(ids),
         tie_word_embeddings=True,
@@ -205,7 +150,7 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
         video_processor=video_processor,
         chat_template=CHAT_TEMPLATE,
     )
-    return _build_and_save(Qwen2_5_VLForConditionalGeneration, config, processor, ids, seed, directory)
+    return save(directory, init_model(Qwen2_5_VLForConditionalGeneration, config, seed, tokenizer), processor)
 
 
 ENGINE_NAME = "tiny-qwen2.5-vl-engine"
@@ -231,35 +176,18 @@ def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tiny
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
     s = sizes or TinySizes()
-    directory = Path(directory)
     tokenizer = build_tokenizer(s.bpe_vocab)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = s.text_hidden // s.text_heads
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [head_dim // 4, head_dim // 8, head_dim // 8],  # Qwen3-VL: [24, 20, 20] of 64
+        "mrope_interleaved": True,
+    }
     config = Qwen3VLConfig(
-        text_config=_text_config(
-            s,
-            len(tokenizer),
-            ids,
-            {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [head_dim // 4, head_dim // 8, head_dim // 8],  # Qwen3-VL: [24, 20, 20] of 64
-                "mrope_interleaved": True,
-            },
-            head_dim=head_dim,
-        ),
-        vision_config=dict(
-            depth=s.vision_depth,
-            hidden_size=s.vision_hidden,
-            intermediate_size=s.vision_intermediate,
-            num_heads=s.vision_heads,
-            out_hidden_size=s.text_hidden,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            num_position_embeddings=64,
-            deepstack_visual_indexes=[0],
-        ),
+        text_config=qwen2_decoder_config(s, tokenizer, rope_parameters=rope, head_dim=head_dim),
+        vision_config=_vision_config(s, 16, num_position_embeddings=64, deepstack_visual_indexes=[0]),
         **_media_token_ids(ids),
         tie_word_embeddings=True,
     )
@@ -270,7 +198,7 @@ def build_tiny_qwen3_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tiny
         video_processor=Qwen3VLVideoProcessor(**pixels, temporal_patch_size=2),
         chat_template=CHAT_TEMPLATE,
     )
-    return _build_and_save(Qwen3VLForConditionalGeneration, config, processor, ids, seed, directory)
+    return save(directory, init_model(Qwen3VLForConditionalGeneration, config, seed, tokenizer), processor)
 
 
 def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
@@ -278,26 +206,6 @@ def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     s = sizes or TinySizes()
-    directory = Path(directory)
     tokenizer = build_tokenizer(s.bpe_vocab)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=s.text_hidden,
-        intermediate_size=s.text_intermediate,
-        num_hidden_layers=s.text_layers,
-        num_attention_heads=s.text_heads,
-        num_key_value_heads=s.text_kv_heads,
-        max_position_embeddings=4096,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    config = Qwen2Config(**qwen2_decoder_config(s, tokenizer))
+    return save(directory, init_model(Qwen2ForCausalLM, config, seed, tokenizer), tokenizer)
