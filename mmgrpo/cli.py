@@ -189,23 +189,18 @@ def _demo(args) -> int:
 
 def _rollout_server(args) -> int:
     """``mmgrpo rollout-server CONFIG``: run vLLM on the config's model in its own environment until stopped."""
-    import subprocess
-
     from mmgrpo.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
-        from mmgrpo.modalities.tokens.engine import server_command
+        from mmgrpo.modalities.tokens.engine import run_server, server_command
 
         cmd = server_command(cfg, args.python)
     except ConfigError as e:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
     print("mmgrpo: " + " ".join(cmd), file=sys.stderr)
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 130
+    return run_server(cmd)  # a stop signal reaches vLLM's engine processes too (their process group)
 
 
 if __name__ == "__main__":

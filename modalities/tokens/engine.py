@@ -19,8 +19,12 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``T`` completion 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import os
+import signal
+import subprocess
 import urllib.error
 import urllib.request
 from typing import Any
@@ -171,7 +175,6 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
     directory or the repository (``bash scripts/setup_vllm.sh`` makes it). Built-in tiny model names resolve to
     their cached directory, as the trainer resolves them, so both load the same weights.
     """
-    import os
     from pathlib import Path
     from urllib.parse import urlparse
 
@@ -210,3 +213,51 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
         "--seed",
         str(cfg.seed),
     ]
+
+
+def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
+    """Run the server ``cmd`` until it exits or this process is told to stop; return its exit code.
+
+    vLLM starts engine processes of its own (``VLLM::EngineCore`` / workers, ~2 GB each on CPU) that outlive a
+    signal sent to the server alone. So the server runs in its own session (process group), and SIGTERM, SIGINT or
+    SIGHUP to ``mmgrpo rollout-server`` is forwarded to that whole group: SIGTERM first, SIGKILL to whatever is
+    left after ``grace_s`` seconds. Nothing of the engine survives the command.
+    """
+    child = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        return child.wait()
+    except _Stop as e:
+        _kill_group(child, grace_s)
+        return 128 + e.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if child.poll() is None:  # any other way out (an exception): never leave the engine behind
+            _kill_group(child, grace_s)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _kill_group(child: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``child``'s process group, SIGKILL to it after ``grace_s`` if the server has not exited, and a
+    final SIGKILL to the group for engine processes that outlived their server."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return  # the whole group is gone
+        try:
+            child.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):  # orphans of the group (the server exited before its engine)
+        os.killpg(child.pid, signal.SIGKILL)
