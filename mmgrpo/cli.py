@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         except DataError as e:
             print(f"mmgrpo: data error: {e}", file=sys.stderr)
             return 2
+        except EngineError as e:
+            print(f"mmgrpo: error: {e}", file=sys.stderr)
+            return 2
         print(dump_config(cfg), end="")
         for r in cfg.rewards:  # a config is code: say which rewards are, and that they were not run
             note = describe_reward_code(r.name, r.kwargs)

@@ -15,7 +15,8 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   tuple of its option names), for the rows its ``reward_types`` route to it. Rewards given as
   ``module:function`` are never imported or called here;
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
-  formats, or the task has warm-up rows of its own.
+  formats, or the task has warm-up rows of its own;
+- with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``.
 
 Every failure is one line naming the file and row (or the task and row) and the option to change:
 :class:`~mmgrpo.config.ConfigError` for options, :class:`~mmgrpo.types.DataError` for rows.
@@ -66,7 +67,18 @@ def preflight(cfg: TrainConfig) -> Any:
             where = row_name(cfg, rows, split, i)
             row = rows[i]  # DataError from a dataset already names its file and row
             _check_row(cfg, row, where, needs, warmup=split == "train")
+    _check_engine(cfg)
     return task
+
+
+def _check_engine(cfg: TrainConfig) -> None:
+    """``rollout.engine: vllm``: the server answers at ``rollout.url`` now, before any model loads (one line with
+    the command that starts it otherwise, :class:`~mmgrpo.types.EngineError`)."""
+    if cfg.rollout.engine == "native":
+        return
+    from mmgrpo.modalities.tokens.engine import VLLMClient
+
+    VLLMClient(cfg.rollout.url, min(cfg.rollout.timeout_s, 30.0)).health()
 
 
 def row_name(cfg: TrainConfig, rows: Sequence, split: str, i: int) -> str:

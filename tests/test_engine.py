@@ -243,3 +243,17 @@ def test_stopping_the_rollout_server_stops_its_whole_process_group(tmp_path):
     else:
         os.kill(grandchild, signal.SIGKILL)
         raise AssertionError("the server's child outlived `mmgrpo rollout-server`")
+
+
+def test_dry_run_checks_the_rollout_server_before_any_model_loads(tmp_path):
+    """`--dry-run` (the trainer's first check) refuses an unreachable vLLM server in one line, with the command
+    that starts it, without loading a model."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "train", "configs/quickstart.yaml", f"output_dir={tmp_path / 'run'}",
+         "rollout.engine=vllm", f"rollout.url=http://127.0.0.1:{_free_port()}", "--dry-run"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("mmgrpo:")]
+    assert len(lines) == 1 and "is not reachable" in lines[0] and "mmgrpo rollout-server" in lines[0], out.stderr
+    assert "Loading weights" not in out.stderr and not (tmp_path / "run").exists()
