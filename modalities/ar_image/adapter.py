@@ -61,7 +61,7 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
-from ..tokens.decode import SamplingSpec, decode
+from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
 from .tiny import IMAGE_TOKENS, build_processor, resolve_model_path
@@ -363,7 +363,8 @@ class ARImageAdapter(TokenPolicy):
         was_training = model.training
         model.eval()
         try:
-            tokens, logprobs = decode(_GuidedStepper(self, model, ids), group_size, spec, keys, generator)
+            stepper = _GuidedStepper(self, model, ids, reserve=spec.max_new_tokens)
+            tokens, logprobs = decode(stepper, group_size, spec, keys, generator)
         finally:
             model.train(was_training)
         return tokens.cpu(), logprobs.cpu()
@@ -422,8 +423,8 @@ class _GuidedStepper:
     unconditional prompt rows prefilled once per prompt, both expanded G ways, one image token per row and step fed
     to both branches; the scores are the guided logits over the temperature (the sampling distribution)."""
 
-    def __init__(self, adapter: ARImageAdapter, model: torch.nn.Module, ids: list[list[int]]):
-        self.adapter, self.model, self.ids = adapter, model, ids
+    def __init__(self, adapter: ARImageAdapter, model: torch.nn.Module, ids: list[list[int]], reserve: int = 0):
+        self.adapter, self.model, self.ids, self.reserve = adapter, model, ids, reserve
         self.base = adapter._base(model)
 
     def _logits(self, last: Tensor) -> Tensor:
@@ -437,6 +438,8 @@ class _GuidedStepper:
         P = len(self.ids)
         prompt_ids, mask = a._prompt_batch(self.ids)  # [2P, L]
         cache, last = a._prefill(self.model, prompt_ids, mask)  # one prefill per prompt and branch
+        if self.reserve:  # K/V written in place, room for the image tokens (decode.ReservedLayer)
+            reserve_cache(cache, self.reserve)
         sel = a._branch_rows(torch.arange(P, device=a.device).repeat_interleave(group_size), P)  # [2B]
         self.cache = _select_cache(cache, sel)
         self.mask, last = mask[sel], last[sel]  # [2B, L], [2B, D]

@@ -44,7 +44,7 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from ..tokens import prefix_sharing
-from ..tokens.decode import SamplingSpec, decode
+from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.logprobs import (
     banned_mask,
     completion_id_lists,
@@ -226,7 +226,7 @@ class WhisperAdapter(TokenPolicy):
         was_training = model.training
         model.eval()
         try:
-            ids, logprobs = decode(_WhisperStepper(self, model, cache), group_size, spec, keys)
+            ids, logprobs = decode(_WhisperStepper(self, model, cache, spec.max_new_tokens), group_size, spec, keys)
         finally:
             model.train(was_training)
         return ids.cpu(), logprobs.cpu()
@@ -367,8 +367,8 @@ class _WhisperStepper:
     """:class:`~mmgrpo.modalities.tokens.decode.Stepper` of Whisper: one encoder pass and one decoder-prompt
     prefill per prompt, the self- and cross-attention cache expanded G ways."""
 
-    def __init__(self, adapter: WhisperAdapter, model: torch.nn.Module, cache: AudioCache):
-        self.adapter, self.model, self.cache = adapter, model, cache
+    def __init__(self, adapter: WhisperAdapter, model: torch.nn.Module, cache: AudioCache, reserve: int = 0):
+        self.adapter, self.model, self.cache, self.reserve = adapter, model, cache, reserve
 
     def prefill(self, group_size: int) -> Tensor:
         a = self.adapter
@@ -378,6 +378,8 @@ class _WhisperStepper:
         out = self.model(encoder_outputs=(enc,), decoder_input_ids=prefix, use_cache=True)
         rows = torch.arange(P, device=a.device).repeat_interleave(group_size)  # [B]
         self.kv = out.past_key_values
+        if self.reserve:  # self-attention K/V written in place, room for the completion (decode.ReservedLayer)
+            reserve_cache(self.kv, self.reserve)
         self.kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
         # Cross-attention reads the expanded cache from here on; the encoder states only give the call its shape,
         # so a stride-0 view of one row stands in for the B rows (no G-fold copy).
