@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, broadcast_object_list, gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
@@ -39,6 +38,7 @@ from mmgrpo import (
     injection,
     losses,
     noise,
+    run_dir,
     sampling,
     schedules,
     shaping,
@@ -46,7 +46,7 @@ from mmgrpo import (
     thoughts,
     tracking,
 )
-from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict, variant_methods
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.plugins import ADAPTERS, load_builtins
 from mmgrpo.preflight import preflight, row_name, warmup_target
@@ -59,7 +59,6 @@ from mmgrpo.types import (
 )
 
 logger = logging.getLogger(__name__)
-RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
 MAX_CONSECUTIVE_BAD_ROWS = 100  # unreadable rows in a row before the run stops with a DataError
 
 
@@ -136,9 +135,10 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
         self.acc = make_accelerator(cfg, self.out)
-        self._lock = self._take_run_lock()  # held (by process 0) until close(): run() ends, or __init__ fails
-        try:
-            self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
+        self._lock: ckpt.RunLock | None = None  # held (by process 0) until close(): run() ends, or __init__ fails
+        self._lock = run_dir.take_run_lock(self.acc, self.out)
+        try:  # the run-dir checks come before the model loads: a used output_dir fails fast
+            self._resume_dir = run_dir.check_run_dir(cfg, self.acc, self.out)
             self._build()
         except BaseException:
             self.close()
@@ -217,7 +217,7 @@ class Trainer:
 
     def close(self) -> None:
         """Release the run lock (idempotent; ``run()`` calls it however it ends)."""
-        lock, self._lock = getattr(self, "_lock", None), None
+        lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
 
@@ -810,111 +810,8 @@ class Trainer:
         if self.acc.is_main_process:
             tracking.append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
-    def _take_run_lock(self) -> ckpt.RunLock | None:
-        """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
-        whether it got it, so that every process raises the same one-line :class:`~mmgrpo.checkpoint.RunDirError`
-        (no process waits in a collective for one that has already failed)."""
-        acc = self.acc
-        lock, error, stale = None, None, None
-        if acc.is_main_process:
-            lock = ckpt.RunLock(self.out)
-            try:
-                stale = lock.acquire()
-            except ckpt.RunDirError as e:
-                error = str(e)
-        if acc.num_processes > 1:
-            error = broadcast_object_list([error])[0]
-        if error:
-            raise ckpt.RunDirError(error)
-        if stale:
-            logger.warning(
-                "took over the lock of %s: process %s on host %s is no longer running",
-                self.out,
-                stale.get("pid", "?"),
-                stale.get("host", "?"),
-            )
-        return lock
-
-    def _check_run_dir(self) -> Path | None:
-        """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
-        refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
-        checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads.
-
-        A directory holding only the start of a run that saved no checkpoint (:func:`mmgrpo.checkpoint.holds_a_run`
-        is false) is not a run: its leftovers are moved aside (nothing is deleted) and the new run starts there."""
-        cfg, acc = self.cfg, self.acc
-        if not cfg.resume:
-            try:
-                aside = ckpt.prepare_output_dir(self.out, resume=None, overwrite=cfg.overwrite)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-            acc.wait_for_everyone()  # every process has checked before the main one moves anything
-            if acc.is_main_process:
-                if aside is not None:
-                    was_run = ckpt.holds_a_run(self.out)
-                    moved = ckpt.move_aside(self.out, aside)
-                    what = (
-                        "the previous run" if was_run else "the leftovers of a run stopped before its first checkpoint"
-                    )
-                    logger.warning("%s in %s moved to %s (nothing deleted)", what, self.out, moved)
-                self._check_writable()
-            acc.wait_for_everyone()
-            return None
-        skipped: list[str] = []
-        try:
-            directory = ckpt.find(self.out, cfg.resume, skipped=skipped)
-        except FileNotFoundError as e:
-            raise ConfigError(str(e)) from None
-        if skipped and acc.is_main_process:
-            logger.warning(
-                "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
-                cfg.resume,
-                "; ".join(skipped),
-                directory,
-            )
-        step = ckpt.saved_step(directory)
-        if step > cfg.steps:
-            raise ConfigError(
-                f"resume={cfg.resume}: {directory} is at step {step}, past steps={cfg.steps}; set steps above {step} "
-                "to train on (steps only grows on resume)"
-            )
-        if step == cfg.steps and acc.is_main_process:
-            logger.warning(
-                "resume=%s: %s is already at steps=%d; only the final evaluation and save run (raise steps to "
-                "train on)",
-                cfg.resume,
-                directory,
-                step,
-            )
-        if acc.is_main_process:
-            self._check_writable()
-        saved = directory / "config.yaml"
-        saved = saved if saved.is_file() else self.out / "config.yaml"
-        if saved.is_file():
-            diffs = config_differences(load_config(saved), cfg)
-            if diffs:
-                raise ConfigError(
-                    f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
-                    "steps may change on resume (use the saved values, or start a new run in another output_dir)"
-                )
-        return directory
-
-    def _check_writable(self) -> None:
-        """Create ``output_dir`` and write a scratch file in it: a read-only or full file system, or a path like
-        ``/proc/x``, fails here in one line, before the model loads (main process)."""
-        import tempfile
-
-        try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.out) as f:
-                f.write(b"x")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise ckpt.write_error(f"output_dir={self.out} is not writable", e) from None
-
     def _maybe_resume(self) -> bool:
-        """Load the checkpoint found by :meth:`_check_run_dir` (safetensors + JSON, no pickle) and cut
+        """Load the checkpoint found by :func:`mmgrpo.run_dir.check_run_dir` (safetensors + JSON, no pickle) and cut
         ``metrics.jsonl`` back to its step, so that re-run steps replace their old records."""
         if self._resume_dir is None:
             return False
@@ -923,7 +820,7 @@ class Trainer:
         if "sampler" in saved and hasattr(self.sampler, "load_state_dict"):  # variance-aware samplers' statistics
             self.sampler.load_state_dict(saved["sampler"])
         if self.acc.is_main_process:
-            _truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
+            run_dir.truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
         summary_path = self.out / "summary.json"
         if summary_path.is_file():
@@ -947,7 +844,7 @@ class Trainer:
                 **({"sampler": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}),
             },
             config_text=dump_config(cfg),
-            model_files=_model_files(cfg, self.adapter, step),
+            model_files=run_dir.model_files(cfg, self.adapter, step),
         )
 
     def _finish(self) -> None:
@@ -977,82 +874,6 @@ SUMMED_METRICS = {"reward/errors", "data/skipped_rows"}
 
 ``optim/skipped_steps`` is not one: every process takes the same skip decision (the norm is taken after the
 gradient all-reduce), so its count is the same everywhere and is added after the reduction."""
-
-
-def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
-    """``field: saved -> new`` for every config value that differs, except those a resume may change."""
-    flat_saved, flat_new = _flatten(to_dict(saved)), _flatten(to_dict(new))
-    out = []
-    for key in sorted(set(flat_saved) | set(flat_new)):
-        if key.split(".")[0] in RESUMABLE_CHANGES + ("output_dir",):
-            continue
-        a, b = flat_saved.get(key, "<unset>"), flat_new.get(key, "<unset>")
-        if a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
-    return out
-
-
-def _flatten(node, prefix: str = "") -> dict:
-    if isinstance(node, dict) and node:
-        flat = {}
-        for k, v in node.items():
-            flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return flat
-    return {prefix: node}
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the records of steps <= ``step`` (a resumed run re-runs the later ones and writes them again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
-def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
-    """``README.md`` (model card, :func:`mmgrpo.checkpoint.model_card`) and ``mmgrpo_sampling.json`` written next
-    to the saved weights.
-
-    The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
-    them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
-    ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
-    reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
-    """
-    report = getattr(adapter, "sampling_settings", None)
-    settings = report() if callable(report) else {}
-    model = to_dict(cfg)["model"]
-    sampling = {
-        "adapter": cfg.model.adapter,
-        "model_args": model.get("args", {}),
-        "lora": model.get("lora"),
-        "dtype": cfg.model.dtype,
-        "sampling_settings": settings,
-        "step": step,
-    }
-    describe = getattr(adapter, "export_info", None)
-    info = describe() if callable(describe) else {}
-    lora = cfg.model.lora.enabled
-    info = {
-        "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
-        "library": "",  # unknown: an adapter without export_info()
-        "model_class": cfg.model.adapter,
-        "pipeline_tag": "",
-        "built_in": None,
-        **info,
-        "lora": lora,
-    }
-    a = cfg.algorithm
-    card = ckpt.model_card(
-        info,
-        task=cfg.task.name,
-        step=step,
-        seed=cfg.seed,
-        algorithm=f"estimator `{a.estimator}`, surrogate `{a.surrogate}`, group size {a.group_size}, β = {a.beta}",
-        rewards=", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards),
-        sampling_call=", ".join(f"{k}={v!r}" for k, v in settings.items()),
-        config_text=dump_config(cfg),
-    )
-    return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
 
 
 def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
