@@ -76,46 +76,6 @@ class TrainerState:
         self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
 
 
-class PromptSampler:
-    """Deterministic prompt order: epoch e is a permutation seeded by (seed, e); the position is step-derived.
-
-    Process r takes prompts [r·P, (r+1)·P) of each global batch of W·P, so resuming at a step reproduces the
-    exact prompts an uninterrupted run would have seen.
-    """
-
-    def __init__(self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int):
-        self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
-
-    def positions(self, step: int) -> list[int]:
-        """[P] global positions of this process's prompts at ``step``: the keys of their rollout noise.
-
-        Position ``step·W·P + r·P + i``: the global batch of a step is the same W·P positions at any world size
-        (with ``prompts_per_step`` scaled to keep W·P fixed), and process r holds a contiguous slice of it."""
-        start = (step * self.world + self.rank) * self.P
-        return list(range(start, start + self.P))
-
-    def indices(self, step: int) -> list[int]:
-        """[P] dataset rows at this process's :meth:`positions`."""
-        out = []
-        for pos in self.positions(step):
-            epoch, offset = divmod(pos, self.n)
-            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-            out.append(int(perm[offset]))
-        return out
-
-
-def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Learning-rate multiplier: linear warm-up over ``warmup`` steps, then constant / cosine / linear decay."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 1.0
-
-
 def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
     """Prompts and dataset columns repeated G times (group-major), as the reward functions receive them.
 
@@ -184,7 +144,7 @@ class Trainer:
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
+            self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
@@ -196,7 +156,7 @@ class Trainer:
             self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
         self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         a = cfg.algorithm  # algorithm.sampler: the sequential PromptSampler or a sampling.SAMPLERS class
-        sampler_cls = PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
+        sampler_cls = sampling.PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
         self.sampler = sampler_cls(
             len(self.task.train_rows()),
             a.prompts_per_step,
@@ -369,7 +329,7 @@ class Trainer:
             advantages = adv_lib.apply_transforms(
                 a.advantage_transform, advantages, combined, seq_lp, a.advantage_transform_args
             )  # [P, G]
-        if hasattr(self.sampler, "observe"):  # variance-aware samplers: every process sees all groups
+        if self.sampler.observes:  # variance-aware samplers: every process sees all groups
             seen = (
                 torch.tensor(self._step_rows),
                 combined,
@@ -817,7 +777,7 @@ class Trainer:
             return False
         saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
         self.state.load_state_dict(saved)
-        if "sampler" in saved and hasattr(self.sampler, "load_state_dict"):  # variance-aware samplers' statistics
+        if "sampler" in saved:  # variance-aware samplers' statistics
             self.sampler.load_state_dict(saved["sampler"])
         if self.acc.is_main_process:
             run_dir.truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
@@ -841,7 +801,7 @@ class Trainer:
             scheduler=self.scheduler,
             trainer_state={  # + a stateful sampler's statistics (algorithm.sampler: variance)
                 **self.state.state_dict(),
-                **({"sampler": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}),
+                **({"sampler": self.sampler.state_dict()} if self.sampler.observes else {}),
             },
             config_text=dump_config(cfg),
             model_files=run_dir.model_files(cfg, self.adapter, step),
