@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
@@ -46,6 +45,7 @@ from mmgrpo import (
     thoughts,
     tracking,
 )
+from mmgrpo import metrics as step_metrics
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.plugins import ADAPTERS, load_builtins
@@ -197,13 +197,13 @@ class Trainer:
                 ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
             except OSError as e:
                 raise ckpt.write_error(f"output_dir={self.out}: cannot write config.yaml", e) from None
-        acc.init_trackers("mmgrpo", config=_flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
+        acc.init_trackers("mmgrpo", config=tracking.flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
                 self._evaluate("before")
             if cfg.warmup.steps > 0:
                 self._warmup()
-        bar = _progress(cfg, acc, initial=self.state.step)
+        bar = tracking.progress_bar(cfg, acc, initial=self.state.step)
         t_start = time.perf_counter()
         stop = StopSignal()  # SIGTERM / Ctrl-C: finish the step, checkpoint, return
         try:
@@ -360,7 +360,7 @@ class Trainer:
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics, **engine_metrics}.items()}
         metrics.update(reward_metrics)
-        metrics.update(_completion_summary(rollout, mask))
+        metrics.update(step_metrics.completion_summary(rollout, mask))
         metrics.update(
             {
                 "perf/rollout_s": t1 - t0,
@@ -373,7 +373,9 @@ class Trainer:
         )
         self.scheduler.step()
         if self.acc.num_processes > 1:
-            metrics = self._reduce_metrics(metrics, rewards)
+            metrics = step_metrics.reduce_metrics(
+                self.acc, metrics, rewards, self.rewards.weights, self.rewards.names, a.std_unbiased
+            )
         return metrics
 
     def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
@@ -433,42 +435,6 @@ class Trainer:
             for idx in torch.arange(rollout.batch_size).split(G)
         ]
         return shaping.tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
-
-    def _reduce_metrics(self, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
-        """Every process's metrics → one set for the whole step (identical on all processes).
-
-        Each process holds the same number of samples (P·G) and, after ``_update``'s weighting, loss terms
-        that sum to the whole-update value over processes, so a plain mean over processes is the mean over
-        all samples. Exceptions: counts (``reward/errors``) are summed, wall times (``perf/*``) and maxima
-        (``*_max``) take the largest process value, and the reward statistics whose weights differ per
-        process (``reward/mean``, ``reward/std``, ``reward/<name>`` over applicable samples) are recomputed
-        from all processes' rewards.
-        """
-        a = self.cfg.algorithm
-        per_process = gather_object([metrics])  # W dicts
-        out: dict[str, float] = {}
-        for key in metrics:
-            values = [m[key] for m in per_process if key in m]
-            if key in SUMMED_METRICS:
-                out[key] = float(sum(values))
-            elif key.startswith("perf/") or key.endswith("_max"):
-                out[key] = float(max(values))
-            else:
-                finite = [v for v in values if not math.isnan(v)]  # a reward not applicable on one process
-                out[key] = float(sum(finite) / len(finite)) if finite else math.nan
-        everything = self.acc.gather(rewards.to(self.acc.device)[None]).cpu()  # [W, P, G, K]
-        everything = everything.flatten(0, 1)  # [W·P, G, K]
-        combined = adv_lib.combine_rewards(everything, self.rewards.weights).flatten()  # [W·P·G]
-        valid = combined[~torch.isnan(combined)]  # [n]
-        if valid.numel() > 0:
-            out["reward/mean"] = float(valid.mean())
-            out["reward/std"] = float(valid.std(unbiased=a.std_unbiased)) if valid.numel() > 1 else 0.0
-        for k, name in enumerate(self.rewards.names):
-            col = everything[..., k].flatten()  # [W·P·G]
-            ok = ~torch.isnan(col)
-            if f"reward/{name}" in out:
-                out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
-        return out
 
     def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
         """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
@@ -662,7 +628,7 @@ class Trainer:
         rows = self.task.train_rows() if w.target_column else self.task.warmup_rows(self.cfg.seed)
         rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
         opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
-        bar = _progress(self.cfg, self.acc, total=w.steps, desc="warm-up")
+        bar = tracking.progress_bar(self.cfg, self.acc, total=w.steps, desc="warm-up")
         for i in range(w.steps):
             batch = self._warmup_batch(rows, rng)
             batch = thoughts.drop_thoughts(batch, w.thought_dropout, self.cfg.seed * 100_003 + i)  # TON (0: as is)
@@ -827,52 +793,6 @@ class Trainer:
 
                 plot_reward_curve(history, self.out / "reward_curve.png", title=cfg.output_dir)
         acc.end_training()
-
-
-SUMMED_METRICS = {"reward/errors", "data/skipped_rows"}
-"""Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``).
-
-``optim/skipped_steps`` is not one: every process takes the same skip decision (the norm is taken after the
-gradient all-reduce), so its count is the same everywhere and is added after the reduction."""
-
-
-def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
-    """completion/* statistics (reward/* come from ``compute_advantages``)."""
-    lengths = rollout.mask.sum(dim=1)  # [B]
-    return {
-        "completion/units_mean": float(lengths.mean()),
-        "completion/truncated_fraction": float(rollout.truncated.float().mean()),
-        "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
-    }
-
-
-def _flat_hparams(cfg: TrainConfig) -> dict:
-    """Scalars of the config, flattened with dots (what TensorBoard's hparams accept)."""
-    from mmgrpo.config import to_dict
-
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-        elif isinstance(node, (int, float, str, bool)):
-            flat[prefix] = node
-
-    walk("", to_dict(cfg))
-    return flat
-
-
-def _progress(cfg: TrainConfig, acc: Accelerator, initial: int = 0, total: int | None = None, desc: str = "grpo"):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total if total is not None else cfg.steps,
-        initial=initial,
-        desc=desc,
-        disable=not (cfg.logging.progress and acc.is_main_process),
-        dynamic_ncols=True,
-    )
 
 
 def train(cfg: TrainConfig) -> dict:
