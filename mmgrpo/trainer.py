@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import sys
 import time
 from contextlib import nullcontext
@@ -42,14 +41,14 @@ from mmgrpo import (
     schedules,
     shaping,
     sharding,
-    thoughts,
     tracking,
+    warmup,
 )
 from mmgrpo import metrics as step_metrics
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.plugins import ADAPTERS, load_builtins
-from mmgrpo.preflight import preflight, row_name, warmup_target
+from mmgrpo.preflight import preflight
 from mmgrpo.types import (
     ADAPTER_CAPABILITIES,
     DataError,
@@ -59,7 +58,6 @@ from mmgrpo.types import (
 )
 
 logger = logging.getLogger(__name__)
-MAX_CONSECUTIVE_BAD_ROWS = 100  # unreadable rows in a row before the run stops with a DataError
 
 
 @dataclass
@@ -443,7 +441,7 @@ class Trainer:
         n = len(data)
         rows = []
         for i in self.sampler.indices(step) if indices is None else indices:
-            for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
+            for attempt in range(min(n, warmup.MAX_CONSECUTIVE_BAD_ROWS)):
                 j = (i + attempt) % n
                 if j in self._bad_rows:
                     self.skipped_rows += 1
@@ -456,7 +454,9 @@ class Trainer:
                     self.skipped_rows += 1
                     logger.warning("mmgrpo: skipped row: %s", e)
             else:
-                raise DataError(f"{min(n, MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data")
+                raise DataError(
+                    f"{min(n, warmup.MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data"
+                )
         return rows
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:
@@ -622,51 +622,14 @@ class Trainer:
 
     def _warmup(self) -> None:
         """Optional supervised warm-up (e.g. output format); evaluated as its own stage ``eval/warmup/*``."""
-        w = self.cfg.warmup
         if not isinstance(self.adapter, SupervisedLoss):  # checked at load (preflight, config); a last guard
             raise ConfigError(f"warmup.steps > 0 but model.adapter {self.cfg.model.adapter!r} has no supervised_loss()")
-        rows = self.task.train_rows() if w.target_column else self.task.warmup_rows(self.cfg.seed)
-        rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
-        opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
-        bar = tracking.progress_bar(self.cfg, self.acc, total=w.steps, desc="warm-up")
-        for i in range(w.steps):
-            batch = self._warmup_batch(rows, rng)
-            batch = thoughts.drop_thoughts(batch, w.thought_dropout, self.cfg.seed * 100_003 + i)  # TON (0: as is)
-            loss = self.adapter.supervised_loss(batch)
-            self.acc.backward(loss)
-            self.acc.clip_grad_norm_(self.adapter.trainable_parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        bar.close()
+        rows = self.task.train_rows() if self.cfg.warmup.target_column else self.task.warmup_rows(self.cfg.seed)
+        self.skipped_rows += warmup.supervised_warmup(self.cfg, self.acc, self.adapter, rows)
         self.state.warmup_done = True
         if isinstance(self.adapter, SyncReference):  # the KL anchors to the warmed-up policy
             self.adapter.sync_reference()
         self._evaluate("warmup")
-
-    def _warmup_batch(self, rows, rng: random.Random) -> list[dict]:
-        """``warmup.batch_size`` rows drawn without replacement; with ``warmup.target_column`` each is a training
-        row with ``target`` from ``warmup.target_template``. Unreadable rows are skipped and counted."""
-        w = self.cfg.warmup
-        batch = []
-        n = len(rows)
-        for i in rng.sample(range(n), min(n, w.batch_size + MAX_CONSECUTIVE_BAD_ROWS)):
-            if len(batch) == min(w.batch_size, n):
-                break
-            try:
-                row = rows[i]
-                if w.target_column:
-                    where = row_name(self.cfg, rows, "train", i)
-                    row = dict(row, target=warmup_target(row, w.target_column, w.target_template, where))
-            except DataError as e:
-                self.skipped_rows += 1
-                logger.warning("mmgrpo: skipped warm-up row: %s", e)
-                continue
-            batch.append(row)
-        if not batch:
-            raise DataError("no warm-up row could be read; check the data (the first one's error is logged above)")
-        return batch
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
         data = self.task.eval_rows()
