@@ -17,6 +17,7 @@ from accelerate.utils import broadcast_object_list
 
 from mmgrpo import checkpoint as ckpt
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from mmgrpo.types import ExportInfo, SamplingSettings
 
 logger = logging.getLogger(__name__)
 RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
@@ -162,8 +163,7 @@ def model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
     ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
     reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
     """
-    report = getattr(adapter, "sampling_settings", None)
-    settings = report() if callable(report) else {}
+    settings = adapter.sampling_settings() if isinstance(adapter, SamplingSettings) else {}
     model = to_dict(cfg)["model"]
     sampling = {
         "adapter": cfg.model.adapter,
@@ -173,8 +173,7 @@ def model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
         "sampling_settings": settings,
         "step": step,
     }
-    describe = getattr(adapter, "export_info", None)
-    info = describe() if callable(describe) else {}
+    info = adapter.export_info() if isinstance(adapter, ExportInfo) else {}
     lora = cfg.model.lora.enabled
     info = {
         "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),

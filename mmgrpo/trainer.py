@@ -54,6 +54,7 @@ from mmgrpo.types import (
     DataError,
     SupervisedLoss,
     SyncReference,
+    has_method,
     required_capabilities,
 )
 
@@ -135,7 +136,7 @@ class Trainer:
             if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
                 raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
         for method, why in variant_methods(a).items():  # docs/variants.md hooks (checked at load when declared)
-            if not callable(getattr(self.adapter, method, None)):
+            if not has_method(self.adapter, method):
                 raise ConfigError(f"{why} needs an adapter with {method}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(

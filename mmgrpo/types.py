@@ -249,3 +249,29 @@ def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int, engin
     if warmup_steps > 0:
         need["supervised_loss"] = "warmup.steps > 0"
     return need
+
+
+@runtime_checkable
+class SamplingSettings(Protocol):
+    """The adapter reports the effective sampling values it used (written next to exported weights)."""
+
+    def sampling_settings(self) -> dict: ...
+
+
+@runtime_checkable
+class ExportInfo(Protocol):
+    """The adapter describes its export for the model card (full model or LoRA, base model, library)."""
+
+    def export_info(self) -> dict: ...
+
+
+def has_method(obj: object, name: str) -> bool:
+    """True when ``obj`` (an instance or a class) has a callable ``name``: the variant hooks of docs/variants.md,
+    which are named by configuration rather than by a protocol."""
+    return callable(getattr(obj, name, None))
+
+
+def frozen_reference(adapter: object) -> torch.nn.Module | None:
+    """The adapter's frozen reference copy (:class:`FrozenReference`), or ``None``."""
+    reference = adapter.reference if isinstance(adapter, FrozenReference) else None
+    return reference if isinstance(reference, torch.nn.Module) else None
