@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from mmgrpo import checkpoint as ckpt
+from mmgrpo import tracking
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
 from mmgrpo.types import ExportInfo, SamplingSettings
 
@@ -196,3 +197,20 @@ def model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
         config_text=dump_config(cfg),
     )
     return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
+
+
+def write_summary(cfg: TrainConfig, out: Path, summary: dict, step: int) -> None:
+    """``summary.json`` (the run's summary with the reward's first value and last-10% mean from ``metrics.jsonl``)
+    and, with ``logging.plot``, ``reward_curve.png`` (main process)."""
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
+    if rewards:
+        tail = rewards[-max(1, len(rewards) // 10) :]
+        summary["train/reward_first"] = rewards[0]
+        summary["train/reward_last10pct"] = sum(tail) / len(tail)
+    summary["train/steps"] = step
+    ckpt.atomic_write_text(out / "summary.json", json.dumps(tracking.json_safe(summary), indent=2, sort_keys=True))
+    if cfg.logging.plot:
+        from mmgrpo.plotting import plot_reward_curve
+
+        plot_reward_curve(history, out / "reward_curve.png", title=cfg.output_dir)

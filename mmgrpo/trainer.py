@@ -345,7 +345,7 @@ class Trainer:
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
         unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
         if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
-            weights = self._tw_grpo_weights(rollout)  # [B, T]
+            weights = shaping.rollout_tw_grpo_weights(self.adapter, rollout, a.token_weighting_args)  # [B, T]
             unit_adv = unit_adv * weights  # [B, T]
             adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
         ref = None
@@ -422,18 +422,6 @@ class Trainer:
         reward_metrics["data/dynamic_gen_batches"] = float(len(batches))
         reward_metrics["data/dynamic_short_groups"] = float(short)
         return new_rows, merged, new_scores, reward_metrics
-
-    def _tw_grpo_weights(self, rollout) -> torch.Tensor:
-        """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
-        opts = self.cfg.algorithm.token_weighting_args
-        G, chunk = rollout.group_size, int(opts.get("chunk", 64))
-        divergence = [
-            shaping.intragroup_divergence(
-                self.adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk
-            ).cpu()  # [T]
-            for idx in torch.arange(rollout.batch_size).split(G)
-        ]
-        return shaping.tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
 
     def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
         """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
@@ -742,20 +730,7 @@ class Trainer:
         if cfg.checkpoint.save_final:
             self._save(self.state.step, final=True)
         if acc.is_main_process:
-            history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
-            rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
-            if rewards:
-                tail = rewards[-max(1, len(rewards) // 10) :]
-                self.summary["train/reward_first"] = rewards[0]
-                self.summary["train/reward_last10pct"] = sum(tail) / len(tail)
-            self.summary["train/steps"] = self.state.step
-            ckpt.atomic_write_text(
-                self.out / "summary.json", json.dumps(tracking.json_safe(self.summary), indent=2, sort_keys=True)
-            )
-            if cfg.logging.plot:
-                from mmgrpo.plotting import plot_reward_curve
-
-                plot_reward_curve(history, self.out / "reward_curve.png", title=cfg.output_dir)
+            run_dir.write_summary(cfg, self.out, self.summary, self.state.step)
         acc.end_training()
 
 
