@@ -290,13 +290,9 @@ class Trainer:
         is_weights, engine_metrics = None, {}
         if rollout.engine_logprobs is not None and self.cfg.rollout.is_mode != "none":
             r = self.cfg.rollout
+            logprobs = (rollout.old_logprobs, rollout.engine_logprobs, rollout.mask)  # [B, T] each
             is_weights, engine_metrics = importance.engine_is_weights(
-                rollout.old_logprobs,
-                rollout.engine_logprobs,
-                rollout.mask,
-                mode=r.is_mode,
-                clip_max=r.is_clip_max,
-                clip_min=r.is_clip_min,
+                *logprobs, mode=r.is_mode, clip_max=r.is_clip_max, clip_min=r.is_clip_min
             )  # [B, T]
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
@@ -378,18 +374,11 @@ class Trainer:
         return metrics
 
     def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
-        """DAPO dynamic sampling (mmgrpo/dynamic_sampling.py): the first P groups with non-zero reward variance
-        over up to ``max_num_gen_batches`` generation batches; returns (rows, rollout, scores [B, K], metrics)."""
+        """DAPO dynamic sampling (:func:`mmgrpo.dynamic_sampling.refill`); returns (rows, rollout, scores [B, K],
+        metrics) of the kept groups."""
         a, G, P = self.cfg.algorithm, self.cfg.algorithm.group_size, len(rows)
-        batches = [(rows, rollout, scores, self._step_rows)]
-        kept = lambda sc: dynamic_sampling.kept_groups(
-            adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), self.rewards.weights))
-        )
-        have = len(kept(scores))
-        for k in range(1, a.dynamic_sampling.max_num_gen_batches):
-            need = torch.tensor([float(have < P)], device=self.acc.device)
-            if float(self.acc.reduce(need, reduction="sum") if self.acc.num_processes > 1 else need) == 0:
-                break  # every process holds P groups with signal (all run the same number of batches)
+
+        def generate(k: int) -> tuple:  # generation batch k: P random rows, rolled out and scored
             idx = dynamic_sampling.refill_indices(
                 len(self.task.train_rows()), P, seed=self.cfg.seed, step=step, batch=k, rank=self.acc.process_index
             )
@@ -408,18 +397,17 @@ class Trainer:
             columns.setdefault("group_index", [b // G for b in range(len(prompts))])
             sc, mets = self.rewards(r.outputs, prompts, columns)  # [B, K]
             reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
-            batches.append((more, r, sc, idx))
-            have += len(kept(sc))
-        order, short = dynamic_sampling.select_groups([kept(sc) for _, _, sc, _ in batches], P)
-        parts = [(batches[j][1], [g for jj, g in order if jj == j]) for j in range(len(batches))]
-        merged = dynamic_sampling.merge_groups(self.adapter, [(r, groups) for r, groups in parts if groups])
-        new_rows = [batches[j][0][g] for j, g in order]
-        self._step_rows = [batches[j][3][g] for j, g in order]
-        new_scores = torch.cat([batches[j][2][g * G : (g + 1) * G] for j, g in order])  # [B, K]
+            return more, r, sc, idx
+
+        first = (rows, rollout, scores, self._step_rows)
+        max_batches = a.dynamic_sampling.max_num_gen_batches
+        new_rows, self._step_rows, merged, new_scores, n_batches, short = dynamic_sampling.refill(
+            self.acc, self.adapter, first, self.rewards.weights, max_batches, generate
+        )
         for k, name in enumerate(self.rewards.names):  # the kept groups' reward means
             if f"reward/{name}" in reward_metrics:
                 reward_metrics[f"reward/{name}"] = float(new_scores[:, k].nanmean())
-        reward_metrics["data/dynamic_gen_batches"] = float(len(batches))
+        reward_metrics["data/dynamic_gen_batches"] = float(n_batches)
         reward_metrics["data/dynamic_short_groups"] = float(short)
         return new_rows, merged, new_scores, reward_metrics
 
