@@ -32,6 +32,7 @@ from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import (
     dynamic_sampling,
+    evaluation,
     importance,
     injection,
     losses,
@@ -609,37 +610,20 @@ class Trainer:
         self._evaluate("warmup")
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
-        data = self.task.eval_rows()
-        n = len(data) if self.cfg.eval.max_rows is None else min(len(data), self.cfg.eval.max_rows)
-        rows = []
-        for i in range(n):
-            try:
-                rows.append(data[i])
-            except DataError as e:
-                logger.warning("mmgrpo: skipped held-out row: %s", e)
+        """Held-out evaluation as stage ``eval/<stage>/*`` (:mod:`mmgrpo.evaluation`): the task's metric, or the
+        configured rewards where the task has none."""
+        rows = evaluation.held_out_rows(self.task.eval_rows(), self.cfg.eval.max_rows)
         if not rows:
             return {}
-        outputs = []
-        sharded = self.acc.distributed_type == DistributedType.FSDP  # every process must run as many forwards
-        with self.acc.split_between_processes(list(range(len(rows))), apply_padding=sharded) as mine:
-            for start in range(0, len(mine), self.cfg.eval.batch_size):
-                batch = [rows[i] for i in mine[start : start + self.cfg.eval.batch_size]]
-                outputs += list(zip(mine[start : start + len(batch)], self.adapter.evaluate(batch)))
-        outputs = sorted(dict(gather_object(outputs)).items())  # padding repeats the last row: kept once
+        outputs = evaluation.generate(self.acc, self.adapter, rows, self.cfg.eval.batch_size)
         scores = self.task.score([o for _, o in outputs], rows)
         if scores is None:  # no task metric: the configured rewards, each and combined
             scores = self._reward_scores([o for _, o in outputs], rows)
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
-            tracking.append_jsonl(
-                self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result}
-            )
-            from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
-
-            records = [(rows[i], o) for i, o in outputs[:8]]
-            written = sample_files.write_samples(self.out, stage, records, step=self.state.step)
-            tracking.log_samples(self.acc, stage, written, self.out, self.state.step)  # the trackers' media types
+            record_step = step if step is not None else self.state.step
+            evaluation.record(self.acc, self.out, stage, result, rows, outputs, record_step, self.state.step)
         self.acc.log(result, step=self.state.step)
         return result
 
