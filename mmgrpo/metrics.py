@@ -69,3 +69,15 @@ def reduce_metrics(
         if f"reward/{name}" in out:
             out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
     return out
+
+
+def no_signal_causes(metrics: dict[str, float]) -> list[str]:
+    """Why a step cannot learn, read from its (reduced) metrics; empty when it can."""
+    causes = []
+    if metrics.get("advantage/zero_std_fraction", 0.0) >= 1.0:
+        causes.append("every group has zero reward variance (all advantages 0)")
+    if metrics.get("completion/trained_fraction", 1.0) == 0.0:
+        causes.append("every sample is masked out")
+    if metrics.get("completion/truncated_fraction", 0.0) >= 1.0:
+        causes.append("every completion was truncated (raise the adapter's length limit)")
+    return causes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -22,6 +23,20 @@ from mmgrpo.types import ExportInfo, SamplingSettings
 
 logger = logging.getLogger(__name__)
 RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
+
+
+@dataclass
+class TrainerState:
+    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
+
+    step: int = 0  # GRPO steps completed
+    warmup_done: bool = False
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "warmup_done": self.warmup_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
 
 
 def take_run_lock(acc: Accelerator, out: Path) -> ckpt.RunLock | None:

@@ -238,6 +238,13 @@ class VarianceSampler(PromptSampler):
         self._cache = None
 
 
+def build_sampler(a, n_rows: int, world: int, rank: int, seed: int) -> PromptSampler:
+    """The sampler ``algorithm.sampler`` names (``a``: the algorithm config): the sequential
+    :class:`PromptSampler` or a :data:`SAMPLERS` class built with ``algorithm.sampler_args``."""
+    sampler_cls = PromptSampler if a.sampler == SEQUENTIAL else SAMPLERS.get(a.sampler)
+    return sampler_cls(n_rows, a.prompts_per_step, world, rank, seed, **a.sampler_args)
+
+
 def distinct_n(outputs: list, group_size: int, n: int = 3) -> Tensor:
     """[P] distinct-n of each group of ``group_size`` consecutive outputs: distinct word n-grams / all word n-grams.
 

@@ -22,7 +22,6 @@ import math
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,7 +51,6 @@ from mmgrpo.plugins import ADAPTERS, load_builtins
 from mmgrpo.preflight import preflight
 from mmgrpo.types import (
     ADAPTER_CAPABILITIES,
-    DataError,
     SupervisedLoss,
     SyncReference,
     has_method,
@@ -60,20 +58,6 @@ from mmgrpo.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerState:
-    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
-
-    step: int = 0  # GRPO steps completed
-    warmup_done: bool = False
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "warmup_done": self.warmup_done}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
 
 
 def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
@@ -154,16 +138,9 @@ class Trainer:
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
             self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
-        self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
-        a = cfg.algorithm  # algorithm.sampler: the sequential PromptSampler or a sampling.SAMPLERS class
-        sampler_cls = sampling.PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
-        self.sampler = sampler_cls(
-            len(self.task.train_rows()),
-            a.prompts_per_step,
-            self.acc.num_processes,
-            self.acc.process_index,
-            cfg.seed,
-            **a.sampler_args,
+        self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
+        self.sampler = sampling.build_sampler(
+            cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
         )
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
@@ -248,13 +225,7 @@ class Trainer:
 
     def _warn_if_no_signal(self, metrics: dict[str, float], step: int) -> None:
         """Warn (first time per cause; all counted in summary ``train/no_signal_steps``) when a step cannot learn."""
-        causes = []
-        if metrics.get("advantage/zero_std_fraction", 0.0) >= 1.0:
-            causes.append("every group has zero reward variance (all advantages 0)")
-        if metrics.get("completion/trained_fraction", 1.0) == 0.0:
-            causes.append("every sample is masked out")
-        if metrics.get("completion/truncated_fraction", 0.0) >= 1.0:
-            causes.append("every completion was truncated (raise the adapter's length limit)")
+        causes = step_metrics.no_signal_causes(metrics)
         if not causes:
             return
         self.summary["train/no_signal_steps"] = self.summary.get("train/no_signal_steps", 0) + 1
@@ -415,26 +386,9 @@ class Trainer:
     def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
         """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
         in file order."""
-        data = self.task.train_rows()
-        n = len(data)
-        rows = []
-        for i in self.sampler.indices(step) if indices is None else indices:
-            for attempt in range(min(n, warmup.MAX_CONSECUTIVE_BAD_ROWS)):
-                j = (i + attempt) % n
-                if j in self._bad_rows:
-                    self.skipped_rows += 1
-                    continue
-                try:
-                    rows.append(data[j])
-                    break
-                except DataError as e:
-                    self._bad_rows.add(j)
-                    self.skipped_rows += 1
-                    logger.warning("mmgrpo: skipped row: %s", e)
-            else:
-                raise DataError(
-                    f"{min(n, warmup.MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data"
-                )
+        wanted = self.sampler.indices(step) if indices is None else indices
+        rows, skipped = warmup.read_rows(self.task.train_rows(), wanted, self._bad_rows)
+        self.skipped_rows += skipped
         return rows
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:

@@ -67,3 +67,27 @@ def warmup_batch(cfg: TrainConfig, rows, rng: random.Random) -> tuple[list[dict]
     if not batch:
         raise DataError("no warm-up row could be read; check the data (the first one's error is logged above)")
     return batch, skipped
+
+
+def read_rows(data, indices: list[int], bad: set[int]) -> tuple[list[dict], int]:
+    """Rows ``indices`` of ``data`` and the number skipped: a row that cannot be read is skipped (warned, added
+    to ``bad``) for the next one in file order; :data:`MAX_CONSECUTIVE_BAD_ROWS` in a row stop the run."""
+    n = len(data)
+    rows = []
+    skipped = 0
+    for i in indices:
+        for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
+            j = (i + attempt) % n
+            if j in bad:
+                skipped += 1
+                continue
+            try:
+                rows.append(data[j])
+                break
+            except DataError as e:
+                bad.add(j)
+                skipped += 1
+                logger.warning("mmgrpo: skipped row: %s", e)
+        else:
+            raise DataError(f"{min(n, MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data")
+    return rows, skipped
