@@ -7,6 +7,7 @@ times, and the reward statistics, recomputed from every process's rewards).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -15,6 +16,8 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
+
+logger = logging.getLogger(__name__)
 
 SUMMED_METRICS = {"reward/errors", "data/skipped_rows"}
 """Metrics that are counts: summed over processes (every other one is a mean, see :func:`reduce_metrics`).
@@ -81,3 +84,21 @@ def no_signal_causes(metrics: dict[str, float]) -> list[str]:
     if metrics.get("completion/truncated_fraction", 0.0) >= 1.0:
         causes.append("every completion was truncated (raise the adapter's length limit)")
     return causes
+
+
+def warn_if_no_signal(metrics: dict[str, float], step: int, summary: dict, warned: set[str], main: bool) -> None:
+    """Warn (first time per cause, on the main process; all counted in summary ``train/no_signal_steps``) when a
+    step cannot learn; ``warned`` holds the causes already warned about."""
+    causes = no_signal_causes(metrics)
+    if not causes:
+        return
+    summary["train/no_signal_steps"] = summary.get("train/no_signal_steps", 0) + 1
+    new = [c for c in causes if c not in warned]
+    if new and main:
+        logger.warning(
+            "step %d has no learning signal: %s (later steps like this are only counted in "
+            "summary.json train/no_signal_steps)",
+            step,
+            "; ".join(new),
+        )
+    warned.update(new)

@@ -229,3 +229,18 @@ def write_summary(cfg: TrainConfig, out: Path, summary: dict, step: int) -> None
         from mmgrpo.plotting import plot_reward_curve
 
         plot_reward_curve(history, out / "reward_curve.png", title=cfg.output_dir)
+
+
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    """``config.yaml``, the run's resolved config (main process; a resume compares against it)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_write_text(out / "config.yaml", dump_config(cfg))
+    except OSError as e:
+        raise ckpt.write_error(f"output_dir={out}: cannot write config.yaml", e) from None
+
+
+def saved_summary(out: Path) -> dict:
+    """The ``summary.json`` of the run being resumed (empty when it has none yet)."""
+    path = out / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -16,7 +16,6 @@ Each process holds whole groups (P prompts per process), so group statistics nev
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -50,10 +49,9 @@ from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.plugins import ADAPTERS, load_builtins
 from mmgrpo.preflight import preflight
 from mmgrpo.types import (
-    ADAPTER_CAPABILITIES,
     SupervisedLoss,
     SyncReference,
-    has_method,
+    missing_method,
     required_capabilities,
 )
 
@@ -117,12 +115,9 @@ class Trainer:
         need = required_capabilities(
             kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
         )
-        for name, why in need.items():
-            if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
-                raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
-        for method, why in variant_methods(a).items():  # docs/variants.md hooks (checked at load when declared)
-            if not has_method(self.adapter, method):
-                raise ConfigError(f"{why} needs an adapter with {method}(); {cfg.model.adapter!r} has none")
+        missing = missing_method(self.adapter, {**need, **variant_methods(a)})  # + docs/variants.md hooks
+        if missing is not None:
+            raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -149,6 +144,7 @@ class Trainer:
         }
         self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
         self._bad_rows: set[int] = set()
+        self._no_signal_warned: set[str] = set()  # causes warned about once (metrics.warn_if_no_signal)
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -169,11 +165,7 @@ class Trainer:
         cfg, acc = self.cfg, self.acc
         resumed = self._maybe_resume()
         if acc.is_main_process:
-            try:
-                self.out.mkdir(parents=True, exist_ok=True)
-                ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
-            except OSError as e:
-                raise ckpt.write_error(f"output_dir={self.out}: cannot write config.yaml", e) from None
+            run_dir.write_config(cfg, self.out)
         acc.init_trackers("mmgrpo", config=tracking.flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
@@ -190,7 +182,7 @@ class Trainer:
                 metrics["optim/skipped_steps"] = float(self._skipped_total - skipped_before)
                 self.state.step += 1
                 step = self.state.step
-                self._warn_if_no_signal(metrics, step)
+                step_metrics.warn_if_no_signal(metrics, step, self.summary, self._no_signal_warned, acc.is_main_process)
                 if step % cfg.logging.every == 0 or step == cfg.steps:
                     self._log(metrics, step)
                 bar.update(1)
@@ -222,24 +214,6 @@ class Trainer:
             self._evaluate("after")
         self._finish()
         return self.summary
-
-    def _warn_if_no_signal(self, metrics: dict[str, float], step: int) -> None:
-        """Warn (first time per cause; all counted in summary ``train/no_signal_steps``) when a step cannot learn."""
-        causes = step_metrics.no_signal_causes(metrics)
-        if not causes:
-            return
-        self.summary["train/no_signal_steps"] = self.summary.get("train/no_signal_steps", 0) + 1
-        new = [c for c in causes if c not in self._no_signal_warned]
-        if new and self.acc.is_main_process:
-            logger.warning(
-                "step %d has no learning signal: %s (later steps like this are only counted in "
-                "summary.json train/no_signal_steps)",
-                step,
-                "; ".join(new),
-            )
-        self._no_signal_warned = self._no_signal_warned | set(new)
-
-    _no_signal_warned: frozenset = frozenset()
 
     # ------------------------------------------------------------------------------------- one step
 
@@ -626,9 +600,7 @@ class Trainer:
         if self.acc.is_main_process:
             run_dir.truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
-        summary_path = self.out / "summary.json"
-        if summary_path.is_file():
-            self.summary.update(json.loads(summary_path.read_text()))
+        self.summary.update(run_dir.saved_summary(self.out))
         return True
 
     def _save(self, step: int, final: bool = False) -> Path:

@@ -271,6 +271,16 @@ def has_method(obj: object, name: str) -> bool:
     return callable(getattr(obj, name, None))
 
 
+def missing_method(adapter: object, needed: dict[str, str]) -> tuple[str, str] | None:
+    """The first ``(method, why)`` of ``needed`` the adapter lacks: a capability of :data:`ADAPTER_CAPABILITIES`
+    (by its protocol) or a variant hook (:func:`has_method`); ``None`` when it has them all."""
+    for name, why in needed.items():
+        protocol = ADAPTER_CAPABILITIES.get(name)
+        if not (isinstance(adapter, protocol) if protocol is not None else has_method(adapter, name)):
+            return name, why
+    return None
+
+
 def frozen_reference(adapter: object) -> torch.nn.Module | None:
     """The adapter's frozen reference copy (:class:`FrozenReference`), or ``None``."""
     reference = adapter.reference if isinstance(adapter, FrozenReference) else None
