@@ -46,6 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from mmgrpo import sharding
+from mmgrpo.types import frozen_reference
 
 _STEP = re.compile(r"^step-(\d+)$")
 
@@ -326,8 +327,8 @@ def _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_s
         save_file({k: v.contiguous() for k, v in whole.items() if k not in tied}, str(state / "model.safetensors"))
     else:
         save_model(model, str(state / "model.safetensors"))
-    reference = getattr(adapter, "reference", None)
-    if isinstance(reference, torch.nn.Module):
+    reference = frozen_reference(adapter)
+    if reference is not None:
         save_model(reference, str(state / "reference.safetensors"))
     if optimizer is not None:
         _save_optimizer(state, optim_state if sharded else optimizer.state_dict())
@@ -507,8 +508,8 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
         sharding.load_full_state_dict(model, whole)
     else:
         _load_strict(model, state / "model.safetensors", _device_name(accelerator.device), directory)
-    reference = getattr(adapter, "reference", None)
-    if isinstance(reference, torch.nn.Module) and (state / "reference.safetensors").is_file():
+    reference = frozen_reference(adapter)
+    if reference is not None and (state / "reference.safetensors").is_file():
         device = _device_name(next(reference.parameters()).device)
         _load_strict(reference, state / "reference.safetensors", device, directory)
     if (state / "optimizer.json").is_file():

@@ -572,7 +572,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
     """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
     builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
     none are checked by the trainer once built."""
-    from mmgrpo.types import capabilities, required_capabilities
+    from mmgrpo.types import capabilities, has_method, required_capabilities
 
     adapter_class = getattr(adapter_builder, "adapter_class", None)
     if adapter_class is not None:
@@ -592,7 +592,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                 )
         a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name
         for method, why in variant_methods(a).items():
-            if not callable(getattr(adapter_class, method, None)):
+            if not has_method(adapter_class, method):
                 raise ConfigError(
                     f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
                     "(token adapters vlm and video have it); change that setting or the adapter"
@@ -602,7 +602,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
         cfg.warmup.steps > 0
         and not cfg.warmup.target_column
         and task_class is not None
-        and not callable(getattr(task_class, "warmup_rows", None))
+        and not has_method(task_class, "warmup_rows")
     ):
         raise ConfigError(
             f"warmup.steps: {cfg.warmup.steps} but task {cfg.task.name!r} has no warm-up rows of its own; set "

@@ -24,11 +24,13 @@ Merging the kept groups of several rollouts needs the adapter's ``merge_states``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from mmgrpo import advantages as adv_lib
 from mmgrpo.types import Rollout
 
 
@@ -90,3 +92,32 @@ def kept_groups(zero_variance: Tensor) -> list[int]:
 
 
 __all__ = ["kept_groups", "merge_groups", "refill_indices", "select_groups"]
+
+
+def refill(acc, adapter, first: tuple, weights: Tensor, max_batches: int, generate: Callable[[int], tuple]) -> tuple:
+    """The first P groups with non-zero reward variance over up to ``max_batches`` generation batches.
+
+    ``first`` is generation batch 0, ``(rows, rollout, scores [B, K], dataset indices)`` of the step's P prompts;
+    ``generate(k)`` returns the same for batch k. Every process runs as many batches (until all hold P groups with
+    signal). Returns ``(rows, indices, merged rollout, scores [B, K], number of batches, short groups)``.
+    """
+    rows, rollout, scores, _ = first
+    G, P = rollout.group_size, len(rows)
+    batches = [first]
+    kept = lambda sc: kept_groups(
+        adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), weights))
+    )
+    have = len(kept(scores))
+    for k in range(1, max_batches):
+        need = torch.tensor([float(have < P)], device=acc.device)
+        if float(acc.reduce(need, reduction="sum") if acc.num_processes > 1 else need) == 0:
+            break  # every process holds P groups with signal (all run the same number of batches)
+        batches.append(generate(k))
+        have += len(kept(batches[-1][2]))
+    order, short = select_groups([kept(sc) for _, _, sc, _ in batches], P)
+    parts = [(batches[j][1], [g for jj, g in order if jj == j]) for j in range(len(batches))]
+    merged = merge_groups(adapter, [(r, groups) for r, groups in parts if groups])
+    new_rows = [batches[j][0][g] for j, g in order]
+    indices = [batches[j][3][g] for j, g in order]
+    new_scores = torch.cat([batches[j][2][g * G : (g + 1) * G] for j, g in order])  # [B, K]
+    return new_rows, indices, merged, new_scores, len(batches), short

@@ -5,7 +5,7 @@ process drew it and how many rows that process drew before it, so 1 process × P
 prompts sample different rollouts from the same weights. Here every sample owns its noise: a ``torch.Generator``
 seeded by a hash of (seed, step, global prompt position, sample index), from which an adapter draws everything
 the sample needs (a uniform per token, an initial latent and the SDE noise of every step). The position is the
-prompt's index in the step's global batch of W·P prompts (``trainer.PromptSampler``), so a sample's draws are
+prompt's index in the step's global batch of W·P prompts (``sampling.PromptSampler``), so a sample's draws are
 those it gets at any world size, with any split of the global batch over processes.
 
 Token sampling with one uniform per row and step is inverse-CDF sampling (:func:`draw_by_inversion`): token

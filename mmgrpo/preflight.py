@@ -31,7 +31,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig
 from mmgrpo.media import add_media_parts, media_counts
-from mmgrpo.types import DataError
+from mmgrpo.types import DataError, WarmupTask
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def _check_warmup_source(cfg: TrainConfig, task: Any) -> None:
     w = cfg.warmup
     if w.steps <= 0 or w.target_column:
         return
-    if not callable(getattr(task, "warmup_rows", None)):
+    if not isinstance(task, WarmupTask):
         raise ConfigError(
             f"warmup.steps: {w.steps} but task {cfg.task.name!r} has no warm-up rows of its own; set "
             "warmup.target_column to the column that holds the target outputs (e.g. answer, with "

@@ -1,6 +1,6 @@
 """Prompt samplers that choose each step's prompts from the reward variance they showed before.
 
-Selected by ``algorithm.sampler`` (``SAMPLERS``; the default ``sequential`` is the trainer's ``PromptSampler``, a
+Selected by ``algorithm.sampler`` (``SAMPLERS``; the default ``sequential`` is :class:`PromptSampler`, a
 seeded permutation per epoch). A sampler is built as ``cls(n_rows, prompts_per_step, world, rank, seed, **options)``
 and has the ``PromptSampler`` interface — ``positions(step)`` (the global positions that key the rollout noise) and
 ``indices(step)`` (this process's P rows) — plus ``observe(indices, rewards, diversity)``, which the trainer calls
@@ -46,13 +46,56 @@ from mmgrpo.registry import Registry
 
 SAMPLERS: Registry[type] = Registry("prompt sampler")
 """``cls(n_rows, prompts_per_step, world, rank, seed, **options)`` with ``positions``/``indices`` (+ ``observe``).
-The default, ``sequential`` (no options), is the trainer's own ``PromptSampler`` and is not in this registry."""
+The default, ``sequential`` (no options), is :class:`PromptSampler` (the base class of the others) and is not
+in this registry."""
 
 SEQUENTIAL = "sequential"
 
 
+class PromptSampler:
+    """Deterministic prompt order: epoch e is a permutation seeded by (seed, e); the position is step-derived.
+
+    Process r takes prompts [r·P, (r+1)·P) of each global batch of W·P, so resuming at a step reproduces the
+    exact prompts an uninterrupted run would have seen.
+
+    The base of every sampler (``algorithm.sampler``): a subclass that learns from the rewards sets ``observes``
+    and overrides :meth:`observe`, :meth:`state_dict` and :meth:`load_state_dict` (saved in the checkpoint).
+    """
+
+    observes: bool = False  # True: the trainer calls observe() after every step and checkpoints state_dict()
+
+    def __init__(self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int):
+        self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
+
+    def positions(self, step: int) -> list[int]:
+        """[P] global positions of this process's prompts at ``step``: the keys of their rollout noise.
+
+        Position ``step·W·P + r·P + i``: the global batch of a step is the same W·P positions at any world size
+        (with ``prompts_per_step`` scaled to keep W·P fixed), and process r holds a contiguous slice of it."""
+        start = (step * self.world + self.rank) * self.P
+        return list(range(start, start + self.P))
+
+    def indices(self, step: int) -> list[int]:
+        """[P] dataset rows at this process's :meth:`positions`."""
+        out = []
+        for pos in self.positions(step):
+            epoch, offset = divmod(pos, self.n)
+            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
+            out.append(int(perm[offset]))
+        return out
+
+    def observe(self, indices: Tensor, rewards: Tensor, diversity: Tensor) -> None:
+        """[R] rows, [R, G] combined rewards and [R] trajectory diversity of every process's groups (gathered)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (nothing to restore for the sequential order)."""
+
+
 @SAMPLERS.register("variance")
-class VarianceSampler:
+class VarianceSampler(PromptSampler):
     """Variance-aware prompt sampling (MMR1 VPS weighting, Temporal-RLT variance filter); see the module docstring.
 
     Score of row i: s_i = α·OVS_i + β·TDS_i for rows seen before, ``unseen_score`` otherwise; with ``momentum`` m
@@ -61,6 +104,8 @@ class VarianceSampler:
     rows, interleaved; ``mode: filter`` draws uniformly among the rows whose OVS > ``min_variance`` (and the unseen
     ones). When fewer rows than needed are eligible, the rest are drawn uniformly from the others.
     """
+
+    observes = True
 
     def __init__(
         self,
@@ -191,6 +236,13 @@ class VarianceSampler:
         self.variance = torch.tensor([float("nan") if v is None else float(v) for v in state["variance"]])
         self.diversity = torch.tensor([float(v) for v in state["diversity"]])
         self._cache = None
+
+
+def build_sampler(a, n_rows: int, world: int, rank: int, seed: int) -> PromptSampler:
+    """The sampler ``algorithm.sampler`` names (``a``: the algorithm config): the sequential
+    :class:`PromptSampler` or a :data:`SAMPLERS` class built with ``algorithm.sampler_args``."""
+    sampler_cls = PromptSampler if a.sampler == SEQUENTIAL else SAMPLERS.get(a.sampler)
+    return sampler_cls(n_rows, a.prompts_per_step, world, rank, seed, **a.sampler_args)
 
 
 def distinct_n(outputs: list, group_size: int, n: int = 3) -> Tensor:

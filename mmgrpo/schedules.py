@@ -73,3 +73,15 @@ def cosine(step: int, total_steps: int, beta: float, *, beta_start: float = 0.0)
 def beta_at(name: str, step: int, total_steps: int, beta: float, options: dict | None = None) -> float:
     """β of schedule ``name`` at ``step``; ``options`` are the schedule's keyword options (config-checked)."""
     return BETA_SCHEDULES.get(name)(step, total_steps, beta, **(options or {}))
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Learning-rate multiplier: linear warm-up over ``warmup`` steps, then constant / cosine / linear decay."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 1.0

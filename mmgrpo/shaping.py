@@ -375,3 +375,13 @@ __all__ = [
     "tw_grpo_weights",
     "value_anchored",
 ]
+
+
+def rollout_tw_grpo_weights(adapter, rollout, opts: dict) -> Tensor:
+    """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
+    G, chunk = rollout.group_size, int(opts.get("chunk", 64))
+    divergence = [
+        intragroup_divergence(adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk).cpu()  # [T]
+        for idx in torch.arange(rollout.batch_size).split(G)
+    ]
+    return tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))

@@ -149,3 +149,32 @@ def log_samples(accelerator, stage: str, records: list[dict], run_dir: Path, ste
     run = _tracker(accelerator, "wandb")
     if run is not None and hasattr(run, "log"):
         _wandb(run, stage, records, run_dir, step)
+
+
+def flat_hparams(cfg) -> dict:
+    """Scalars of the config, flattened with dots (what TensorBoard's hparams accept)."""
+    from mmgrpo.config import to_dict
+
+    flat: dict = {}
+
+    def walk(prefix: str, node) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        elif isinstance(node, (int, float, str, bool)):
+            flat[prefix] = node
+
+    walk("", to_dict(cfg))
+    return flat
+
+
+def progress_bar(cfg, acc, initial: int = 0, total: int | None = None, desc: str = "grpo"):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total if total is not None else cfg.steps,
+        initial=initial,
+        desc=desc,
+        disable=not (cfg.logging.progress and acc.is_main_process),
+        dynamic_ncols=True,
+    )

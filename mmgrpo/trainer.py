@@ -16,106 +16,46 @@ Each process holds whole groups (P prompts per process), so group statistics nev
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import random
-import signal
 import sys
-import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DistributedType, ProjectConfiguration, broadcast_object_list, gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import (
     dynamic_sampling,
+    evaluation,
     importance,
     injection,
     losses,
     noise,
+    run_dir,
     sampling,
     schedules,
     shaping,
     sharding,
-    thoughts,
     tracking,
+    warmup,
 )
-from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict, variant_methods
+from mmgrpo import metrics as step_metrics
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
+from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.plugins import ADAPTERS, load_builtins
-from mmgrpo.preflight import preflight, row_name, warmup_target
+from mmgrpo.preflight import preflight
 from mmgrpo.types import (
-    ADAPTER_CAPABILITIES,
-    DataError,
     SupervisedLoss,
     SyncReference,
+    missing_method,
     required_capabilities,
 )
 
 logger = logging.getLogger(__name__)
-RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
-MAX_CONSECUTIVE_BAD_ROWS = 100  # unreadable rows in a row before the run stops with a DataError
-
-
-@dataclass
-class TrainerState:
-    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
-
-    step: int = 0  # GRPO steps completed
-    warmup_done: bool = False
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "warmup_done": self.warmup_done}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
-
-
-class PromptSampler:
-    """Deterministic prompt order: epoch e is a permutation seeded by (seed, e); the position is step-derived.
-
-    Process r takes prompts [r·P, (r+1)·P) of each global batch of W·P, so resuming at a step reproduces the
-    exact prompts an uninterrupted run would have seen.
-    """
-
-    def __init__(self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int):
-        self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
-
-    def positions(self, step: int) -> list[int]:
-        """[P] global positions of this process's prompts at ``step``: the keys of their rollout noise.
-
-        Position ``step·W·P + r·P + i``: the global batch of a step is the same W·P positions at any world size
-        (with ``prompts_per_step`` scaled to keep W·P fixed), and process r holds a contiguous slice of it."""
-        start = (step * self.world + self.rank) * self.P
-        return list(range(start, start + self.P))
-
-    def indices(self, step: int) -> list[int]:
-        """[P] dataset rows at this process's :meth:`positions`."""
-        out = []
-        for pos in self.positions(step):
-            epoch, offset = divmod(pos, self.n)
-            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-            out.append(int(perm[offset]))
-        return out
-
-
-def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
-    """Learning-rate multiplier: linear warm-up over ``warmup`` steps, then constant / cosine / linear decay."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 1.0
 
 
 def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
@@ -136,18 +76,11 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
-        _refuse_deepspeed()
-        _refuse_cpu_flag_with_several_processes()
-        self.acc = Accelerator(
-            cpu=_cpu_only_multiprocess(),
-            log_with=cfg.logging.trackers or None,
-            project_config=ProjectConfiguration(project_dir=str(self.out), logging_dir=str(self.out / "logs")),
-        )
-        _fsdp_on_cpu(self.acc)
-        _check_fsdp(self.acc, cfg)
-        self._lock = self._take_run_lock()  # held (by process 0) until close(): run() ends, or __init__ fails
-        try:
-            self._resume_dir = self._check_run_dir()  # before the model loads: a used output_dir fails fast
+        self.acc = make_accelerator(cfg, self.out)
+        self._lock: ckpt.RunLock | None = None  # held (by process 0) until close(): run() ends, or __init__ fails
+        self._lock = run_dir.take_run_lock(self.acc, self.out)
+        try:  # the run-dir checks come before the model loads: a used output_dir fails fast
+            self._resume_dir = run_dir.check_run_dir(cfg, self.acc, self.out)
             self._build()
         except BaseException:
             self.close()
@@ -182,18 +115,15 @@ class Trainer:
         need = required_capabilities(
             kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
         )
-        for name, why in need.items():
-            if not isinstance(self.adapter, ADAPTER_CAPABILITIES[name]):
-                raise ConfigError(f"{why} needs an adapter with {name}(); {cfg.model.adapter!r} has none")
-        for method, why in variant_methods(a).items():  # docs/variants.md hooks (checked at load when declared)
-            if not callable(getattr(self.adapter, method, None)):
-                raise ConfigError(f"{why} needs an adapter with {method}(); {cfg.model.adapter!r} has none")
+        missing = missing_method(self.adapter, {**need, **variant_methods(a)})  # + docs/variants.md hooks
+        if missing is not None:
+            raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.adapter.trainable_parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
+            self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
@@ -203,16 +133,9 @@ class Trainer:
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
             self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
-        self.state = TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
-        a = cfg.algorithm  # algorithm.sampler: the sequential PromptSampler or a sampling.SAMPLERS class
-        sampler_cls = PromptSampler if a.sampler == sampling.SEQUENTIAL else sampling.SAMPLERS.get(a.sampler)
-        self.sampler = sampler_cls(
-            len(self.task.train_rows()),
-            a.prompts_per_step,
-            self.acc.num_processes,
-            self.acc.process_index,
-            cfg.seed,
-            **a.sampler_args,
+        self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
+        self.sampler = sampling.build_sampler(
+            cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
         )
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
@@ -221,12 +144,13 @@ class Trainer:
         }
         self.skipped_rows = 0  # training rows that could not be read (DataError), skipped and counted
         self._bad_rows: set[int] = set()
+        self._no_signal_warned: set[str] = set()  # causes warned about once (metrics.warn_if_no_signal)
 
     # ------------------------------------------------------------------------------------------- run
 
     def close(self) -> None:
         """Release the run lock (idempotent; ``run()`` calls it however it ends)."""
-        lock, self._lock = getattr(self, "_lock", None), None
+        lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
 
@@ -241,20 +165,16 @@ class Trainer:
         cfg, acc = self.cfg, self.acc
         resumed = self._maybe_resume()
         if acc.is_main_process:
-            try:
-                self.out.mkdir(parents=True, exist_ok=True)
-                ckpt.atomic_write_text(self.out / "config.yaml", dump_config(cfg))
-            except OSError as e:
-                raise ckpt.write_error(f"output_dir={self.out}: cannot write config.yaml", e) from None
-        acc.init_trackers("mmgrpo", config=_flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
+            run_dir.write_config(cfg, self.out)
+        acc.init_trackers("mmgrpo", config=tracking.flat_hparams(cfg), init_kwargs={"wandb": {"dir": str(self.out)}})
         if not resumed:
             if cfg.eval.before:
                 self._evaluate("before")
             if cfg.warmup.steps > 0:
                 self._warmup()
-        bar = _progress(cfg, acc, initial=self.state.step)
+        bar = tracking.progress_bar(cfg, acc, initial=self.state.step)
         t_start = time.perf_counter()
-        stop = _StopSignal()  # SIGTERM / Ctrl-C: finish the step, checkpoint, return
+        stop = StopSignal()  # SIGTERM / Ctrl-C: finish the step, checkpoint, return
         try:
             while self.state.step < cfg.steps:
                 skipped_before = self._skipped_total
@@ -262,7 +182,7 @@ class Trainer:
                 metrics["optim/skipped_steps"] = float(self._skipped_total - skipped_before)
                 self.state.step += 1
                 step = self.state.step
-                self._warn_if_no_signal(metrics, step)
+                step_metrics.warn_if_no_signal(metrics, step, self.summary, self._no_signal_warned, acc.is_main_process)
                 if step % cfg.logging.every == 0 or step == cfg.steps:
                     self._log(metrics, step)
                 bar.update(1)
@@ -295,30 +215,6 @@ class Trainer:
         self._finish()
         return self.summary
 
-    def _warn_if_no_signal(self, metrics: dict[str, float], step: int) -> None:
-        """Warn (first time per cause; all counted in summary ``train/no_signal_steps``) when a step cannot learn."""
-        causes = []
-        if metrics.get("advantage/zero_std_fraction", 0.0) >= 1.0:
-            causes.append("every group has zero reward variance (all advantages 0)")
-        if metrics.get("completion/trained_fraction", 1.0) == 0.0:
-            causes.append("every sample is masked out")
-        if metrics.get("completion/truncated_fraction", 0.0) >= 1.0:
-            causes.append("every completion was truncated (raise the adapter's length limit)")
-        if not causes:
-            return
-        self.summary["train/no_signal_steps"] = self.summary.get("train/no_signal_steps", 0) + 1
-        new = [c for c in causes if c not in self._no_signal_warned]
-        if new and self.acc.is_main_process:
-            logger.warning(
-                "step %d has no learning signal: %s (later steps like this are only counted in "
-                "summary.json train/no_signal_steps)",
-                step,
-                "; ".join(new),
-            )
-        self._no_signal_warned = self._no_signal_warned | set(new)
-
-    _no_signal_warned: frozenset = frozenset()
-
     # ------------------------------------------------------------------------------------- one step
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -340,13 +236,9 @@ class Trainer:
         is_weights, engine_metrics = None, {}
         if rollout.engine_logprobs is not None and self.cfg.rollout.is_mode != "none":
             r = self.cfg.rollout
+            logprobs = (rollout.old_logprobs, rollout.engine_logprobs, rollout.mask)  # [B, T] each
             is_weights, engine_metrics = importance.engine_is_weights(
-                rollout.old_logprobs,
-                rollout.engine_logprobs,
-                rollout.mask,
-                mode=r.is_mode,
-                clip_max=r.is_clip_max,
-                clip_min=r.is_clip_min,
+                *logprobs, mode=r.is_mode, clip_max=r.is_clip_max, clip_min=r.is_clip_min
             )  # [B, T]
 
         prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
@@ -378,7 +270,7 @@ class Trainer:
             advantages = adv_lib.apply_transforms(
                 a.advantage_transform, advantages, combined, seq_lp, a.advantage_transform_args
             )  # [P, G]
-        if hasattr(self.sampler, "observe"):  # variance-aware samplers: every process sees all groups
+        if self.sampler.observes:  # variance-aware samplers: every process sees all groups
             seen = (
                 torch.tensor(self._step_rows),
                 combined,
@@ -395,7 +287,7 @@ class Trainer:
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
         unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
         if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
-            weights = self._tw_grpo_weights(rollout)  # [B, T]
+            weights = shaping.rollout_tw_grpo_weights(self.adapter, rollout, a.token_weighting_args)  # [B, T]
             unit_adv = unit_adv * weights  # [B, T]
             adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
         ref = None
@@ -409,7 +301,7 @@ class Trainer:
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics, **engine_metrics}.items()}
         metrics.update(reward_metrics)
-        metrics.update(_completion_summary(rollout, mask))
+        metrics.update(step_metrics.completion_summary(rollout, mask))
         metrics.update(
             {
                 "perf/rollout_s": t1 - t0,
@@ -422,22 +314,17 @@ class Trainer:
         )
         self.scheduler.step()
         if self.acc.num_processes > 1:
-            metrics = self._reduce_metrics(metrics, rewards)
+            metrics = step_metrics.reduce_metrics(
+                self.acc, metrics, rewards, self.rewards.weights, self.rewards.names, a.std_unbiased
+            )
         return metrics
 
     def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
-        """DAPO dynamic sampling (mmgrpo/dynamic_sampling.py): the first P groups with non-zero reward variance
-        over up to ``max_num_gen_batches`` generation batches; returns (rows, rollout, scores [B, K], metrics)."""
+        """DAPO dynamic sampling (:func:`mmgrpo.dynamic_sampling.refill`); returns (rows, rollout, scores [B, K],
+        metrics) of the kept groups."""
         a, G, P = self.cfg.algorithm, self.cfg.algorithm.group_size, len(rows)
-        batches = [(rows, rollout, scores, self._step_rows)]
-        kept = lambda sc: dynamic_sampling.kept_groups(
-            adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), self.rewards.weights))
-        )
-        have = len(kept(scores))
-        for k in range(1, a.dynamic_sampling.max_num_gen_batches):
-            need = torch.tensor([float(have < P)], device=self.acc.device)
-            if float(self.acc.reduce(need, reduction="sum") if self.acc.num_processes > 1 else need) == 0:
-                break  # every process holds P groups with signal (all run the same number of batches)
+
+        def generate(k: int) -> tuple:  # generation batch k: P random rows, rolled out and scored
             idx = dynamic_sampling.refill_indices(
                 len(self.task.train_rows()), P, seed=self.cfg.seed, step=step, batch=k, rank=self.acc.process_index
             )
@@ -456,90 +343,26 @@ class Trainer:
             columns.setdefault("group_index", [b // G for b in range(len(prompts))])
             sc, mets = self.rewards(r.outputs, prompts, columns)  # [B, K]
             reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
-            batches.append((more, r, sc, idx))
-            have += len(kept(sc))
-        order, short = dynamic_sampling.select_groups([kept(sc) for _, _, sc, _ in batches], P)
-        parts = [(batches[j][1], [g for jj, g in order if jj == j]) for j in range(len(batches))]
-        merged = dynamic_sampling.merge_groups(self.adapter, [(r, groups) for r, groups in parts if groups])
-        new_rows = [batches[j][0][g] for j, g in order]
-        self._step_rows = [batches[j][3][g] for j, g in order]
-        new_scores = torch.cat([batches[j][2][g * G : (g + 1) * G] for j, g in order])  # [B, K]
+            return more, r, sc, idx
+
+        first = (rows, rollout, scores, self._step_rows)
+        max_batches = a.dynamic_sampling.max_num_gen_batches
+        new_rows, self._step_rows, merged, new_scores, n_batches, short = dynamic_sampling.refill(
+            self.acc, self.adapter, first, self.rewards.weights, max_batches, generate
+        )
         for k, name in enumerate(self.rewards.names):  # the kept groups' reward means
             if f"reward/{name}" in reward_metrics:
                 reward_metrics[f"reward/{name}"] = float(new_scores[:, k].nanmean())
-        reward_metrics["data/dynamic_gen_batches"] = float(len(batches))
+        reward_metrics["data/dynamic_gen_batches"] = float(n_batches)
         reward_metrics["data/dynamic_short_groups"] = float(short)
         return new_rows, merged, new_scores, reward_metrics
-
-    def _tw_grpo_weights(self, rollout) -> torch.Tensor:
-        """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
-        opts = self.cfg.algorithm.token_weighting_args
-        G, chunk = rollout.group_size, int(opts.get("chunk", 64))
-        divergence = [
-            shaping.intragroup_divergence(
-                self.adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk
-            ).cpu()  # [T]
-            for idx in torch.arange(rollout.batch_size).split(G)
-        ]
-        return shaping.tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
-
-    def _reduce_metrics(self, metrics: dict[str, float], rewards: torch.Tensor) -> dict[str, float]:
-        """Every process's metrics → one set for the whole step (identical on all processes).
-
-        Each process holds the same number of samples (P·G) and, after ``_update``'s weighting, loss terms
-        that sum to the whole-update value over processes, so a plain mean over processes is the mean over
-        all samples. Exceptions: counts (``reward/errors``) are summed, wall times (``perf/*``) and maxima
-        (``*_max``) take the largest process value, and the reward statistics whose weights differ per
-        process (``reward/mean``, ``reward/std``, ``reward/<name>`` over applicable samples) are recomputed
-        from all processes' rewards.
-        """
-        a = self.cfg.algorithm
-        per_process = gather_object([metrics])  # W dicts
-        out: dict[str, float] = {}
-        for key in metrics:
-            values = [m[key] for m in per_process if key in m]
-            if key in SUMMED_METRICS:
-                out[key] = float(sum(values))
-            elif key.startswith("perf/") or key.endswith("_max"):
-                out[key] = float(max(values))
-            else:
-                finite = [v for v in values if not math.isnan(v)]  # a reward not applicable on one process
-                out[key] = float(sum(finite) / len(finite)) if finite else math.nan
-        everything = self.acc.gather(rewards.to(self.acc.device)[None]).cpu()  # [W, P, G, K]
-        everything = everything.flatten(0, 1)  # [W·P, G, K]
-        combined = adv_lib.combine_rewards(everything, self.rewards.weights).flatten()  # [W·P·G]
-        valid = combined[~torch.isnan(combined)]  # [n]
-        if valid.numel() > 0:
-            out["reward/mean"] = float(valid.mean())
-            out["reward/std"] = float(valid.std(unbiased=a.std_unbiased)) if valid.numel() > 1 else 0.0
-        for k, name in enumerate(self.rewards.names):
-            col = everything[..., k].flatten()  # [W·P·G]
-            ok = ~torch.isnan(col)
-            if f"reward/{name}" in out:
-                out[f"reward/{name}"] = float(col[ok].mean()) if bool(ok.any()) else math.nan
-        return out
 
     def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
         """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one
         in file order."""
-        data = self.task.train_rows()
-        n = len(data)
-        rows = []
-        for i in self.sampler.indices(step) if indices is None else indices:
-            for attempt in range(min(n, MAX_CONSECUTIVE_BAD_ROWS)):
-                j = (i + attempt) % n
-                if j in self._bad_rows:
-                    self.skipped_rows += 1
-                    continue
-                try:
-                    rows.append(data[j])
-                    break
-                except DataError as e:
-                    self._bad_rows.add(j)
-                    self.skipped_rows += 1
-                    logger.warning("mmgrpo: skipped row: %s", e)
-            else:
-                raise DataError(f"{min(n, MAX_CONSECUTIVE_BAD_ROWS)} rows in a row could not be read; check the data")
+        wanted = self.sampler.indices(step) if indices is None else indices
+        rows, skipped = warmup.read_rows(self.task.train_rows(), wanted, self._bad_rows)
+        self.skipped_rows += skipped
         return rows
 
     def _chunks(self, n: int, shuffle: bool = False) -> list[torch.Tensor]:
@@ -698,84 +521,30 @@ class Trainer:
 
     def _warmup(self) -> None:
         """Optional supervised warm-up (e.g. output format); evaluated as its own stage ``eval/warmup/*``."""
-        w = self.cfg.warmup
         if not isinstance(self.adapter, SupervisedLoss):  # checked at load (preflight, config); a last guard
             raise ConfigError(f"warmup.steps > 0 but model.adapter {self.cfg.model.adapter!r} has no supervised_loss()")
-        rows = self.task.train_rows() if w.target_column else self.task.warmup_rows(self.cfg.seed)
-        rng = random.Random(self.cfg.seed * 7 + self.acc.process_index)
-        opt = torch.optim.AdamW(self.adapter.trainable_parameters(), lr=w.lr)
-        bar = _progress(self.cfg, self.acc, total=w.steps, desc="warm-up")
-        for i in range(w.steps):
-            batch = self._warmup_batch(rows, rng)
-            batch = thoughts.drop_thoughts(batch, w.thought_dropout, self.cfg.seed * 100_003 + i)  # TON (0: as is)
-            loss = self.adapter.supervised_loss(batch)
-            self.acc.backward(loss)
-            self.acc.clip_grad_norm_(self.adapter.trainable_parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        bar.close()
+        rows = self.task.train_rows() if self.cfg.warmup.target_column else self.task.warmup_rows(self.cfg.seed)
+        self.skipped_rows += warmup.supervised_warmup(self.cfg, self.acc, self.adapter, rows)
         self.state.warmup_done = True
         if isinstance(self.adapter, SyncReference):  # the KL anchors to the warmed-up policy
             self.adapter.sync_reference()
         self._evaluate("warmup")
 
-    def _warmup_batch(self, rows, rng: random.Random) -> list[dict]:
-        """``warmup.batch_size`` rows drawn without replacement; with ``warmup.target_column`` each is a training
-        row with ``target`` from ``warmup.target_template``. Unreadable rows are skipped and counted."""
-        w = self.cfg.warmup
-        batch = []
-        n = len(rows)
-        for i in rng.sample(range(n), min(n, w.batch_size + MAX_CONSECUTIVE_BAD_ROWS)):
-            if len(batch) == min(w.batch_size, n):
-                break
-            try:
-                row = rows[i]
-                if w.target_column:
-                    where = row_name(self.cfg, rows, "train", i)
-                    row = dict(row, target=warmup_target(row, w.target_column, w.target_template, where))
-            except DataError as e:
-                self.skipped_rows += 1
-                logger.warning("mmgrpo: skipped warm-up row: %s", e)
-                continue
-            batch.append(row)
-        if not batch:
-            raise DataError("no warm-up row could be read; check the data (the first one's error is logged above)")
-        return batch
-
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
-        data = self.task.eval_rows()
-        n = len(data) if self.cfg.eval.max_rows is None else min(len(data), self.cfg.eval.max_rows)
-        rows = []
-        for i in range(n):
-            try:
-                rows.append(data[i])
-            except DataError as e:
-                logger.warning("mmgrpo: skipped held-out row: %s", e)
+        """Held-out evaluation as stage ``eval/<stage>/*`` (:mod:`mmgrpo.evaluation`): the task's metric, or the
+        configured rewards where the task has none."""
+        rows = evaluation.held_out_rows(self.task.eval_rows(), self.cfg.eval.max_rows)
         if not rows:
             return {}
-        outputs = []
-        sharded = self.acc.distributed_type == DistributedType.FSDP  # every process must run as many forwards
-        with self.acc.split_between_processes(list(range(len(rows))), apply_padding=sharded) as mine:
-            for start in range(0, len(mine), self.cfg.eval.batch_size):
-                batch = [rows[i] for i in mine[start : start + self.cfg.eval.batch_size]]
-                outputs += list(zip(mine[start : start + len(batch)], self.adapter.evaluate(batch)))
-        outputs = sorted(dict(gather_object(outputs)).items())  # padding repeats the last row: kept once
+        outputs = evaluation.generate(self.acc, self.adapter, rows, self.cfg.eval.batch_size)
         scores = self.task.score([o for _, o in outputs], rows)
         if scores is None:  # no task metric: the configured rewards, each and combined
             scores = self._reward_scores([o for _, o in outputs], rows)
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
-            tracking.append_jsonl(
-                self.out / "metrics.jsonl", {"step": step if step is not None else self.state.step, **result}
-            )
-            from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
-
-            records = [(rows[i], o) for i, o in outputs[:8]]
-            written = sample_files.write_samples(self.out, stage, records, step=self.state.step)
-            tracking.log_samples(self.acc, stage, written, self.out, self.state.step)  # the trackers' media types
+            record_step = step if step is not None else self.state.step
+            evaluation.record(self.acc, self.out, stage, result, rows, outputs, record_step, self.state.step)
         self.acc.log(result, step=self.state.step)
         return result
 
@@ -812,124 +581,19 @@ class Trainer:
         if self.acc.is_main_process:
             tracking.append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
-    def _take_run_lock(self) -> ckpt.RunLock | None:
-        """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
-        whether it got it, so that every process raises the same one-line :class:`~mmgrpo.checkpoint.RunDirError`
-        (no process waits in a collective for one that has already failed)."""
-        acc = self.acc
-        lock, error, stale = None, None, None
-        if acc.is_main_process:
-            lock = ckpt.RunLock(self.out)
-            try:
-                stale = lock.acquire()
-            except ckpt.RunDirError as e:
-                error = str(e)
-        if acc.num_processes > 1:
-            error = broadcast_object_list([error])[0]
-        if error:
-            raise ckpt.RunDirError(error)
-        if stale:
-            logger.warning(
-                "took over the lock of %s: process %s on host %s is no longer running",
-                self.out,
-                stale.get("pid", "?"),
-                stale.get("host", "?"),
-            )
-        return lock
-
-    def _check_run_dir(self) -> Path | None:
-        """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
-        refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
-        checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads.
-
-        A directory holding only the start of a run that saved no checkpoint (:func:`mmgrpo.checkpoint.holds_a_run`
-        is false) is not a run: its leftovers are moved aside (nothing is deleted) and the new run starts there."""
-        cfg, acc = self.cfg, self.acc
-        if not cfg.resume:
-            try:
-                aside = ckpt.prepare_output_dir(self.out, resume=None, overwrite=cfg.overwrite)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-            acc.wait_for_everyone()  # every process has checked before the main one moves anything
-            if acc.is_main_process:
-                if aside is not None:
-                    was_run = ckpt.holds_a_run(self.out)
-                    moved = ckpt.move_aside(self.out, aside)
-                    what = (
-                        "the previous run" if was_run else "the leftovers of a run stopped before its first checkpoint"
-                    )
-                    logger.warning("%s in %s moved to %s (nothing deleted)", what, self.out, moved)
-                self._check_writable()
-            acc.wait_for_everyone()
-            return None
-        skipped: list[str] = []
-        try:
-            directory = ckpt.find(self.out, cfg.resume, skipped=skipped)
-        except FileNotFoundError as e:
-            raise ConfigError(str(e)) from None
-        if skipped and acc.is_main_process:
-            logger.warning(
-                "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
-                cfg.resume,
-                "; ".join(skipped),
-                directory,
-            )
-        step = ckpt.saved_step(directory)
-        if step > cfg.steps:
-            raise ConfigError(
-                f"resume={cfg.resume}: {directory} is at step {step}, past steps={cfg.steps}; set steps above {step} "
-                "to train on (steps only grows on resume)"
-            )
-        if step == cfg.steps and acc.is_main_process:
-            logger.warning(
-                "resume=%s: %s is already at steps=%d; only the final evaluation and save run (raise steps to "
-                "train on)",
-                cfg.resume,
-                directory,
-                step,
-            )
-        if acc.is_main_process:
-            self._check_writable()
-        saved = directory / "config.yaml"
-        saved = saved if saved.is_file() else self.out / "config.yaml"
-        if saved.is_file():
-            diffs = config_differences(load_config(saved), cfg)
-            if diffs:
-                raise ConfigError(
-                    f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
-                    "steps may change on resume (use the saved values, or start a new run in another output_dir)"
-                )
-        return directory
-
-    def _check_writable(self) -> None:
-        """Create ``output_dir`` and write a scratch file in it: a read-only or full file system, or a path like
-        ``/proc/x``, fails here in one line, before the model loads (main process)."""
-        import tempfile
-
-        try:
-            self.out.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=self.out) as f:
-                f.write(b"x")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise ckpt.write_error(f"output_dir={self.out} is not writable", e) from None
-
     def _maybe_resume(self) -> bool:
-        """Load the checkpoint found by :meth:`_check_run_dir` (safetensors + JSON, no pickle) and cut
+        """Load the checkpoint found by :func:`mmgrpo.run_dir.check_run_dir` (safetensors + JSON, no pickle) and cut
         ``metrics.jsonl`` back to its step, so that re-run steps replace their old records."""
         if self._resume_dir is None:
             return False
         saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
         self.state.load_state_dict(saved)
-        if "sampler" in saved and hasattr(self.sampler, "load_state_dict"):  # variance-aware samplers' statistics
+        if "sampler" in saved:  # variance-aware samplers' statistics
             self.sampler.load_state_dict(saved["sampler"])
         if self.acc.is_main_process:
-            _truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
+            run_dir.truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
-        summary_path = self.out / "summary.json"
-        if summary_path.is_file():
-            self.summary.update(json.loads(summary_path.read_text()))
+        self.summary.update(run_dir.saved_summary(self.out))
         return True
 
     def _save(self, step: int, final: bool = False) -> Path:
@@ -946,10 +610,10 @@ class Trainer:
             scheduler=self.scheduler,
             trainer_state={  # + a stateful sampler's statistics (algorithm.sampler: variance)
                 **self.state.state_dict(),
-                **({"sampler": self.sampler.state_dict()} if hasattr(self.sampler, "state_dict") else {}),
+                **({"sampler": self.sampler.state_dict()} if self.sampler.observes else {}),
             },
             config_text=dump_config(cfg),
-            model_files=_model_files(cfg, self.adapter, step),
+            model_files=run_dir.model_files(cfg, self.adapter, step),
         )
 
     def _finish(self) -> None:
@@ -957,281 +621,8 @@ class Trainer:
         if cfg.checkpoint.save_final:
             self._save(self.state.step, final=True)
         if acc.is_main_process:
-            history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
-            rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
-            if rewards:
-                tail = rewards[-max(1, len(rewards) // 10) :]
-                self.summary["train/reward_first"] = rewards[0]
-                self.summary["train/reward_last10pct"] = sum(tail) / len(tail)
-            self.summary["train/steps"] = self.state.step
-            ckpt.atomic_write_text(
-                self.out / "summary.json", json.dumps(tracking.json_safe(self.summary), indent=2, sort_keys=True)
-            )
-            if cfg.logging.plot:
-                from mmgrpo.plotting import plot_reward_curve
-
-                plot_reward_curve(history, self.out / "reward_curve.png", title=cfg.output_dir)
+            run_dir.write_summary(cfg, self.out, self.summary, self.state.step)
         acc.end_training()
-
-
-SUMMED_METRICS = {"reward/errors", "data/skipped_rows"}
-"""Metrics that are counts: summed over processes (every other one is a mean, see ``Trainer._reduce_metrics``).
-
-``optim/skipped_steps`` is not one: every process takes the same skip decision (the norm is taken after the
-gradient all-reduce), so its count is the same everywhere and is added after the reduction."""
-
-
-def _cpu_only_multiprocess() -> bool:
-    """True when launched as several processes on a machine without an accelerator.
-
-    accelerate sets up gloo on CPU only when asked to (``Accelerator(cpu=True)``); ``accelerate launch
-    --multi_gpu`` and ``torchrun`` start the processes but do not ask, so each would train alone.
-    """
-    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not has_accelerator
-
-
-def _refuse_cpu_flag_with_several_processes() -> None:
-    """``accelerate launch --num_processes 2 --cpu`` starts ONE process: with ``--cpu`` accelerate's ``launch_command``
-    skips the multi-process launchers (``elif args.multi_gpu and not args.cpu``) and runs its simple launcher, which
-    starts the script once and passes no process count. That single process cannot see the request except in
-    its launcher's command line, read here (the parent process) so the run stops with one line instead of
-    silently training one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_CPU", "").lower() != "true":
-        return
-    try:
-        import psutil
-
-        launcher = psutil.Process().parent().cmdline()
-    except Exception:  # no parent, no permission, no psutil: nothing to say
-        return
-    if "launch" not in launcher or "--cpu" not in launcher:
-        return
-    requested = 1
-    for i, arg in enumerate(launcher):
-        value = arg.split("=", 1)[1] if arg.startswith("--num_processes=") else None
-        if arg in ("--num_processes", "--num-processes") and i + 1 < len(launcher):
-            value = launcher[i + 1]
-        if value is not None and value.isdigit():
-            requested = int(value)
-    if requested > 1:
-        raise ConfigError(
-            f"accelerate launch --num_processes {requested} --cpu starts one process (with --cpu accelerate uses its "
-            "single-process launcher); for several CPU processes run ACCELERATE_USE_CPU=1 accelerate launch "
-            "--config_file configs/accelerate/cpu_2proc.yaml ..., or, on a machine without a GPU, drop --cpu and "
-            f"pass --multi_gpu --num_processes {requested} (mmgrpo then trains on CPU with gloo)"
-        )
-
-
-def _fsdp_on_cpu(acc: Accelerator) -> None:
-    """Turn a CPU launch of an FSDP config into FSDP2 over gloo (accelerate alone would silently run DDP).
-
-    ``accelerate launch`` with ``distributed_type: FSDP`` exports ``ACCELERATE_USE_FSDP=true`` and the
-    ``FSDP_*`` settings, but on CPU accelerate's ``AcceleratorState`` (accelerate ``state.py``) selects
-    ``MULTI_CPU`` and only promotes the ``MULTI_GPU``-like types to FSDP, so the plugin is dropped and the
-    model is wrapped in DDP. Here the (shared) state is switched to FSDP with the plugin built from the same variables,
-    so that ``prepare`` shards the model with ``torch.distributed.fsdp.fully_shard``, which runs on CPU tensors
-    with gloo. FSDP1 (``FullyShardedDataParallel``) does not: torch raises "FSDP needs a non-CPU accelerator
-    device, but no accelerator device is detected", so ``fsdp_version: 1`` on CPU is refused here.
-    """
-    if acc.distributed_type != DistributedType.MULTI_CPU or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
-        return
-    from accelerate.utils import FullyShardedDataParallelPlugin
-
-    plugin = FullyShardedDataParallelPlugin()
-    if plugin.fsdp_version != 2:
-        raise ConfigError(
-            f"fsdp_config.fsdp_version: {plugin.fsdp_version} needs a GPU (torch's FSDP1 refuses CPU-only "
-            "machines); set fsdp_version: 2 for CPU processes (configs/accelerate/fsdp_cpu_2proc.yaml)"
-        )
-    if acc.mixed_precision != "no":
-        plugin.set_mixed_precision(acc.mixed_precision)
-    from accelerate.state import PartialState
-
-    PartialState().distributed_type = DistributedType.FSDP  # AcceleratorState() re-reads it from PartialState
-    acc.state.distributed_type = DistributedType.FSDP
-    acc.state.fsdp_plugin = plugin
-
-
-def _refuse_deepspeed() -> None:
-    """DeepSpeed launches (``ACCELERATE_USE_DEEPSPEED=true``) stop here with one line, before anything loads.
-
-    Under DeepSpeed, ``Accelerator.backward`` runs the engine's ``step()`` (clip, optimizer step, zero grad) after
-    every backward whose ``sync_gradients`` is set (accelerate ``utils/deepspeed.py``, ``DeepSpeedEngineWrapper``),
-    i.e. once per minibatch here, whereas mmgrpo accumulates an update's minibatches and steps once, with its own
-    clipping and non-finite skip; ``prepare`` also needs a dataloader or an integer
-    ``train_micro_batch_size_per_gpu``, which the trainer has not. Until the update loop drives the engine
-    itself, DeepSpeed runs are refused rather than run with a different update.
-    """
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        raise ConfigError(
-            "DeepSpeed launches are not supported: accelerate's DeepSpeed engine steps the optimizer inside every "
-            "backward, while mmgrpo accumulates an update's minibatches and steps once; shard large models with "
-            "FSDP2 instead (accelerate launch --config_file configs/accelerate/fsdp.yaml ...)"
-        )
-
-
-def _check_fsdp(acc: Accelerator, cfg: TrainConfig) -> None:
-    """Refuse the FSDP settings mmgrpo does not run (one line each, before the model loads)."""
-    if acc.distributed_type != DistributedType.FSDP:
-        return
-    plugin = acc.state.fsdp_plugin
-    if plugin.fsdp_version != 2:
-        raise ConfigError(
-            f"fsdp_config.fsdp_version: {plugin.fsdp_version} is not supported; mmgrpo samples and checkpoints "
-            "FSDP2 models (torch fully_shard): set fsdp_version: 2 (configs/accelerate/fsdp.yaml)"
-        )
-    if plugin.cpu_ram_efficient_loading and cfg.algorithm.beta > 0 and not cfg.model.lora.enabled:
-        raise ConfigError(
-            "fsdp_config.fsdp_cpu_ram_efficient_loading: true loads the weights on process 0 only, but full "
-            "fine-tuning with algorithm.beta > 0 copies the frozen reference on every process at load time; set it "
-            "to false, or use model.lora.enabled=true (the reference is then the adapter switched off)"
-        )
-
-
-class _StopSignal:
-    """SIGTERM and SIGINT (Ctrl-C) ask the run to stop at the end of the current step, after a checkpoint.
-
-    A second SIGINT interrupts at once. Handlers are installed only from the main thread and restored after.
-    """
-
-    def __init__(self):
-        self.received: str | None = None
-        self._old: dict = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-
-    def received_anywhere(self, acc: Accelerator) -> bool:
-        """True on every process when any process was signalled (all must join the checkpoint)."""
-        if acc.num_processes == 1:
-            return self.received is not None
-        flag = torch.tensor([1.0 if self.received else 0.0], device=acc.device)
-        return bool(acc.reduce(flag, reduction="sum").item() > 0)
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
-    """``field: saved -> new`` for every config value that differs, except those a resume may change."""
-    flat_saved, flat_new = _flatten(to_dict(saved)), _flatten(to_dict(new))
-    out = []
-    for key in sorted(set(flat_saved) | set(flat_new)):
-        if key.split(".")[0] in RESUMABLE_CHANGES + ("output_dir",):
-            continue
-        a, b = flat_saved.get(key, "<unset>"), flat_new.get(key, "<unset>")
-        if a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
-    return out
-
-
-def _flatten(node, prefix: str = "") -> dict:
-    if isinstance(node, dict) and node:
-        flat = {}
-        for k, v in node.items():
-            flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return flat
-    return {prefix: node}
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the records of steps <= ``step`` (a resumed run re-runs the later ones and writes them again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-
-def _model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
-    """``README.md`` (model card, :func:`mmgrpo.checkpoint.model_card`) and ``mmgrpo_sampling.json`` written next
-    to the saved weights.
-
-    The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
-    them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
-    ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
-    reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
-    """
-    report = getattr(adapter, "sampling_settings", None)
-    settings = report() if callable(report) else {}
-    model = to_dict(cfg)["model"]
-    sampling = {
-        "adapter": cfg.model.adapter,
-        "model_args": model.get("args", {}),
-        "lora": model.get("lora"),
-        "dtype": cfg.model.dtype,
-        "sampling_settings": settings,
-        "step": step,
-    }
-    describe = getattr(adapter, "export_info", None)
-    info = describe() if callable(describe) else {}
-    lora = cfg.model.lora.enabled
-    info = {
-        "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
-        "library": "",  # unknown: an adapter without export_info()
-        "model_class": cfg.model.adapter,
-        "pipeline_tag": "",
-        "built_in": None,
-        **info,
-        "lora": lora,
-    }
-    a = cfg.algorithm
-    card = ckpt.model_card(
-        info,
-        task=cfg.task.name,
-        step=step,
-        seed=cfg.seed,
-        algorithm=f"estimator `{a.estimator}`, surrogate `{a.surrogate}`, group size {a.group_size}, β = {a.beta}",
-        rewards=", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards),
-        sampling_call=", ".join(f"{k}={v!r}" for k, v in settings.items()),
-        config_text=dump_config(cfg),
-    )
-    return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
-
-
-def _completion_summary(rollout, mask: torch.Tensor) -> dict[str, float]:
-    """completion/* statistics (reward/* come from ``compute_advantages``)."""
-    lengths = rollout.mask.sum(dim=1)  # [B]
-    return {
-        "completion/units_mean": float(lengths.mean()),
-        "completion/truncated_fraction": float(rollout.truncated.float().mean()),
-        "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
-    }
-
-
-def _flat_hparams(cfg: TrainConfig) -> dict:
-    """Scalars of the config, flattened with dots (what TensorBoard's hparams accept)."""
-    from mmgrpo.config import to_dict
-
-    flat: dict = {}
-
-    def walk(prefix: str, node) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-        elif isinstance(node, (int, float, str, bool)):
-            flat[prefix] = node
-
-    walk("", to_dict(cfg))
-    return flat
-
-
-def _progress(cfg: TrainConfig, acc: Accelerator, initial: int = 0, total: int | None = None, desc: str = "grpo"):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total if total is not None else cfg.steps,
-        initial=initial,
-        desc=desc,
-        disable=not (cfg.logging.progress and acc.is_main_process),
-        dynamic_ncols=True,
-    )
 
 
 def train(cfg: TrainConfig) -> dict:

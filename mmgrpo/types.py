@@ -249,3 +249,39 @@ def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int, engin
     if warmup_steps > 0:
         need["supervised_loss"] = "warmup.steps > 0"
     return need
+
+
+@runtime_checkable
+class SamplingSettings(Protocol):
+    """The adapter reports the effective sampling values it used (written next to exported weights)."""
+
+    def sampling_settings(self) -> dict: ...
+
+
+@runtime_checkable
+class ExportInfo(Protocol):
+    """The adapter describes its export for the model card (full model or LoRA, base model, library)."""
+
+    def export_info(self) -> dict: ...
+
+
+def has_method(obj: object, name: str) -> bool:
+    """True when ``obj`` (an instance or a class) has a callable ``name``: the variant hooks of docs/variants.md,
+    which are named by configuration rather than by a protocol."""
+    return callable(getattr(obj, name, None))
+
+
+def missing_method(adapter: object, needed: dict[str, str]) -> tuple[str, str] | None:
+    """The first ``(method, why)`` of ``needed`` the adapter lacks: a capability of :data:`ADAPTER_CAPABILITIES`
+    (by its protocol) or a variant hook (:func:`has_method`); ``None`` when it has them all."""
+    for name, why in needed.items():
+        protocol = ADAPTER_CAPABILITIES.get(name)
+        if not (isinstance(adapter, protocol) if protocol is not None else has_method(adapter, name)):
+            return name, why
+    return None
+
+
+def frozen_reference(adapter: object) -> torch.nn.Module | None:
+    """The adapter's frozen reference copy (:class:`FrozenReference`), or ``None``."""
+    reference = adapter.reference if isinstance(adapter, FrozenReference) else None
+    return reference if isinstance(reference, torch.nn.Module) else None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmgrpo import noise
-from mmgrpo.trainer import PromptSampler
+from mmgrpo.sampling import PromptSampler
 
 
 def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 
 from mmgrpo import checkpoint as ckpt
 from mmgrpo.config import load_config
-from mmgrpo.trainer import PromptSampler, lr_lambda, reward_columns, train
+from mmgrpo.sampling import PromptSampler
+from mmgrpo.schedules import lr_lambda
+from mmgrpo.trainer import reward_columns, train
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"

@@ -1,0 +1,246 @@
+"""The run directory: its lock, the checks before the model loads, resume's config comparison, and the files
+written next to the saved weights.
+
+:func:`take_run_lock` and :func:`check_run_dir` run in ``Trainer.__init__`` before the model loads, so a used,
+locked or unwritable ``output_dir`` and a resume with a changed config fail in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+
+from mmgrpo import checkpoint as ckpt
+from mmgrpo import tracking
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from mmgrpo.types import ExportInfo, SamplingSettings
+
+logger = logging.getLogger(__name__)
+RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
+
+
+@dataclass
+class TrainerState:
+    """What resume needs beyond model/optimizer/RNG: saved as JSON in each checkpoint (``state/trainer.json``)."""
+
+    step: int = 0  # GRPO steps completed
+    warmup_done: bool = False
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "warmup_done": self.warmup_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
+
+
+def take_run_lock(acc: Accelerator, out: Path) -> ckpt.RunLock | None:
+    """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
+    whether it got it, so that every process raises the same one-line :class:`~mmgrpo.checkpoint.RunDirError`
+    (no process waits in a collective for one that has already failed)."""
+    lock, error, stale = None, None, None
+    if acc.is_main_process:
+        lock = ckpt.RunLock(out)
+        try:
+            stale = lock.acquire()
+        except ckpt.RunDirError as e:
+            error = str(e)
+    if acc.num_processes > 1:
+        error = broadcast_object_list([error])[0]
+    if error:
+        raise ckpt.RunDirError(error)
+    if stale:
+        logger.warning(
+            "took over the lock of %s: process %s on host %s is no longer running",
+            out,
+            stale.get("pid", "?"),
+            stale.get("host", "?"),
+        )
+    return lock
+
+
+def check_run_dir(cfg: TrainConfig, acc: Accelerator, out: Path) -> Path | None:
+    """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
+    refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
+    checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads.
+
+    A directory holding only the start of a run that saved no checkpoint (:func:`mmgrpo.checkpoint.holds_a_run`
+    is false) is not a run: its leftovers are moved aside (nothing is deleted) and the new run starts there."""
+    if not cfg.resume:
+        try:
+            aside = ckpt.prepare_output_dir(out, resume=None, overwrite=cfg.overwrite)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        acc.wait_for_everyone()  # every process has checked before the main one moves anything
+        if acc.is_main_process:
+            if aside is not None:
+                was_run = ckpt.holds_a_run(out)
+                moved = ckpt.move_aside(out, aside)
+                what = "the previous run" if was_run else "the leftovers of a run stopped before its first checkpoint"
+                logger.warning("%s in %s moved to %s (nothing deleted)", what, out, moved)
+            check_writable(out)
+        acc.wait_for_everyone()
+        return None
+    skipped: list[str] = []
+    try:
+        directory = ckpt.find(out, cfg.resume, skipped=skipped)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    if skipped and acc.is_main_process:
+        logger.warning(
+            "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
+            cfg.resume,
+            "; ".join(skipped),
+            directory,
+        )
+    step = ckpt.saved_step(directory)
+    if step > cfg.steps:
+        raise ConfigError(
+            f"resume={cfg.resume}: {directory} is at step {step}, past steps={cfg.steps}; set steps above {step} "
+            "to train on (steps only grows on resume)"
+        )
+    if step == cfg.steps and acc.is_main_process:
+        logger.warning(
+            "resume=%s: %s is already at steps=%d; only the final evaluation and save run (raise steps to train on)",
+            cfg.resume,
+            directory,
+            step,
+        )
+    if acc.is_main_process:
+        check_writable(out)
+    saved = directory / "config.yaml"
+    saved = saved if saved.is_file() else out / "config.yaml"
+    if saved.is_file():
+        diffs = config_differences(load_config(saved), cfg)
+        if diffs:
+            raise ConfigError(
+                f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
+                "steps may change on resume (use the saved values, or start a new run in another output_dir)"
+            )
+    return directory
+
+
+def check_writable(out: Path) -> None:
+    """Create ``output_dir`` and write a scratch file in it: a read-only or full file system, or a path like
+    ``/proc/x``, fails here in one line, before the model loads (main process)."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out) as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise ckpt.write_error(f"output_dir={out} is not writable", e) from None
+
+
+def config_differences(saved: TrainConfig, new: TrainConfig) -> list[str]:
+    """``field: saved -> new`` for every config value that differs, except those a resume may change."""
+    flat_saved, flat_new = _flatten(to_dict(saved)), _flatten(to_dict(new))
+    out = []
+    for key in sorted(set(flat_saved) | set(flat_new)):
+        if key.split(".")[0] in RESUMABLE_CHANGES + ("output_dir",):
+            continue
+        a, b = flat_saved.get(key, "<unset>"), flat_new.get(key, "<unset>")
+        if a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if isinstance(node, dict) and node:
+        flat = {}
+        for k, v in node.items():
+            flat.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return flat
+    return {prefix: node}
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the records of steps <= ``step`` (a resumed run re-runs the later ones and writes them again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    ckpt.atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def model_files(cfg: TrainConfig, adapter, step: int) -> dict[str, str]:
+    """``README.md`` (model card, :func:`mmgrpo.checkpoint.model_card`) and ``mmgrpo_sampling.json`` written next
+    to the saved weights.
+
+    The JSON holds what sampling needs beyond the weights: the adapter's options and, where the adapter reports
+    them (``sampling_settings()``), the effective values it used, e.g. a diffusion pipeline's text-encoder
+    ``max_sequence_length``; the plain library defaults may differ. The card describes the export as the adapter
+    reports it (``export_info()``: full model or LoRA adapter, base model as the config named it).
+    """
+    settings = adapter.sampling_settings() if isinstance(adapter, SamplingSettings) else {}
+    model = to_dict(cfg)["model"]
+    sampling = {
+        "adapter": cfg.model.adapter,
+        "model_args": model.get("args", {}),
+        "lora": model.get("lora"),
+        "dtype": cfg.model.dtype,
+        "sampling_settings": settings,
+        "step": step,
+    }
+    info = adapter.export_info() if isinstance(adapter, ExportInfo) else {}
+    lora = cfg.model.lora.enabled
+    info = {
+        "base_model": model.get("args", {}).get("name_or_path", "(the adapter default)"),
+        "library": "",  # unknown: an adapter without export_info()
+        "model_class": cfg.model.adapter,
+        "pipeline_tag": "",
+        "built_in": None,
+        **info,
+        "lora": lora,
+    }
+    a = cfg.algorithm
+    card = ckpt.model_card(
+        info,
+        task=cfg.task.name,
+        step=step,
+        seed=cfg.seed,
+        algorithm=f"estimator `{a.estimator}`, surrogate `{a.surrogate}`, group size {a.group_size}, β = {a.beta}",
+        rewards=", ".join(f"`{r.name}` × {r.weight}" for r in cfg.rewards),
+        sampling_call=", ".join(f"{k}={v!r}" for k, v in settings.items()),
+        config_text=dump_config(cfg),
+    )
+    return {"README.md": card, "mmgrpo_sampling.json": json.dumps(sampling, indent=1, default=str)}
+
+
+def write_summary(cfg: TrainConfig, out: Path, summary: dict, step: int) -> None:
+    """``summary.json`` (the run's summary with the reward's first value and last-10% mean from ``metrics.jsonl``)
+    and, with ``logging.plot``, ``reward_curve.png`` (main process)."""
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [h["reward/mean"] for h in history if h.get("reward/mean") is not None]  # null: non-finite
+    if rewards:
+        tail = rewards[-max(1, len(rewards) // 10) :]
+        summary["train/reward_first"] = rewards[0]
+        summary["train/reward_last10pct"] = sum(tail) / len(tail)
+    summary["train/steps"] = step
+    ckpt.atomic_write_text(out / "summary.json", json.dumps(tracking.json_safe(summary), indent=2, sort_keys=True))
+    if cfg.logging.plot:
+        from mmgrpo.plotting import plot_reward_curve
+
+        plot_reward_curve(history, out / "reward_curve.png", title=cfg.output_dir)
+
+
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    """``config.yaml``, the run's resolved config (main process; a resume compares against it)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_write_text(out / "config.yaml", dump_config(cfg))
+    except OSError as e:
+        raise ckpt.write_error(f"output_dir={out}: cannot write config.yaml", e) from None
+
+
+def saved_summary(out: Path) -> dict:
+    """The ``summary.json`` of the run being resumed (empty when it has none yet)."""
+    path = out / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
