@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .parsing import completion_text, parse_number
+from .parsing import Which, answer_or_text, completion_text, parse_number
 
 
 def column(columns: dict[str, Any], key: str, reward: str, n: int) -> Sequence:
@@ -63,3 +65,71 @@ def group_ids(prompts: Sequence, columns: dict[str, Any], group_key: str) -> lis
         except TypeError:
             out.append(repr(p))
     return out
+
+
+_CONTEXT = ("which", "require_tags", "columns", "i")
+"""What :func:`per_answer` passes a scoring function that names it: the answer rule, the tag rule, the batch's
+columns and the sample's index (for rewards that read other columns of the sample: image geometry, durations)."""
+
+
+def per_answer(
+    name: str, *, column_key: str = "answer", extract: Callable[[Any, Which, bool], Any] = answer_or_text
+) -> Callable[[Callable[..., float]], Callable[..., list[float | None]]]:
+    """The shape of every reward that scores one answer against one ground truth: write the scoring only.
+
+    The decorated function scores one sample: ``score(pred, gt, *, <options>)`` → float, where ``pred`` is
+    ``extract(completion, which, require_tags)`` (default :func:`~mmgrpo.rewards.parsing.answer_or_text`: the
+    ``<answer>`` content, ``None`` when tags are required and absent) and ``gt`` the sample's ground truth, never
+    ``None``. It may also name ``which``, ``require_tags``, ``columns`` and ``i`` to receive them. The decorator
+    returns the reward with the public signature of a built-in reward —
+    ``(completions, *, prompts=None, which="last", answer_key=column_key, require_tags=True, <options>, **columns)``
+    (what YAML ``kwargs`` are checked against, and what TRL's keyword call passes) — that reads the ground-truth
+    column ``answer_key`` (a one-line ``KeyError`` naming the reward when absent) and gives ``None`` ("not
+    applicable") where a sample's ground truth is ``None``.
+    """
+
+    def deco(score: Callable[..., float]) -> Callable[..., list[float | None]]:
+        params = inspect.signature(score).parameters
+        context = [c for c in _CONTEXT if c in params]
+        options = [p for p in params.values() if p.kind is p.KEYWORD_ONLY and p.name not in _CONTEXT]
+        option_names = {p.name for p in options}
+
+        @functools.wraps(score)
+        def reward(
+            completions: list,
+            *,
+            prompts: list | None = None,
+            which: Which = "last",
+            answer_key: str = column_key,
+            require_tags: bool = True,
+            **kwargs: Any,
+        ) -> list[float | None]:
+            opts = {k: kwargs.pop(k) for k in list(kwargs) if k in option_names}
+            columns = kwargs
+            answers = column(columns, answer_key, name, len(completions))
+            given = {"which": which, "require_tags": require_tags, "columns": columns}
+            out: list[float | None] = []
+            for i, (c, gt) in enumerate(zip(completions, answers)):
+                if gt is None:
+                    out.append(None)
+                    continue
+                ctx = {k: (i if k == "i" else given[k]) for k in context}
+                out.append(score(extract(c, which, require_tags), gt, **ctx, **opts))
+            return out
+
+        P = inspect.Parameter
+        reward.__signature__ = inspect.Signature(
+            [
+                P("completions", P.POSITIONAL_OR_KEYWORD, annotation="list"),
+                P("prompts", P.KEYWORD_ONLY, default=None, annotation="list | None"),
+                P("which", P.KEYWORD_ONLY, default="last", annotation="Which"),
+                P("answer_key", P.KEYWORD_ONLY, default=column_key, annotation="str"),
+                P("require_tags", P.KEYWORD_ONLY, default=True, annotation="bool"),
+                *options,
+                P("columns", P.VAR_KEYWORD, annotation="Any"),
+            ],
+            return_annotation="list[float | None]",
+        )
+        return reward
+
+    return deco

@@ -26,13 +26,12 @@ import unicodedata
 from collections import defaultdict
 from typing import Any
 
-from ._common import column, group_ids, lengths
+from ._common import group_ids, lengths, per_answer
 from .parsing import (
     NUMBER_PATTERN as _NUM_PATTERN,
 )
 from .parsing import (
     Which,
-    answer_or_text,
     completion_text,
     extract_tag,
     ground_truth_text,
@@ -69,15 +68,8 @@ def _casefold(s: str) -> str:
 
 
 @register_reward("accuracy", "1 if the <answer> content equals the answer column (strip, casefold), else 0")
-def accuracy(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("accuracy")
+def accuracy(pred: Any, gt: Any, *, which: Which) -> float:
     """Exact-match accuracy on the ``<answer>`` content.
 
     ``r = 1[norm(answer(completion)) == norm(gt)]`` with ``norm(s) = s.strip().casefold()``; ``answer`` is the
@@ -89,15 +81,7 @@ def accuracy(
     OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``); the explicit ``which`` fixes their silent
     first-vs-last ``<answer>`` divergence.
     """
-    answers = column(columns, answer_key, "accuracy", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        pred = answer_or_text(c, which, require_tags)
-        out.append(float(pred is not None and _casefold(pred) == _casefold(ground_truth_text(gt, which))))
-    return out
+    return float(pred is not None and _casefold(pred) == _casefold(ground_truth_text(gt, which)))
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
@@ -121,16 +105,8 @@ def normalize_answer(text: str, mode: str = "basic") -> str:
 
 
 @register_reward("exact_match", "1 if the answer equals the ground truth (or any of a list) after normalisation")
-def exact_match(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    normalize: str = "basic",
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("exact_match")
+def exact_match(pred: Any, gt: Any, *, which: Which, normalize: str = "basic") -> float:
     """Exact match with a chosen normalisation and several acceptable answers.
 
     ``r = 1[∃ g ∈ gts: normalize(answer) == normalize(g)]`` where ``gts`` is the ground truth, or the list of
@@ -140,32 +116,16 @@ def exact_match(
     Source: the exact-match accuracy of the anchors (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``;
     Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``) with SQuAD-style normalisation.
     """
-    answers = column(columns, answer_key, "exact_match", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        pred = answer_or_text(c, which, require_tags)
-        gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
-        ok = pred is not None and normalize_answer(pred, normalize) in {
-            normalize_answer(ground_truth_text(g, which), normalize) for g in gts
-        }
-        out.append(float(ok))
-    return out
+    gts = gt if isinstance(gt, (list, tuple, set)) else [gt]
+    return float(
+        pred is not None
+        and normalize_answer(pred, normalize) in {normalize_answer(ground_truth_text(g, which), normalize) for g in gts}
+    )
 
 
 @register_reward("multiple_choice", "1 if the chosen option letter equals the ground-truth letter")
-def multiple_choice(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    choices: str = "ABCDEFGH",
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("multiple_choice")
+def multiple_choice(pred: Any, gt: Any, *, which: Which, choices: str = "ABCDEFGH") -> float:
     """Multiple-choice accuracy on the option letter.
 
     ``r = 1[letter(answer) == letter(gt)]``, where ``letter`` is :func:`~mmgrpo.rewards.parsing.parse_choice`
@@ -175,33 +135,17 @@ def multiple_choice(
     Source: Video-R1's multiple-choice reward and VideoChat-R1's GQA ``answer_reward`` (tulerfeng/Video-R1
     ``src/r1-v/src/open_r1/grpo.py``; OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
-    answers = column(columns, answer_key, "multiple_choice", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        gt_letter = parse_choice(ground_truth_text(gt, which), choices)
-        if gt_letter is None:
-            raise ValueError(f"reward 'multiple_choice': ground truth {gt!r} has no option letter among {choices!r}")
-        pred = answer_or_text(c, which, require_tags)
-        out.append(float(pred is not None and parse_choice(pred, choices) == gt_letter))
-    return out
+    gt_letter = parse_choice(ground_truth_text(gt, which), choices)
+    if gt_letter is None:
+        raise ValueError(f"reward 'multiple_choice': ground truth {gt!r} has no option letter among {choices!r}")
+    return float(pred is not None and parse_choice(pred, choices) == gt_letter)
 
 
 @register_reward(
     "multiple_choice_partial", "|pred|/|gt| if the chosen letters are a non-empty subset of the correct ones, else 0"
 )
-def multiple_choice_partial(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    choices: str = "ABCDEFGH",
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("multiple_choice_partial")
+def multiple_choice_partial(pred: Any, gt: Any, *, which: Which, choices: str = "ABCDEFGH") -> float:
     """Partial credit for multi-answer multiple choice.
 
     With P the set of letters in the answer and G the correct set: ``r = |P|/|G|`` if ``∅ ≠ P ⊆ G``, else 0
@@ -209,21 +153,11 @@ def multiple_choice_partial(
 
     Source: TW-GRPO's multi-choice soft reward (arXiv 2505.24718; longmalongma/TW-GRPO, arXiv 2505.24718).
     """
-    answers = column(columns, answer_key, "multiple_choice_partial", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        gt_set = (
-            set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
-        )
-        if not gt_set:
-            raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
-        pred = answer_or_text(c, which, require_tags)
-        p = parse_choice_set(pred, choices) if pred is not None else set()
-        out.append(len(p) / len(gt_set) if p and p <= gt_set else 0.0)
-    return out
+    gt_set = set(gt) if isinstance(gt, (list, tuple, set)) else parse_choice_set(ground_truth_text(gt, which), choices)
+    if not gt_set:
+        raise ValueError(f"reward 'multiple_choice_partial': ground truth {gt!r} has no option letters")
+    p = parse_choice_set(pred, choices) if pred is not None else set()
+    return len(p) / len(gt_set) if p and p <= gt_set else 0.0
 
 
 # --- math -------------------------------------------------------------------------------------------------
@@ -589,17 +523,8 @@ def _gt_value(gt: Any, which: Which, reward: str) -> float:
     unbounded=True,
     preload=_warm_math_verify,
 )
-def numeric(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    abs_tol: float = 1e-9,
-    rel_tol: float = 1e-6,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("numeric")
+def numeric(pred: Any, gt: Any, *, which: Which, abs_tol: float = 1e-9, rel_tol: float = 1e-6) -> float:
     """Numeric accuracy with a tolerance, on the whole answer.
 
     ``p`` = :func:`math_value` of the answer (the whole expression: ``\\dfrac{\\sqrt5}{2}`` is 1.118, not its
@@ -613,17 +538,9 @@ def numeric(
     ``src/r1-v/src/open_r1/grpo.py``), with an explicit tolerance instead of its "exactly one side has a decimal
     point → 0" rule, and whole expressions read by HF ``math-verify`` (github.com/huggingface/Math-Verify).
     """
-    answers = column(columns, answer_key, "numeric", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        g = _gt_value(gt, which, "numeric")
-        pred = answer_or_text(c, which, require_tags)
-        p = math_value(pred) if pred is not None else None
-        out.append(float(p is not None and abs(p - g) <= max(abs_tol, rel_tol * abs(g))))
-    return out
+    g = _gt_value(gt, which, "numeric")
+    p = math_value(pred) if pred is not None else None
+    return float(p is not None and abs(p - g) <= max(abs_tol, rel_tol * abs(g)))
 
 
 @register_reward(
@@ -632,15 +549,8 @@ def numeric(
     unbounded=True,
     preload=_warm_math_verify,
 )
-def regression(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("regression")
+def regression(pred: Any, gt: Any, *, which: Which) -> float:
     """Relative-error reward for numeric answers.
 
     ``r = 1 − clip(|p − g| / |g|, 0, 1)``, ``p`` and ``g`` read as in :func:`numeric` (whole expressions). When
@@ -650,22 +560,20 @@ def regression(
 
     Source: Video-R1's regression reward (arXiv 2503.21776; tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
-    answers = column(columns, answer_key, "regression", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        g = _gt_value(gt, which, "regression")
-        pred = answer_or_text(c, which, require_tags)
-        p = math_value(pred) if pred is not None else None
-        if p is None:
-            out.append(0.0)
-        elif g == 0:
-            out.append(float(p == 0))
-        else:
-            out.append(1.0 - min(1.0, abs(p - g) / abs(g)))
-    return out
+    g = _gt_value(gt, which, "regression")
+    p = math_value(pred) if pred is not None else None
+    if p is None:
+        return 0.0
+    return float(p == 0) if g == 0 else 1.0 - min(1.0, abs(p - g) / abs(g))
+
+
+def _boxed_answer(completion: Any, which: Which, require_tags: bool) -> str | None:
+    """math_accuracy's answer: the last ``\\boxed{}`` in the ``<answer>`` content, else in the text, else the
+    ``<answer>`` content (the whole text when tags are not required)."""
+    text = completion_text(completion)
+    tagged = extract_tag(text, "answer", which)
+    pred = (last_boxed(tagged) if tagged is not None else None) or last_boxed(text) or tagged
+    return text.strip() if pred is None and not require_tags else pred
 
 
 @register_reward(
@@ -674,17 +582,8 @@ def regression(
     unbounded=True,
     preload=_warm_math_verify,
 )
-def math_accuracy(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = False,
-    rel_tol: float = 1e-6,
-    verifier: str = "auto",
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("math_accuracy", extract=_boxed_answer)
+def math_accuracy(pred: Any, gt: Any, *, which: Which, rel_tol: float = 1e-6, verifier: str = "auto") -> float:
     """Math answer accuracy: ``math-verify`` (symbolic), then a numeric check.
 
     The prediction is the last ``\\boxed{…}`` in the ``<answer>`` content, else the last one in the whole
@@ -702,26 +601,14 @@ def math_accuracy(
     (trl/rewards/accuracy_rewards.py) and of R1-V (github.com/Deep-Agent/R1-V, ``src/open_r1/grpo.py``) and
     VLM-R1 (github.com/om-ai-lab/VLM-R1, ``src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
-    answers = column(columns, answer_key, "math_accuracy", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        text = completion_text(c)
-        tagged = extract_tag(text, "answer", which)
-        pred = (last_boxed(tagged) if tagged is not None else None) or last_boxed(text) or tagged
-        if pred is None and not require_tags:
-            pred = text.strip()
-        g_text = completion_text(gt) if not isinstance(gt, (int, float)) else str(gt)
-        g_tag = extract_tag(g_text, "answer", which)
-        g = (
-            (last_boxed(g_tag) if g_tag is not None else None)
-            or last_boxed(g_text)
-            or (g_tag if g_tag is not None else g_text.strip())
-        )
-        out.append(float(pred is not None and math_equal(pred, g, rel_tol, verifier=verifier)))
-    return out
+    g_text = completion_text(gt) if not isinstance(gt, (int, float)) else str(gt)
+    g_tag = extract_tag(g_text, "answer", which)
+    g = (
+        (last_boxed(g_tag) if g_tag is not None else None)
+        or last_boxed(g_text)
+        or (g_tag if g_tag is not None else g_text.strip())
+    )
+    return float(pred is not None and math_equal(pred, g, rel_tol, verifier=verifier))
 
 
 # --- similarity to a reference ----------------------------------------------------------------------------
@@ -735,17 +622,15 @@ def _rouge_scorer(types: tuple[str, ...], use_stemmer: bool):
 
 
 @register_reward("rouge", "mean F1 of ROUGE-1/2/L (rouge-score, Porter stemmer) against the reference, in [0, 1]")
+@per_answer("rouge")
 def rouge(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
+    which: Which,
     rouge_types: tuple[str, ...] = ("rouge1", "rouge2", "rougeL"),
     use_stemmer: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """ROUGE reward for free-form answers.
 
     ``r = mean_{t ∈ rouge_types} F1_t(answer, reference)`` with Google's ``rouge-score`` (Lin 2004). An empty
@@ -754,36 +639,24 @@ def rouge(
     Source: Video-R1's free-form reward ``clip(mean(F1 of ROUGE-1, ROUGE-2, ROUGE-L), 0, 1)`` with the stemmer
     (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``).
     """
-    answers = column(columns, answer_key, "rouge", len(completions))
-    scorer = _rouge_scorer(tuple(rouge_types), use_stemmer)
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        pred = answer_or_text(c, which, require_tags)
-        ref = ground_truth_text(gt, which)
-        if not pred or not ref:
-            out.append(0.0)
-            continue
-        scores = scorer.score(ref, pred)
-        out.append(min(1.0, max(0.0, sum(scores[t].fmeasure for t in rouge_types) / len(rouge_types))))
-    return out
+    ref = ground_truth_text(gt, which)
+    if not pred or not ref:
+        return 0.0
+    scores = _rouge_scorer(tuple(rouge_types), use_stemmer).score(ref, pred)
+    return min(1.0, max(0.0, sum(scores[t].fmeasure for t in rouge_types) / len(rouge_types)))
 
 
 @register_reward("bleu", "sentence BLEU (sacrebleu, exp smoothing) / 100 against one or more references, in [0, 1]")
+@per_answer("bleu")
 def bleu(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
+    which: Which,
     smooth_method: str = "exp",
     tokenize: str = "13a",
     lowercase: bool = False,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Sentence-level BLEU.
 
     ``r = sacrebleu.sentence_bleu(answer, refs, smooth_method, tokenize, lowercase).score / 100`` (Papineni et
@@ -795,20 +668,11 @@ def bleu(
     """
     import sacrebleu
 
-    answers = column(columns, answer_key, "bleu", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        pred = answer_or_text(c, which, require_tags)
-        refs = [ground_truth_text(g, which) for g in (gt if isinstance(gt, (list, tuple)) else [gt])]
-        if not pred:
-            out.append(0.0)
-            continue
-        score = sacrebleu.sentence_bleu(pred, refs, smooth_method=smooth_method, tokenize=tokenize, lowercase=lowercase)
-        out.append(score.score / 100.0)
-    return out
+    refs = [ground_truth_text(g, which) for g in (gt if isinstance(gt, (list, tuple)) else [gt])]
+    if not pred:
+        return 0.0
+    score = sacrebleu.sentence_bleu(pred, refs, smooth_method=smooth_method, tokenize=tokenize, lowercase=lowercase)
+    return score.score / 100.0
 
 
 # --- length and repetition --------------------------------------------------------------------------------
