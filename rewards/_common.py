@@ -67,13 +67,22 @@ def group_ids(prompts: Sequence, columns: dict[str, Any], group_key: str) -> lis
     return out
 
 
+def whole_completion(completion: Any, which: Which, require_tags: bool) -> Any:
+    """The ``extract`` of :func:`per_answer` for rewards that read the completion themselves (their own tag)."""
+    return completion
+
+
 _CONTEXT = ("which", "require_tags", "columns", "i")
 """What :func:`per_answer` passes a scoring function that names it: the answer rule, the tag rule, the batch's
 columns and the sample's index (for rewards that read other columns of the sample: image geometry, durations)."""
 
 
 def per_answer(
-    name: str, *, column_key: str = "answer", extract: Callable[[Any, Which, bool], Any] = answer_or_text
+    name: str,
+    *,
+    column_key: str = "answer",
+    require_tags: bool = True,
+    extract: Callable[[Any, Which, bool], Any] = answer_or_text,
 ) -> Callable[[Callable[..., float]], Callable[..., list[float | None]]]:
     """The shape of every reward that scores one answer against one ground truth: write the scoring only.
 
@@ -82,11 +91,14 @@ def per_answer(
     ``<answer>`` content, ``None`` when tags are required and absent) and ``gt`` the sample's ground truth, never
     ``None``. It may also name ``which``, ``require_tags``, ``columns`` and ``i`` to receive them. The decorator
     returns the reward with the public signature of a built-in reward —
-    ``(completions, *, prompts=None, which="last", answer_key=column_key, require_tags=True, <options>, **columns)``
+    ``(completions, *, prompts=None, which="last", answer_key=column_key, require_tags=require_tags, <options>,
+    **columns)``
     (what YAML ``kwargs`` are checked against, and what TRL's keyword call passes) — that reads the ground-truth
     column ``answer_key`` (a one-line ``KeyError`` naming the reward when absent) and gives ``None`` ("not
     applicable") where a sample's ground truth is ``None``.
     """
+
+    tags_default = require_tags
 
     def deco(score: Callable[..., float]) -> Callable[..., list[float | None]]:
         params = inspect.signature(score).parameters
@@ -101,7 +113,7 @@ def per_answer(
             prompts: list | None = None,
             which: Which = "last",
             answer_key: str = column_key,
-            require_tags: bool = True,
+            require_tags: bool = tags_default,
             **kwargs: Any,
         ) -> list[float | None]:
             opts = {k: kwargs.pop(k) for k in list(kwargs) if k in option_names}
@@ -124,7 +136,7 @@ def per_answer(
                 P("prompts", P.KEYWORD_ONLY, default=None, annotation="list | None"),
                 P("which", P.KEYWORD_ONLY, default="last", annotation="Which"),
                 P("answer_key", P.KEYWORD_ONLY, default=column_key, annotation="str"),
-                P("require_tags", P.KEYWORD_ONLY, default=True, annotation="bool"),
+                P("require_tags", P.KEYWORD_ONLY, default=tags_default, annotation="bool"),
                 *options,
                 P("columns", P.VAR_KEYWORD, annotation="Any"),
             ],

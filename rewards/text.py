@@ -582,7 +582,7 @@ def _boxed_answer(completion: Any, which: Which, require_tags: bool) -> str | No
     unbounded=True,
     preload=_warm_math_verify,
 )
-@per_answer("math_accuracy", extract=_boxed_answer)
+@per_answer("math_accuracy", require_tags=False, extract=_boxed_answer)
 def math_accuracy(pred: Any, gt: Any, *, which: Which, rel_tol: float = 1e-6, verifier: str = "auto") -> float:
     """Math answer accuracy: ``math-verify`` (symbolic), then a numeric check.
 

@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ._common import column, gt_number
+from ._common import gt_number, per_answer, whole_completion
 from .parsing import (
     Which,
-    answer_or_text,
     completion_text,
     extract_tag,
     parse_box,
@@ -240,41 +239,31 @@ def _one_gt_box(gt: Any, reward: str) -> list[float]:
     return boxes[0]
 
 
-def _box_reward(
-    name, metric, completions, columns, *, pred_space, gt_space, which, box_which, answer_key, require_tags, patch_size
-):
+def _box_score(name, metric, text, gt, columns, i, *, pred_space, gt_space, box_which, patch_size) -> float:
+    """``metric`` of the ``box_which`` box of ``text`` against the ground-truth box, both in ``normalized_0_1``."""
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, name, len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        geo = geometry(columns, i, patch_size)
-        g = to_normalized(_one_gt_box(gt, name), gt_space, geo)
-        text = answer_or_text(c, which, require_tags)
-        p = parse_box(text, box_which) if text is not None else None
-        out.append(metric(to_normalized(p, pred_space, geo), g) if p is not None else metric([math.nan] * 4, g))
-    return out
+    geo = geometry(columns, i, patch_size)
+    g = to_normalized(_one_gt_box(gt, name), gt_space, geo)
+    p = parse_box(text, box_which) if text is not None else None
+    return metric(to_normalized(p, pred_space, geo), g) if p is not None else metric([math.nan] * 4, g)
 
 
 @register_reward(
     "iou", "IoU of the predicted box with the ground-truth box, both converted from explicit coordinate spaces"
 )
+@per_answer("iou")
 def iou(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
     threshold: float | None = None,
-    which: Which = "last",
     box_which: Which = "first",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Box IoU reward (referring-expression grounding).
 
     The predicted box is the ``box_which`` (first) box in the ``which`` (last) ``<answer>``; the ground truth is
@@ -286,40 +275,26 @@ def iou(
     ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``), with float boxes, a
     guarded zero union and explicit spaces; ``threshold=0.5`` is its commented-out hard variant.
     """
-    scores = _box_reward(
-        "iou",
-        box_iou,
-        completions,
-        columns,
-        pred_space=pred_space,
-        gt_space=gt_space,
-        which=which,
-        box_which=box_which,
-        answer_key=answer_key,
-        require_tags=require_tags,
-        patch_size=patch_size,
-    )
-    if threshold is None:
-        return scores
-    return [None if s is None else float(s > threshold) for s in scores]
+    spaces = dict(pred_space=pred_space, gt_space=gt_space, box_which=box_which, patch_size=patch_size)
+    score = _box_score("iou", box_iou, pred, gt, columns, i, **spaces)
+    return score if threshold is None else float(score > threshold)
 
 
 @register_reward(
     "giou", "generalised IoU (in [-1, 1]) of the predicted and ground-truth boxes in explicit coordinate spaces"
 )
+@per_answer("giou")
 def giou(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
-    which: Which = "last",
     box_which: Which = "first",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Generalised-IoU box reward.
 
     ``r = IoU − |C \\ (P ∪ G)| / |C|`` (Rezatofighi et al. 2019, CVPR), C the smallest box enclosing P and G;
@@ -329,19 +304,8 @@ def giou(
     Source: Rezatofighi et al. 2019, "Generalized Intersection over Union" (CVPR); a dense alternative to
     VLM-R1's IoU reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
-    return _box_reward(
-        "giou",
-        box_giou,
-        completions,
-        columns,
-        pred_space=pred_space,
-        gt_space=gt_space,
-        which=which,
-        box_which=box_which,
-        answer_key=answer_key,
-        require_tags=require_tags,
-        patch_size=patch_size,
-    )
+    spaces = dict(pred_space=pred_space, gt_space=gt_space, box_which=box_which, patch_size=patch_size)
+    return _box_score("giou", box_giou, pred, gt, columns, i, **spaces)
 
 
 # --- detection ----------------------------------------------------------------------------------------------
@@ -453,19 +417,18 @@ def visual_rft_score(preds: list[dict], gts: list[dict], iou_threshold: float = 
     "detection_visual_rft",
     "Visual-RFT detection reward: R_IoU + R_conf with confidence-ordered IoU>0.5 matching, in [0, 2]",
 )
+@per_answer("detection_visual_rft")
 def detection_visual_rft(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
     iou_threshold: float = 0.5,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Visual-RFT IoU + confidence detection reward.
 
     The answer is a list of ``{"Position": [x1, y1, x2, y2], "Confidence": c}`` (:func:`parse_detections`;
@@ -478,19 +441,11 @@ def detection_visual_rft(
     (Liuziyu77/Visual-RFT ``src/virft/src/open_r1/grpo.py``).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, "detection_visual_rft", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        geo = geometry(columns, i, patch_size)
-        gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
-        text = answer_or_text(c, which, require_tags)
-        preds = [p for p in parse_detections(text) if p["confidence"] is not None and math.isfinite(p["confidence"])]
-        r_iou, r_conf = visual_rft_score(_normalize_objects(preds, pred_space, geo), gts, iou_threshold)
-        out.append(r_iou + r_conf)
-    return out
+    geo = geometry(columns, i, patch_size)
+    gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
+    preds = [p for p in parse_detections(pred) if p["confidence"] is not None and math.isfinite(p["confidence"])]
+    r_iou, r_conf = visual_rft_score(_normalize_objects(preds, pred_space, geo), gts, iou_threshold)
+    return r_iou + r_conf
 
 
 def weighted_detection_score(
@@ -538,20 +493,19 @@ def weighted_detection_score(
     "detection_weighted",
     "VLM-R1 weighted_sum detection score: 0.7*mean matched IoU + 0.3*completeness (greedy IoU>=0.5 matching)",
 )
+@per_answer("detection_weighted", require_tags=False)
 def detection_weighted(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
     iou_threshold: float = 0.5,
     weights: tuple[float, float, float] = (0.7, 0.0, 0.3),
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = False,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Matched, weighted detection score (:func:`weighted_detection_score`) in [0, 1].
 
     The answer is a JSON list of ``{"bbox_2d": […], "label": …}`` (a ```json fence is fine) or bare boxes;
@@ -562,17 +516,10 @@ def detection_weighted(
     (0.7, 0.0, 0.3)``.
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, "detection_weighted", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        geo = geometry(columns, i, patch_size)
-        gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
-        preds = _normalize_objects(parse_detections(answer_or_text(c, which, require_tags)), pred_space, geo)
-        out.append(weighted_detection_score(preds, gts, iou_threshold, tuple(weights)))
-    return out
+    geo = geometry(columns, i, patch_size)
+    gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
+    preds = _normalize_objects(parse_detections(pred), pred_space, geo)
+    return weighted_detection_score(preds, gts, iou_threshold, tuple(weights))
 
 
 # --- counting -----------------------------------------------------------------------------------------------
@@ -589,45 +536,28 @@ def _count(text: str | None, max_count: float) -> float | None:
 
 
 @register_reward("count_exact", "1 if the answered count equals the ground-truth count, else 0")
-def count_exact(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("count_exact")
+def count_exact(pred: Any, gt: Any) -> float:
     """Exact counting reward: ``r = 1[ŷ = y]`` with ŷ the last number in the answer, required to be a
     non-negative integer (``"3.5"`` or ``"-2"`` score 0).
 
     Source: R1-V's CLEVR counting reward (Deep-Agent/R1-V ``src/r1-v/src/open_r1/grpo.py``).
     """
-    answers = column(columns, answer_key, "count_exact", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        y = gt_number(gt, "count_exact")
-        p = _count(answer_or_text(c, which, require_tags), math.inf)
-        out.append(float(p is not None and p == y))
-    return out
+    y = gt_number(gt, "count_exact")
+    p = _count(pred, math.inf)
+    return float(p is not None and p == y)
 
 
 @register_reward("count_fuzzy", "CrowdVLM-R1 fuzzy count reward: 1.5 - |y-ŷ|/y if that relative error < 0.5, else 0")
+@per_answer("count_fuzzy")
 def count_fuzzy(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
     max_error: float = 0.5,
     exact_bonus: float = 1.5,
     max_count: float = 1e6,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Fuzzy counting reward (FGRPR).
 
     ``g = |y − ŷ| / y``; ``r = exact_bonus − g`` if ``g < max_error`` else 0 (an exact count gives 1.5; 49 % off
@@ -637,22 +567,14 @@ def count_fuzzy(
     Source: CrowdVLM-R1's fuzzy group relative policy reward (yeyimilk/CrowdVLM-R1 ``count_reward``;
     yeyimilk/CrowdVLM-R1 ``VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py``).
     """
-    answers = column(columns, answer_key, "count_fuzzy", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        y = gt_number(gt, "count_fuzzy")
-        p = _count(answer_or_text(c, which, require_tags), max_count)
-        if p is None:
-            out.append(0.0)
-        elif y == 0:
-            out.append(float(exact_bonus) if p == 0 else 0.0)
-        else:
-            g = abs(y - p) / abs(y)
-            out.append(exact_bonus - g if g < max_error else 0.0)
-    return out
+    y = gt_number(gt, "count_fuzzy")
+    p = _count(pred, max_count)
+    if p is None:
+        return 0.0
+    if y == 0:
+        return float(exact_bonus) if p == 0 else 0.0
+    g = abs(y - p) / abs(y)
+    return exact_bonus - g if g < max_error else 0.0
 
 
 # --- temporal -----------------------------------------------------------------------------------------------
@@ -716,18 +638,17 @@ def _gt_span(gt: Any, reward: str) -> tuple[float, float]:
 @register_reward(
     "temporal_iou", "temporal IoU of the predicted (start, end) span with the ground truth, seconds or normalised"
 )
+@per_answer("temporal_iou")
 def temporal_iou(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_units: str = "seconds",
     gt_units: str = "seconds",
-    which: Which = "last",
     span_which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Temporal-grounding IoU.
 
     The span is the ``span_which`` (last) ``"s to e"`` / ``"s - e"`` / ``[s, e]`` / ``{"start_time": …}`` in the
@@ -740,18 +661,10 @@ def temporal_iou(
     Temporal-R1 (normalised by
     L = frames / fps; appletea233/Temporal-R1, arXiv 2506.01908), with the zero-union guard Temporal-R1 lacks.
     """
-    answers = column(columns, answer_key, "temporal_iou", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        to_s = _duration(columns, i) if pred_units != gt_units else None
-        g = _span_units(_gt_span(gt, "temporal_iou"), gt_units, to_s)
-        text = answer_or_text(c, which, require_tags)
-        p = parse_time_span(text, span_which) if text is not None else None
-        out.append(0.0 if p is None else span_iou(_span_units(p, pred_units, to_s), g))
-    return out
+    to_s = _duration(columns, i) if pred_units != gt_units else None
+    g = _span_units(_gt_span(gt, "temporal_iou"), gt_units, to_s)
+    p = parse_time_span(pred, span_which) if pred is not None else None
+    return 0.0 if p is None else span_iou(_span_units(p, pred_units, to_s), g)
 
 
 def merge_spans(spans: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
@@ -782,16 +695,8 @@ def multi_span_iou_value(pred: Sequence[Sequence[float]], gt: Sequence[Sequence[
 
 
 @register_reward("multi_span_iou", "IoU of the unions of predicted and ground-truth time spans (overlaps merged)")
-def multi_span_iou(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    tag: str = "answer",
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("multi_span_iou", extract=whole_completion)
+def multi_span_iou(pred: Any, gt: Any, *, which: Which, require_tags: bool, tag: str = "answer") -> float:
     """Multi-interval temporal IoU (:func:`multi_span_iou_value`), in seconds.
 
     Spans are every ``(s, e)`` / ``"s to e"`` in the ``which`` (last) ``<tag>`` (VideoChat-R1's grounded QA
@@ -800,37 +705,29 @@ def multi_span_iou(
 
     Source: VideoChat-R1 ``iou_glue_reward`` (OpenGVLab/VideoChat-R1 ``src/open_r1/grpo_tasks.py``).
     """
-    answers = column(columns, answer_key, "multi_span_iou", len(completions))
-    out: list[float | None] = []
-    for c, gt in zip(completions, answers):
-        if gt is None:
-            out.append(None)
-            continue
-        g = parse_time_spans(gt) if isinstance(gt, str) else [tuple(map(float, s)) for s in gt]
-        text = completion_text(c)
-        content = extract_tag(text, tag, which)
-        if content is None and not require_tags:
-            content = text
-        out.append(multi_span_iou_value(parse_time_spans(content) if content is not None else [], g))
-    return out
+    g = parse_time_spans(gt) if isinstance(gt, str) else [tuple(map(float, s)) for s in gt]
+    text = completion_text(pred)
+    content = extract_tag(text, tag, which)
+    if content is None and not require_tags:
+        content = text
+    return multi_span_iou_value(parse_time_spans(content) if content is not None else [], g)
 
 
 @register_reward(
     "tracking_iou", "mean IoU over frames of the predicted track (one box per frame) with the ground-truth track"
 )
+@per_answer("tracking_iou")
 def tracking_iou(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
     strict_count: bool = True,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Tracking mean IoU.
 
     The prediction is the list of boxes in the answer, one per frame; the ground truth a list of K boxes.
@@ -842,23 +739,14 @@ def tracking_iou(
     ``src/open_r1/grpo_tasks.py``).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, "tracking_iou", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        geo = geometry(columns, i, patch_size)
-        g = [to_normalized(b, gt_space, geo) for b in _gt_boxes(gt)]
-        if not g:
-            raise ValueError(f"reward 'tracking_iou': the ground-truth track {gt!r} has no boxes")
-        text = answer_or_text(c, which, require_tags)
-        p = [to_normalized(b, pred_space, geo) for b in (parse_boxes(text) if text is not None else [])]
-        if strict_count and len(p) != len(g):
-            out.append(0.0)
-            continue
-        out.append(sum(box_iou(a, b) for a, b in zip(p, g)) / len(g))
-    return out
+    geo = geometry(columns, i, patch_size)
+    g = [to_normalized(b, gt_space, geo) for b in _gt_boxes(gt)]
+    if not g:
+        raise ValueError(f"reward 'tracking_iou': the ground-truth track {gt!r} has no boxes")
+    p = [to_normalized(b, pred_space, geo) for b in (parse_boxes(pred) if pred is not None else [])]
+    if strict_count and len(p) != len(g):
+        return 0.0
+    return sum(box_iou(a, b) for a, b in zip(p, g)) / len(g)
 
 
 # --- GUI ----------------------------------------------------------------------------------------------------
@@ -900,18 +788,18 @@ def _gt_target(gt: Any, reward: str) -> tuple[list[float] | None, list[float] | 
 
 
 @register_reward("gui_point_in_box", "1 if the predicted click point lies inside the ground-truth element box")
+@per_answer("gui_point_in_box")
 def gui_point_in_box(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    which: Which,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """GUI grounding click accuracy: ``r = 1[x1 ≤ x̂ ≤ x2 and y1 ≤ ŷ ≤ y2]`` for the predicted point (a
     predicted box counts as its centre) and the ground-truth box, after space conversion. No point → 0.
 
@@ -919,44 +807,36 @@ def gui_point_in_box(
     (arXiv 2506.09373; arXiv 2506.09373).
     """
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, "gui_point_in_box", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        box, _ = _gt_target(gt, "gui_point_in_box")
-        if box is None:
-            raise ValueError(f"reward 'gui_point_in_box' needs a ground-truth box, got the point {gt!r}")
-        geo = geometry(columns, i, patch_size)
-        b = to_normalized(box, gt_space, geo)
-        pt = _pred_point(answer_or_text(c, which, require_tags), which)
-        if pt is None:
-            out.append(0.0)
-            continue
-        x, y = to_normalized(pt, pred_space, geo)
-        out.append(float(b[0] <= x <= b[2] and b[1] <= y <= b[3]))
-    return out
+    box, _ = _gt_target(gt, "gui_point_in_box")
+    if box is None:
+        raise ValueError(f"reward 'gui_point_in_box' needs a ground-truth box, got the point {gt!r}")
+    geo = geometry(columns, i, patch_size)
+    b = to_normalized(box, gt_space, geo)
+    pt = _pred_point(pred, which)
+    if pt is None:
+        return 0.0
+    x, y = to_normalized(pt, pred_space, geo)
+    return float(b[0] <= x <= b[2] and b[1] <= y <= b[3])
 
 
 @register_reward(
     "gui_point_distance",
     "distance reward exp(-d/sigma) (or linear) between the predicted point and the target, d in normalised units",
 )
+@per_answer("gui_point_distance")
 def gui_point_distance(
-    completions: list,
+    pred: Any,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    which: Which,
+    columns: dict[str, Any],
+    i: int,
     pred_space: str | None = None,
     gt_space: str | None = None,
     kernel: str = "exp",
     sigma: float = 0.1,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
     patch_size: int = 14,
-    **columns: Any,
-) -> list[float | None]:
+) -> float:
     """Distance-based click reward that still credits near misses.
 
     ``d = ‖p̂ − p‖₂ / √2`` in ``normalized_0_1`` coordinates (0 at the target, 1 across the whole diagonal),
@@ -971,20 +851,12 @@ def gui_point_distance(
     if not sigma > 0:
         raise ValueError(f"gui_point_distance: sigma must be > 0, got {sigma!r}")
     pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    answers = column(columns, answer_key, "gui_point_distance", len(completions))
-    out: list[float | None] = []
-    for i, (c, gt) in enumerate(zip(completions, answers)):
-        if gt is None:
-            out.append(None)
-            continue
-        box, pt_gt = _gt_target(gt, "gui_point_distance")
-        geo = geometry(columns, i, patch_size)
-        target = to_normalized(pt_gt if box is None else [(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], gt_space, geo)
-        pt = _pred_point(answer_or_text(c, which, require_tags), which)
-        if pt is None:
-            out.append(0.0)
-            continue
-        x, y = to_normalized(pt, pred_space, geo)
-        d = math.hypot(x - target[0], y - target[1]) / math.sqrt(2.0)
-        out.append(math.exp(-d / sigma) if kernel == "exp" else max(0.0, 1.0 - d / sigma))
-    return out
+    box, pt_gt = _gt_target(gt, "gui_point_distance")
+    geo = geometry(columns, i, patch_size)
+    target = to_normalized(pt_gt if box is None else [(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], gt_space, geo)
+    pt = _pred_point(pred, which)
+    if pt is None:
+        return 0.0
+    x, y = to_normalized(pt, pred_space, geo)
+    d = math.hypot(x - target[0], y - target[1]) / math.sqrt(2.0)
+    return math.exp(-d / sigma) if kernel == "exp" else max(0.0, 1.0 - d / sigma)
