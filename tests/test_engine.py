@@ -201,12 +201,18 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
 @pytest.mark.slow
 @needs_vllm
 def test_a_killed_server_is_one_error_not_a_hang(server):
+    import psutil
+
     from mmgrpo.modalities.tokens.engine import EngineError
 
     url, proc = server
     adapter = _adapter(url)
-    os.killpg(proc.pid, signal.SIGKILL)
+    (vllm,) = psutil.Process(proc.pid).children()  # the server, in its own process group with its engine
+    engine = [p.pid for p in vllm.children(recursive=True)]
+    assert engine, "vLLM runs its engine in processes of its own"
+    proc.kill()  # SIGKILL to `mmgrpo rollout-server`: nothing can be forwarded
     proc.wait(timeout=60)
+    assert all(_gone(pid, 30) for pid in [vllm.pid, *engine]), "vLLM outlived a SIGKILLed rollout-server"
     t = time.monotonic()
     with pytest.raises(EngineError, match="not reachable"):
         adapter.rollout(_rows(1), 2)
@@ -243,6 +249,38 @@ def test_stopping_the_rollout_server_stops_its_whole_process_group(tmp_path):
     else:
         os.kill(grandchild, signal.SIGKILL)
         raise AssertionError("the server's child outlived `mmgrpo rollout-server`")
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_sigkilled_rollout_server_command_takes_its_server_along(tmp_path):
+    """SIGKILL cannot be forwarded; the server still dies with ``mmgrpo rollout-server`` (parent-death signal), so
+    a crashed or OOM-killed command never leaves an engine answering on the port."""
+    pidfile = tmp_path / "server.pid"
+    server = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    runner = (
+        "import sys; from mmgrpo.modalities.tokens.engine import run_server; "
+        f"sys.exit(run_server([sys.executable, '-c', {server!r}]))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", runner])
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    server_pid = int(pidfile.read_text())
+    proc.kill()
+    proc.wait(timeout=30)
+    if not _gone(server_pid, 10):
+        os.kill(server_pid, signal.SIGKILL)
+        raise AssertionError("the server outlived a SIGKILLed `mmgrpo rollout-server`")
 
 
 def test_dry_run_checks_the_rollout_server_before_any_model_loads(tmp_path):

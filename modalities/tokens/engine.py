@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -221,9 +222,12 @@ def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
     vLLM starts engine processes of its own (``VLLM::EngineCore`` / workers, ~2 GB each on CPU) that outlive a
     signal sent to the server alone. So the server runs in its own session (process group), and SIGTERM, SIGINT or
     SIGHUP to ``mmgrpo rollout-server`` is forwarded to that whole group: SIGTERM first, SIGKILL to whatever is
-    left after ``grace_s`` seconds. Nothing of the engine survives the command.
+    left after ``grace_s`` seconds. When this process dies of a signal it cannot catch (SIGKILL, the out-of-memory
+    killer), Linux's parent-death signal sends SIGTERM to the server, which then kills its group (``vllm_server.py``):
+    a crashed command leaves no engine answering on the port.
     """
-    child = subprocess.Popen(cmd, start_new_session=True)
+    parent = os.getpid()
+    child = subprocess.Popen(cmd, start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
 
     def stop(signum: int, frame: Any) -> None:
         raise _Stop(signum)
@@ -239,6 +243,18 @@ def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
             signal.signal(s, handler)
         if child.poll() is None:  # any other way out (an exception): never leave the engine behind
             _kill_group(child, grace_s)
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the forked server, before exec: SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``,
+    prctl(2)); a no-op where there is no prctl (not Linux). If ``parent`` died before the request was made, exit."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 class _Stop(Exception):

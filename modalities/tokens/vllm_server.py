@@ -33,6 +33,7 @@ import functools
 import io
 import json
 import os
+import signal
 import tempfile
 import threading
 import traceback
@@ -174,6 +175,15 @@ def _handler(engine: Engine):
     return Handler
 
 
+def _stop_engine_too(signum: int, frame: object) -> None:
+    """SIGTERM: vLLM's engine processes (``VLLM::EngineCore`` and its workers) do not stop when their server dies.
+    Started by ``mmgrpo rollout-server`` this server leads its own process group, engine included: kill the group.
+    Started by hand (not a group leader): exit, and vLLM's own shutdown stops the engine."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="mmgrpo's vLLM rollout server (run under .venv-vllm)")
     p.add_argument("--model", required=True, help="Hugging Face model directory (or hub id)")
@@ -197,6 +207,7 @@ def main() -> None:
         args.gpu_memory_utilization = 0.9 if torch.cuda.is_available() else 0.1
     # LLM.collective_rpc sends a function to the engine's worker process: vLLM serialises it only when allowed.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    signal.signal(signal.SIGTERM, _stop_engine_too)
     engine = Engine(args)
     server = ThreadingHTTPServer((args.host, args.port), _handler(engine))
     print(f"mmgrpo rollout-server: vLLM on {args.model} at http://{args.host}:{args.port}", flush=True)
