@@ -33,6 +33,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -76,7 +77,7 @@ class SpokenDigitsArgs:
     """Rows in the held-out split."""
     warmup_size: int = 800
     """Train rows the warm-up targets come from (the first ones)."""
-    warmup_targets: str = "auto"
+    warmup_targets: Literal["auto", "answer", "format"] = "auto"
     """answer (the true transcript / answer word) | format (second_word only: a random word in the answer format,
     teaching the format but not the skill) | auto (answer for transcribe, format for second_word)."""
     seed: int = 1234
@@ -130,10 +131,6 @@ class SpokenDigitsTask:
             r = getattr(args, name)
             if len(r) != 2 or r[0] > r[1]:
                 raise ConfigError(f"task.args.{name}: expected a range [low, high] with low <= high, got {r}")
-        if args.warmup_targets not in ("auto", "answer", "format"):
-            raise ConfigError(
-                f"task.args.warmup_targets: {args.warmup_targets!r} not allowed; choose auto | answer | format"
-            )
         if args.warmup_targets == "format" and args.question == "transcribe":
             raise ConfigError("task.args.warmup_targets: format targets exist for second_word only; use answer or auto")
         if not args.voices:

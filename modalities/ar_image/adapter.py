@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -66,7 +66,6 @@ from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprob
 from ..tokens.policy import TokenPolicy
 from .tiny import IMAGE_TOKENS, build_processor, resolve_model_path
 
-CFG_LOGPROBS = ("guided", "cond", "scaled")
 FROZEN_PARTS = ("model.vqmodel.", "model.vision_model.", "model.aligner.")
 """Janus parts outside the image-generation policy (VQ auto-encoder, understanding tower) frozen by ``freeze_vq``."""
 
@@ -88,7 +87,7 @@ class ARImageArgs:
     """Sampling temperature τ; log-probs are of the guided logits / τ."""
     top_k: int = 0
     """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
-    cfg_logprob: str = "guided"
+    cfg_logprob: Literal["guided", "cond", "scaled"] = "guided"
     """Which distribution the log-probs are of: guided (the sampler's, exact) | cond (conditional branch only,
     AR-GRPO / T2I-R1) | scaled (guided logits / s, Janus-Pro-R1)."""
     prefix_sharing: bool = True
@@ -486,8 +485,6 @@ def build_ar_image_adapter(
 ) -> ARImageAdapter:
     """Build the adapter from ``model.args`` (validated against :class:`ARImageArgs`)."""
     a: ARImageArgs = from_dict(ARImageArgs, args, "model.args")
-    if a.cfg_logprob not in CFG_LOGPROBS:
-        raise ConfigError(f"model.args.cfg_logprob: {a.cfg_logprob!r} not allowed; choose {' | '.join(CFG_LOGPROBS)}")
     if a.temperature <= 0:
         raise ConfigError(f"model.args.temperature: must be > 0, got {a.temperature}")
     if a.cfg_logprob == "scaled" and a.guidance_scale <= 0:

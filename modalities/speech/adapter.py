@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ class WhisperArgs:
     """Hub id or local directory of the model and its processor; ``tiny-whisper`` builds the built-in one."""
     language: str | None = "en"
     """Language token of the decoder prompt (code or name, e.g. en / english); None leaves it out."""
-    task: str = "transcribe"
+    task: Literal["transcribe", "translate"] = "transcribe"
     """transcribe | translate (Whisper's task token)."""
     timestamps: bool = False
     """Predict timestamp tokens (no <|notimestamps|> in the prompt); they are sampled freely (module docstring)."""
@@ -338,8 +338,6 @@ def build_whisper_adapter(
         raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
     if a.max_new_tokens < 1:
         raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
-    if a.task not in ("transcribe", "translate"):
-        raise ConfigError(f"model.args.task: {a.task!r} not allowed; choose transcribe | translate")
     path = resolve_model_path(a.name_or_path, seed=seed)
     with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
         model = WhisperForConditionalGeneration.from_pretrained(

@@ -27,7 +27,7 @@ Rows: ``prompt`` (the question text, or a conversation whose user turn holds one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -69,7 +69,7 @@ class AudioLLMArgs:
     """Audio whose peak amplitude is at most this is rejected as silent."""
     forward_batch_size: int = 64
     """Rows per no-grad forward when computing old/reference log-probs."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """recompute (a no-grad forward after sampling) | sampler (the sampling loop's own log-probs; ratio 1 up to
     float rounding)."""
     attn_implementation: str = "sdpa"
@@ -139,8 +139,6 @@ def build_audio_llm_adapter(
             f"model.args.max_new_tokens/min_new_tokens: need 0 <= min <= max, max >= 1; got "
             f"{a.min_new_tokens}, {a.max_new_tokens}"
         )
-    if a.old_logprobs not in ("recompute", "sampler"):
-        raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
     path = resolve_model_path(a.name_or_path, seed=seed)
     with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
         model = Qwen2AudioForConditionalGeneration.from_pretrained(

@@ -108,7 +108,7 @@ class VLMArgs:
     """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
     KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
     float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
-    overlong_prompts: str = "error"
+    overlong_prompts: Literal["error", "truncate"] = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: error (one line naming the length) |
     truncate (keep its last tokens, as TRL's max_prompt_length does, with a warning; never cuts media tokens)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -652,12 +652,6 @@ def build_vlm_adapter(
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
-    if a.overlong_prompts not in ("error", "truncate"):
-        raise ConfigError(f"model.args.overlong_prompts: {a.overlong_prompts!r} not allowed; choose error | truncate")
-    if a.old_logprobs not in ("recompute", "sampler"):
-        raise ConfigError(f"model.args.old_logprobs: {a.old_logprobs!r} not allowed; choose recompute | sampler")
-    if a.sample_draw not in ("inverse_cdf", "multinomial"):
-        raise ConfigError(f"model.args.sample_draw: {a.sample_draw!r} not allowed; choose inverse_cdf | multinomial")
     model, processor = _load(a.name_or_path, a, _hf.DTYPES[dtype], seed)
     if a.freeze_vision:
         for name, p in model.named_parameters():
