@@ -32,7 +32,8 @@ class ConfigError(ValueError):
 class Range:
     """Bounds of a numeric option, checked by :func:`from_dict`: ``x: Annotated[float, Range(gt=0)] = 1.0``.
 
-    A value with a Range must also be finite (``.inf`` / ``1e999`` would pass a lower bound and fail at run time)."""
+    A value with a Range must also be finite (``.inf`` / ``1e999`` would pass a lower bound and fail at run time).
+    On a list the bounds are of its length: ``Annotated[list[Choice], Range(ge=1)]`` is a non-empty list."""
 
     gt: float | None = None
     """Exclusive lower bound."""
@@ -43,19 +44,19 @@ class Range:
     le: float | None = None
     """Inclusive upper bound."""
 
-    def check(self, value: float, where: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):  # inf passes any one-sided bound: refused here
+    def check(self, value: float | list, where: str) -> None:
+        what, x = ("the number of items ", len(value)) if isinstance(value, list) else ("", value)
+        if isinstance(x, float) and not math.isfinite(x):  # inf passes any one-sided bound: refused here
             raise ConfigError(f"{where}: must be a finite number, got {value}")
         bounds = [
-            (">", self.gt, value > (self.gt or 0)),
-            (">=", self.ge, value >= (self.ge or 0)),
-            ("<", self.lt, value < (self.lt or 0)),
-            ("<=", self.le, value <= (self.le or 0)),
+            (">", self.gt, x > (self.gt or 0)),
+            (">=", self.ge, x >= (self.ge or 0)),
+            ("<", self.lt, x < (self.lt or 0)),
+            ("<=", self.le, x <= (self.le or 0)),
         ]
-        failed = [f"{op} {bound}" for op, bound, ok in bounds if bound is not None and not ok]
-        if failed:
+        if any(bound is not None and not ok for _, bound, ok in bounds):
             wanted = " and ".join(f"{op} {bound}" for op, bound, _ in bounds if bound is not None)
-            raise ConfigError(f"{where}: must be {wanted}, got {value}")
+            raise ConfigError(f"{where}: {what}must be {wanted}, got {value}")
 
 
 # --------------------------------------------------------------------------------------------- sections

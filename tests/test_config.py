@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mmgrpo.cli import main
-from mmgrpo.config import ConfigError, TrainConfig, apply_override, field_docs, load_config
+from mmgrpo.config import ConfigError, TrainConfig, apply_override, field_docs, from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
@@ -116,3 +116,13 @@ def test_cli_adapter_args_error_is_reported(tmp_path, capsys):
     )
     assert code == 2
     assert "unknown field 'model.args.max_new_tokenz'" in capsys.readouterr().err
+
+
+def test_a_range_on_a_list_bounds_its_length_and_literal_items_are_checked():
+    from mmgrpo.tasks.video_motion import VideoMotionArgs
+
+    with pytest.raises(ConfigError, match=r"^task\.args\.questions: the number of items must be >= 1, got \[\]$"):
+        from_dict(VideoMotionArgs, {"questions": []}, "task.args")
+    with pytest.raises(ConfigError, match=r"^task\.args\.directions\[1\]: 'north' is not allowed; choose one of: left"):
+        from_dict(VideoMotionArgs, {"directions": ["up", "north"]}, "task.args")
+    assert from_dict(VideoMotionArgs, {"questions": ["when"]}, "task.args").questions == ["when"]

@@ -129,11 +129,11 @@ def test_spoken_digits_scores_wer_and_second_word(digits_task, mmgrpo_cache):
 
 
 def test_spoken_digits_args_are_validated(mmgrpo_cache):
-    from mmgrpo.config import ConfigError
+    from mmgrpo.config import ConfigError, from_dict
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
-    with pytest.raises(ConfigError, match=r"task.args.question"):
-        SpokenDigitsTask(SpokenDigitsArgs(question="summarise"))
+    with pytest.raises(ConfigError, match=r"task.args.question: 'summarise' is not allowed; choose one of: transcribe"):
+        from_dict(SpokenDigitsArgs, {"question": "summarise"}, "task.args")
     with pytest.raises(ConfigError, match=r"task.args.speed"):
         SpokenDigitsTask(SpokenDigitsArgs(speed=[200, 100]))
     with pytest.raises(ConfigError, match="min_words"):

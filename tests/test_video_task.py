@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from mmgrpo.config import ConfigError
+from mmgrpo.config import ConfigError, from_dict
 from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask, direction_frames, when_frames
 
 
@@ -98,9 +98,9 @@ def test_score_by_hand(task):
 
 
 def test_bad_options_name_the_field(mmgrpo_cache):
-    with pytest.raises(ConfigError, match=r"task.args.questions"):
-        VideoMotionTask(VideoMotionArgs(questions=["colour"]))
-    with pytest.raises(ConfigError, match=r"task.args.directions"):
-        VideoMotionTask(VideoMotionArgs(directions=["sideways"]))
+    with pytest.raises(ConfigError, match=r"task.args.questions\[0\]: 'colour' is not allowed"):
+        from_dict(VideoMotionArgs, {"questions": ["colour"]}, "task.args")
+    with pytest.raises(ConfigError, match=r"task.args.directions\[0\]: 'sideways' is not allowed"):
+        from_dict(VideoMotionArgs, {"directions": ["sideways"]}, "task.args")
     with pytest.raises(ConfigError, match=r"task.args.fps"):
         VideoMotionTask(VideoMotionArgs(fps=7.5))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 from PIL import Image, ImageDraw
 
@@ -44,7 +44,7 @@ ANSWERS = {"colour": list(COLOURS), "shape": SHAPES, "count": COUNT_WORDS}
 class ShapesArgs:
     """Options under ``task.args`` for ``task.name: shapes``."""
 
-    questions: list[str] = field(default_factory=lambda: ["colour"])
+    questions: Annotated[list[Literal[tuple(QUESTIONS)]], Range(ge=1)] = field(default_factory=lambda: ["colour"])
     """Question types to mix: colour | shape | count."""
     colours: list[str] = field(default_factory=lambda: list(COLOURS))
     """Colours drawn (and the answer set of colour questions), a subset of: red, green, blue, yellow, purple, orange."""
@@ -91,9 +91,6 @@ class ShapesTask:
     """See the module docstring."""
 
     def __init__(self, args: ShapesArgs):
-        bad = [q for q in args.questions if q not in QUESTIONS]
-        if bad or not args.questions:
-            raise ConfigError(f"task.args.questions: {bad or '[]'} not allowed; choose from {', '.join(QUESTIONS)}")
         unknown = [c for c in args.colours if c not in COLOURS]
         if unknown or len(args.colours) < 2:
             raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")

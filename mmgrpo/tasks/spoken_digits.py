@@ -55,7 +55,7 @@ RENDER_VERSION = 1  # part of the cache key: bump when the synthesis changes
 class SpokenDigitsArgs:
     """Options under ``task.args`` for ``task.name: spoken_digits``."""
 
-    question: str = "transcribe"
+    question: Literal[tuple(QUESTIONS)] = "transcribe"
     """transcribe (ASR: the answer is the transcript) | second_word (spoken QA: the answer is the second word)."""
     words: list[str] = field(default_factory=lambda: list(DIGITS))
     """Vocabulary the utterances are drawn from."""
@@ -117,8 +117,6 @@ class SpokenDigitsTask:
     """See the module docstring."""
 
     def __init__(self, args: SpokenDigitsArgs):
-        if args.question not in QUESTIONS:
-            raise ConfigError(f"task.args.question: {args.question!r} not allowed; choose {' | '.join(QUESTIONS)}")
         if len(args.words) < 2:
             raise ConfigError(f"task.args.words: need at least 2 words, got {args.words}")
         low = 2 if args.question == "second_word" else 1

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 
@@ -56,9 +56,11 @@ RENDER_VERSION = 4  # part of the cache key: bump when the drawing changes, so s
 class VideoMotionArgs:
     """Options under ``task.args`` for ``task.name: video_motion``."""
 
-    questions: list[str] = field(default_factory=lambda: ["direction"])
+    questions: Annotated[list[Literal[tuple(QUESTIONS)]], Range(ge=1)] = field(default_factory=lambda: ["direction"])
     """Question types to mix: direction | when."""
-    directions: list[str] = field(default_factory=lambda: list(DIRECTIONS))
+    directions: Annotated[list[Literal[tuple(DIRECTIONS)]], Range(ge=1)] = field(
+        default_factory=lambda: list(DIRECTIONS)
+    )
     """Motion directions to draw from (left, right, up, down)."""
     frame_size: int = 56
     """Square frame side in pixels (a multiple of 28 maps to whole merged patches for Qwen2/2.5-VL)."""
@@ -160,12 +162,6 @@ class VideoMotionTask:
     """See the module docstring."""
 
     def __init__(self, args: VideoMotionArgs):
-        bad = [q for q in args.questions if q not in QUESTIONS]
-        if bad or not args.questions:
-            raise ConfigError(f"task.args.questions: {bad or '[]'} not allowed; choose from {', '.join(QUESTIONS)}")
-        bad = [d for d in args.directions if d not in DIRECTIONS]
-        if bad or not args.directions:
-            raise ConfigError(f"task.args.directions: {bad or '[]'} not allowed; choose from {', '.join(DIRECTIONS)}")
         if args.frame_size < 28 or args.frame_size % 2:
             raise ConfigError(f"task.args.frame_size: must be an even number >= 28, got {args.frame_size}")
         if args.num_frames < 4:
