@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
-from ._common import column
-from .parsing import Which, answer_or_text
+from ._common import per_answer
 from .registry import register_reward
 
 _NON_WORD = re.compile(r"[^\w\s']|_")
@@ -27,40 +27,22 @@ def normalize_transcript(text: str) -> str:
     return " ".join(text.split())
 
 
-def _error_rate_reward(completions, columns, *, metric: str, which, answer_key, require_tags, normalize) -> list:
-    import jiwer
+def _normalised(hyp: str | None, ref: Any, normalize: bool) -> tuple[str, str]:
+    hyp, ref = hyp or "", str(ref)
+    return (normalize_transcript(hyp), normalize_transcript(ref)) if normalize else (hyp, ref)
 
-    fn = jiwer.wer if metric == "wer" else jiwer.cer
-    refs = column(columns, answer_key, metric, len(completions))
-    out: list[float | None] = []
-    for c, ref in zip(completions, refs):
-        if ref is None:
-            out.append(None)
-            continue
-        hyp = answer_or_text(c, which, require_tags) or ""
-        ref = str(ref)
-        if normalize:
-            hyp, ref = normalize_transcript(hyp), normalize_transcript(ref)
-        if not ref.strip():  # WER is undefined for an empty reference (jiwer raises)
-            out.append(float(not hyp.strip()))
-        elif not hyp.strip():  # all deletions
-            out.append(0.0)
-        else:
-            out.append(1.0 - min(1.0, fn(ref, hyp)))
-    return out
+
+def _one_minus_rate(rate: Callable[[str, str], float], hyp: str, ref: str) -> float:
+    if not ref.strip():  # the rate is undefined for an empty reference (jiwer raises)
+        return float(not hyp.strip())
+    if not hyp.strip():  # all deletions
+        return 0.0
+    return 1.0 - min(1.0, rate(ref, hyp))
 
 
 @register_reward("wer", "1 - min(1, WER) against the reference transcript (jiwer, normalised text)")
-def wer(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = False,
-    normalize: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("wer", require_tags=False)
+def wer(pred: str | None, gt: Any, *, normalize: bool = True) -> float:
     """Word-error-rate reward.
 
     ``r = 1 − min(1, WER(ref, hyp))`` with ``WER = (S + D + I) / N_ref`` words (``jiwer.wer``), after
@@ -71,28 +53,14 @@ def wer(
     and Video-R1's OCR reward ``clip(1 − WER, 0, 1)`` (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``,
     ``accuracy_reward``).
     """
-    return _error_rate_reward(
-        completions,
-        columns,
-        metric="wer",
-        which=which,
-        answer_key=answer_key,
-        require_tags=require_tags,
-        normalize=normalize,
-    )
+    import jiwer
+
+    return _one_minus_rate(jiwer.wer, *_normalised(pred, gt, normalize))
 
 
 @register_reward("cer", "1 - min(1, CER) against the reference transcript (jiwer, normalised text)")
-def cer(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = False,
-    normalize: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_answer("cer", require_tags=False)
+def cer(pred: str | None, gt: Any, *, normalize: bool = True) -> float:
     """Character-error-rate reward (for languages without spaces, or spelling-level credit).
 
     ``r = 1 − min(1, CER(ref, hyp))`` with ``CER = (S + D + I) / N_ref`` characters, spaces included
@@ -101,15 +69,9 @@ def cer(
     Source: the character-level counterpart of the WER reward (arXiv 2509.01939), the usual ASR metric for
     Chinese/Japanese (Morris et al. 2004 define both rates).
     """
-    return _error_rate_reward(
-        completions,
-        columns,
-        metric="cer",
-        which=which,
-        answer_key=answer_key,
-        require_tags=require_tags,
-        normalize=normalize,
-    )
+    import jiwer
+
+    return _one_minus_rate(jiwer.cer, *_normalised(pred, gt, normalize))
 
 
 def corpus_wer(hypotheses: list[str], references: list[str], normalize: bool = True) -> float:
@@ -126,17 +88,10 @@ def corpus_wer(hypotheses: list[str], references: list[str], normalize: bool = T
 
 
 @register_reward("hallucination", "-(insertions beyond the reference length) / reference words (jiwer alignment)")
+@per_answer("hallucination", require_tags=False)
 def hallucination(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = False,
-    normalize: bool = True,
-    mode: str = "insertions",
-    **columns: Any,
-) -> list[float | None]:
+    pred: str | None, gt: Any, *, normalize: bool = True, mode: Literal["insertions", "length"] = "insertions"
+) -> float:
     """Hallucination penalty for ASR: ``r = −min(1, X / N_ref)`` with ``N_ref`` reference words and
 
     - ``mode="insertions"`` (default): ``X`` = the inserted words of the jiwer alignment (words of the
@@ -153,23 +108,12 @@ def hallucination(
 
     if mode not in ("insertions", "length"):
         raise ValueError(f"reward 'hallucination': mode must be 'insertions' or 'length', got {mode!r}")
-    refs = column(columns, answer_key, "hallucination", len(completions))
-    out: list[float | None] = []
-    for c, ref in zip(completions, refs):
-        if ref is None:
-            out.append(None)
-            continue
-        hyp = answer_or_text(c, which, require_tags) or ""
-        ref = str(ref)
-        if normalize:
-            hyp, ref = normalize_transcript(hyp), normalize_transcript(ref)
-        n_ref, n_hyp = len(ref.split()), len(hyp.split())
-        if n_ref == 0:
-            out.append(-float(n_hyp > 0))
-            continue
-        if mode == "length" or n_hyp == 0:
-            extra = max(0, n_hyp - n_ref)
-        else:
-            extra = jiwer.process_words(ref, hyp).insertions
-        out.append(-min(1.0, extra / n_ref))
-    return out
+    hyp, ref = _normalised(pred, gt, normalize)
+    n_ref, n_hyp = len(ref.split()), len(hyp.split())
+    if n_ref == 0:
+        return -float(n_hyp > 0)
+    if mode == "length" or n_hyp == 0:
+        extra = max(0, n_hyp - n_ref)
+    else:
+        extra = jiwer.process_words(ref, hyp).insertions
+    return -min(1.0, extra / n_ref)
