@@ -95,11 +95,30 @@ def _device(device: str | torch.device | None) -> torch.device:
     return torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+class _PairScorer:
+    """What the CLIP-family scorers share: the call (image/text pairs from the batch, scored in batches under a
+    lock) and ``close``. A subclass sets ``name``, ``image_key``, ``text_key``, ``batch_size``, ``model`` and
+    ``_lock`` and defines ``_score(images, texts) -> Tensor[n]``."""
+
+    name: str
+
+    def __call__(self, completions: list, *, prompts: list | None = None, **columns: Any) -> list[float | None]:
+        images, texts = _pairs(completions, prompts, columns, self.image_key, self.text_key, self.name)
+        with self._lock:
+            return _batched(images, texts, self.batch_size, self._score)
+
+    def close(self) -> None:
+        """Drop the model (and free its GPU memory)."""
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 @register_reward(
     "clip_score",
     "CLIP image-text similarity via open_clip (cosine by default; Flow-GRPO /30, Hessel 2.5*max(cos,0) scalings)",
 )
-class CLIPScore:
+class CLIPScore(_PairScorer):
     """CLIP score of (image, text) pairs with open_clip.
 
     ``cos = ⟨e_I/‖e_I‖, e_T/‖e_T‖⟩`` from ``model.encode_image`` / ``encode_text``; the reward is ``cos`` scaled
@@ -120,6 +139,8 @@ class CLIPScore:
         image_key / text_key: columns to read images (for text completions) or texts (for image completions;
             default: the prompts).
     """
+
+    name = "clip_score"
 
     def __init__(
         self,
@@ -168,22 +189,11 @@ class CLIPScore:
             return 2.5 * cos.clamp(min=0)
         return 100.0 * cos.clamp(min=0)
 
-    def __call__(self, completions: list, *, prompts: list | None = None, **columns: Any) -> list[float | None]:
-        images, texts = _pairs(completions, prompts, columns, self.image_key, self.text_key, "clip_score")
-        with self._lock:
-            return _batched(images, texts, self.batch_size, self._score)
-
-    def close(self) -> None:
-        """Drop the model (and free its GPU memory)."""
-        self.model = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
 
 @register_reward(
     "pickscore", "PickScore human-preference score via transformers CLIPModel (raw exp(s)*cos ~21-24; Flow-GRPO /26)"
 )
-class PickScore:
+class PickScore(_PairScorer):
     """PickScore of (image, prompt) pairs.
 
     Source: Kirstain et al. 2023, "Pick-a-Pic" (arXiv 2305.01569); Flow-GRPO ``pickscore_scorer.py`` and
@@ -200,6 +210,8 @@ class PickScore:
         device: defaults to CUDA when available. dtype: model dtype (e.g. ``torch.bfloat16``; default fp32).
         batch_size: pairs per forward pass. image_key / text_key: as for :class:`CLIPScore`.
     """
+
+    name = "pickscore"
 
     def __init__(
         self,
@@ -248,14 +260,3 @@ class PickScore:
             return cos
         raw = self.model.logit_scale.exp().float().cpu() * cos
         return raw if self.scale == "raw" else raw / 26.0
-
-    def __call__(self, completions: list, *, prompts: list | None = None, **columns: Any) -> list[float | None]:
-        images, texts = _pairs(completions, prompts, columns, self.image_key, self.text_key, "pickscore")
-        with self._lock:
-            return _batched(images, texts, self.batch_size, self._score)
-
-    def close(self) -> None:
-        """Drop the model (and free its GPU memory)."""
-        self.model = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()

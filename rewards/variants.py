@@ -17,7 +17,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from ._common import column, group_ids
+from ._common import group_ids, per_answer, whole_completion
 from .parsing import Which, answer_or_text, completion_text, ground_truth_text, parse_number
 from .registry import REWARDS, register_reward
 
@@ -120,15 +120,10 @@ def _final_answer(text: str) -> str | None:
     "step_rar",
     "R1-VL StepRAR: 1[final answer correct] + 0.1 · fraction of the key-step groups found in the ### Step texts",
 )
+@per_answer("step_rar", extract=whole_completion)
 def step_rar(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    step_weight: float = 0.1,
-    answer_key: str = "answer",
-    steps_key: str = "key_steps",
-    **columns: Any,
-) -> list[float | None]:
+    completion: Any, gt: Any, *, columns: dict[str, Any], i: int, step_weight: float = 0.1, steps_key: str = "key_steps"
+) -> float:
     """Step-wise reasoning accuracy reward (StepRAR).
 
     ``r = 1[answer correct] + w·k/|K|`` with K the key steps of the sample (column ``steps_key``: a list of groups,
@@ -142,23 +137,16 @@ def step_rar(
     ``src/r1-vl/src/open_r1/grpo.py`` at commit 679be5c). Departure: math_verify is
     replaced by normalised-string / numeric equality.
     """
-    answers = column(columns, answer_key, "step_rar", len(completions))
-    key_steps = columns.get(steps_key, [None] * len(completions))
-    out: list[float | None] = []
-    for c, gt, ks in zip(completions, answers, key_steps):
-        if gt is None:
-            out.append(None)
-            continue
-        text = completion_text(c)
-        pred = _final_answer(text)
-        r = float(pred is not None and _same_answer(pred, ground_truth_text(gt)))
-        if ks:
-            steps = _steps_text(text).lower()
-            groups = [[g] if isinstance(g, str) else list(g) for g in ks]
-            hit = sum(any(str(alt).lower() in steps for alt in g) for g in groups)
-            r += step_weight * hit / len(groups)
-        out.append(r)
-    return out
+    text = completion_text(completion)
+    pred = _final_answer(text)
+    r = float(pred is not None and _same_answer(pred, ground_truth_text(gt)))
+    ks = columns[steps_key][i] if steps_key in columns else None
+    if ks:
+        steps = _steps_text(text).lower()
+        groups = [[g] if isinstance(g, str) else list(g) for g in ks]
+        hit = sum(any(str(alt).lower() in steps for alt in g) for g in groups)
+        r += step_weight * hit / len(groups)
+    return r
 
 
 @register_reward(

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from ._common import column, group_ids
-from .parsing import Which, answer_or_text, parse_time_span
+from ._common import column, group_ids, per_answer
+from .parsing import parse_time_span
 from .registry import load_reward, register_reward
 from .visual import _gt_span, span_iou
 
@@ -129,18 +129,17 @@ def temporal_contrast(
     "temporal_iou_frames",
     "temporal IoU of a span given in sampled-frame numbers, converted to seconds with the frames' real timestamps",
 )
+@per_answer("temporal_iou_frames")
 def temporal_iou_frames(
-    completions: list,
+    pred: str | None,
+    gt: Any,
     *,
-    prompts: list | None = None,
+    columns: dict[str, Any],
+    i: int,
     one_based: bool = False,
-    which: Which = "last",
-    answer_key: str = "answer",
     timestamps_key: str = "frame_timestamps",
     duration_key: str = "duration",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+) -> float | None:
     """Temporal IoU when the model answers with the numbers of the frames it saw ("2 to 5").
 
     With ``t_0 … t_{F-1}`` the timestamps of the sampled frames (``timestamps_key``, seconds in the file) and
@@ -156,25 +155,16 @@ def temporal_iou_frames(
     mapped to time as qwen-vl-utils samples frames (QwenLM/Qwen2.5-VL
     ``qwen-vl-utils/src/qwen_vl_utils/vision_process.py``).
     """
-    n = len(completions)
-    answers = column(columns, answer_key, "temporal_iou_frames", n)
-    stamps = column(columns, timestamps_key, "temporal_iou_frames", n)
-    durations = column(columns, duration_key, "temporal_iou_frames", n)
-    out: list[float | None] = []
-    for c, gt, ts, length in zip(completions, answers, stamps, durations):
-        if gt is None or not ts or length is None:
-            out.append(None)
-            continue
-        g = _gt_span(gt, "temporal_iou_frames")
-        text = answer_or_text(c, which, require_tags)
-        span = parse_time_span(text, "last") if text is not None else None
-        if span is None or not all(float(v).is_integer() for v in span):
-            out.append(0.0)
-            continue
-        a, b = (int(v) - int(one_based) for v in span)
-        if not (0 <= a <= b < len(ts)):
-            out.append(0.0)
-            continue
-        end = ts[b + 1] if b + 1 < len(ts) else ts[0] + float(length)
-        out.append(span_iou((ts[a], end), g))
-    return out
+    ts = column(columns, timestamps_key, "temporal_iou_frames")[i]
+    length = column(columns, duration_key, "temporal_iou_frames")[i]
+    if not ts or length is None:
+        return None
+    g = _gt_span(gt, "temporal_iou_frames")
+    span = parse_time_span(pred, "last") if pred is not None else None
+    if span is None or not all(float(v).is_integer() for v in span):
+        return 0.0
+    a, b = (int(v) - int(one_based) for v in span)
+    if not (0 <= a <= b < len(ts)):
+        return 0.0
+    end = ts[b + 1] if b + 1 < len(ts) else ts[0] + float(length)
+    return span_iou((ts[a], end), g)
