@@ -25,7 +25,7 @@ METRICS = ("reward", "realism")
 
 
 def run_one(config: str, overrides: list[str]) -> dict:
-    from mmgrpo.config import load_config
+    from mmgrpo.loader import load_config
     from mmgrpo.trainer import train
 
     cfg = load_config(config, overrides)

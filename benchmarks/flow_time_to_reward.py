@@ -69,7 +69,7 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -426,7 +426,8 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
 
 
 def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
-    from mmgrpo.config import TrainConfig, from_dict, validate
+    from mmgrpo.config import TrainConfig, from_dict
+    from mmgrpo.loader import validate
     from mmgrpo.rewards.registry import REWARDS, register_reward
     from mmgrpo.trainer import Trainer
 

@@ -67,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m mmgrpo` does: rewards in ./my_rewards.py
         sys.path.insert(0, os.getcwd())
-    from mmgrpo.config import ConfigError, dump_config, load_config
+    from mmgrpo.config import ConfigError, dump_config
+    from mmgrpo.loader import load_config
 
     if args.command == "rewards":
-        from mmgrpo.plugins import load_builtins
+        from mmgrpo.loader import load_builtins
         from mmgrpo.rewards import list_rewards
 
         load_builtins()  # tasks register their own rewards too
@@ -192,7 +193,8 @@ def _demo(args) -> int:
 
 def _rollout_server(args) -> int:
     """``mmgrpo rollout-server CONFIG``: run vLLM on the config's model in its own environment until stopped."""
-    from mmgrpo.config import ConfigError, load_config
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -737,7 +737,7 @@ class LossOptions:
 def resolve_options(algorithm: Any) -> LossOptions:
     """Each loss component's options from ``algorithm`` (an ``AlgorithmConfig``): ``surrogate_args`` against the
     surrogate's dataclass, ``aggregation_args`` the aggregation's, ``kl_args`` the KL estimator's. Called at
-    config load (``mmgrpo.config.validate``) and by the trainer."""
+    config load (``mmgrpo.loader.validate``) and by the trainer."""
     a = algorithm
     return LossOptions(
         surrogate=_resolve(SURROGATES, a.surrogate, a.surrogate_args, "algorithm.surrogate_args"),

@@ -8,7 +8,8 @@ Adapter builders declare the class they return as ``build.adapter_class`` and ta
 ``load_config`` checks that they have the optional capabilities the config needs (:mod:`mmgrpo.types`).
 Adapter builders also take the keyword arguments ``lora`` (LoraConfig), ``dtype`` (str) and
 ``need_reference`` (bool: β > 0 and no LoRA, so keep a frozen reference copy).
-Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is.
+Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is
+(:func:`mmgrpo.loader.load_builtins` imports both).
 """
 
 from __future__ import annotations
@@ -17,9 +18,3 @@ from mmgrpo.registry import Registry
 
 ADAPTERS: Registry = Registry("adapter")
 TASKS: Registry = Registry("task")
-
-
-def load_builtins() -> None:
-    """Import the built-in adapters and tasks so they register."""
-    import mmgrpo.modalities
-    import mmgrpo.tasks  # noqa: F401

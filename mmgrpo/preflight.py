@@ -48,7 +48,8 @@ def preflight(cfg: TrainConfig) -> Any:
     """Build ``cfg``'s task and check its first rows, rewards' columns and warm-up (module docstring).
 
     Returns the built task. Raises :class:`ConfigError` or :class:`DataError` (one line each)."""
-    from mmgrpo.plugins import TASKS, load_builtins
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import TASKS
 
     load_builtins()
     task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)

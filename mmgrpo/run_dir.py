@@ -18,7 +18,8 @@ from accelerate.utils import broadcast_object_list
 
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import tracking
-from mmgrpo.config import ConfigError, TrainConfig, dump_config, load_config, to_dict
+from mmgrpo.config import ConfigError, TrainConfig, dump_config, to_dict
+from mmgrpo.loader import load_config
 from mmgrpo.types import ExportInfo, SamplingSettings
 
 logger = logging.getLogger(__name__)

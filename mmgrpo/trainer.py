@@ -46,7 +46,8 @@ from mmgrpo import (
 from mmgrpo import metrics as step_metrics
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.launch import StopSignal, make_accelerator
-from mmgrpo.plugins import ADAPTERS, load_builtins
+from mmgrpo.loader import load_builtins
+from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
 from mmgrpo.types import (
     SupervisedLoss,

@@ -161,7 +161,7 @@ class Task(Protocol):
 # ------------------------------------------------------------------------------- optional capabilities
 #
 # What some adapters (and tasks) offer beyond ``PolicyAdapter``. The trainer checks them with ``isinstance``;
-# ``mmgrpo.config.validate`` checks, before any model is built, that the adapter class a builder declares
+# ``mmgrpo.loader.validate`` checks, before any model is built, that the adapter class a builder declares
 # (``build.adapter_class``) has every capability the configuration needs (:func:`required_capabilities`).
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from mmgrpo.config import LoraConfig
-from mmgrpo.plugins import ADAPTERS, load_builtins
+from mmgrpo.loader import load_builtins
+from mmgrpo.plugins import ADAPTERS
 from mmgrpo.types import PolicyAdapter, Rollout, capabilities
 
 G = 2  # samples per prompt

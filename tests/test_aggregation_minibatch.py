@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmgrpo import losses
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
 from tests.test_trainer import QUICK
 

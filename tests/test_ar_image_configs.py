@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/ar_image_*.yaml"))
 DIR = Path(__file__).resolve().parents[1] / "configs"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.modalities.ar_image.tiny import SHIPPED
 from mmgrpo.trainer import train
 

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from mmgrpo.modalities.flow.adapter import FlowAdapter
 from mmgrpo.modalities.video.adapter import VideoAdapter
 from mmgrpo.modalities.vlm.adapter import VLMAdapter

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from mmgrpo.cli import main
-from mmgrpo.config import ConfigError, TrainConfig, apply_override, field_docs, from_dict, load_config
+from mmgrpo.config import ConfigError, TrainConfig, apply_override, field_docs, from_dict
+from mmgrpo.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml"))

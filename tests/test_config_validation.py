@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"

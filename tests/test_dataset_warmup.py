@@ -5,7 +5,7 @@ import json
 
 from PIL import Image
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (235, 215, 40)}
 

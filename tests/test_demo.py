@@ -24,8 +24,9 @@ gr = pytest.importorskip("gradio", reason="the demo needs the demo extra: pip in
 
 from mmgrpo import samples as sample_files  # noqa: E402
 from mmgrpo.cli import main  # noqa: E402
-from mmgrpo.config import dump_config, load_config  # noqa: E402
+from mmgrpo.config import dump_config  # noqa: E402
 from mmgrpo.demo import DemoError, Models, build_app, find_checkpoint, load_run_config, media_key  # noqa: E402
+from mmgrpo.loader import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

@@ -10,8 +10,8 @@ from PIL import Image
 
 gr = pytest.importorskip("gradio", reason="the demo needs the demo extra: pip install -e '.[demo]'")
 
-from mmgrpo.config import load_config  # noqa: E402
 from mmgrpo.demo import Models, build_app, ground_truth_line, samples_text  # noqa: E402
+from mmgrpo.loader import load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -78,7 +78,8 @@ def test_unreachable_server_is_one_line():
 
 
 def test_engine_needs_an_adapter_that_can_use_one():
-    from mmgrpo.config import ConfigError, load_config
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
 
     load_config(ROOT / "configs/quickstart.yaml", ["rollout.engine=vllm"])  # vlm: accepted
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm needs an adapter with use_engine"):

@@ -14,8 +14,9 @@ import torch
 from huggingface_hub import ModelCard
 from PIL import Image
 
-from mmgrpo.config import LoraConfig, load_config
-from mmgrpo.plugins import ADAPTERS, load_builtins
+from mmgrpo.config import LoraConfig
+from mmgrpo.loader import load_builtins, load_config
+from mmgrpo.plugins import ADAPTERS
 from mmgrpo.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

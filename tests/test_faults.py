@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
 from mmgrpo.types import DataError
 from tests.test_reliability import QUICK, ROOT, TINY, _cfg, _steps
@@ -75,7 +76,8 @@ def test_dry_run_checks_the_ranges():
 )
 def test_a_missing_or_offline_model_is_one_line_for_every_family(adapter, name, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    from mmgrpo.plugins import ADAPTERS, load_builtins
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import ADAPTERS
 
     load_builtins()
     with pytest.raises(ConfigError) as err:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].glob("configs/flow_*.yaml"))
 

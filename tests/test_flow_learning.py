@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -22,7 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from tests.test_trainer import QUICK, ROOT
 
 FLOW = ROOT / "configs/flow_grpo.yaml"
@@ -93,7 +94,8 @@ def _launch(
 
 def _initial_weights(config: Path, overrides: list[str]) -> dict[str, torch.Tensor]:
     """The policy's weights before training, built in this process from the same config (shared tiny-model cache)."""
-    from mmgrpo.plugins import ADAPTERS, load_builtins
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import ADAPTERS
 
     load_builtins()
     cfg = load_config(config, overrides + ["output_dir=unused"])

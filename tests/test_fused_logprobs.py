@@ -158,7 +158,7 @@ def _one_trainer_step(tmp_path, monkeypatch, fused: bool) -> tuple[dict, dict]:
     """One GRPO step of the quickstart config (tiny Qwen2.5-VL, β > 0): its metrics and the gradients the
     optimizer stepped with."""
     import mmgrpo.modalities.vlm.adapter as vlm
-    from mmgrpo.config import load_config
+    from mmgrpo.loader import load_config
     from mmgrpo.trainer import Trainer
     from tests.test_trainer import QUICK, SMALL
 

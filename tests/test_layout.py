@@ -1,8 +1,10 @@
 """The dependency rule of docs/architecture.md: tasks → rewards → core; modalities → core; the core imports
 neither modalities nor tasks (they register through ``mmgrpo.plugins``)."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,7 @@ CORE = [
     "mmgrpo.checkpoint",
     "mmgrpo.cli",
     "mmgrpo.config",
+    "mmgrpo.loader",
     "mmgrpo.losses",
     "mmgrpo.plugins",
     "mmgrpo.registry",
@@ -52,3 +55,94 @@ def test_modalities_and_rewards_do_not_import_upwards(modules, forbidden):
     assert modules[0] in loaded
     bad = [m for m in loaded if m.startswith(forbidden)]
     assert not bad, f"{modules[0]} imported {bad}"
+
+
+# ---------------------------------------------------------------------------------------------- import circle
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = {"mmgrpo": ROOT / "mmgrpo", "mmgrpo.modalities": ROOT / "modalities", "mmgrpo.rewards": ROOT / "rewards"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package ``mmgrpo`` (pyproject's package-dir map), by dotted name."""
+    mods = {}
+    for pkg, folder in PACKAGE_DIRS.items():
+        for f in folder.rglob("*.py"):
+            parts = list(f.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([pkg, *parts])] = f
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> the mmgrpo modules it imports``, from every import statement, at module level or inside a
+    function (a deferred import still ties the two modules together)."""
+    mods = _modules()
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for mod, f in mods.items():
+        here = mod.split(".") if f.name == "__init__.py" else mod.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + [node.module or ""]) if node.level else node.module
+                base = base.rstrip(".")
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            targets |= {t for t in map(owner, names) if t is not None and t != mod}
+        graph[mod] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_the_package():
+    """No two modules of mmgrpo (core, modalities, rewards, tasks, demo) import each other, directly or through
+    others: the schema (config) is below the registries (plugins), the loader above both (docs/architecture.md)."""
+    graph = import_graph()
+    assert graph["mmgrpo.loader"] >= {"mmgrpo.config", "mmgrpo.plugins"}  # the graph sees imports
+    assert "mmgrpo.modalities" in graph["mmgrpo.loader"]  # ... deferred ones too
+    assert cycles(graph) == []

@@ -396,7 +396,8 @@ def test_options_are_checked_against_the_components_dataclass(fields, message):
 
 @pytest.mark.parametrize("key, value", [("clip_high", 0.28), ("clip_low", 0.2), ("dual_clip", 3), ("tau_pos", 2)])
 def test_an_old_flat_key_names_its_new_place(key, value):
-    from mmgrpo.config import ConfigError, load_config
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     with pytest.raises(ConfigError) as err:

@@ -52,7 +52,7 @@ def test_accelerate_bf16_trainer_step_keeps_fp32_ratio(tmp_path, monkeypatch, re
     autocast, and the first update's ratio (one minibatch = the whole rollout, before any step) is 1 ± 1e-3."""
     from accelerate.state import AcceleratorState
 
-    from mmgrpo.config import load_config
+    from mmgrpo.loader import load_config
     from mmgrpo.trainer import Trainer
     from tests.test_trainer import QUICK, SMALL
 

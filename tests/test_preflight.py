@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from mmgrpo.cli import main
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from mmgrpo.preflight import preflight
 from mmgrpo.tasks.dataset import build_dataset_task
 from mmgrpo.types import DataError

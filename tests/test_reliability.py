@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]

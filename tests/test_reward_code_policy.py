@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from mmgrpo.cli import main
-from mmgrpo.config import ConfigError, dump_config, load_config
+from mmgrpo.config import ConfigError, dump_config
+from mmgrpo.loader import load_config
 from mmgrpo.rewards import RewardRunner, load_reward
 from mmgrpo.rewards.registry import (
     NotLoadedReward,

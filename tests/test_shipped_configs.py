@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from mmgrpo.cli import main
-from mmgrpo.plugins import TASKS, load_builtins
+from mmgrpo.loader import load_builtins
+from mmgrpo.plugins import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

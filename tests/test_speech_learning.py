@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import train
 
 QUIET = ["logging.progress=false", "logging.trackers=[]", "logging.plot=false"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.tracking import append_jsonl
 from mmgrpo.trainer import train
 

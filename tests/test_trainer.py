@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.sampling import PromptSampler
 from mmgrpo.schedules import lr_lambda
 from mmgrpo.trainer import reward_columns, train

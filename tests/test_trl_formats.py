@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from mmgrpo.cli import main
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.rewards import RewardRunner, register_reward
 from mmgrpo.rewards.registry import REWARDS
 from mmgrpo.tasks.dataset import build_dataset_task

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.plugins import TASKS
 from mmgrpo.rewards import RewardRunner
 

@@ -8,7 +8,8 @@ import torch
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import losses, schedules
-from mmgrpo.config import ConfigError, load_config
+from mmgrpo.config import ConfigError
+from mmgrpo.loader import load_config
 from mmgrpo.rewards import load_reward
 from mmgrpo.rewards.variants import tempsamp_shape
 from mmgrpo.sampling import VarianceSampler, distinct_n

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mmgrpo import noise
-from mmgrpo.config import load_config
-from mmgrpo.plugins import ADAPTERS, TASKS, load_builtins
+from mmgrpo.loader import load_builtins, load_config
+from mmgrpo.plugins import ADAPTERS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests/world_size_worker.py"

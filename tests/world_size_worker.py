@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mmgrpo.config import load_config
+from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
 
 

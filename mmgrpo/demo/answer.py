@@ -16,7 +16,8 @@ def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | N
 
     The task is built under the demo's reward code policy: its eval rewards given by import path are not imported
     unless ``trust_run_config``."""
-    from mmgrpo.plugins import TASKS, load_builtins
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import TASKS
     from mmgrpo.rewards.registry import reward_code_policy
 
     load_builtins()

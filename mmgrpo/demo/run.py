@@ -27,7 +27,8 @@ def load_run_config(run_dir: Path, trust_run_config: bool = False):
     Loading checks the rewards without importing their code (:func:`mmgrpo.rewards.check_reward_spec`). Without
     ``trust_run_config`` a config that sets ``trust_remote_code`` anywhere under ``model.args`` is refused.
     """
-    from mmgrpo.config import ConfigError, load_config
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -112,7 +113,8 @@ def build_policy(cfg, checkpoint: Path | None):
     """The adapter the run's config describes; with ``checkpoint``, carrying that checkpoint's weights."""
     from safetensors.torch import load_model
 
-    from mmgrpo.plugins import ADAPTERS, load_builtins
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import ADAPTERS
 
     load_builtins()
     build = ADAPTERS.get(cfg.model.adapter)

@@ -1,0 +1,260 @@
+"""Loading a training config: read it (:func:`mmgrpo.config.read_config`), then check it against the registries
+and across fields (:func:`validate`) — before any model is built.
+
+This is the layer above the schema (:mod:`mmgrpo.config`, which imports no registry) and the registries
+(:mod:`mmgrpo.plugins`, losses, advantages, rewards, ...): it loads the built-in adapters and tasks
+(:func:`load_builtins`) and checks names, each builder's options dataclass and capabilities. Nothing below it
+imports it, so the config ↔ plugins ↔ tasks import circle of earlier versions cannot come back
+(``tests/test_layout.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from mmgrpo import advantages, losses, sampling, schedules, shaping
+from mmgrpo.config import (
+    _CHOICES,
+    AlgorithmConfig,
+    ConfigError,
+    TrainConfig,
+    _check_choice,
+    check_kwargs,
+    from_dict,
+    read_config,
+    variant_methods,
+)
+from mmgrpo.plugins import ADAPTERS, TASKS
+from mmgrpo.rewards import check_reward_spec
+from mmgrpo.types import capabilities, has_method, required_capabilities
+
+
+def load_builtins() -> None:
+    """Import the built-in adapters and tasks so they register."""
+    import mmgrpo.modalities
+    import mmgrpo.tasks  # noqa: F401
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """Read ``path`` (YAML), apply ``key.sub=value`` overrides, build and validate a :class:`TrainConfig`."""
+    cfg = read_config(path, overrides)
+    validate(cfg)
+    return cfg
+
+
+def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
+    """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
+    builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
+    none are checked by the trainer once built."""
+    adapter_class = getattr(adapter_builder, "adapter_class", None)
+    if adapter_class is not None:
+        have = capabilities(adapter_class)
+        need = required_capabilities(
+            kl=cfg.algorithm.kl,
+            ratio_norm=cfg.algorithm.ratio_norm,
+            warmup_steps=cfg.warmup.steps,
+            engine=cfg.rollout.engine,
+        )
+        for name, why in need.items():
+            if name not in have:
+                offer = ", ".join(sorted(have)) or "none"
+                raise ConfigError(
+                    f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
+                    f"(its optional capabilities: {offer}); change that setting or the adapter"
+                )
+        a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name
+        for method, why in variant_methods(a).items():
+            if not has_method(adapter_class, method):
+                raise ConfigError(
+                    f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
+                    "(token adapters vlm and video have it); change that setting or the adapter"
+                )
+    task_class = getattr(task_builder, "task_class", None)
+    if (
+        cfg.warmup.steps > 0
+        and not cfg.warmup.target_column
+        and task_class is not None
+        and not has_method(task_class, "warmup_rows")
+    ):
+        raise ConfigError(
+            f"warmup.steps: {cfg.warmup.steps} but task {cfg.task.name!r} has no warm-up rows of its own; set "
+            "warmup.target_column to the column that holds the target outputs, or warmup.steps: 0"
+        )
+
+
+def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
+    """``algorithm.chunk_sizes`` must sum to the units per sample T, checked at load where the adapter builder
+    declares T as a function of its ``model.args`` (``build.units_per_sample``, e.g. the flow adapter's
+    ``num_steps``); otherwise the chunk ratio checks it on the first update."""
+    a = cfg.algorithm
+    units = getattr(adapter_builder, "units_per_sample", None)
+    if a.ratio_level != "chunk" or not a.chunk_sizes or units is None:
+        return
+    T = units(cfg.model.args)
+    if T is not None and sum(a.chunk_sizes) != T:
+        raise ConfigError(
+            f"algorithm.chunk_sizes: {a.chunk_sizes} sums to {sum(a.chunk_sizes)}, but each {cfg.model.adapter!r} "
+            f"sample has T={T} units (its model.args); give chunk sizes that sum to {T}"
+        )
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Cross-field and registry checks that types alone cannot express."""
+    load_builtins()
+    for path, allowed in _CHOICES.items():
+        section, name = path.split(".")
+        _check_choice(path, getattr(getattr(cfg, section), name), allowed)
+    a = cfg.algorithm
+    for path, value, reg in [
+        ("model.adapter", cfg.model.adapter, ADAPTERS),
+        ("task.name", cfg.task.name, TASKS),
+        ("algorithm.estimator", a.estimator, advantages.ESTIMATORS),
+        ("algorithm.surrogate", a.surrogate, losses.SURROGATES),
+        ("algorithm.aggregation", a.aggregation, losses.AGGREGATIONS),
+        ("algorithm.ratio_level", a.ratio_level, losses.RATIO_LEVELS),
+        ("algorithm.shaping", a.shaping, shaping.SHAPERS),
+        ("algorithm.kl", a.kl, losses.KL_ESTIMATORS),
+    ]:
+        _check_choice(path, value, reg.names())
+    for where, registry, name, args in [
+        ("model.args", ADAPTERS, cfg.model.adapter, cfg.model.args),
+        ("task.args", TASKS, cfg.task.name, cfg.task.args),
+    ]:
+        args_class = getattr(registry.get(name), "args_class", None)
+        if args_class is not None:  # builders declare their options dataclass: check it before building
+            from_dict(args_class, args, where)
+    positive = {
+        "steps": cfg.steps,
+        "algorithm.group_size": a.group_size,
+        "algorithm.prompts_per_step": a.prompts_per_step,
+        "algorithm.epochs": a.epochs,
+        "algorithm.minibatch_size": a.minibatch_size,
+        "algorithm.updates_per_epoch": a.updates_per_epoch,
+        "logging.every": cfg.logging.every,
+        "eval.batch_size": cfg.eval.batch_size,
+        "warmup.batch_size": cfg.warmup.batch_size,
+    }
+    for path, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{path}: must be >= 1, got {value}")
+    if a.group_size < 2:
+        raise ConfigError("algorithm.group_size: group-relative advantages need at least 2 samples per prompt")
+    if a.estimator == "rloo" and a.group_size < 2:
+        raise ConfigError("algorithm.group_size: rloo needs group_size >= 2")
+    if a.ratio_level == "chunk" and not a.chunk_sizes:
+        raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
+    _check_chunk_sizes(cfg, ADAPTERS.get(cfg.model.adapter))
+    if cfg.stop_after is not None and cfg.stop_after > cfg.steps:
+        raise ConfigError(
+            f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "
+            f"set stop_after <= {cfg.steps} or raise steps"
+        )
+    if a.surrogate == "reinforce" and a.epochs != 1:
+        raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
+    if a.updates_per_epoch > a.group_size * a.prompts_per_step:
+        raise ConfigError(
+            "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
+        )
+    check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
+    _validate_variants(a)
+    objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units
+    if (a.surrogate == "dgpo") != (objective == "dgpo"):
+        raise ConfigError(
+            "algorithm.surrogate: dgpo and model.args.objective: dgpo go together (DGPO's units are DSM losses, not "
+            f"log-probs); got surrogate={a.surrogate!r}, objective={objective!r}: set both or neither"
+        )
+    if objective == "dgpo" and (a.ratio_level != "token" or a.ratio_norm):
+        raise ConfigError(
+            "algorithm.ratio_level / ratio_norm: with model.args.objective: dgpo the units are DSM losses, scored one "
+            f"by one; use ratio_level: token and ratio_norm: false (got {a.ratio_level!r}, {a.ratio_norm})"
+        )
+    if objective == "dgpo" and a.beta > 0 and a.kl != "gaussian_exact":
+        raise ConfigError(
+            "algorithm.kl: with model.args.objective: dgpo the KL term is DGPO's mean_D |v - v_ref|^2, "
+            f"algorithm.kl: gaussian_exact; got {a.kl!r}"
+        )
+    _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
+    _check_trackers(cfg.logging.trackers)
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
+    if not cfg.rewards:
+        raise ConfigError("rewards: list at least one reward, e.g. rewards: [{name: accuracy}]")
+    for i, spec in enumerate(cfg.rewards):
+        if not spec.name:
+            raise ConfigError(f"rewards[{i}].name: is empty; give a registry name or package.module:function")
+    _validate_rewards(cfg)
+
+
+def _validate_variants(a: AlgorithmConfig) -> None:
+    """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
+    _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
+    check_kwargs(schedules.BETA_SCHEDULES.get(a.beta_schedule), a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    for name in a.advantage_transform:
+        _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
+    for name, args in a.advantage_transform_args.items():
+        if name not in a.advantage_transform:
+            raise ConfigError(
+                f"algorithm.advantage_transform_args.{name}: {name!r} is not in algorithm.advantage_transform "
+                f"{a.advantage_transform}; add it there or remove its options"
+            )
+        check_kwargs(advantages.ADVANTAGE_TRANSFORMS.get(name), args, f"algorithm.advantage_transform_args.{name}", 3)
+    _check_choice("algorithm.sampler", a.sampler, [sampling.SEQUENTIAL, *sampling.SAMPLERS.names()])
+    if a.sampler == sampling.SEQUENTIAL and a.sampler_args:
+        raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
+    if a.sampler != sampling.SEQUENTIAL:
+        check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    losses.resolve_options(a)  # surrogate_args, aggregation_args, kl_args against each component's dataclass
+    _check_choice("algorithm.token_weighting", a.token_weighting, ["none", "tw_grpo"])
+    extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
+    if extra:
+        raise ConfigError(
+            f"algorithm.token_weighting_args: {sorted(extra)} not allowed for token_weighting={a.token_weighting!r}; "
+            "tw_grpo takes alpha and chunk"
+        )
+    if a.surrogate in losses.GROUP_SURROGATES:  # the loss normalises over groups: minibatches hold whole groups
+        G = a.group_size
+        if a.minibatch_size % G or a.prompts_per_step % a.updates_per_epoch:
+            raise ConfigError(
+                f"algorithm.surrogate={a.surrogate} normalises over each group, so every minibatch must hold whole "
+                f"groups: set algorithm.minibatch_size to a multiple of group_size={G} (got {a.minibatch_size}) "
+                f"and prompts_per_step to a multiple of updates_per_epoch (got {a.prompts_per_step} and "
+                f"{a.updates_per_epoch})"
+            )
+
+
+def _validate_rewards(cfg: TrainConfig) -> None:
+    """Reward names, kwargs and weights resolve at load (``mmgrpo.rewards.check_reward_spec``); runtime ranges."""
+    rt = cfg.reward_runtime
+    if not rt.timeout_s > 0:
+        raise ConfigError(f"reward_runtime.timeout_s: must be > 0 seconds, got {rt.timeout_s}")
+    if rt.workers < 1:
+        raise ConfigError(f"reward_runtime.workers: must be >= 1, got {rt.workers}")
+    for i, spec in enumerate(cfg.rewards):
+        try:
+            check_reward_spec(spec.name, spec.kwargs, spec.weight)
+        except ValueError as e:
+            raise ConfigError(f"rewards[{i}] ({spec.name}): {e}") from None
+
+
+_TRACKER_MODULES = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+}
+
+
+def _check_trackers(trackers: list[str]) -> None:
+    """Every requested tracker is known and installed (accelerate would otherwise drop it with a warning)."""
+    for name in trackers:
+        _check_choice("logging.trackers", name, list(_TRACKER_MODULES))
+        if importlib.util.find_spec(_TRACKER_MODULES[name]) is None:
+            raise ConfigError(
+                f"logging.trackers: {name!r} is not installed; pip install {name} "
+                f"or remove it (logging.trackers=[] for none)"
+            )
