@@ -22,11 +22,10 @@ from mmgrpo.config import (
     TrainConfig,
     _check_choice,
     check_kwargs,
-    from_dict,
     read_config,
     variant_methods,
 )
-from mmgrpo.plugins import ADAPTERS, TASKS
+from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
 from mmgrpo.types import capabilities, has_method, required_capabilities
 
@@ -46,9 +45,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
 
 def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:
     """The optional adapter/task capabilities (``mmgrpo.types``) the config needs, checked on the classes the
-    builders declare (``build.adapter_class``, ``build.task_class``), so no model is built. Builders that declare
-    none are checked by the trainer once built."""
-    adapter_class = getattr(adapter_builder, "adapter_class", None)
+    specs declare (:class:`~mmgrpo.plugins.AdapterSpec` ``cls``, :class:`~mmgrpo.plugins.TaskSpec` ``cls``), so no
+    model is built. Plain-function plugins (no spec) are checked by the trainer once built."""
+    adapter_class = adapter_builder.cls if isinstance(adapter_builder, AdapterSpec) else None
     if adapter_class is not None:
         have = capabilities(adapter_class)
         need = required_capabilities(
@@ -71,7 +70,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                     f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
                     "(token adapters vlm and video have it); change that setting or the adapter"
                 )
-    task_class = getattr(task_builder, "task_class", None)
+    task_class = task_builder.cls if isinstance(task_builder, TaskSpec) else None
     if (
         cfg.warmup.steps > 0
         and not cfg.warmup.target_column
@@ -86,13 +85,13 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
 
 def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
     """``algorithm.chunk_sizes`` must sum to the units per sample T, checked at load where the adapter builder
-    declares T as a function of its ``model.args`` (``build.units_per_sample``, e.g. the flow adapter's
+    declares T as a function of its ``model.args`` (``AdapterSpec.units_per_sample``, e.g. the flow adapter's
     ``num_steps``); otherwise the chunk ratio checks it on the first update."""
     a = cfg.algorithm
-    units = getattr(adapter_builder, "units_per_sample", None)
+    units = adapter_builder.units_per_sample if isinstance(adapter_builder, AdapterSpec) else None
     if a.ratio_level != "chunk" or not a.chunk_sizes or units is None:
         return
-    T = units(cfg.model.args)
+    T = units(adapter_builder.options(cfg.model.args))
     if T is not None and sum(a.chunk_sizes) != T:
         raise ConfigError(
             f"algorithm.chunk_sizes: {a.chunk_sizes} sums to {sum(a.chunk_sizes)}, but each {cfg.model.adapter!r} "
@@ -118,13 +117,10 @@ def validate(cfg: TrainConfig) -> None:
         ("algorithm.kl", a.kl, losses.KL_ESTIMATORS),
     ]:
         _check_choice(path, value, reg.names())
-    for where, registry, name, args in [
-        ("model.args", ADAPTERS, cfg.model.adapter, cfg.model.args),
-        ("task.args", TASKS, cfg.task.name, cfg.task.args),
-    ]:
-        args_class = getattr(registry.get(name), "args_class", None)
-        if args_class is not None:  # builders declare their options dataclass: check it before building
-            from_dict(args_class, args, where)
+    for registry, name, args in [(ADAPTERS, cfg.model.adapter, cfg.model.args), (TASKS, cfg.task.name, cfg.task.args)]:
+        spec = registry.get(name)
+        if isinstance(spec, (AdapterSpec, TaskSpec)):  # the options dataclass, checked before anything is built
+            spec.options(args)
     positive = {
         "steps": cfg.steps,
         "algorithm.group_size": a.group_size,

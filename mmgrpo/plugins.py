@@ -1,20 +1,88 @@
-"""Registries of adapters and tasks, looked up by the names in a training config.
+"""Registries of adapters and tasks, looked up by the names in a training config, and the specs they hold.
 
-``ADAPTERS`` entries are ``build(args: dict, *, seed: int) -> PolicyAdapter``; ``TASKS`` entries are
-``build(args: dict, *, seed: int) -> Task``. Each builder validates its own ``args`` with
-:func:`mmgrpo.config.from_dict` against a dataclass, so a typo names the field and the allowed ones, and
-declares that dataclass as ``build.args_class`` so ``load_config`` checks the options before anything is built.
-Adapter builders declare the class they return as ``build.adapter_class`` and task builders ``build.task_class``:
-``load_config`` checks that they have the optional capabilities the config needs (:mod:`mmgrpo.types`).
-Adapter builders also take the keyword arguments ``lora`` (LoraConfig), ``dtype`` (str) and
-``need_reference`` (bool: β > 0 and no LoRA, so keep a frozen reference copy).
+A model family registers an :class:`AdapterSpec` in ``ADAPTERS``, a task a :class:`TaskSpec` in ``TASKS``: the
+options dataclass of its ``model.args`` / ``task.args``, the class it builds and the function that builds it from
+validated options. :func:`mmgrpo.loader.validate` reads the specs before anything is built: the options are checked
+against the dataclass (a typo names the field and the allowed ones) and the class has the optional capabilities the
+config needs (:mod:`mmgrpo.types`). A spec is called like a builder,
+``spec(args: dict, *, seed=0[, lora=, dtype=, need_reference=])``; a third-party plugin may register a plain
+function of that signature instead (its options and capabilities are then checked once it is built).
 Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is
 (:func:`mmgrpo.loader.load_builtins` imports both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from mmgrpo.config import LoraConfig, from_dict
 from mmgrpo.registry import Registry
+
+Options = TypeVar("Options")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What the trainer passes every adapter builder besides its options."""
+
+    seed: int = 0
+    """Seed of the built-in tiny models' random weights (and nothing else)."""
+    lora: LoraConfig | None = None
+    """``model.lora``: wrap the policy with LoRA adapters when enabled."""
+    dtype: str = "float32"
+    """``model.dtype``: float32 | bfloat16 | float16."""
+    need_reference: bool = False
+    """Keep a frozen copy of the policy as the KL reference (β > 0 without LoRA, whose reference is the base)."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec(Generic[Options]):
+    """A model family, declared: ``ADAPTERS.add("vlm", AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load))``."""
+
+    args: type[Options]
+    """The dataclass ``model.args`` is checked against (before any model loads)."""
+    cls: type
+    """The adapter class ``load`` returns; its optional capabilities are checked at config load."""
+    load: Callable[[Options, BuildContext], Any]
+    """``load(options, context) -> adapter``: loads the model and processor and builds the adapter."""
+    units_per_sample: Callable[[Options], int | None] | None = None
+    """The units per sample T as a function of the options where they fix it (the flow adapter: one per step), so
+    ``algorithm.chunk_sizes`` is checked at load."""
+
+    def options(self, args: dict | None) -> Options:
+        return from_dict(self.args, args or {}, "model.args")
+
+    def __call__(
+        self,
+        args: dict | None,
+        *,
+        seed: int = 0,
+        lora: LoraConfig | None = None,
+        dtype: str = "float32",
+        need_reference: bool = False,
+    ) -> Any:
+        return self.load(self.options(args), BuildContext(seed, lora, dtype, need_reference))
+
+
+@dataclass(frozen=True)
+class TaskSpec(Generic[Options]):
+    """A task, declared: ``TASKS.add("shapes", TaskSpec(args=ShapesArgs, cls=ShapesTask, load=...))``."""
+
+    args: type[Options]
+    """The dataclass ``task.args`` is checked against."""
+    cls: type
+    """The task class ``load`` returns (its optional methods, e.g. ``warmup_rows``, are checked at config load)."""
+    load: Callable[[Options, int], Any]
+    """``load(options, seed) -> task``."""
+
+    def options(self, args: dict | None) -> Options:
+        return from_dict(self.args, args or {}, "task.args")
+
+    def __call__(self, args: dict | None, *, seed: int = 0) -> Any:
+        return self.load(self.options(args), seed)
+
 
 ADAPTERS: Registry = Registry("adapter")
 TASKS: Registry = Registry("task")

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import torch
 
 from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, LoraConfig
+from mmgrpo.plugins import BuildContext
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,6 +89,19 @@ def peft_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         return get_peft_model(model, _peft_config(lora))
     except ValueError as e:
         raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
+
+
+def lora_or_reference(model: torch.nn.Module, ctx: BuildContext) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy and its KL reference, as every token family builds them: with ``model.lora`` enabled the policy
+    is ``model`` wrapped by peft and the reference is the base (adapter disabled, so none is returned); else, when
+    the config needs one (``ctx.need_reference``), a frozen copy in eval mode. The policy is left in train mode."""
+    reference = None
+    if ctx.lora is not None and ctx.lora.enabled:
+        model = peft_lora(model, ctx.lora)
+    elif ctx.need_reference:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model.train()
+    return model, reference
 
 
 def diffusers_lora(model: torch.nn.Module, lora: LoraConfig, hint: str = "") -> None:

@@ -6,6 +6,7 @@ test fails for a registered adapter without an entry. Every check runs on a tiny
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ import torch
 
 from mmgrpo.config import LoraConfig
 from mmgrpo.loader import load_builtins
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.plugins import ADAPTERS, AdapterSpec
 from mmgrpo.types import PolicyAdapter, Rollout, capabilities
 
 G = 2  # samples per prompt
@@ -123,8 +124,8 @@ def test_builder_declares_its_class_and_capabilities(lora_run):
     name, adapter, _, _ = lora_run
     build = ADAPTERS.get(name)
     assert isinstance(adapter, PolicyAdapter)
-    assert build.args_class is not None and isinstance(adapter, build.adapter_class)
-    assert capabilities(type(adapter)) == capabilities(build.adapter_class)  # the load-time check sees the truth
+    assert isinstance(build, AdapterSpec) and isinstance(adapter, build.cls) and dataclasses.is_dataclass(build.args)
+    assert capabilities(type(adapter)) == capabilities(build.cls)  # the load-time check sees the truth
 
 
 def test_rollout_shapes_and_group_major_order(lora_run):
@@ -199,7 +200,7 @@ def _token_families() -> list[str]:
     from mmgrpo.modalities.tokens.policy import TokenPolicy
 
     load_builtins()
-    return [n for n in ADAPTERS.names() if issubclass(ADAPTERS.get(n).adapter_class, TokenPolicy)]
+    return [n for n in ADAPTERS.names() if issubclass(ADAPTERS.get(n).cls, TokenPolicy)]
 
 
 def test_the_token_families_are_the_contract_cases_without_flow():

@@ -204,7 +204,7 @@ def test_flow_export_generates_in_diffusers(mmgrpo_cache, tmp_path):
 def test_every_built_in_adapter_describes_its_export():
     load_builtins()
     for name in ADAPTERS.names():
-        cls = ADAPTERS.get(name).adapter_class
+        cls = ADAPTERS.get(name).cls
         assert callable(getattr(cls, "export_info", None)), f"{name}: {cls.__name__} has no export_info()"
 
 

@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmgrpo.config import ConfigError, from_dict
+from mmgrpo.config import ConfigError
 from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
-from mmgrpo.plugins import TASKS
+from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
 
@@ -577,16 +577,12 @@ def _validate(a: DatasetArgs) -> None:
         raise ConfigError("task.args.template_column: a prompt_template mapping needs the column that picks the entry")
 
 
-@TASKS.register("dataset")
-def build_dataset_task(args: dict, *, seed: int = 0) -> DatasetTask:
-    """Build the task from ``task.args`` (validated against :class:`DatasetArgs`); checks the first rows."""
-    a: DatasetArgs = from_dict(DatasetArgs, args, "task.args")
+def _load(a: DatasetArgs, seed: int) -> DatasetTask:
+    """The task from its checked ``task.args``; checks the first rows."""
     _validate(a)
     return DatasetTask(a, seed)
 
 
-build_dataset_task.args_class = DatasetArgs
-
-build_dataset_task.task_class = DatasetTask
+build_dataset_task = TASKS.register("dataset")(TaskSpec(args=DatasetArgs, cls=DatasetTask, load=_load))
 
 __all__ = ["DatasetArgs", "DatasetTask", "EvalRewards", "Rows", "build_dataset_task"]

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.plugins import TASKS
+from mmgrpo.config import ConfigError
+from mmgrpo.plugins import TASKS, TaskSpec
 
 RESOLUTION = 32
 BACKGROUND = (40, 40, 40)
@@ -240,17 +240,14 @@ class FlowShapesTask:
         return out
 
 
-@TASKS.register("flow_shapes")
-def build_flow_shapes(args: dict, *, seed: int = 0) -> FlowShapesTask:
-    """Build the task from ``task.args`` (validated against :class:`FlowShapesArgs`)."""
-    a: FlowShapesArgs = from_dict(FlowShapesArgs, args, "task.args")
+def _load(a: FlowShapesArgs, seed: int) -> FlowShapesTask:
+    """The task from its checked ``task.args``."""
     if a.train_repeats < 1 or a.eval_seeds < 1:
         raise ConfigError("task.args.train_repeats and eval_seeds must be >= 1")
     return FlowShapesTask(a, seed)
 
 
-build_flow_shapes.args_class = FlowShapesArgs
-build_flow_shapes.task_class = FlowShapesTask
+build_flow_shapes = TASKS.register("flow_shapes")(TaskSpec(args=FlowShapesArgs, cls=FlowShapesTask, load=_load))
 
 
 def _register_reward() -> None:

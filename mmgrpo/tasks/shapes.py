@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 
 from PIL import Image, ImageDraw
 
-from mmgrpo.config import ConfigError, Range, from_dict
-from mmgrpo.plugins import TASKS
+from mmgrpo.config import ConfigError, Range
+from mmgrpo.plugins import TASKS, TaskSpec
 
 COLOURS = {
     "red": (220, 40, 40),
@@ -145,10 +145,6 @@ class ShapesTask:
         }
 
 
-@TASKS.register("shapes")
-def build_shapes_task(args: dict, *, seed: int = 0) -> ShapesTask:
-    return ShapesTask(from_dict(ShapesArgs, args, "task.args"))
-
-
-build_shapes_task.args_class = ShapesArgs
-build_shapes_task.task_class = ShapesTask
+build_shapes_task = TASKS.register("shapes")(
+    TaskSpec(args=ShapesArgs, cls=ShapesTask, load=lambda a, seed: ShapesTask(a))
+)

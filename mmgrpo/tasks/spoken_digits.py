@@ -38,8 +38,8 @@ from typing import Literal
 import numpy as np
 
 from mmgrpo.cache import cache_dir
-from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.plugins import TASKS
+from mmgrpo.config import ConfigError
+from mmgrpo.plugins import TASKS, TaskSpec
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 VOICES = ["en-us+m1", "en-us+m3", "en-us+m7", "en-us+f1", "en-us+f3", "en+m2", "en+f2", "en-gb+m4", "en-gb+f4"]
@@ -245,9 +245,6 @@ class SpokenDigitsTask:
         return {"accuracy": sum(acc) / len(acc), "format": sum(fmt) / len(fmt), "chance": 1 / len(set(self.args.words))}
 
 
-@TASKS.register("spoken_digits")
-def build_spoken_digits_task(args: dict, *, seed: int = 0) -> SpokenDigitsTask:
-    return SpokenDigitsTask(from_dict(SpokenDigitsArgs, args, "task.args"))
-
-
-build_spoken_digits_task.args_class = SpokenDigitsArgs
+build_spoken_digits_task = TASKS.register("spoken_digits")(
+    TaskSpec(args=SpokenDigitsArgs, cls=SpokenDigitsTask, load=lambda a, seed: SpokenDigitsTask(a))
+)

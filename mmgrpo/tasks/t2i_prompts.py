@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.plugins import TASKS
+from mmgrpo.config import ConfigError
+from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
 
@@ -90,16 +90,13 @@ class T2IPromptsTask:
         return self._metrics.score(outputs, rows)
 
 
-@TASKS.register("t2i_prompts")
-def build_t2i_prompts(args: dict, *, seed: int = 0) -> T2IPromptsTask:
-    """Build the task from ``task.args`` (validated against :class:`T2IPromptsArgs`)."""
-    a: T2IPromptsArgs = from_dict(T2IPromptsArgs, args, "task.args")
+def _load(a: T2IPromptsArgs, seed: int) -> T2IPromptsTask:
+    """The task from its checked ``task.args``."""
     if not a.train_path:
         raise ConfigError("task.args.train_path: give a .txt (one prompt per line) or .jsonl prompt file")
     return T2IPromptsTask(a, seed)
 
 
-build_t2i_prompts.args_class = T2IPromptsArgs
-build_t2i_prompts.task_class = T2IPromptsTask
+build_t2i_prompts = TASKS.register("t2i_prompts")(TaskSpec(args=T2IPromptsArgs, cls=T2IPromptsTask, load=_load))
 
 __all__ = ["T2IPromptsArgs", "T2IPromptsTask", "build_t2i_prompts", "read_prompts"]

@@ -39,8 +39,8 @@ from typing import Annotated, Literal
 import numpy as np
 
 from mmgrpo.cache import cache_dir
-from mmgrpo.config import ConfigError, Range, from_dict
-from mmgrpo.plugins import TASKS
+from mmgrpo.config import ConfigError, Range
+from mmgrpo.plugins import TASKS, TaskSpec
 
 COLOURS = [(220, 40, 40), (40, 180, 60), (50, 80, 230), (235, 215, 40), (150, 60, 190), (245, 140, 30)]
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
@@ -272,10 +272,6 @@ class VideoMotionTask:
         return out
 
 
-@TASKS.register("video_motion")
-def build_video_motion_task(args: dict, *, seed: int = 0) -> VideoMotionTask:
-    return VideoMotionTask(from_dict(VideoMotionArgs, args, "task.args"))
-
-
-build_video_motion_task.args_class = VideoMotionArgs
-build_video_motion_task.task_class = VideoMotionTask
+build_video_motion_task = TASKS.register("video_motion")(
+    TaskSpec(args=VideoMotionArgs, cls=VideoMotionTask, load=lambda a, seed: VideoMotionTask(a))
+)

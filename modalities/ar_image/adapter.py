@@ -45,9 +45,8 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct pr
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -55,8 +54,8 @@ from PIL import Image
 from torch import Tensor
 
 from mmgrpo import noise, sharding
-from mmgrpo.config import ConfigError, LoraConfig, from_dict
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.config import ConfigError, Range
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
 from .. import _hf
@@ -83,9 +82,9 @@ class ARImageArgs:
     guidance_scale: float = 5.0
     """CFG scale s in ℓ_u + s·(ℓ_c − ℓ_u) (Janus-Pro / T2I-R1: 5). 1 = no guidance (the unconditional branch is
     then skipped)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature τ; log-probs are of the guided logits / τ."""
-    top_k: int = 0
+    top_k: Annotated[int, Range(ge=0)] = 0
     """Top-k sampling (0 = off). Not reflected in log-probs: keep 0 for an exact ratio."""
     cfg_logprob: Literal["guided", "cond", "scaled"] = "guided"
     """Which distribution the log-probs are of: guided (the sampler's, exact) | cond (conditional branch only,
@@ -479,19 +478,11 @@ def _load(args: ARImageArgs, dtype: torch.dtype, seed: int):
     return model, processor, FAMILIES[model_type]
 
 
-@ADAPTERS.register("ar_image")
-def build_ar_image_adapter(
-    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
-) -> ARImageAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`ARImageArgs`)."""
-    a: ARImageArgs = from_dict(ARImageArgs, args, "model.args")
-    if a.temperature <= 0:
-        raise ConfigError(f"model.args.temperature: must be > 0, got {a.temperature}")
+def _load_ar_image(a: ARImageArgs, ctx: BuildContext) -> ARImageAdapter:
+    """The ``ar_image`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`)."""
     if a.cfg_logprob == "scaled" and a.guidance_scale <= 0:
         raise ConfigError("model.args.cfg_logprob: scaled divides by guidance_scale; set guidance_scale > 0")
-    if a.top_k < 0:
-        raise ConfigError(f"model.args.top_k: must be >= 0, got {a.top_k}")
-    model, processor, family_cls = _load(a, _hf.DTYPES[dtype], seed)
+    model, processor, family_cls = _load(a, _hf.DTYPES[ctx.dtype], ctx.seed)
     family = family_cls(model, processor.tokenizer)
     if a.freeze_vq:
         for name, p in model.named_parameters():
@@ -500,18 +491,14 @@ def build_ar_image_adapter(
     model.lm_head.requires_grad_(False)  # text head: unused for image tokens (tied to the input embeddings)
     if a.gradient_checkpointing:
         prefix_sharing.enable_checkpointing(model)
-    reference = None
-    if lora is not None and lora.enabled:
-        model = _hf.peft_lora(model, lora)
-        if a.freeze_vq:  # names like q_proj also match the understanding tower, which image generation never runs
-            for name, p in model.named_parameters():
-                if "lora_" in name and any(k in name for k in FROZEN_PARTS):
-                    p.requires_grad_(False)
-    elif need_reference:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    model.train()
+    model, reference = _hf.lora_or_reference(model, ctx)
+    if a.freeze_vq and reference is None:  # LoRA names like q_proj also match the understanding tower, never run
+        for name, p in model.named_parameters():
+            if "lora_" in name and any(k in name for k in FROZEN_PARTS):
+                p.requires_grad_(False)
     return ARImageAdapter(model, processor, family, a, reference)
 
 
-build_ar_image_adapter.args_class = ARImageArgs
-build_ar_image_adapter.adapter_class = ARImageAdapter  # its optional capabilities are checked at config load
+build_ar_image_adapter = ADAPTERS.register("ar_image")(
+    AdapterSpec(args=ARImageArgs, cls=ARImageAdapter, load=_load_ar_image)
+)

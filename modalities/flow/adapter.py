@@ -47,8 +47,8 @@ import torch
 from torch import Tensor
 
 from mmgrpo import noise
-from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.config import ConfigError, Range
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
 
@@ -775,12 +775,9 @@ def _load_value_reward(spec: dict[str, Any], i: int):
     return fn, float(spec.get("weight", 1.0))
 
 
-@ADAPTERS.register("flow")
-def build_flow_adapter(
-    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
-) -> FlowAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`FlowArgs`)."""
-    a: FlowArgs = from_dict(FlowArgs, args, "model.args")
+def _load_flow(a: FlowArgs, ctx: BuildContext) -> FlowAdapter:
+    """The ``flow`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`): the diffusers pipeline, frozen but for
+    the denoiser, then LoRA (diffusers' ``add_adapter``) or the frozen reference copy."""
     if a.steps not in STEP_SELECTORS:
         allowed = ", ".join(STEP_SELECTORS.names())
         raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {allowed}")
@@ -795,7 +792,7 @@ def build_flow_adapter(
         STEP_SELECTORS.get(a.steps)(a.num_steps, 2, 2, generator=torch.Generator().manual_seed(0), **a.step_args)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"model.args.step_args for steps={a.steps}: {e}") from None
-    pipe = resolve_pipeline(a.name_or_path, seed=seed, torch_dtype=_hf.DTYPES[dtype])
+    pipe = resolve_pipeline(a.name_or_path, seed=ctx.seed, torch_dtype=_hf.DTYPES[ctx.dtype])
     pipe.set_progress_bar_config(disable=True)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     pipe.to(device)
@@ -804,21 +801,21 @@ def build_flow_adapter(
             comp.requires_grad_(False).eval()
     model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
     reference = None
-    use_lora = lora is not None and lora.enabled
+    use_lora = ctx.lora is not None and ctx.lora.enabled
     if use_lora:
         hint = f". For SD3/FLUX use {FLOW_LORA_TARGETS}; for UNets [to_q, to_k, to_v, to_out.0]"
-        _hf.diffusers_lora(model, lora, hint)
+        _hf.diffusers_lora(model, ctx.lora, hint)
     else:
         model.requires_grad_(True)
-        if need_reference or a.objective == "dgpo":  # DGPO's units need the reference loss
+        if ctx.need_reference or a.objective == "dgpo":  # DGPO's units need the reference loss
             reference = copy.deepcopy(model).requires_grad_(False).eval()
     model.train()
-    return FlowAdapter(pipe, a, seed=seed, lora=use_lora, reference=reference)
+    return FlowAdapter(pipe, a, seed=ctx.seed, lora=use_lora, reference=reference)
 
 
-build_flow_adapter.args_class = FlowArgs
-build_flow_adapter.adapter_class = FlowAdapter  # its optional capabilities are checked at config load
-build_flow_adapter.units_per_sample = lambda args: from_dict(FlowArgs, args, "model.args").num_steps  # T: one per step
+build_flow_adapter = ADAPTERS.register("flow")(
+    AdapterSpec(args=FlowArgs, cls=FlowAdapter, load=_load_flow, units_per_sample=lambda a: a.num_steps)
+)
 
 
 __all__ = ["FLOW_LORA_TARGETS", "FlowAdapter", "FlowArgs", "FlowState", "build_flow_adapter"]

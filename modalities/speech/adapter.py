@@ -29,17 +29,16 @@ column reaches the rewards as given.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from mmgrpo import noise, sharding
-from mmgrpo.config import ConfigError, LoraConfig, from_dict
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.config import ConfigError, Range
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
 from .. import _hf
@@ -70,9 +69,9 @@ class WhisperArgs:
     """transcribe | translate (Whisper's task token)."""
     timestamps: bool = False
     """Predict timestamp tokens (no <|notimestamps|> in the prompt); they are sampled freely (module docstring)."""
-    max_new_tokens: int = 24
+    max_new_tokens: Annotated[int, Range(ge=1)] = 24
     """Completion budget T (tokens)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature; log-probs are of logits / temperature."""
     top_p: float = 1.0
     """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
@@ -326,39 +325,27 @@ def _is_number(s: str) -> bool:
         return False
 
 
-@ADAPTERS.register("whisper")
-def build_whisper_adapter(
-    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
-) -> WhisperAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`WhisperArgs`)."""
+def _load_whisper(a: WhisperArgs, ctx: BuildContext) -> WhisperAdapter:
+    """The ``whisper`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`)."""
     from transformers import AutoProcessor, WhisperForConditionalGeneration
 
-    a: WhisperArgs = from_dict(WhisperArgs, args, "model.args")
-    if a.temperature <= 0:
-        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
-    if a.max_new_tokens < 1:
-        raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
-    path = resolve_model_path(a.name_or_path, seed=seed)
+    path = resolve_model_path(a.name_or_path, seed=ctx.seed)
     with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
         model = WhisperForConditionalGeneration.from_pretrained(
-            path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+            path, dtype=_hf.DTYPES[ctx.dtype], attn_implementation=a.attn_implementation, **a.extra
         )
         processor = AutoProcessor.from_pretrained(path)
     if a.freeze_encoder:
         model.get_encoder().requires_grad_(False)
     if a.gradient_checkpointing:
         prefix_sharing.enable_checkpointing(model)
-    reference = None
-    if lora is not None and lora.enabled:
-        model = _hf.peft_lora(model, lora)
-    elif need_reference:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    model.train()
+    model, reference = _hf.lora_or_reference(model, ctx)
     return WhisperAdapter(model, processor, a, reference)
 
 
-build_whisper_adapter.args_class = WhisperArgs
-build_whisper_adapter.adapter_class = WhisperAdapter  # its optional capabilities are checked at config load
+build_whisper_adapter = ADAPTERS.register("whisper")(
+    AdapterSpec(args=WhisperArgs, cls=WhisperAdapter, load=_load_whisper)
+)
 
 
 class _WhisperStepper:

@@ -27,12 +27,12 @@ Rows: ``prompt`` (the question text, or a conversation whose user turn holds one
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 
-from mmgrpo.config import ConfigError, LoraConfig, from_dict
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.config import ConfigError, Range, from_dict
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 
 from .. import _hf
 from ..tokens import prefix_sharing
@@ -51,7 +51,7 @@ class AudioLLMArgs:
     """Hub id or local directory (e.g. Qwen/Qwen2-Audio-7B-Instruct); ``tiny-qwen2-audio`` builds the built-in one."""
     max_new_tokens: int = 16
     """Completion budget T (tokens)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature; log-probs are of logits / temperature."""
     top_p: float = 1.0
     """Nucleus sampling (1.0 = off). Not reflected in log-probs: keep 1.0 for an exact ratio."""
@@ -122,27 +122,20 @@ class AudioLLMAdapter(VLMAdapter):
         self.suppress_ids = sorted(set(self.suppress_ids) | {vocab[t] for t in AUDIO_SPECIAL_TOKENS if t in vocab})
 
 
-@ADAPTERS.register("audio_llm")
-def build_audio_llm_adapter(
-    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
-) -> AudioLLMAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`AudioLLMArgs`)."""
-    import copy
+def _load_audio_llm(a: AudioLLMArgs, ctx: BuildContext) -> AudioLLMAdapter:
+    """The ``audio_llm`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`)."""
 
     from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
-    a: AudioLLMArgs = from_dict(AudioLLMArgs, args, "model.args")
-    if a.temperature <= 0:
-        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
     if a.max_new_tokens < 1 or not 0 <= a.min_new_tokens <= a.max_new_tokens:
         raise ConfigError(
             f"model.args.max_new_tokens/min_new_tokens: need 0 <= min <= max, max >= 1; got "
             f"{a.min_new_tokens}, {a.max_new_tokens}"
         )
-    path = resolve_model_path(a.name_or_path, seed=seed)
+    path = resolve_model_path(a.name_or_path, seed=ctx.seed)
     with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
         model = Qwen2AudioForConditionalGeneration.from_pretrained(
-            path, dtype=_hf.DTYPES[dtype], attn_implementation=a.attn_implementation, **a.extra
+            path, dtype=_hf.DTYPES[ctx.dtype], attn_implementation=a.attn_implementation, **a.extra
         )
         processor = AutoProcessor.from_pretrained(path)
     if not hasattr(processor, "feature_extractor"):
@@ -151,12 +144,7 @@ def build_audio_llm_adapter(
         model.model.audio_tower.requires_grad_(False)
     if a.gradient_checkpointing:
         prefix_sharing.enable_checkpointing(model)
-    reference = None
-    if lora is not None and lora.enabled:
-        model = _hf.peft_lora(model, lora)
-    elif need_reference:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    model.train()
+    model, reference = _hf.lora_or_reference(model, ctx)
     reason = prefix_sharing.unsupported_reason(model)
     if reason is not None:
         raise ConfigError(
@@ -166,5 +154,6 @@ def build_audio_llm_adapter(
     return AudioLLMAdapter(model, processor, a, reference)
 
 
-build_audio_llm_adapter.args_class = AudioLLMArgs
-build_audio_llm_adapter.adapter_class = AudioLLMAdapter  # its optional capabilities are checked at config load
+build_audio_llm_adapter = ADAPTERS.register("audio_llm")(
+    AdapterSpec(args=AudioLLMArgs, cls=AudioLLMAdapter, load=_load_audio_llm)
+)

@@ -33,13 +33,13 @@ from typing import Any
 import torch
 
 from mmgrpo import noise
-from mmgrpo.config import ConfigError, from_dict
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.config import ConfigError
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
-from ..vlm.adapter import VLMAdapter, VLMArgs, build_vlm_adapter
+from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
 
 SHUFFLED_NOISE = 0x5F1E
 """Tag mixed into the seed of the T-GRPO shuffled rollouts' keyed noise (apart from the ordered rollouts')."""
@@ -128,16 +128,12 @@ class VideoAdapter(VLMAdapter):
         return out
 
 
-@ADAPTERS.register("video")
-def build_video_adapter(
-    args: dict, *, seed: int = 0, lora: Any = None, dtype: str = "float32", need_reference: bool = False
-) -> VideoAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`VideoArgs`).
+def _load_video(a: VideoArgs, ctx: BuildContext) -> VideoAdapter:
+    """The ``video`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`).
 
     The video options are checked first; the model, processor, LoRA and reference come from the ``vlm`` builder
     (with the options it knows), so both adapters load and validate the shared options the same way.
     """
-    a: VideoArgs = from_dict(VideoArgs, args, "model.args")
     v = a.video
     if v.nframes is None and (v.fps is None or v.fps <= 0):
         raise ConfigError(f"model.args.video.fps: must be > 0 when nframes is not set, got {v.fps}")
@@ -150,19 +146,12 @@ def build_video_adapter(
     n = a.temporal_contrast.num_shuffled
     if n is not None and n < 1:
         raise ConfigError(f"model.args.temporal_contrast.num_shuffled: must be >= 1 or null (G // 2), got {n}")
-    shared = {f.name for f in fields(VLMArgs)}
-    base = build_vlm_adapter(
-        {k: val for k, val in (args or {}).items() if k in shared},
-        seed=seed,
-        lora=lora,
-        dtype=dtype,
-        need_reference=need_reference,
-    )
+    shared = {f.name: getattr(a, f.name) for f in fields(VLMArgs)}
+    base = _load_vlm(VLMArgs(**shared), ctx)
     return VideoAdapter(base.model, base.processor, a, base.reference)
 
 
-build_video_adapter.args_class = VideoArgs
-build_video_adapter.adapter_class = VideoAdapter  # its optional capabilities are checked at config load
+build_video_adapter = ADAPTERS.register("video")(AdapterSpec(args=VideoArgs, cls=VideoAdapter, load=_load_video))
 
 __all__ = [
     "Clip",

@@ -23,7 +23,6 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,9 +33,9 @@ import torch
 from torch import Tensor
 
 from mmgrpo import noise, sharding
-from mmgrpo.config import ConfigError, LoraConfig, Range, from_dict
+from mmgrpo.config import ConfigError, Range
 from mmgrpo.media import add_media_parts
-from mmgrpo.plugins import ADAPTERS
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
@@ -638,35 +637,22 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
     return model, processor
 
 
-@ADAPTERS.register("vlm")
-def build_vlm_adapter(
-    args: dict, *, seed: int = 0, lora: LoraConfig | None = None, dtype: str = "float32", need_reference: bool = False
-) -> VLMAdapter:
-    """Build the adapter from ``model.args`` (validated against :class:`VLMArgs`)."""
-    a: VLMArgs = from_dict(VLMArgs, args, "model.args")
-    if a.temperature <= 0:
-        raise ConfigError(f"model.args.temperature: must be > 0 for sampling, got {a.temperature}")
-    if a.max_new_tokens < 1:
-        raise ConfigError(f"model.args.max_new_tokens: must be >= 1, got {a.max_new_tokens}")
+def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
+    """The ``vlm`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`): model and processor, frozen vision
+    tower, checkpointing, then LoRA or the frozen reference."""
     if not 0 <= a.min_new_tokens <= a.max_new_tokens:
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
-    model, processor = _load(a.name_or_path, a, _hf.DTYPES[dtype], seed)
+    model, processor = _load(a.name_or_path, a, _hf.DTYPES[ctx.dtype], ctx.seed)
     if a.freeze_vision:
         for name, p in model.named_parameters():
             if "visual" in name or "vision" in name:
                 p.requires_grad_(False)
     if a.gradient_checkpointing:
         prefix_sharing.enable_checkpointing(model)
-    reference = None
-    if lora is not None and lora.enabled:
-        model = _hf.peft_lora(model, lora)
-    elif need_reference:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
-    model.train()
+    model, reference = _hf.lora_or_reference(model, ctx)
     return VLMAdapter(model, processor, a, reference)
 
 
-build_vlm_adapter.args_class = VLMArgs
-build_vlm_adapter.adapter_class = VLMAdapter  # its optional capabilities are checked at config load
+build_vlm_adapter = ADAPTERS.register("vlm")(AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm))
