@@ -26,18 +26,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from mmgrpo.cache import cache_dir
+from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError
 from mmgrpo.plugins import TASKS, TaskSpec
 
@@ -179,20 +177,14 @@ class SpokenDigitsTask:
         a = self.args
         train = self._specs(a.train_size, a.seed * 2 + 1, "train")
         evals = self._specs(a.eval_size, a.seed * 2 + 2, "eval")
-        marker = self.audio_dir / "complete.json"
-        if not marker.is_file():
+        if not (self.audio_dir / "complete.json").is_file():
             espeak_binary()
-            self.audio_dir.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=self.audio_dir.name + ".", dir=self.audio_dir.parent))
+
+        def write(tmp: Path) -> None:
             for spec in train + evals:
                 self._render(spec, tmp / Path(spec["path"]).name)
-            (tmp / "complete.json").write_text(json.dumps(asdict(a), indent=1))
-            try:
-                if self.audio_dir.exists():  # an incomplete earlier attempt
-                    shutil.rmtree(self.audio_dir, ignore_errors=True)
-                os.replace(tmp, self.audio_dir)
-            except OSError:  # another process wrote it first: keep theirs
-                shutil.rmtree(tmp, ignore_errors=True)
+
+        publish_dir(self.audio_dir, write, asdict(a))
         return [self._row(s) for s in train], [self._row(s) for s in evals]
 
     def _row(self, spec: dict) -> dict:

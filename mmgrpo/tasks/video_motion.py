@@ -28,17 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 
-from mmgrpo.cache import cache_dir
+from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
 
@@ -207,19 +204,12 @@ class VideoMotionTask:
         a = self.args
         train = self._rows(a.train_size, a.seed * 2 + 1, "train", shuffled=False)
         evals = self._rows(a.eval_size, a.seed * 2 + 2, "eval", shuffled=a.eval_shuffled)
-        marker = self.video_dir / "complete.json"
-        if not marker.is_file():
-            self.video_dir.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=self.video_dir.name + ".", dir=self.video_dir.parent))
+
+        def write(tmp: Path) -> None:
             for row, frames in train + evals:
                 write_mp4(tmp / Path(row["video"]).name, frames, a.fps)
-            (tmp / "complete.json").write_text(json.dumps(asdict(a), indent=1))
-            try:
-                if self.video_dir.exists():  # an incomplete earlier attempt
-                    shutil.rmtree(self.video_dir, ignore_errors=True)
-                os.replace(tmp, self.video_dir)
-            except OSError:  # another process wrote it first: keep theirs
-                shutil.rmtree(tmp, ignore_errors=True)
+
+        publish_dir(self.video_dir, write, asdict(a))
         return [r for r, _ in train], [r for r, _ in evals]
 
     def train_rows(self) -> list[dict]:

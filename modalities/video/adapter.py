@@ -122,7 +122,7 @@ class VideoAdapter(VLMAdapter):
             encodings.append(
                 self._encode_prompt(prompts[i], media={"video": [VideoEncoder.with_frames(clip, shuffled)]})
             )
-        texts = self._decode(self._generate(encodings, n, False, keys))  # [len(video_rows)·n]
+        texts = self._decode(self._sample(encodings, n, False, keys)[0])  # [len(video_rows)·n]
         for j, i in enumerate(video_rows):
             out[i] = texts[j * n : (j + 1) * n]
         return out

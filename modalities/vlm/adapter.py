@@ -342,16 +342,6 @@ class VLMAdapter(TokenPolicy):
         )
 
     @torch.no_grad()
-    def _generate(
-        self,
-        encodings: list[dict[str, Tensor]],
-        num_return_sequences: int,
-        greedy: bool,
-        keys: noise.NoiseKeys | None = None,
-    ) -> Tensor:
-        return self._sample(encodings, num_return_sequences, greedy, keys)[0]
-
-    @torch.no_grad()
     def _sample(
         self,
         encodings: list[dict[str, Tensor]],
@@ -551,7 +541,7 @@ class VLMAdapter(TokenPolicy):
     def evaluate(self, prompts: list[dict]) -> list[str]:
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in prompts]
-        return self._decode(self._generate(encodings, 1, greedy=True))
+        return self._decode(self._sample(encodings, 1, greedy=True)[0])
 
     # --------------------------------------------------------------------------------------- log-probs
 
