@@ -112,7 +112,7 @@ class Trainer:
             reward_types=[r.reward_types for r in cfg.rewards],
             isolation=rt.isolation,
         )
-        a = cfg.algorithm  # adapters whose builder declares no adapter_class are checked here, once built
+        a = cfg.algorithm  # plugins registered without a spec (no declared class) are checked here, once built
         need = required_capabilities(
             kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
         )

@@ -162,7 +162,7 @@ class Task(Protocol):
 #
 # What some adapters (and tasks) offer beyond ``PolicyAdapter``. The trainer checks them with ``isinstance``;
 # ``mmgrpo.loader.validate`` checks, before any model is built, that the adapter class a builder declares
-# (``build.adapter_class``) has every capability the configuration needs (:func:`required_capabilities`).
+# (``AdapterSpec.cls``) has every capability the configuration needs (:func:`required_capabilities`).
 
 
 @runtime_checkable
