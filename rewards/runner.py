@@ -594,6 +594,39 @@ class RewardRunner:
         self.close()
 
 
+def score_rows(
+    runner: RewardRunner,
+    outputs: list,
+    rows: list[dict],
+    group_size: int = 1,
+    extras: dict[str, list] | None = None,
+    *,
+    group_index: bool = False,
+    **call_kwargs: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Score ``outputs`` against the dataset ``rows`` they answer: the one path from rows to a reward call.
+
+    Each row is repeated ``group_size`` times, group-major (output ``b`` answers ``rows[b // G]``): its
+    ``prompt`` becomes ``prompts``, every other key a column. The columns are the union of the keys of all rows,
+    in first-seen order (a mixed dataset routed by ``reward_type`` has different keys per row); a row without a
+    key gives ``None`` there. ``extras`` (one value per output, e.g. the adapter's ``completion_ids``) are added
+    after, replacing a row column of the same name. ``group_index=True`` adds ``group_index`` (``b // G``, for
+    group-aware rewards) unless the rows or ``extras`` have one. ``call_kwargs`` (``trainer_state``) go to the
+    runner.
+
+    Shape:
+        outputs: B = len(rows) · G; returns ``(rewards [B, K] float32, NaN = not applicable; metrics)``.
+    """
+    G = group_size
+    prompts = [row["prompt"] for row in rows for _ in range(G)]
+    keys = dict.fromkeys(k for row in rows for k in row if k != "prompt")
+    columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in keys}
+    columns.update(extras or {})
+    if group_index:
+        columns.setdefault("group_index", [b // G for b in range(len(prompts))])
+    return runner(outputs, prompts, columns, **call_kwargs)
+
+
 class _RemoteError(Exception):
     """An exception raised in a worker process, carried back as its type name and message (the original
     may not pickle)."""
