@@ -265,7 +265,8 @@ class RewardRunner:
     Args:
         specs: ``(name_or_spec, weight, kwargs)`` per reward; the spec is anything :func:`load_reward` takes
             (a registry name, ``"package.module:attr"``, an entry-point name, or a callable).
-        timeout_s: seconds one reward call may take before it is abandoned (see the module docstring).
+        timeout_s: seconds one reward call may take before it is abandoned (see the module docstring); ``None``
+            waits as long as the call takes (a task's held-out metrics, dense values inside a rollout).
         on_error: ``"raise"`` stops with a :class:`RewardError` naming the reward and the first failing sample;
             ``"nan"`` scores NaN for the failing samples of that reward (the samples it raises on alone, or
             returns a non-finite value for; the whole batch on a timeout or a failure no single sample shows),
@@ -285,7 +286,7 @@ class RewardRunner:
         self,
         specs: Sequence[tuple[Any, float, dict] | tuple[Any, float]],
         *,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = 60.0,
         on_error: str = "raise",
         max_workers: int = 4,
         reward_types: list[list[str] | None] | None = None,
@@ -295,13 +296,14 @@ class RewardRunner:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
         if on_error not in ("raise", "nan"):
             raise ValueError(f"on_error must be 'raise' or 'nan', got {on_error!r}")
-        if not timeout_s > 0:
+        if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
         if not specs:
             raise ValueError("RewardRunner needs at least one reward spec (name_or_spec, weight, kwargs)")
-        self.timeout_s, self.on_error, self.max_workers = float(timeout_s), on_error, int(max_workers)
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.on_error, self.max_workers = on_error, int(max_workers)
         self.names: list[str] = []
         self._rewards: list[Any] = []
         self._callers: list[_Caller] = []
@@ -443,9 +445,10 @@ class RewardRunner:
                     threading.Thread(
                         target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}"
                     ).start()
-                running[job] = time.monotonic() + self.timeout_s
+                running[job] = math.inf if self.timeout_s is None else time.monotonic() + self.timeout_s
+            wait = min(running.values()) - time.monotonic()  # inf: no deadline, wait for the next job to finish
             with contextlib.suppress(queue.Empty):
-                running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
+                running.pop(done.get(timeout=None if wait == math.inf else max(0.0, wait)), None)
             now = time.monotonic()
             for job, deadline in list(running.items()):
                 if now >= deadline and not job.finished.is_set():

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from mmgrpo.config import ConfigError
 
-_NO_DEADLINE = 1e6
-"""``timeout_s`` of the runner of a task's metrics (11 days): they had no deadline before they ran in one."""
-
 
 class EvalRewards:
     """A task's own evaluation metrics ``[{name, kwargs}]``: checked when the task is built (registered names and
@@ -36,9 +33,7 @@ class EvalRewards:
         from mmgrpo.rewards import RewardRunner, score_rows
 
         if self._runner is None:  # threads, no deadline: a held-out metric runs as long as it needs
-            self._runner = RewardRunner(
-                [(n, 1.0, kw) for n, kw in self.specs], isolation="thread", timeout_s=_NO_DEADLINE
-            )
+            self._runner = RewardRunner([(n, 1.0, kw) for n, kw in self.specs], isolation="thread", timeout_s=None)
         scores, _ = score_rows(self._runner, outputs, rows)  # [n, K]
         return {name: float(scores[:, k].nanmean()) for k, (name, _) in enumerate(self.specs)}
 
