@@ -49,6 +49,7 @@ from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.loader import load_builtins
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
+from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.types import (
     SupervisedLoss,
     SyncReference,
@@ -57,18 +58,6 @@ from mmgrpo.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def reward_columns(rows: list[dict], group_size: int, extras: dict[str, list]) -> tuple[list, dict[str, list]]:
-    """Prompts and dataset columns repeated G times (group-major), as the reward functions receive them.
-
-    The columns are the union of the keys of all rows, in first-seen order (a mixed dataset routed by
-    ``reward_type`` has different columns per row); a row without a key gives ``None`` there."""
-    prompts = [row["prompt"] for row in rows for _ in range(group_size)]
-    keys = list(dict.fromkeys(k for row in rows for k in row if k != "prompt"))
-    columns = {k: [row.get(k) for row in rows for _ in range(group_size)] for k in keys}
-    columns.update(extras)
-    return prompts, columns
 
 
 class Trainer:
@@ -101,8 +90,6 @@ class Trainer:
                 dtype=cfg.model.dtype,
                 need_reference=cfg.algorithm.beta > 0,
             )
-        from mmgrpo.rewards import RewardRunner
-
         rt = cfg.reward_runtime
         self.rewards = RewardRunner(
             [(r.name, r.weight, r.kwargs) for r in cfg.rewards],
@@ -242,10 +229,9 @@ class Trainer:
                 *logprobs, mode=r.is_mode, clip_max=r.is_clip_max, clip_min=r.is_clip_min
             )  # [B, T]
 
-        prompts, columns = reward_columns(rows, a.group_size, rollout.extras)  # completion_ids: token adapters'
-        columns.setdefault("group_index", [b // a.group_size for b in range(len(prompts))])  # group-aware rewards
-        scores, reward_metrics = self.rewards(
-            rollout.outputs, prompts, columns, trainer_state=self._trl_state(step)
+        state = self._trl_state(step)  # extras: the token adapters' completion_ids; group_index: group-aware rewards
+        scores, reward_metrics = score_rows(
+            self.rewards, rollout.outputs, rows, a.group_size, rollout.extras, group_index=True, trainer_state=state
         )  # [B, K]
         self._step_rows = self.sampler.indices(step)  # dataset rows of the P groups (the variance sampler's keys)
         if a.dynamic_sampling.enabled:  # DAPO: refill zero-variance groups with fresh prompts
@@ -340,9 +326,7 @@ class Trainer:
                 injection.inject_ground_truth(
                     self.adapter, r, more, column=gt.column, template=gt.template, slot=gt.slot
                 )
-            prompts, columns = reward_columns(more, G, r.extras)
-            columns.setdefault("group_index", [b // G for b in range(len(prompts))])
-            sc, mets = self.rewards(r.outputs, prompts, columns)  # [B, K]
+            sc, mets = score_rows(self.rewards, r.outputs, more, G, r.extras, group_index=True)  # [B, K]
             reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
             return more, r, sc, idx
 
@@ -559,8 +543,7 @@ class Trainer:
         tokenizer = getattr(self.adapter, "tokenizer", None)
         if callable(tokenizer) and outputs and all(isinstance(o, str) for o in outputs):
             extras["completion_ids"] = list(tokenizer(list(outputs), add_special_tokens=False)["input_ids"])
-        prompts, columns = reward_columns(rows, 1, extras)
-        scores, _ = self.rewards(outputs, prompts, columns, trainer_state=self._trl_state(self.state.step))  # [n, K]
+        scores, _ = score_rows(self.rewards, outputs, rows, 1, extras, trainer_state=self._trl_state(self.state.step))
         combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
         result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
         result["reward"] = float(combined.nanmean())

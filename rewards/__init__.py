@@ -23,7 +23,7 @@ from .registry import (
     load_reward,
     register_reward,
 )
-from .runner import RewardError, RewardRunner
+from .runner import RewardError, RewardRunner, score_rows
 from .speech import cer, corpus_wer, hallucination, wer
 from .text import (
     accuracy,
@@ -108,6 +108,7 @@ __all__ = [
     "regression",
     "repetition_penalty",
     "rouge",
+    "score_rows",
     "span_iou",
     "temporal_iou",
     "to_normalized",

@@ -265,7 +265,8 @@ class RewardRunner:
     Args:
         specs: ``(name_or_spec, weight, kwargs)`` per reward; the spec is anything :func:`load_reward` takes
             (a registry name, ``"package.module:attr"``, an entry-point name, or a callable).
-        timeout_s: seconds one reward call may take before it is abandoned (see the module docstring).
+        timeout_s: seconds one reward call may take before it is abandoned (see the module docstring); ``None``
+            waits as long as the call takes (a task's held-out metrics, dense values inside a rollout).
         on_error: ``"raise"`` stops with a :class:`RewardError` naming the reward and the first failing sample;
             ``"nan"`` scores NaN for the failing samples of that reward (the samples it raises on alone, or
             returns a non-finite value for; the whole batch on a timeout or a failure no single sample shows),
@@ -285,7 +286,7 @@ class RewardRunner:
         self,
         specs: Sequence[tuple[Any, float, dict] | tuple[Any, float]],
         *,
-        timeout_s: float = 60.0,
+        timeout_s: float | None = 60.0,
         on_error: str = "raise",
         max_workers: int = 4,
         reward_types: list[list[str] | None] | None = None,
@@ -295,13 +296,14 @@ class RewardRunner:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
         if on_error not in ("raise", "nan"):
             raise ValueError(f"on_error must be 'raise' or 'nan', got {on_error!r}")
-        if not timeout_s > 0:
+        if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
         if not specs:
             raise ValueError("RewardRunner needs at least one reward spec (name_or_spec, weight, kwargs)")
-        self.timeout_s, self.on_error, self.max_workers = float(timeout_s), on_error, int(max_workers)
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.on_error, self.max_workers = on_error, int(max_workers)
         self.names: list[str] = []
         self._rewards: list[Any] = []
         self._callers: list[_Caller] = []
@@ -443,9 +445,10 @@ class RewardRunner:
                     threading.Thread(
                         target=self._work, args=(job, done), daemon=True, name=f"mmgrpo-reward-{job.caller.name}"
                     ).start()
-                running[job] = time.monotonic() + self.timeout_s
+                running[job] = math.inf if self.timeout_s is None else time.monotonic() + self.timeout_s
+            wait = min(running.values()) - time.monotonic()  # inf: no deadline, wait for the next job to finish
             with contextlib.suppress(queue.Empty):
-                running.pop(done.get(timeout=max(0.0, min(running.values()) - time.monotonic())), None)
+                running.pop(done.get(timeout=None if wait == math.inf else max(0.0, wait)), None)
             now = time.monotonic()
             for job, deadline in list(running.items()):
                 if now >= deadline and not job.finished.is_set():
@@ -592,6 +595,39 @@ class RewardRunner:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def score_rows(
+    runner: RewardRunner,
+    outputs: list,
+    rows: list[dict],
+    group_size: int = 1,
+    extras: dict[str, list] | None = None,
+    *,
+    group_index: bool = False,
+    **call_kwargs: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Score ``outputs`` against the dataset ``rows`` they answer: the one path from rows to a reward call.
+
+    Each row is repeated ``group_size`` times, group-major (output ``b`` answers ``rows[b // G]``): its
+    ``prompt`` becomes ``prompts``, every other key a column. The columns are the union of the keys of all rows,
+    in first-seen order (a mixed dataset routed by ``reward_type`` has different keys per row); a row without a
+    key gives ``None`` there. ``extras`` (one value per output, e.g. the adapter's ``completion_ids``) are added
+    after, replacing a row column of the same name. ``group_index=True`` adds ``group_index`` (``b // G``, for
+    group-aware rewards) unless the rows or ``extras`` have one. ``call_kwargs`` (``trainer_state``) go to the
+    runner.
+
+    Shape:
+        outputs: B = len(rows) · G; returns ``(rewards [B, K] float32, NaN = not applicable; metrics)``.
+    """
+    G = group_size
+    prompts = [row["prompt"] for row in rows for _ in range(G)]
+    keys = dict.fromkeys(k for row in rows for k in row if k != "prompt")
+    columns = {k: [row.get(k) for row in rows for _ in range(G)] for k in keys}
+    columns.update(extras or {})
+    if group_index:
+        columns.setdefault("group_index", [b // G for b in range(len(prompts))])
+    return runner(outputs, prompts, columns, **call_kwargs)
 
 
 class _RemoteError(Exception):

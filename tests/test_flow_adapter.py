@@ -220,10 +220,37 @@ def test_sde_window_and_branching_rollouts(mmgrpo_cache):
 
 
 def test_value_rewards_fill_unit_values(mmgrpo_cache):
+    import mmgrpo.tasks.flow_shapes  # noqa: F401 - registers flow_shape_match
+
     ad = make("sd3", value_rewards=[{"name": "flow_shape_match", "weight": 2.0}])
     ro = ad.rollout(PROMPTS, 2)
     assert ro.unit_values.shape == (4, T) and torch.isfinite(ro.unit_values).all()
     assert (ro.unit_values >= 0).all() and (ro.unit_values <= 2).all()
+
+
+def test_dense_value_is_the_weighted_sum_of_the_value_rewards_none_is_nan(mmgrpo_cache):
+    """V = Σ_k w_k·reward_k(decode(x̂₀)) over the prompts repeated G times; a reward's None makes the value NaN."""
+    from mmgrpo.rewards import RewardRunner
+    from mmgrpo.tasks.flow_shapes import flow_shape_match  # registers it
+
+    ad = make("sd3", value_rewards=[{"name": "flow_shape_match", "weight": 2.0}])
+    rows = [{"prompt": "a red circle top left", "tag": "x"}, {"prompt": "a blue square bottom right"}]
+    seen = {}
+
+    def second(completions, prompts, tag):  # None on the first prompt's samples
+        seen.update(prompts=prompts, tag=tag)
+        return [None if t == "x" else 0.25 for t in tag]
+
+    ad._value_rewards = RewardRunner([("flow_shape_match", 2.0), (second, 0.5)])
+    ad._value_weights = [2.0, 0.5]
+    x0 = torch.randn(4, *ad.backend.latent_shape(), generator=torch.Generator().manual_seed(0))  # [B, C, H, W]
+    value = ad._value(x0, rows, 2)  # [B]
+    prompts = [r["prompt"] for r in rows for _ in range(2)]
+    match = flow_shape_match(ad.backend.decode(x0), prompts=prompts)
+    assert seen == {"prompts": prompts, "tag": ["x", "x", None, None]}
+    assert value[:2].isnan().all()
+    expected = torch.zeros(2) + 2.0 * torch.tensor(match[2:], dtype=torch.float32) + 0.5 * torch.tensor([0.25, 0.25])
+    assert torch.equal(value[2:], expected)
 
 
 def test_evaluate_is_deterministic_and_seeded(adapter):

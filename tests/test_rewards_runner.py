@@ -339,3 +339,30 @@ def test_conversational_prompts_get_chat_completions():
     assert rewards[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0] and rewards[:, 1].tolist() == [1.0, 0.0, 0.0, 1.0]
     runner(COMPLETIONS, PROMPTS, {"answer": ["4"] * 4})  # plain prompts: plain strings
     assert seen[-1] == COMPLETIONS[-1]
+
+
+def test_a_task_metric_and_the_trainer_score_the_same_rows_the_same(tmp_path):
+    """score_rows is the one path: a dataset task's eval_rewards and the trainer's held-out scoring (the run's
+    rewards) give the same means for the same rows."""
+    import json
+    from types import SimpleNamespace
+
+    from mmgrpo.tasks.dataset import build_dataset_task
+    from mmgrpo.trainer import Trainer
+
+    rows = [{"prompt": "a", "answer": "3"}, {"prompt": "b", "answer": "7"}, {"prompt": "c", "answer": "1"}]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = build_dataset_task({"train": str(data), "eval": str(data), "eval_rewards": [{"name": "accuracy"}]})
+    eval_rows = list(task.eval_rows())
+    outputs = ["<answer>3</answer>", "<answer>4</answer>", "<answer>1</answer>"]
+    trainer = SimpleNamespace(  # what Trainer._reward_scores reads
+        adapter=None,
+        rewards=RewardRunner([("accuracy", 1.0, {})]),
+        state=SimpleNamespace(step=0),
+        _trl_state=lambda step: None,
+    )
+    by_task = task.score(outputs, eval_rows)
+    by_trainer = Trainer._reward_scores(trainer, outputs, eval_rows)
+    assert by_task == {"accuracy": pytest.approx(2 / 3, abs=1e-7)}
+    assert by_trainer["accuracy"] == by_task["accuracy"] == by_trainer["reward"]

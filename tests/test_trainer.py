@@ -17,7 +17,7 @@ from mmgrpo import checkpoint as ckpt
 from mmgrpo.loader import load_config
 from mmgrpo.sampling import PromptSampler
 from mmgrpo.schedules import lr_lambda
-from mmgrpo.trainer import reward_columns, train
+from mmgrpo.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"
@@ -54,13 +54,6 @@ def test_lr_schedule():
     assert lr_lambda(4, 4, 10, "cosine") == 1.0
     assert math.isclose(lr_lambda(7, 4, 10, "cosine"), 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert math.isclose(lr_lambda(10, 4, 10, "linear"), 0.0, abs_tol=1e-12)
-
-
-def test_reward_columns_repeat_rows_group_major():
-    rows = [{"prompt": "p0", "answer": "a"}, {"prompt": "p1", "answer": "b"}]
-    prompts, cols = reward_columns(rows, 2, {"extra": [1, 2, 3, 4]})
-    assert prompts == ["p0", "p0", "p1", "p1"]
-    assert cols == {"answer": ["a", "a", "b", "b"], "extra": [1, 2, 3, 4]}
 
 
 def test_run_writes_metrics_summary_checkpoint_and_plot(tmp_path, mmgrpo_cache):

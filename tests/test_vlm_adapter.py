@@ -108,8 +108,8 @@ def test_eos_truncation_and_mask(tiny_vlm_path):
 
 def test_rollout_columns_give_box_rewards_their_geometry(tiny_vlm_path):
     """image_grid_thw and the image sizes reach the rewards: iou in Qwen2.5-VL's resized space runs in a rollout."""
+    from mmgrpo.rewards import score_rows
     from mmgrpo.rewards.visual import iou
-    from mmgrpo.trainer import reward_columns
 
     adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 4})
     rows = _rows(2)
@@ -117,7 +117,14 @@ def test_rollout_columns_give_box_rewards_their_geometry(tiny_vlm_path):
         W, H = row["image"].size
         row["box"] = [0, 0, W / 2, H / 2]  # the top-left quarter, in original pixels
     rollout = adapter.rollout(rows, group_size=2)
-    prompts, columns = reward_columns(rows, 2, rollout.extras)
+    seen = {}
+
+    def record(completions, prompts, columns):  # a stand-in runner: the prompts and columns the rewards get
+        seen.update(prompts=prompts, columns=columns)
+        return torch.zeros(len(completions), 0), {}
+
+    score_rows(record, rollout.outputs, rows, 2, rollout.extras)
+    prompts, columns = seen["prompts"], seen["columns"]
     for b in range(rollout.batch_size):
         _t, gh, gw = columns["image_grid_thw"][b]
         assert columns["resized_image_size"][b] == (gw * 14, gh * 14)

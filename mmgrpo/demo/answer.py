@@ -48,12 +48,13 @@ def _check_upload(path: str | None, kind: str) -> None:
 def score(rewards, outputs: list, row: dict, with_ground_truth: bool) -> list[str]:
     """One line per output: the weighted reward and each reward function's value ("n/a" where it cannot apply)."""
     from mmgrpo.advantages import combine_rewards
+    from mmgrpo.rewards import score_rows
 
     if rewards is None:
         return ["reward n/a (no reward loaded: see the note at the top of the page)"] * len(outputs)
-    columns = {k: [v] * len(outputs) for k, v in row.items() if k != "prompt"} if with_ground_truth else {}
+    shown = row if with_ground_truth else {"prompt": row["prompt"]}
     try:
-        scores, _ = rewards(outputs, [row["prompt"]] * len(outputs), columns)  # [n, K]
+        scores, _ = score_rows(rewards, outputs, [shown], len(outputs))  # [n, K]: one group of the row's outputs
     except Exception as e:
         return [f"reward n/a ({type(e).__name__})"] * len(outputs)
     total = combine_rewards(scores.view(1, len(outputs), -1), rewards.weights)[0]  # [n]

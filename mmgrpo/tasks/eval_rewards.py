@@ -13,7 +13,7 @@ class EvalRewards:
     def __init__(self, specs: list[dict], where: str):
         from mmgrpo.rewards.registry import REWARDS, check_reward_spec
 
-        self.specs, self._loaded = [], None
+        self.specs, self._runner = [], None
         for i, spec in enumerate(specs):
             if not isinstance(spec, dict) or "name" not in spec:
                 raise ConfigError(f"{where}[{i}]: expected {{name: ..., kwargs: {{}}}}, got {spec!r}")
@@ -28,18 +28,14 @@ class EvalRewards:
         return bool(self.specs)
 
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        """Mean of each metric over ``rows`` (``None`` values left out; NaN when none is left)."""
-        if self._loaded is None:
-            from mmgrpo.rewards.registry import load_reward
+        """Mean of each metric over ``rows`` (``None`` values left out; NaN when none is left), scored by
+        :func:`mmgrpo.rewards.score_rows` as training scores (the same columns and calling convention)."""
+        from mmgrpo.rewards import RewardRunner, score_rows
 
-            self._loaded = [(name, load_reward(name, **kwargs)) for name, kwargs in self.specs]
-        prompts = [r["prompt"] for r in rows]
-        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        out = {}
-        for name, fn in self._loaded:
-            vals = [v for v in fn(outputs, prompts=prompts, **columns) if v is not None]
-            out[name] = float(sum(vals) / len(vals)) if vals else float("nan")
-        return out
+        if self._runner is None:  # threads, no deadline: a held-out metric runs as long as it needs
+            self._runner = RewardRunner([(n, 1.0, kw) for n, kw in self.specs], isolation="thread", timeout_s=None)
+        scores, _ = score_rows(self._runner, outputs, rows)  # [n, K]
+        return {name: float(scores[:, k].nanmean()) for k, (name, _) in enumerate(self.specs)}
 
 
 __all__ = ["EvalRewards"]

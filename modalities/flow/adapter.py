@@ -49,6 +49,7 @@ from torch import Tensor
 from mmgrpo import noise
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
 
@@ -393,7 +394,11 @@ class FlowAdapter:
         self.selector = STEP_SELECTORS.get(args.steps)
         self.generator = None  # sampling noise and step plans use torch's global CPU RNG: checkpoints save it
         self.iteration = 0
-        self._value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]
+        value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]  # (fn, weight)
+        self._value_weights = [w for _, w in value_fns]
+        self._value_rewards = (  # threads (a fork would copy the GPU context), no deadline: as a direct call
+            RewardRunner(value_fns, isolation="thread", timeout_s=None) if value_fns else None
+        )
         self._last: _Forward | None = None
         self._last_v: tuple | None = None  # (key, velocities) of the last DGPO logprobs call
         if args.objective == "dgpo" and not self.backend.is_flow:
@@ -508,7 +513,7 @@ class FlowAdapter:
         latents, means = [x], []
         logp = torch.zeros(B, T)
         std = torch.zeros(B, T)
-        values = torch.zeros(B, T) if self._value_fns else None
+        values = torch.zeros(B, T) if self._value_rewards is not None else None
         for i in range(T):
             t_i = sched["t_model"][i].expand(B).to(dev)
             out = self._velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
@@ -555,13 +560,11 @@ class FlowAdapter:
     def _value(self, x0: Tensor, prompts: list[dict], G: int) -> Tensor:
         """Σ_k w_k·reward_k(decode(x̂₀)) for every sample (dense value of the state). Shape: [B, C, H, W] -> [B]."""
         images = self.backend.decode(x0)
-        texts = [str(r["prompt"]) for r in prompts for _ in range(G)]
-        keys = [k for k in prompts[0] if k != "prompt"]
-        columns = {k: [r.get(k) for r in prompts for _ in range(G)] for k in keys}
+        rows = [{**r, "prompt": str(r["prompt"])} for r in prompts]
+        scores, _ = score_rows(self._value_rewards, images, rows, G)  # [B, K], NaN where a reward returned None
         total = torch.zeros(len(images))
-        for fn, weight in self._value_fns:
-            scores = fn(images, prompts=texts, **columns)
-            total += weight * torch.tensor([float("nan") if s is None else float(s) for s in scores])
+        for k, weight in enumerate(self._value_weights):  # a plain sum: NaN (None) makes the value NaN
+            total += weight * scores[:, k]
         return total
 
     def _forward_units(self, model, rollout: Rollout, index: Tensor) -> tuple[Tensor, K.KernelOutput, Tensor, Tensor]:
