@@ -53,6 +53,7 @@ from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.types import (
     SupervisedLoss,
     SyncReference,
+    TextTokenizer,
     missing_method,
     required_capabilities,
 )
@@ -540,9 +541,10 @@ class Trainer:
         Held-out outputs are decoded text: their ``completion_ids`` are the text re-tokenised by the adapter's
         tokenizer (without the EOS that training counts), where the adapter has one."""
         extras = {}
-        tokenizer = getattr(self.adapter, "tokenizer", None)
-        if callable(tokenizer) and outputs and all(isinstance(o, str) for o in outputs):
-            extras["completion_ids"] = list(tokenizer(list(outputs), add_special_tokens=False)["input_ids"])
+        text = outputs and all(isinstance(o, str) for o in outputs)
+        if isinstance(self.adapter, TextTokenizer) and callable(self.adapter.tokenizer) and text:
+            ids = self.adapter.tokenizer(list(outputs), add_special_tokens=False)["input_ids"]
+            extras["completion_ids"] = list(ids)
         scores, _ = score_rows(self.rewards, outputs, rows, 1, extras, trainer_state=self._trl_state(self.state.step))
         combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
         result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}

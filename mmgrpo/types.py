@@ -259,6 +259,14 @@ class SamplingSettings(Protocol):
 
 
 @runtime_checkable
+class TextTokenizer(Protocol):
+    """A token adapter's Hugging Face tokenizer: held-out text outputs are re-tokenised with it for rewards that
+    count tokens (the ``completion_ids`` column)."""
+
+    tokenizer: Any
+
+
+@runtime_checkable
 class ExportInfo(Protocol):
     """The adapter describes its export for the model card (full model or LoRA, base model, library)."""
 

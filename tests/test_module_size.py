@@ -26,7 +26,8 @@ ALLOWED = {  # (file, text of the line) → why this getattr/hasattr is not a ca
     ("tracking.py", '"writer" if name == "tensorboard" else "run"'): "accelerate's tracker objects",
     ("tracking.py", 'hasattr(writer, "add_image")'): "accelerate's tracker objects",
     ("tracking.py", 'hasattr(run, "log")'): "accelerate's tracker objects",
-    ("trainer.py", 'getattr(self.adapter, "tokenizer", None)'): "in _reward_scores, rewritten on another branch",
+    ("tasks/dataset.py", "getattr(e, 'msg', e)"): "json.JSONDecodeError attributes",
+    ("tasks/spoken_digits.py", "getattr(args, name)"): "an options field read by its name",
 }
 
 
@@ -37,12 +38,13 @@ def test_the_trainer_stays_under_650_lines():
 
 def test_no_capability_probes_outside_types():
     found = []
-    for path in sorted(PACKAGE.glob("*.py")):
-        if path.name == "types.py":
+    for path in sorted(PACKAGE.rglob("*.py")):  # the core, tasks/ and demo/
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "types.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\b(hasattr|getattr)\(", line) and not any(
-                name == path.name and text in line for name, text in ALLOWED
+                name == rel and text in line for name, text in ALLOWED
             ):
-                found.append(f"mmgrpo/{path.name}:{number}: {line.strip()}")
+                found.append(f"mmgrpo/{rel}:{number}: {line.strip()}")
     assert not found, "use a protocol or base class of mmgrpo/types.py instead:\n" + "\n".join(found)
