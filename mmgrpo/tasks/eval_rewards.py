@@ -1,6 +1,9 @@
-"""A task's own held-out metrics (``task.args.eval_rewards``), shared by the dataset and t2i_prompts tasks."""
+"""A task's held-out metrics scored by registered rewards through the trainer's path (``score_rows``): the dataset
+and t2i_prompts tasks' ``task.args.eval_rewards`` and the built-in tasks' fixed metrics."""
 
 from __future__ import annotations
+
+import torch
 
 from mmgrpo.config import ConfigError
 
@@ -27,14 +30,18 @@ class EvalRewards:
     def __bool__(self) -> bool:
         return bool(self.specs)
 
-    def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        """Mean of each metric over ``rows`` (``None`` values left out; NaN when none is left), scored by
-        :func:`mmgrpo.rewards.score_rows` as training scores (the same columns and calling convention)."""
+    def scores(self, outputs: list, rows: list[dict]) -> torch.Tensor:
+        """Every metric of every output, scored by :func:`mmgrpo.rewards.score_rows` as training scores (the same
+        columns and calling convention). Shape: ``[n, K]`` float32, NaN where a metric does not apply."""
         from mmgrpo.rewards import RewardRunner, score_rows
 
         if self._runner is None:  # threads, no deadline: a held-out metric runs as long as it needs
             self._runner = RewardRunner([(n, 1.0, kw) for n, kw in self.specs], isolation="thread", timeout_s=None)
-        scores, _ = score_rows(self._runner, outputs, rows)  # [n, K]
+        return score_rows(self._runner, outputs, rows)[0]
+
+    def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
+        """Mean of each metric over ``rows`` (``None`` values left out; NaN when none is left)."""
+        scores = self.scores(outputs, rows)  # [n, K]
         return {name: float(scores[:, k].nanmean()) for k, (name, _) in enumerate(self.specs)}
 
 

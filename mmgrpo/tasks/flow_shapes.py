@@ -38,6 +38,7 @@ from PIL import Image, ImageDraw
 
 from mmgrpo.config import ConfigError
 from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tasks.eval_rewards import EvalRewards
 
 RESOLUTION = 32
 BACKGROUND = (40, 40, 40)
@@ -209,6 +210,7 @@ class FlowShapesTask:
 
     def __init__(self, args: FlowShapesArgs, seed: int = 0):
         self.args = args
+        self._metrics = EvalRewards([{"name": "flow_shape_match"}], "flow_shapes")
         held = set(HELD_OUT)
         self._train = [{"prompt": prompt_of(*c)} for c in all_combos() if c not in held] * args.train_repeats
         eval_combos = list(HELD_OUT)
@@ -227,7 +229,7 @@ class FlowShapesTask:
         return self._eval
 
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        rewards = np.asarray([shape_match(img, r["prompt"]) for img, r in zip(outputs, rows)])
+        rewards = self._metrics.scores(outputs, rows)[:, 0].double().numpy()  # flow_shape_match, as training scores
         rmse = np.asarray(template_rmse(outputs))
         held = np.asarray([r.get("held_out", True) for r in rows])
         out = {

@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tasks.eval_rewards import EvalRewards
 
 COLOURS = {
     "red": (220, 40, 40),
@@ -91,6 +92,7 @@ class ShapesTask:
     """See the module docstring."""
 
     def __init__(self, args: ShapesArgs):
+        self._metrics = EvalRewards([{"name": "accuracy"}, {"name": "format", "kwargs": {"think": False}}], "shapes")
         unknown = [c for c in args.colours if c not in COLOURS]
         if unknown or len(args.colours) < 2:
             raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
@@ -132,17 +134,8 @@ class ShapesTask:
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix."""
-        from mmgrpo.rewards import load_reward
-
-        prompts = [r["prompt"] for r in rows]
-        acc = load_reward("accuracy")(outputs, prompts=prompts, answer=[r["answer"] for r in rows])
-        fmt = load_reward("format", think=False)(outputs, prompts=prompts)
         chance = sum(1 / len(self.answers(r["question_type"])) for r in rows) / len(rows)
-        return {
-            "accuracy": sum(acc) / len(acc),
-            "format": sum(fmt) / len(fmt),
-            "chance": chance,
-        }
+        return {**self._metrics.score(outputs, rows), "chance": chance}
 
 
 build_shapes_task = TASKS.register("shapes")(

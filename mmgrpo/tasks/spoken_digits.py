@@ -38,6 +38,7 @@ import numpy as np
 from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError
 from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tasks.eval_rewards import EvalRewards
 
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 VOICES = ["en-us+m1", "en-us+m3", "en-us+m7", "en-us+f1", "en-us+f3", "en+m2", "en+f2", "en-gb+m4", "en-gb+f4"]
@@ -115,6 +116,12 @@ class SpokenDigitsTask:
     """See the module docstring."""
 
     def __init__(self, args: SpokenDigitsArgs):
+        self._metrics = EvalRewards(
+            [{"name": "exact_match", "kwargs": {"require_tags": False}}]
+            if args.question == "transcribe"
+            else [{"name": "accuracy"}, {"name": "format", "kwargs": {"think": False}}],
+            "spoken_digits",
+        )
         if len(args.words) < 2:
             raise ConfigError(f"task.args.words: need at least 2 words, got {args.words}")
         low = 2 if args.question == "second_word" else 1
@@ -221,20 +228,12 @@ class SpokenDigitsTask:
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """transcribe: ``wer`` (corpus-level word error rate, normalised text), ``exact`` (utterance accuracy).
         second_word: ``accuracy``, ``format`` and the ``chance`` level 1/|words|."""
-        from mmgrpo.rewards import load_reward
         from mmgrpo.rewards.speech import corpus_wer
 
-        prompts = [r["prompt"] for r in rows]
-        answers = [r["answer"] for r in rows]
         if self.args.question == "transcribe":
-            return {
-                "wer": corpus_wer(outputs, answers),
-                "exact": sum(load_reward("exact_match")(outputs, prompts=prompts, answer=answers, require_tags=False))
-                / len(rows),
-            }
-        acc = load_reward("accuracy")(outputs, prompts=prompts, answer=answers)
-        fmt = load_reward("format", think=False)(outputs, prompts=prompts)
-        return {"accuracy": sum(acc) / len(acc), "format": sum(fmt) / len(fmt), "chance": 1 / len(set(self.args.words))}
+            exact = self._metrics.score(outputs, rows)["exact_match"]
+            return {"wer": corpus_wer(outputs, [r["answer"] for r in rows]), "exact": exact}
+        return {**self._metrics.score(outputs, rows), "chance": 1 / len(set(self.args.words))}
 
 
 build_spoken_digits_task = TASKS.register("spoken_digits")(

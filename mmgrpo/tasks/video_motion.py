@@ -38,6 +38,7 @@ import numpy as np
 from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tasks.eval_rewards import EvalRewards
 
 COLOURS = [(220, 40, 40), (40, 180, 60), (50, 80, 230), (235, 215, 40), (150, 60, 190), (245, 140, 30)]
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
@@ -159,6 +160,9 @@ class VideoMotionTask:
     """See the module docstring."""
 
     def __init__(self, args: VideoMotionArgs):
+        self._format = EvalRewards([{"name": "format", "kwargs": {"think": False}}], "video_motion")
+        self._direction = EvalRewards([{"name": "accuracy"}], "video_motion")
+        self._when = EvalRewards([{"name": "temporal_iou"}], "video_motion")
         if args.frame_size < 28 or args.frame_size % 2:
             raise ConfigError(f"task.args.frame_size: must be an even number >= 28, got {args.frame_size}")
         if args.num_frames < 4:
@@ -236,28 +240,14 @@ class VideoMotionTask:
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """accuracy (direction), accuracy_shuffled (direction on permuted frames), temporal_iou (when), format,
         and the chance levels: 1/|directions| for accuracy; shuffled clips cannot beat 1/2 once the axis is known."""
-        from mmgrpo.rewards import load_reward
-
-        out: dict[str, float] = {}
-        by_type: dict[str, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_type.setdefault(r["question_type"], []).append(i)
-        prompts = [r["prompt"] for r in rows]
-        fmt = load_reward("format", think=False)(outputs, prompts=prompts)
-        out["format"] = sum(fmt) / len(fmt)
-        for qtype, name, reward in [
-            ("direction", "accuracy", "accuracy"),
-            ("direction_shuffled", "accuracy_shuffled", "accuracy"),
-            ("when", "temporal_iou", "temporal_iou"),
-        ]:
-            idx = by_type.get(qtype)
-            if not idx:
-                continue
-            scores = load_reward(reward)(
-                [outputs[i] for i in idx], prompts=[prompts[i] for i in idx], answer=[rows[i]["answer"] for i in idx]
-            )
-            out[name] = sum(scores) / len(scores)
-        if "direction" in by_type:
+        out = self._format.score(outputs, rows)
+        for qtype, name in [("direction", "accuracy"), ("direction_shuffled", "accuracy_shuffled"), ("when", "")]:
+            idx = [i for i, r in enumerate(rows) if r["question_type"] == qtype]
+            if idx:
+                metrics = self._when if qtype == "when" else self._direction
+                scores = metrics.score([outputs[i] for i in idx], [rows[i] for i in idx])
+                out.update({name or k: v for k, v in scores.items()})
+        if any(r["question_type"] == "direction" for r in rows):
             out["chance"] = 1 / len(self.args.directions)
         return out
 
