@@ -157,7 +157,7 @@ def test_head_outputs_hidden_bypasses_only_a_plain_linear_head():
 def _one_trainer_step(tmp_path, monkeypatch, fused: bool) -> tuple[dict, dict]:
     """One GRPO step of the quickstart config (tiny Qwen2.5-VL, β > 0): its metrics and the gradients the
     optimizer stepped with."""
-    import mmgrpo.modalities.vlm.adapter as vlm
+    import mmgrpo.modalities.tokens.policy as vlm  # the token policies take their fusable head from here
     from mmgrpo.loader import load_config
     from mmgrpo.trainer import Trainer
     from tests.test_trainer import QUICK, SMALL
@@ -240,14 +240,15 @@ def test_ar_image_cfg_logprobs_equal_the_logits_path(cfg_logprob, monkeypatch, m
 def test_whisper_logprobs_equal_the_logits_path(monkeypatch, mmgrpo_cache):
     import shutil
 
-    import mmgrpo.modalities.speech.adapter as speech
+    import mmgrpo.modalities.tokens.policy as policy  # Whisper scores through TokenPolicy._token_logprobs
+    from mmgrpo.modalities.speech.adapter import build_whisper_adapter
     from mmgrpo.modalities.speech.tiny import resolve_model_path
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no speech to synthesise")
     rows = SpokenDigitsTask(SpokenDigitsArgs(train_size=2, eval_size=1, warmup_size=2)).train_rows()
-    adapter = speech.build_whisper_adapter({"name_or_path": resolve_model_path("tiny-whisper"), "temperature": 0.8})
-    assert speech.fusable_head(adapter.model) is adapter.model.proj_out
+    adapter = build_whisper_adapter({"name_or_path": resolve_model_path("tiny-whisper"), "temperature": 0.8})
+    assert policy.fusable_head(adapter.model) is adapter.model.proj_out
     rollout = adapter.rollout(rows, group_size=3)
-    _parity(monkeypatch, speech, adapter, rollout.state, torch.arange(6))
+    _parity(monkeypatch, policy, adapter, rollout.state, torch.arange(6))

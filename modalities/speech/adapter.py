@@ -45,12 +45,8 @@ from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.logprobs import (
-    banned_mask,
     completion_id_lists,
-    fusable_head,
-    head_logprobs,
     head_outputs_hidden,
-    vocab_size,
 )
 from ..tokens.policy import TokenPolicy
 from .audio import load_audio
@@ -272,7 +268,9 @@ class WhisperAdapter(TokenPolicy):
 
     # --------------------------------------------------------------------------------------- log-probs
 
-    def _token_logprobs(self, model: torch.nn.Module, state: SpeechState, index: Tensor) -> Tensor:
+    def _completion_logits(
+        self, model: torch.nn.Module, state: SpeechState, index: Tensor, head: torch.nn.Linear | None = None
+    ) -> tuple[Tensor, Tensor]:
         comp = state.completion_ids[index].to(self.device)  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         n, T = comp.shape
@@ -283,15 +281,13 @@ class WhisperAdapter(TokenPolicy):
             enc = self._encode(model, state.cache.features[prompts])  # [n, S, d], one encoder pass per sample
         Lp = self.prefix.shape[0]
         dec_in = torch.cat([self.prefix.to(self.device).expand(n, -1), comp[:, : T - 1]], dim=1)  # [n, Lp+T-1]
-        head = fusable_head(model)  # the fused log-prob through proj_out (tied to the token embedding)
-        with head_outputs_hidden(head):  # the forward returns decoder hidden states [.., d] in place of logits
+        # head given (proj_out, tied to the token embedding): the forward returns decoder hidden states [.., d]
+        with head_outputs_hidden(head):
             out = model(encoder_outputs=(enc,), decoder_input_ids=dec_in, use_cache=False).logits
-        out = out[:, Lp - 1 :]  # [n, T, V] logits or [n, T, d] hidden states
-        # The bans of ``_scores``: suppressed tokens everywhere, begin-suppressed ones at the first token.
-        banned = banned_mask(
-            vocab_size(out, head), self.suppress_ids, self.begin_suppress_ids, early_steps=1, steps=T, device=out.device
-        )
-        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+        return comp, out[:, Lp - 1 :]  # [n, T, V] logits or [n, T, d] hidden states
+
+    def _early_bans(self) -> tuple[list[int], int]:
+        return self.begin_suppress_ids, 1  # the begin-suppressed tokens at the first token (``_scores``)
 
     def save_pretrained(self, directory: str) -> None:
         """The model (or LoRA adapter, base named as in the config) and its processor, in Hugging Face format."""

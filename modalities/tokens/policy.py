@@ -1,9 +1,13 @@
 """What every token policy shares once it can score tokens: log-probs, reference log-probs, LoRA/frozen reference.
 
-A token policy (VLM, video, audio LLM, Whisper, autoregressive image) defines one method,
+A token policy (VLM, video, audio LLM, Whisper, autoregressive image) defines
 ``_token_logprobs(model, state, index) -> [n, T]``: the log-probabilities of rows ``index`` of its rollout state
-under ``model``, differentiable when grad is on. :class:`TokenPolicy` builds the rest of the
-:class:`~mmgrpo.types.PolicyAdapter` log-prob surface on it, identically for every family:
+under ``model``, differentiable when grad is on. A text-token family whose sampler bans tokens (suppressed ids
+everywhere, some ids for the first steps) defines instead ``_completion_logits(model, state, index, head)`` (the
+forward) and ``_early_bans()``; the default ``_token_logprobs`` then scores the completions through the fused
+lm_head when the head allows it, with the sampler's bans and temperature (``modalities/tokens/logprobs.py``).
+:class:`TokenPolicy` builds the rest of the :class:`~mmgrpo.types.PolicyAdapter` log-prob surface on it,
+identically for every family:
 
 - ``logprobs``: the policy (possibly DDP/FSDP-wrapped, so the wrapper's forward hooks run), masked;
 - ``ref_logprobs``: the frozen reference copy when there is one (full fine-tuning with β > 0), else the same
@@ -27,6 +31,7 @@ from mmgrpo import sharding
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from .logprobs import banned_mask, fusable_head, head_logprobs, vocab_size
 
 
 class TokenPolicy:
@@ -36,9 +41,30 @@ class TokenPolicy:
     reference: torch.nn.Module | None
     args: Any
 
+    suppress_ids: list[int]
+
     def _token_logprobs(self, model: torch.nn.Module, state: Any, index: Tensor) -> Tensor:
-        """Log-probs [n, T] of the sampled units of rows ``index`` of ``state`` under ``model``."""
-        raise NotImplementedError
+        """Log-probs [n, T] of the sampled units of rows ``index`` of ``state`` under ``model``: the completions'
+        tokens under the sampling distribution (temperature, ``suppress_ids`` banned everywhere and
+        ``_early_bans`` at the first steps), through the fused lm_head when the head is a plain linear layer."""
+        head = fusable_head(model)
+        comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V] or [n, T, H]
+        early_ids, early_steps = self._early_bans()
+        V = vocab_size(out, head)
+        banned = banned_mask(V, self.suppress_ids, early_ids, early_steps, steps=comp.shape[1], device=out.device)
+        comp = comp.to(out.device)
+        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+
+    def _completion_logits(
+        self, model: torch.nn.Module, state: Any, index: Tensor, head: torch.nn.Linear | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(completion ids [n, T], logits [n, T, V] predicting them) of rows ``index`` under ``model``; with
+        ``head`` (the model's fusable lm_head) the hidden states [n, T, H] it would project instead."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither _token_logprobs nor _completion_logits")
+
+    def _early_bans(self) -> tuple[list[int], int]:
+        """Token ids the sampler bans at the first steps only, and for how many steps."""
+        return [], 0
 
     def _unwrapped(self) -> torch.nn.Module:
         return _hf.unwrap(self.model)  # DDP / accelerate wrappers

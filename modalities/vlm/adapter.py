@@ -43,12 +43,8 @@ from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
 from ..tokens.engine import EngineError, VLLMClient, engine_weights, prompt_seeds
 from ..tokens.logprobs import (
-    banned_mask,
     completion_id_lists,
-    fusable_head,
-    head_logprobs,
     head_outputs_hidden,
-    vocab_size,
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import TokenPolicy
@@ -573,21 +569,8 @@ class VLMAdapter(TokenPolicy):
                 out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
         return comp, out
 
-    def _token_logprobs(self, model: torch.nn.Module, state: VLMState, index: Tensor) -> Tensor:
-        head = fusable_head(model)  # the fused lm_head log-prob when the head is a plain linear layer
-        comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V | H]
-        T = comp.shape[1]
-        # Suppressed tokens are never sampled, nor is EOS before min_new_tokens: not part of the distribution.
-        banned = banned_mask(
-            vocab_size(out, head),
-            self.suppress_ids,
-            self.eos_ids.tolist(),
-            self.args.min_new_tokens,
-            steps=T,
-            device=out.device,
-        )
-        comp = comp.to(out.device)
-        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+    def _early_bans(self) -> tuple[list[int], int]:
+        return self.eos_ids.tolist(), self.args.min_new_tokens  # no EOS before min_new_tokens
 
     def save_pretrained(self, directory: str) -> None:
         """The model (or LoRA adapter, base named as in the config) and its processor, in Hugging Face format."""
