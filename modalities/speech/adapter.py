@@ -48,7 +48,7 @@ from ..tokens.logprobs import (
     completion_id_lists,
     head_outputs_hidden,
 )
-from ..tokens.policy import TokenPolicy
+from ..tokens.policy import CompletionState, TokenPolicy
 from .audio import load_audio
 from .tiny import resolve_model_path
 
@@ -105,18 +105,7 @@ class AudioCache:
         self.waveforms = waveforms  # P arrays [N_p]
 
 
-@dataclass
-class SpeechState:
-    """Adapter-private rollout state.
-
-    Shape:
-        completion_ids: [B, T] sampled decoder tokens (pad after end-of-text)
-        prompt_of: [B] row of ``cache.features`` each sample continues
-    """
-
-    completion_ids: Tensor  # [B, T]
-    prompt_of: Tensor  # [B]
-    cache: AudioCache
+SpeechState = CompletionState  # cache: AudioCache
 
 
 class WhisperAdapter(TokenPolicy):

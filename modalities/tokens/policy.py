@@ -22,6 +22,7 @@ Subclasses set ``model``, ``reference`` and ``args`` (with ``forward_batch_size`
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,21 @@ from mmgrpo.types import Rollout
 
 from .. import _hf
 from .logprobs import banned_mask, fusable_head, head_logprobs, vocab_size
+
+
+@dataclass
+class CompletionState:
+    """Adapter-private rollout state of a text-token policy (VLM, video, audio LLM, Whisper).
+
+    Shape:
+        completion_ids: [B, T] sampled tokens (pad after the end token)
+        prompt_of: [B] the prompt of ``cache`` each sample continues
+    """
+
+    completion_ids: Tensor  # [B, T]
+    prompt_of: Tensor  # [B]
+    cache: Any
+    """What was computed once per prompt: the VLM's processor encodings, Whisper's log-mel features."""
 
 
 class TokenPolicy:

@@ -47,7 +47,7 @@ from ..tokens.logprobs import (
     head_outputs_hidden,
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
-from ..tokens.policy import TokenPolicy
+from ..tokens.policy import CompletionState, TokenPolicy
 from .tiny import resolve_model_path
 
 
@@ -117,18 +117,7 @@ class PromptCache:
         self.encodings = encodings  # P dicts, each with input_ids [1, Lp_i] and media tensors
 
 
-@dataclass
-class VLMState:
-    """Adapter-private rollout state.
-
-    Shape:
-        completion_ids: [B, T] generated tokens (pad after EOS)
-        prompt_of: [B] row of ``cache.encodings`` each sample continues
-    """
-
-    completion_ids: Tensor  # [B, T]
-    prompt_of: Tensor  # [B]
-    cache: PromptCache
+VLMState = CompletionState  # cache: PromptCache
 
 
 class VLMAdapter(TokenPolicy):
