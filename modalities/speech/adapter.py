@@ -290,16 +290,7 @@ class WhisperAdapter(TokenPolicy):
             self.tokenizer(" " + str(r["target"]).strip(), add_special_tokens=False)["input_ids"] + [self.eos_id]
             for r in rows
         ]
-        T = max(len(t) for t in targets)
-        comp = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), T))
-        for i, t in enumerate(targets):
-            comp[i, : len(t)] = torch.tensor(t)
-            valid[i, : len(t)] = 1
-        state = SpeechState(completion_ids=comp, prompt_of=torch.arange(len(rows)), cache=cache)
-        logp = self._token_logprobs(self.model, state, torch.arange(len(rows)))  # [n, T]
-        valid = valid.to(logp.device)
-        return -(logp * valid).sum() / valid.sum()
+        return self._teacher_forced_loss(targets, cache)
 
 
 def _is_number(s: str) -> bool:

@@ -58,6 +58,7 @@ class TokenPolicy:
     args: Any
 
     suppress_ids: list[int]
+    pad_id: int
 
     def _token_logprobs(self, model: torch.nn.Module, state: Any, index: Tensor) -> Tensor:
         """Log-probs [n, T] of the sampled units of rows ``index`` of ``state`` under ``model``: the completions'
@@ -81,6 +82,25 @@ class TokenPolicy:
     def _early_bans(self) -> tuple[list[int], int]:
         """Token ids the sampler bans at the first steps only, and for how many steps."""
         return [], 0
+
+    def _teacher_forced_loss(self, targets: list[list[int]], cache: Any) -> Tensor:
+        """Mean token cross-entropy of ``targets`` (token ids, one list per prompt of ``cache``, end token included)
+        given their prompts: the warm-up's supervised loss, scored as the completions are.
+
+        Shape:
+            targets: P lists of T_p ids → []
+        """
+        T = max(len(t) for t in targets)
+        comp = torch.full((len(targets), T), self.pad_id, dtype=torch.long)  # [P, T]
+        valid = torch.zeros((len(targets), T))  # [P, T]
+        for i, t in enumerate(targets):
+            comp[i, : len(t)] = torch.tensor(t)
+            valid[i, : len(t)] = 1
+        rows = torch.arange(len(targets))
+        state = CompletionState(completion_ids=comp, prompt_of=rows, cache=cache)
+        logp = self._token_logprobs(self.model, state, rows)  # [P, T]
+        valid = valid.to(logp.device)
+        return -(logp * valid).sum() / valid.sum()
 
     def _unwrapped(self) -> torch.nn.Module:
         return _hf.unwrap(self.model)  # DDP / accelerate wrappers

@@ -572,16 +572,7 @@ class VLMAdapter(TokenPolicy):
             encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
         targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
-        T = max(len(t) for t in targets)
-        comp = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((len(rows), T))
-        for i, t in enumerate(targets):
-            comp[i, : len(t)] = torch.tensor(t)
-            valid[i, : len(t)] = 1
-        state = VLMState(completion_ids=comp, prompt_of=torch.arange(len(rows)), cache=PromptCache(encodings))
-        logp = self._token_logprobs(self.model, state, torch.arange(len(rows)))  # [n, T]
-        valid = valid.to(logp.device)
-        return -(logp * valid).sum() / valid.sum()
+        return self._teacher_forced_loss(targets, PromptCache(encodings))
 
 
 def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
