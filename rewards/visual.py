@@ -28,8 +28,10 @@ malformed: it scores 0, never an exception. A zero union scores 0 (not a divisio
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -122,6 +124,61 @@ def convert_coords(
 ) -> list[float]:
     """Alternating ``x, y`` coordinates from space ``src`` to space ``dst`` (through ``normalized_0_1``)."""
     return from_normalized(to_normalized(coords, src, geo), dst, geo)
+
+
+@dataclass(frozen=True)
+class Frames:
+    """The two coordinate spaces of one sample and its image geometry: ``pred``/``gt`` bring the policy's and the
+    dataset's coordinates to ``normalized_0_1``."""
+
+    pred_space: BoxSpace
+    gt_space: BoxSpace
+    geo: ImageGeometry
+
+    def pred(self, coords: Sequence[float]) -> list[float]:
+        return to_normalized(coords, self.pred_space, self.geo)
+
+    def gt(self, coords: Sequence[float]) -> list[float]:
+        return to_normalized(coords, self.gt_space, self.geo)
+
+
+_FRAME_OPTIONS = ("pred_space", "gt_space", "patch_size")
+
+
+def in_frames(score: Callable[..., float]) -> Callable[..., float]:
+    """The options every box/point reward shares, in one place: ``pred_space`` and ``gt_space`` (required; see the
+    module docstring) and ``patch_size`` (Qwen2.5-VL's 14). The scoring function names ``frames`` and gets this
+    sample's :class:`Frames` instead; put :func:`per_answer` above it."""
+    params = inspect.signature(score).parameters
+
+    @functools.wraps(score)
+    def scored(
+        pred: Any,
+        gt: Any,
+        *,
+        columns: dict[str, Any],
+        i: int,
+        pred_space: str | None = None,
+        gt_space: str | None = None,
+        patch_size: int = 14,
+        **opts: Any,
+    ) -> float:
+        spaces = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
+        context = {k: v for k, v in (("columns", columns), ("i", i)) if k in params}
+        return score(pred, gt, frames=Frames(*spaces, geometry(columns, i, patch_size)), **context, **opts)
+
+    P = inspect.Parameter
+    own = [p for name, p in params.items() if name not in ("frames", "columns", "i")]
+    shared = [
+        P("columns", P.KEYWORD_ONLY, annotation="dict[str, Any]"),
+        P("i", P.KEYWORD_ONLY, annotation="int"),
+        P("pred_space", P.KEYWORD_ONLY, default=None, annotation="str | None"),
+        P("gt_space", P.KEYWORD_ONLY, default=None, annotation="str | None"),
+        P("patch_size", P.KEYWORD_ONLY, default=14, annotation="int"),
+    ]
+    positional = [p for p in own if p.kind is not P.KEYWORD_ONLY]
+    scored.__signature__ = inspect.Signature(positional + shared + [p for p in own if p.kind is P.KEYWORD_ONLY])
+    return scored
 
 
 def _valid_box(b: Sequence[float] | None) -> bool:
@@ -239,31 +296,19 @@ def _one_gt_box(gt: Any, reward: str) -> list[float]:
     return boxes[0]
 
 
-def _box_score(name, metric, text, gt, columns, i, *, pred_space, gt_space, box_which, patch_size) -> float:
+def _box_score(name: str, metric: Callable, text: str | None, gt: Any, frames: Frames, box_which: Which) -> float:
     """``metric`` of the ``box_which`` box of ``text`` against the ground-truth box, both in ``normalized_0_1``."""
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    geo = geometry(columns, i, patch_size)
-    g = to_normalized(_one_gt_box(gt, name), gt_space, geo)
+    g = frames.gt(_one_gt_box(gt, name))
     p = parse_box(text, box_which) if text is not None else None
-    return metric(to_normalized(p, pred_space, geo), g) if p is not None else metric([math.nan] * 4, g)
+    return metric(frames.pred(p), g) if p is not None else metric([math.nan] * 4, g)
 
 
 @register_reward(
     "iou", "IoU of the predicted box with the ground-truth box, both converted from explicit coordinate spaces"
 )
 @per_answer("iou")
-def iou(
-    pred: Any,
-    gt: Any,
-    *,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    threshold: float | None = None,
-    box_which: Which = "first",
-    patch_size: int = 14,
-) -> float:
+@in_frames
+def iou(pred: Any, gt: Any, *, frames: Frames, threshold: float | None = None, box_which: Which = "first") -> float:
     """Box IoU reward (referring-expression grounding).
 
     The predicted box is the ``box_which`` (first) box in the ``which`` (last) ``<answer>``; the ground truth is
@@ -275,8 +320,7 @@ def iou(
     ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``), with float boxes, a
     guarded zero union and explicit spaces; ``threshold=0.5`` is its commented-out hard variant.
     """
-    spaces = dict(pred_space=pred_space, gt_space=gt_space, box_which=box_which, patch_size=patch_size)
-    score = _box_score("iou", box_iou, pred, gt, columns, i, **spaces)
+    score = _box_score("iou", box_iou, pred, gt, frames, box_which)
     return score if threshold is None else float(score > threshold)
 
 
@@ -284,17 +328,8 @@ def iou(
     "giou", "generalised IoU (in [-1, 1]) of the predicted and ground-truth boxes in explicit coordinate spaces"
 )
 @per_answer("giou")
-def giou(
-    pred: Any,
-    gt: Any,
-    *,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    box_which: Which = "first",
-    patch_size: int = 14,
-) -> float:
+@in_frames
+def giou(pred: Any, gt: Any, *, frames: Frames, box_which: Which = "first") -> float:
     """Generalised-IoU box reward.
 
     ``r = IoU − |C \\ (P ∪ G)| / |C|`` (Rezatofighi et al. 2019, CVPR), C the smallest box enclosing P and G;
@@ -304,8 +339,7 @@ def giou(
     Source: Rezatofighi et al. 2019, "Generalized Intersection over Union" (CVPR); a dense alternative to
     VLM-R1's IoU reward (om-ai-lab/VLM-R1 ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``).
     """
-    spaces = dict(pred_space=pred_space, gt_space=gt_space, box_which=box_which, patch_size=patch_size)
-    return _box_score("giou", box_giou, pred, gt, columns, i, **spaces)
+    return _box_score("giou", box_giou, pred, gt, frames, box_which)
 
 
 # --- detection ----------------------------------------------------------------------------------------------
@@ -376,8 +410,8 @@ def _gt_objects(gt: Any) -> list[dict]:
     return out
 
 
-def _normalize_objects(objs: list[dict], space: BoxSpace, geo: ImageGeometry) -> list[dict]:
-    return [{**o, "box": to_normalized(o["box"], space, geo)} for o in objs]
+def _normalize_objects(objs: list[dict], to_normal: Callable[[Sequence[float]], list[float]]) -> list[dict]:
+    return [{**o, "box": to_normal(o["box"])} for o in objs]
 
 
 def visual_rft_score(preds: list[dict], gts: list[dict], iou_threshold: float = 0.5) -> tuple[float, float]:
@@ -418,17 +452,8 @@ def visual_rft_score(preds: list[dict], gts: list[dict], iou_threshold: float = 
     "Visual-RFT detection reward: R_IoU + R_conf with confidence-ordered IoU>0.5 matching, in [0, 2]",
 )
 @per_answer("detection_visual_rft")
-def detection_visual_rft(
-    pred: Any,
-    gt: Any,
-    *,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    iou_threshold: float = 0.5,
-    patch_size: int = 14,
-) -> float:
+@in_frames
+def detection_visual_rft(pred: Any, gt: Any, *, frames: Frames, iou_threshold: float = 0.5) -> float:
     """Visual-RFT IoU + confidence detection reward.
 
     The answer is a list of ``{"Position": [x1, y1, x2, y2], "Confidence": c}`` (:func:`parse_detections`;
@@ -440,11 +465,9 @@ def detection_visual_rft(
     Source: Liu et al. 2025, "Visual-RFT" (arXiv 2503.01785), ``grpo.py`` v2 IoU and confidence rewards
     (Liuziyu77/Visual-RFT ``src/virft/src/open_r1/grpo.py``).
     """
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    geo = geometry(columns, i, patch_size)
-    gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
+    gts = _normalize_objects(_gt_objects(gt), frames.gt)
     preds = [p for p in parse_detections(pred) if p["confidence"] is not None and math.isfinite(p["confidence"])]
-    r_iou, r_conf = visual_rft_score(_normalize_objects(preds, pred_space, geo), gts, iou_threshold)
+    r_iou, r_conf = visual_rft_score(_normalize_objects(preds, frames.pred), gts, iou_threshold)
     return r_iou + r_conf
 
 
@@ -494,17 +517,14 @@ def weighted_detection_score(
     "VLM-R1 weighted_sum detection score: 0.7*mean matched IoU + 0.3*completeness (greedy IoU>=0.5 matching)",
 )
 @per_answer("detection_weighted", require_tags=False)
+@in_frames
 def detection_weighted(
     pred: Any,
     gt: Any,
     *,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
+    frames: Frames,
     iou_threshold: float = 0.5,
     weights: tuple[float, float, float] = (0.7, 0.0, 0.3),
-    patch_size: int = 14,
 ) -> float:
     """Matched, weighted detection score (:func:`weighted_detection_score`) in [0, 1].
 
@@ -515,10 +535,8 @@ def detection_weighted(
     ``src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py``): weights ``(pos, label, compl) =
     (0.7, 0.0, 0.3)``.
     """
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    geo = geometry(columns, i, patch_size)
-    gts = _normalize_objects(_gt_objects(gt), gt_space, geo)
-    preds = _normalize_objects(parse_detections(pred), pred_space, geo)
+    gts = _normalize_objects(_gt_objects(gt), frames.gt)
+    preds = _normalize_objects(parse_detections(pred), frames.pred)
     return weighted_detection_score(preds, gts, iou_threshold, tuple(weights))
 
 
@@ -717,17 +735,8 @@ def multi_span_iou(pred: Any, gt: Any, *, which: Which, require_tags: bool, tag:
     "tracking_iou", "mean IoU over frames of the predicted track (one box per frame) with the ground-truth track"
 )
 @per_answer("tracking_iou")
-def tracking_iou(
-    pred: Any,
-    gt: Any,
-    *,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    strict_count: bool = True,
-    patch_size: int = 14,
-) -> float:
+@in_frames
+def tracking_iou(pred: Any, gt: Any, *, frames: Frames, strict_count: bool = True) -> float:
     """Tracking mean IoU.
 
     The prediction is the list of boxes in the answer, one per frame; the ground truth a list of K boxes.
@@ -738,12 +747,10 @@ def tracking_iou(
     Source: VideoChat-R1 ``tracking_iou_reward`` (arXiv 2504.06958; OpenGVLab/VideoChat-R1
     ``src/open_r1/grpo_tasks.py``).
     """
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
-    geo = geometry(columns, i, patch_size)
-    g = [to_normalized(b, gt_space, geo) for b in _gt_boxes(gt)]
+    g = [frames.gt(b) for b in _gt_boxes(gt)]
     if not g:
         raise ValueError(f"reward 'tracking_iou': the ground-truth track {gt!r} has no boxes")
-    p = [to_normalized(b, pred_space, geo) for b in (parse_boxes(pred) if pred is not None else [])]
+    p = [frames.pred(b) for b in (parse_boxes(pred) if pred is not None else [])]
     if strict_count and len(p) != len(g):
         return 0.0
     return sum(box_iou(a, b) for a, b in zip(p, g)) / len(g)
@@ -789,33 +796,22 @@ def _gt_target(gt: Any, reward: str) -> tuple[list[float] | None, list[float] | 
 
 @register_reward("gui_point_in_box", "1 if the predicted click point lies inside the ground-truth element box")
 @per_answer("gui_point_in_box")
-def gui_point_in_box(
-    pred: Any,
-    gt: Any,
-    *,
-    which: Which,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    patch_size: int = 14,
-) -> float:
+@in_frames
+def gui_point_in_box(pred: Any, gt: Any, *, which: Which, frames: Frames) -> float:
     """GUI grounding click accuracy: ``r = 1[x1 ≤ x̂ ≤ x2 and y1 ≤ ŷ ≤ y2]`` for the predicted point (a
     predicted box counts as its centre) and the ground-truth box, after space conversion. No point → 0.
 
     Source: the "inside-box" click reward of GUI grounding RL (e.g. UI-R1, GUI-R1), the baseline LPO improves on
     (arXiv 2506.09373; arXiv 2506.09373).
     """
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     box, _ = _gt_target(gt, "gui_point_in_box")
     if box is None:
         raise ValueError(f"reward 'gui_point_in_box' needs a ground-truth box, got the point {gt!r}")
-    geo = geometry(columns, i, patch_size)
-    b = to_normalized(box, gt_space, geo)
+    b = frames.gt(box)
     pt = _pred_point(pred, which)
     if pt is None:
         return 0.0
-    x, y = to_normalized(pt, pred_space, geo)
+    x, y = frames.pred(pt)
     return float(b[0] <= x <= b[2] and b[1] <= y <= b[3])
 
 
@@ -824,18 +820,9 @@ def gui_point_in_box(
     "distance reward exp(-d/sigma) (or linear) between the predicted point and the target, d in normalised units",
 )
 @per_answer("gui_point_distance")
+@in_frames
 def gui_point_distance(
-    pred: Any,
-    gt: Any,
-    *,
-    which: Which,
-    columns: dict[str, Any],
-    i: int,
-    pred_space: str | None = None,
-    gt_space: str | None = None,
-    kernel: str = "exp",
-    sigma: float = 0.1,
-    patch_size: int = 14,
+    pred: Any, gt: Any, *, which: Which, frames: Frames, kernel: str = "exp", sigma: float = 0.1
 ) -> float:
     """Distance-based click reward that still credits near misses.
 
@@ -850,13 +837,11 @@ def gui_point_distance(
         raise ValueError(f"gui_point_distance: kernel must be 'exp' or 'linear', got {kernel!r}")
     if not sigma > 0:
         raise ValueError(f"gui_point_distance: sigma must be > 0, got {sigma!r}")
-    pred_space, gt_space = box_space(pred_space, "pred_space"), box_space(gt_space, "gt_space")
     box, pt_gt = _gt_target(gt, "gui_point_distance")
-    geo = geometry(columns, i, patch_size)
-    target = to_normalized(pt_gt if box is None else [(box[0] + box[2]) / 2, (box[1] + box[3]) / 2], gt_space, geo)
+    target = frames.gt(pt_gt if box is None else [(box[0] + box[2]) / 2, (box[1] + box[3]) / 2])
     pt = _pred_point(pred, which)
     if pt is None:
         return 0.0
-    x, y = to_normalized(pt, pred_space, geo)
+    x, y = frames.pred(pt)
     d = math.hypot(x - target[0], y - target[1]) / math.sqrt(2.0)
     return math.exp(-d / sigma) if kernel == "exp" else max(0.0, 1.0 - d / sigma)
