@@ -1,109 +1,30 @@
 """The adapter contract: the checklist every registered ``model.adapter`` passes (docs/architecture.md).
 
-Adding a model family = one entry in ``CASES`` (tiny ``model.args``, two prompt rows, LoRA targets); the first
-test fails for a registered adapter without an entry. Every check runs on a tiny real model built from config.
+Adding a model family = one entry in ``CASES`` (``tests/adapter_cases.py``: tiny ``model.args``, two prompt rows,
+LoRA targets); the first test fails for a registered adapter without an entry. Every check runs on a tiny real model
+built from config.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 import torch
 
-from mmgrpo.config import LoraConfig
 from mmgrpo.loader import load_builtins
 from mmgrpo.plugins import ADAPTERS, AdapterSpec
 from mmgrpo.types import PolicyAdapter, Rollout, capabilities
+from tests.adapter_cases import CASES, build
 
 G = 2  # samples per prompt
-
-
-@dataclass
-class Case:
-    """How to build a tiny instance of one adapter family for the contract."""
-
-    args: dict
-    """Tiny ``model.args``; ``name_or_path`` is replaced by the saved directory for the round-trip."""
-    rows: Callable[[], list[dict]]
-    """Two prompt rows of the kind the adapter reads."""
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-def _shapes_rows() -> list[dict]:
-    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
-
-    return ShapesTask(ShapesArgs(train_size=2, eval_size=1)).train_rows()[:2]
-
-
-def _video_rows() -> list[dict]:
-    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
-
-    return VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=2, eval_size=1)).train_rows()[:2]
-
-
-def _flow_rows() -> list[dict]:
-    return [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
-
-
-def _flow_targets() -> list[str]:
-    from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS
-
-    return list(FLOW_LORA_TARGETS)
-
-
-def _ar_image_rows() -> list[dict]:
-    return [{"prompt": "a red circle top left", "seed": 0}, {"prompt": "a blue square bottom right", "seed": 1}]
-
-
-def _speech_rows(question: str) -> Callable[[], list[dict]]:
-    def rows() -> list[dict]:
-        import shutil
-
-        if shutil.which("espeak-ng") is None:
-            pytest.skip("espeak-ng is not installed (scripts/setup_env.sh installs it): no speech to synthesise")
-        from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
-
-        return list(SpokenDigitsTask(SpokenDigitsArgs(question=question, train_size=2, eval_size=1)).train_rows())[:2]
-
-    return rows
-
-
-VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 3136, "max_pixels": 3136}
-
-CASES: dict[str, Case] = {
-    "vlm": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4}, _shapes_rows),
-    "video": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4, "video": VIDEO_SAMPLING}, _video_rows),
-    "flow": Case(
-        {"name_or_path": "tiny-sd3", "num_steps": 3, "eval_num_steps": 2, "resolution": 32, "device": "cpu"},
-        _flow_rows,
-        lora_targets=_flow_targets(),
-    ),
-    "ar_image": Case({"name_or_path": "tiny-janus", "guidance_scale": 3.0}, _ar_image_rows),
-    "whisper": Case(
-        {"name_or_path": "tiny-whisper", "max_new_tokens": 6, "temperature": 0.8},
-        _speech_rows("transcribe"),
-        lora_targets=["q_proj", "v_proj"],
-    ),
-    "audio_llm": Case(
-        {"name_or_path": "tiny-qwen2-audio", "max_new_tokens": 5, "temperature": 0.8}, _speech_rows("second_word")
-    ),
-}
 
 
 def test_every_registered_adapter_has_a_contract_case():
     load_builtins()
     missing = set(ADAPTERS.names()) - set(CASES)
-    assert not missing, f"add a Case for {sorted(missing)} to CASES in tests/test_adapter_contract.py"
-
-
-def _build(name: str, *, lora: bool, **over):
-    case = CASES[name]
-    cfg = LoraConfig(enabled=lora, r=4, alpha=8, target_modules=case.lora_targets)
-    return ADAPTERS.get(name)({**case.args, **over}, seed=0, lora=cfg)
+    assert not missing, f"add a Case for {sorted(missing)} to CASES in tests/adapter_cases.py"
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -111,7 +32,7 @@ def lora_run(request, mmgrpo_cache):
     """A LoRA adapter of family ``request.param`` and one rollout of 2 prompts × G samples, before any update."""
     name = request.param
     torch.manual_seed(0)
-    adapter = _build(name, lora=True)
+    adapter = build(name, lora=True)
     rows = CASES[name].rows()
     return name, adapter, rows, adapter.rollout(rows, G)
 
@@ -173,7 +94,7 @@ def test_one_step_changes_parameters_and_save_pretrained_round_trips(name, mmgrp
     """Full fine-tuning: one AdamW step moves the weights; the saved directory, loaded through the adapter's own
     ``name_or_path`` (the real ``from_pretrained`` path), gives the trained log-probs."""
     torch.manual_seed(0)
-    adapter = _build(name, lora=False)
+    adapter = build(name, lora=False)
     ro = adapter.rollout(CASES[name].rows(), G)
     idx = torch.arange(ro.batch_size)
     params = list(adapter.trainable_parameters())
@@ -191,7 +112,7 @@ def test_one_step_changes_parameters_and_save_pretrained_round_trips(name, mmgrp
     trained = adapter.logprobs(ro, idx).detach().cpu()
     assert not torch.allclose(trained[ro.mask.bool()], ro.old_logprobs[ro.mask.bool()], atol=1e-6)
     adapter.save_pretrained(str(tmp_path / "saved"))
-    reloaded = _build(name, lora=False, name_or_path=str(tmp_path / "saved"))
+    reloaded = build(name, lora=False, name_or_path=str(tmp_path / "saved"))
     torch.testing.assert_close(reloaded.logprobs(ro, idx).detach().cpu(), trained, atol=1e-5, rtol=0)
 
 
@@ -222,7 +143,7 @@ def test_token_rollouts_draw_through_the_one_decode_loop(name, mmgrpo_cache, mon
         return real(scores, spec, u, generator)
 
     monkeypatch.setattr(decode, "draw_token", counting)
-    adapter = _build(name, lora=False)
+    adapter = build(name, lora=False)
     rows = CASES[name].rows()
     rollout = adapter.rollout(rows, G, noise.NoiseKeys(0, 0, (0, 1), G))
     T = rollout.mask.shape[1]

@@ -16,75 +16,37 @@ import pytest
 import torch
 
 from mmgrpo import noise
-from mmgrpo.loader import load_builtins, load_config
-from mmgrpo.plugins import ADAPTERS, TASKS
+from tests.adapter_cases import CASES, build
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests/world_size_worker.py"
 
 
-def _adapter_and_rows(config: str, overrides: list[str], n: int):
-    load_builtins()
-    cfg = load_config(ROOT / "configs" / config, overrides)
-    task = TASKS.get(cfg.task.name)(cfg.task.args, seed=0)
-    adapter = ADAPTERS.get(cfg.model.adapter)(
-        cfg.model.args, seed=0, lora=cfg.model.lora, dtype="float32", need_reference=False
-    )
-    return adapter, [task.train_rows()[i] for i in range(n)]
-
-
-def _split_rollouts(adapter, rows, G: int):
-    """The rollout of 4 prompts at positions 0..3, and those of prompts 0..1 and 2..3 sampled apart."""
-    whole = adapter.rollout(rows, G, noise.NoiseKeys(0, 2, (0, 1, 2, 3), G))
-    parts = [adapter.rollout(rows[lo : lo + 2], G, noise.NoiseKeys(0, 2, (lo, lo + 1), G)) for lo in (0, 2)]
-    return whole, parts
-
-
-def test_vlm_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):
-    adapter, rows = _adapter_and_rows("quickstart.yaml", ["model.args.max_new_tokens=6"], 4)
-    whole, parts = _split_rollouts(adapter, rows, G=3)
-    ids = torch.cat([p.state.completion_ids for p in parts])  # [B, T]
-    assert torch.equal(whole.state.completion_ids, ids)
-    assert whole.outputs == parts[0].outputs + parts[1].outputs
-    old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
-    assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
-    other_step = adapter.rollout(rows, 3, noise.NoiseKeys(0, 3, (0, 1, 2, 3), 3))  # another step: other draws
-    assert not torch.equal(other_step.state.completion_ids, whole.state.completion_ids)
-    with pytest.raises(ValueError, match="6 rows, but 12"):
-        adapter.rollout(rows, 3, noise.NoiseKeys(0, 2, (0, 1), 3))  # keys made for other prompts
-
-
-@pytest.mark.slow  # builds four more tiny models (minutes on CPU)
 @pytest.mark.parametrize(
-    "config,overrides",
-    [
-        ("video_motion_tgrpo.yaml", ["model.args.max_new_tokens=4"]),  # + T-GRPO shuffled rollouts
-        ("speech_qwen2audio_qa.yaml", ["model.args.max_new_tokens=4"]),
-        ("speech_whisper_asr.yaml", ["model.args.max_new_tokens=4"]),
-        ("ar_image_grpo.yaml", []),
-    ],
-    ids=["video", "audio_llm", "whisper", "ar_image"],
+    "name,over",
+    [*((n, {}) for n in CASES), ("video", {"temporal_contrast": {"enabled": True, "num_shuffled": 2}})],
+    ids=[*CASES, "video_tgrpo"],
 )
-def test_other_token_adapters_key_their_draws(config, overrides, mmgrpo_cache):
-    adapter, rows = _adapter_and_rows(config, overrides, 4)
-    whole, parts = _split_rollouts(adapter, rows, G=2)
-    field = "image_tokens" if hasattr(whole.state, "image_tokens") else "completion_ids"
-    tokens = torch.cat([getattr(p.state, field) for p in parts])  # [B, T]
-    assert torch.equal(getattr(whole.state, field), tokens)
+def test_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(name, over, mmgrpo_cache):
+    """Every family of the contract table (tests/adapter_cases.py): the rollout of prompts 0 and 1 together draws
+    what the rollouts of prompt 0 and of prompt 1 draw apart, as a 2-process run splits them; the old log-probs agree
+    to float rounding. T-GRPO's shuffled-frame rollouts are keyed too."""
+    case = CASES[name]
+    adapter = build(name, lora=False, **case.batch_invariant, **over)
+    rows, G = case.rows(), 2
+    whole = adapter.rollout(rows, G, noise.NoiseKeys(0, 2, (0, 1), G))
+    parts = [adapter.rollout(rows[p : p + 1], G, noise.NoiseKeys(0, 2, (p,), G)) for p in (0, 1)]
+    drawn = torch.cat([getattr(p.state, case.drawn) for p in parts])
+    assert torch.equal(getattr(whole.state, case.drawn), drawn)
     old = torch.cat([p.old_logprobs for p in parts])  # [B, T]
     assert torch.allclose(whole.old_logprobs, old, atol=1e-5, rtol=0)
-    if "shuffled_completions" in whole.extras:  # T-GRPO: the shuffled-frame rollouts are keyed too
-        shuffled = parts[0].extras["shuffled_completions"] + parts[1].extras["shuffled_completions"]
-        assert whole.extras["shuffled_completions"] == shuffled
-
-
-def test_flow_keyed_rollout_of_a_prompt_does_not_depend_on_its_batch(mmgrpo_cache):
-    adapter, rows = _adapter_and_rows("flow_grpo.yaml", ["model.args.num_steps=3", "model.args.encode_batch_size=1"], 4)
-    whole, parts = _split_rollouts(adapter, rows, G=2)
-    latents = torch.cat([p.state.latents for p in parts])  # [B, T+1, C, H, W]
-    assert torch.equal(whole.state.latents, latents)  # bit-identical: per-sample noise, per-prompt embeddings
-    assert torch.equal(whole.old_logprobs, torch.cat([p.old_logprobs for p in parts]))
     assert torch.equal(whole.mask, torch.cat([p.mask for p in parts]))
+    if over:
+        assert whole.extras["shuffled_completions"] == [s for p in parts for s in p.extras["shuffled_completions"]]
+    other_step = adapter.rollout(rows, G, noise.NoiseKeys(0, 3, (0, 1), G))  # another step: other draws
+    assert not torch.equal(getattr(other_step.state, case.drawn), getattr(whole.state, case.drawn))
+    with pytest.raises(ValueError, match="rows"):
+        adapter.rollout(rows, G, noise.NoiseKeys(0, 2, (0,), G))  # keys made for other prompts
 
 
 # ------------------------------------------------------------------------------------------ 1 vs 2 processes
