@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
+from tests.adapter_cases import CASES
 from tests.test_trainer import QUICK, ROOT
 
 FLOW = ROOT / "configs/flow_grpo.yaml"
@@ -163,42 +164,41 @@ def test_fsdp_checkpoint_resumes(tmp_path, mmgrpo_cache):
             torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=f"{name}: {k}")
 
 
-WHISPER = ROOT / "configs/speech_whisper_asr.yaml"
-WHISPER_STEP = [
-    "steps=1",
-    "algorithm.group_size=2",
-    "algorithm.prompts_per_step=2",
-    "algorithm.minibatch_size=4",
-    "model.args.max_new_tokens=6",
-    "model.args.temperature=1.5",
-    "task.args.train_size=8",
-    "task.args.eval_size=2",
-    "warmup.steps=0",
-    "eval.before=false",
-    "eval.after=false",
-    "eval.every=0",
-    "logging.trackers=[]",
-    "logging.progress=false",
-    "rewards=[{name: 'length_rewards:length_reward'}]",
-]
-
-
 @pytest.mark.slow
-def test_fsdp_whisper_rollout_finishes(tmp_path, mmgrpo_cache):
-    """Whisper under FSDP2 on 2 processes samples and trains one step: its decoder runs in the one decode loop, which
-    keeps stepping until every row of every process has ended (each forward of a sharded model is a collective; a
-    process that stopped on its own rows' EOS would leave the other waiting)."""
-    import shutil
-
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (scripts/setup_env.sh installs it): no speech to synthesise")
-    (tmp_path / "length_rewards.py").write_text(REWARD)
-    summary = _launch("fsdp_cpu_2proc", WHISPER, WHISPER_STEP, tmp_path / "run", tmp_path)
-    assert summary["train/processes"] == 2 and summary["train/sharded"] == 1.0
-    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1]
-    assert steps[0]["optim/grad_norm"] > 0  # a real update: the encoder's root weights took part in the backward too
+def test_every_family_rolls_out_and_trains_under_fsdp(tmp_path, mmgrpo_cache):
+    """Every family of the contract table (tests/adapter_cases.py), sharded with FSDP2 on 2 processes, samples G
+    completions of a different prompt on each process, scores them as the unsharded model does and back-propagates
+    (tests/fsdp_rollout_worker.py). The token
+    families decode in the one loop, which keeps stepping until every row of every process has ended: each forward
+    of a sharded model is a collective, so a process that stopped on its own rows' end would leave the other one
+    waiting (the launch's timeout would fail this test)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "--config_file",
+        str(ACCEL / "fsdp_cpu_2proc.yaml"),
+        str(ROOT / "tests/fsdp_rollout_worker.py"),
+        str(out),
+        *CASES,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in CASES:
+        ranks = [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in (0, 1)]
+        for rec in ranks:
+            assert rec["world"] == 2 and rec["sharded"], (name, rec)  # FSDP2 ran on 2 processes
+            assert rec["rows"] == 2 and rec["units"] > 0, (name, rec)
+            assert rec["grad_norm"] > 0, (name, rec)  # the backward reached this process's shard
+            assert rec["max_diff_unsharded"] <= 1e-5, (name, rec)  # the sharded forward is the model's forward
+        if name == "flow":  # no tokens: a fixed number of denoising steps
+            continue
+        # both processes ran the same decoding steps, as many as the longer of their rows needed
+        assert ranks[0]["draws"] == ranks[1]["draws"] >= max(r["own_end"] for r in ranks) - 1, (name, ranks)
+        if name != "ar_image":  # the families with an end token: process 0's rows ended first
+            assert ranks[0]["own_end"] < ranks[1]["own_end"], (name, ranks)
 
 
 @pytest.mark.parametrize("name", ["fsdp", "fsdp_cpu_2proc", "deepspeed_zero2", "deepspeed_zero3"])

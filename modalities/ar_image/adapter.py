@@ -45,6 +45,7 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -158,6 +159,9 @@ class JanusFamily:
 
     @torch.no_grad()
     def decode(self, model: torch.nn.Module, tokens: Tensor) -> list[Image.Image]:
+        # FSDP2 wraps the VQ quantizer as its own unit (a _no_split_module), whose codebook the decoder reads through
+        # get_codebook_entry, not forward: run that method as the unit's forward (no-op when unsharded)
+        sharding.as_forward(model.model.vqmodel.quantize, "get_codebook_entry")
         pixels = model.decode_image_tokens(tokens).float()  # [n, H, W, 3] in [-1, 1]
         arr = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
         return [Image.fromarray(np.ascontiguousarray(a)) for a in arr]
@@ -220,6 +224,13 @@ class ARImageAdapter(TokenPolicy):
         """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
         return _hf.unwrap(model, peft=True)
 
+    def _run(self, model: torch.nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(base, *args)`` on the base model of ``model``, run as a forward of ``model``: every call here reaches
+        sub-modules (embeddings, backbone, generation head, VQ decoder) directly, and under FSDP2 their root-owned
+        weights exist only inside a forward of the root (:func:`mmgrpo.sharding.call_as_forward`)."""
+        base = self._base(model)
+        return sharding.call_as_forward(model, lambda *a: fn(base, *a), *args)
+
     @property
     def guided(self) -> bool:
         return self.args.guidance_scale != 1.0
@@ -254,33 +265,38 @@ class ARImageAdapter(TokenPolicy):
 
     def _prefill(self, model: torch.nn.Module, ids: Tensor, mask: Tensor) -> tuple[Any, Tensor]:
         """KV cache of the prompt rows and the hidden state at their last position. [m, L] → cache, [m, D]."""
-        base = self._base(model)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)  # [m, L]
-        out = self.family.backbone(base)(
-            inputs_embeds=self.family.embed_text(base, ids),
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-        )
-        return out.past_key_values, out.last_hidden_state[:, -1]
+
+        def run(base: torch.nn.Module) -> tuple[Any, Tensor]:
+            positions = (mask.cumsum(1) - 1).clamp(min=0)  # [m, L]
+            out = self.family.backbone(base)(
+                inputs_embeds=self.family.embed_text(base, ids),
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+            )
+            return out.past_key_values, out.last_hidden_state[:, -1]
+
+        return self._run(model, run)
 
     def _continue(self, model, cache, mask: Tensor, tokens: Tensor, start: Tensor) -> Tensor:
         """Hidden states of image ``tokens`` [m, t] continuing ``cache``; ``mask`` [m, L + t]; ``start`` [m]."""
-        base = self._base(model)
-        positions = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [m, t]
-        out = self.family.backbone(base)(
-            inputs_embeds=self.family.embed_image(base, tokens),
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return out.last_hidden_state  # [m, t, D]
+
+        def run(base: torch.nn.Module) -> Tensor:
+            positions = start[:, None] + torch.arange(tokens.shape[1], device=tokens.device)  # [m, t]
+            out = self.family.backbone(base)(
+                inputs_embeds=self.family.embed_image(base, tokens),
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            return out.last_hidden_state  # [m, t, D]
+
+        return self._run(model, run)
 
     def _unit_hidden(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> Tensor:
         """Last hidden states predicting every unit of rows ``index``: conditional rows, then unconditional ones
         when guided. [2n or n, T, D]"""
-        base = self._base(model)
         tokens = state.image_tokens[index].to(self.device)  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         fam = self.family
@@ -298,19 +314,22 @@ class ARImageAdapter(TokenPolicy):
         else:
             ids, mask = self._prompt_batch([state.cache.ids[p] for p in prompts.tolist()])  # [2n, L]
             both = torch.cat([tokens, tokens]) if self.guided else tokens  # [2n, T]
-            L = ids.shape[1]
-            embeds = torch.cat([fam.embed_text(base, ids), fam.embed_image(base, both[:, :-1])], 1)  # [2n, L+T-1, D]
             full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], self.T - 1)], 1)
-            positions = (full_mask.cumsum(1) - 1).clamp(min=0)
-            out = fam.backbone(base)(
-                inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False
-            )
-            hidden = out.last_hidden_state[:, L - 1 :]  # [2n, T, D]
+
+            def run(base: torch.nn.Module) -> Tensor:
+                embeds = torch.cat([fam.embed_text(base, ids), fam.embed_image(base, both[:, :-1])], 1)  # [2n, L+T-1]
+                positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+                out = fam.backbone(base)(
+                    inputs_embeds=embeds, attention_mask=full_mask, position_ids=positions, use_cache=False
+                )
+                return out.last_hidden_state[:, ids.shape[1] - 1 :]  # [2n, T, D]
+
+            hidden = self._run(model, run)
         return hidden
 
     def _unit_logits(self, model: torch.nn.Module, state: ARImageState, index: Tensor) -> tuple[Tensor, Tensor | None]:
         """Conditional and unconditional image-head logits of every unit of rows ``index``, fp32. [n, T, V] each."""
-        return self._split(self.family.image_logits(self._base(model), self._unit_hidden(model, state, index)).float())
+        return self._split(self._run(model, self.family.image_logits, self._unit_hidden(model, state, index)).float())
 
     def _distribution(self, cond: Tensor, uncond: Tensor | None) -> tuple[Tensor, float]:
         """The logits x and divisor τ' with log softmax(x / τ') the trained log-prob, per ``cfg_logprob``.
@@ -330,9 +349,9 @@ class ARImageAdapter(TokenPolicy):
         if head is not None and head.weight.dtype != torch.float32:
             head = None  # a bf16 head rounds each branch's logits before guidance: keep those numerics
         if head is None:
-            x, div = self._distribution(*self._split(fam.image_logits(base, hidden).float()))  # [n, T, V] fp32
+            x, div = self._distribution(*self._split(self._run(model, fam.image_logits, hidden).float()))  # [n, T, V]
             return token_logprobs(x, tokens, temperature=div)  # [n, T], log softmax(x / div)
-        x, div = self._distribution(*self._split(fam.image_features(base, hidden).float()))  # [n, T, P] fp32
+        x, div = self._distribution(*self._split(self._run(model, fam.image_features, hidden).float()))  # [n, T, P]
         return linear_token_logprobs(x, head.weight, tokens, bias=head.bias, temperature=div)  # [n, T] fp32
 
     # ---------------------------------------------------------------------------------------- sampling
@@ -375,7 +394,7 @@ class ARImageAdapter(TokenPolicy):
         state = ARImageState(image_tokens=tokens, prompt_of=prompt_of, cache=PromptCache(ids))
         mask = torch.ones(B, self.T)
         rollout = Rollout(
-            outputs=self.family.decode(self._base(self._unwrapped()), tokens.to(self.device)),
+            outputs=self._run(self.model, self.family.decode, tokens.to(self.device)),
             old_logprobs=torch.zeros(B, self.T),
             mask=mask,
             group_size=group_size,
@@ -396,7 +415,7 @@ class ARImageAdapter(TokenPolicy):
         for row in prompts:
             gen = torch.Generator(device=self.device).manual_seed(int(row.get("seed", 0)))
             tokens, _ = self._sample([self._encode(row)], 1, greedy=False, generator=gen)
-            images += self.family.decode(self._base(self._unwrapped()), tokens.to(self.device))
+            images += self._run(self.model, self.family.decode, tokens.to(self.device))
         return images
 
     # ------------------------------------------------------------------------------- training plumbing
@@ -423,12 +442,11 @@ class _GuidedStepper:
 
     def __init__(self, adapter: ARImageAdapter, model: torch.nn.Module, ids: list[list[int]], reserve: int = 0):
         self.adapter, self.model, self.ids, self.reserve = adapter, model, ids, reserve
-        self.base = adapter._base(model)
 
     def _logits(self, last: Tensor) -> Tensor:
         """Guided logits of the B rows from the hidden states of the [2B] branch rows. [2B, D] → [B, V] fp32."""
         a = self.adapter
-        cond, uncond = a._split(a.family.image_logits(self.base, last).float())  # [B, V] each
+        cond, uncond = a._split(a._run(self.model, a.family.image_logits, last).float())  # [B, V] each
         return guided_logits(cond, uncond, a.args.guidance_scale)
 
     def prefill(self, group_size: int) -> Tensor:
