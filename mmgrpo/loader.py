@@ -16,11 +16,9 @@ from typing import Any
 
 from mmgrpo import advantages, losses, sampling, schedules, shaping
 from mmgrpo.config import (
-    _CHOICES,
     AlgorithmConfig,
     ConfigError,
     TrainConfig,
-    _check_choice,
     check_kwargs,
     read_config,
     variant_methods,
@@ -99,12 +97,14 @@ def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
         )
 
 
+def _check_choice(path: str, value: Any, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: {value!r} is not allowed; choose one of: {', '.join(allowed)}")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Cross-field and registry checks that types alone cannot express."""
     load_builtins()
-    for path, allowed in _CHOICES.items():
-        section, name = path.split(".")
-        _check_choice(path, getattr(getattr(cfg, section), name), allowed)
     a = cfg.algorithm
     for path, value, reg in [
         ("model.adapter", cfg.model.adapter, ADAPTERS),
@@ -202,7 +202,6 @@ def _validate_variants(a: AlgorithmConfig) -> None:
     if a.sampler != sampling.SEQUENTIAL:
         check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
     losses.resolve_options(a)  # surrogate_args, aggregation_args, kl_args against each component's dataclass
-    _check_choice("algorithm.token_weighting", a.token_weighting, ["none", "tw_grpo"])
     extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
     if extra:
         raise ConfigError(
