@@ -117,11 +117,22 @@ def cached_build(name: str, marker: str, build: Callable[[Path], None]) -> Path:
     """``cache_dir()/name``, built by ``build(tmp_directory)`` on first use and renamed into place atomically.
 
     ``marker`` is a file whose presence means the directory is complete (``config.json``, ``model_index.json``).
-    When two processes build at once, the first rename wins and the other's copy is deleted.
+    When two processes build at once, the first rename wins and the other's copy is deleted. Inside an initialised
+    process group only process 0 may build (transformers writes no weights on the others).
     """
     directory = cache_dir() / name
     if (directory / marker).is_file():
         return directory
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        # transformers writes weights on rank 0 only once a process group exists (should_save_on_this_rank): a
+        # build here would publish a model without weights
+        raise RuntimeError(
+            f"the tiny model {name!r} is not in the cache {directory.parent} yet, and process {dist.get_rank()} "
+            "cannot build it (transformers saves weights on process 0 only); build it on process 0 first "
+            "(the trainer wraps model loading in accelerator.main_process_first())"
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
     try:

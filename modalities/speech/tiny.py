@@ -21,15 +21,12 @@ given the seed); other names (hub ids, local paths) pass through.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mmgrpo.cache import cache_dir
-
+from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, train_byte_level_bpe
 
 TINY_WHISPER = "tiny-whisper"
@@ -146,19 +143,13 @@ def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyW
         feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
     )
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
-    return _save_atomically(directory, model, processor)
+    return _save(directory, model, processor)
 
 
-def _save_atomically(directory: str | os.PathLike, model, processor) -> Path:
+def _save(directory: str | os.PathLike, model, processor) -> Path:
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
-    model.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
-    try:
-        os.replace(tmp, directory)
-    except OSError:  # another process built it first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
     return directory
 
 
@@ -167,10 +158,7 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     builders = {TINY_WHISPER: build_tiny_whisper, TINY_QWEN2_AUDIO: build_tiny_qwen2_audio}
     if name not in builders:
         return name
-    directory = cache_dir() / f"{name}-seed{seed}"
-    if not (directory / "config.json").is_file():
-        builders[name](directory, seed=seed)
-    return str(directory)
+    return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: builders[name](d, seed=seed)))
 
 
 QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
@@ -242,4 +230,4 @@ def build_tiny_qwen2_audio(
         feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
     )
     processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
-    return _save_atomically(directory, model, processor)
+    return _save(directory, model, processor)
