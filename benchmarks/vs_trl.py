@@ -114,6 +114,7 @@ class RunSpec:
     mmgrpo_args: dict = field(default_factory=dict)
     profile: str = ""  # a path: profile the last timed step (torch.profiler) and write a summary there
     trl_fused_head: str = "compact"  # compact (TRL's CUDA/XPU rule: score labelled rows only) | device (as on CPU)
+    own_imports: bool = False  # True: the mmgrpo worker imports what mmgrpo needs only (no trl, no datasets)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -521,10 +522,11 @@ T_START = time.perf_counter()
 
 
 def worker(spec: RunSpec) -> None:
-    import datasets  # noqa: F401  (the same imports in every worker: equal baseline memory)
+    if spec.toolkit.startswith("trl") or not spec.own_imports:
+        import datasets  # noqa: F401  (by default the same imports in every worker: equal baseline memory)
+        import trl  # noqa: F401
     import torch
     import transformers  # noqa: F401
-    import trl  # noqa: F401
 
     import mmgrpo.modalities
     import mmgrpo.rewards  # noqa: F401
@@ -550,6 +552,7 @@ def worker(spec: RunSpec) -> None:
         "update_s": [s - r for s, r in zip(steps, rollouts)],
         "peak_rss_mb": flop_box.get("rss_kb", _maxrss_kb()) / 1024,
         "rss_after_imports_mb": rss_start / 1024,
+        "loaded_trl_datasets": ["trl" in sys.modules, "datasets" in sys.modules],  # at the end of the run
         "flops_per_step": flop_box.get("flops"),
         **info,
     }
@@ -751,7 +754,7 @@ def run_worker(a, toolkit: str, model_dir: Path, image_size: int, result: Path, 
         warmup=a.warmup,
         threads=a.threads,
         result=str(result),
-        **{"trl_fused_head": a.trl_fused_head, **fields},
+        **{"trl_fused_head": a.trl_fused_head, "own_imports": a.own_imports, **fields},
     )
     _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
 
@@ -796,6 +799,12 @@ def main(argv: list[str] | None = None) -> int:
         default="compact",
         help="compact (default): the rule TRL's fused lm_head follows on CUDA/XPU, only the completion positions | "
         "device: TRL as shipped on CPU (it scores every prompt position too)",
+    )
+    p.add_argument(
+        "--own-imports",
+        action="store_true",
+        help="each worker imports only its own toolkit's modules (mmgrpo's: no trl, no datasets), as a user's "
+        "process does; by default every worker imports both, so that the RSS after imports is the same",
     )
     p.add_argument(
         "--trl-cpu-row",
