@@ -18,16 +18,16 @@ prompt length both toolkits actually feed (checked equal in every run).
 
 How it is measured. A driver launches one subprocess per (toolkit, ratio, repeat), alternating which toolkit runs
 first, so both see the same machine load. Each subprocess imports the same libraries (torch, transformers, trl,
-datasets, mmgrpo) before loading anything, so import overhead does not differ; it runs ``--warmup`` untimed steps,
-then ``--steps`` timed ones, then (first repeat only) one more under ``torch.utils.flop_counter.FlopCounterMode``
-to count the FLOPs of a step. It reports per step: ``step`` (wall time of the whole optimizer step), ``rollout``
-(the sampling call: TRL ``_generate_single_turn``, mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step −
-rollout: processor,
-rewards, advantages, log-prob forwards, backward, optimizer), plus peak resident memory (``ru_maxrss``, before the
-FLOP-counting step; ``working set`` = that peak minus the RSS after imports). A plain fp32 matmul benchmark runs in
-its own subprocess after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step
-time) is reported as a fraction of its median. Ratios are TRL / mmgrpo per repeat; the table
-gives their median over repeats. Writes ``vs_trl.json`` and ``vs_trl.png`` under ``--out`` and prints one line.
+datasets, mmgrpo) before loading anything, so import overhead does not differ (``--own-imports``: only its own
+toolkit's, as a user's process does); it runs ``--warmup`` untimed steps, then ``--steps`` timed ones, then (first
+repeat only) one more under ``torch.utils.flop_counter.FlopCounterMode`` to count the FLOPs of a step. It reports per
+step: ``step`` (wall time of the whole optimizer step), ``rollout`` (the sampling call: TRL ``_generate_single_turn``,
+mmgrpo ``VLMAdapter._sample``) and ``logprob+update`` (step − rollout: processor, rewards, advantages, log-prob
+forwards, backward, optimizer), plus peak resident memory (the worker's own ``VmHWM``, before the FLOP-counting step;
+``working set`` = that peak minus the RSS after imports). A plain fp32 matmul benchmark runs in its own subprocess
+after every pair of runs, and achieved FLOP/s (FLOPs counted in the first repeat / median step time) is reported as a
+fraction of its median. Ratios are TRL / mmgrpo per repeat; the table gives their median over repeats. Writes
+``vs_trl.json`` and ``vs_trl.png`` under ``--out`` and prints one line.
 
 Options beyond the sweep. ``--vocab real`` resizes the model's tied embedding / lm_head to Qwen2.5-VL's 151,936
 rows (``VOCABS``). ``--checkpointing`` adds both toolkits with gradient checkpointing on (TRL
@@ -513,6 +513,20 @@ def _flop_mode():
 
 
 def _maxrss_kb() -> int:
+    """This process's peak resident memory (kB): ``VmHWM`` of ``/proc/self/status``.
+
+    Not ``getrusage(RUSAGE_SELF).ru_maxrss``: on Linux that high-water mark survives ``fork`` + ``exec`` (the
+    kernel carries the parent's into the child's signal struct), so every worker would start from the driver's RSS
+    at launch (~770 MB here, after it imported torch and built the model) and both toolkits' peaks would be floored
+    there. ``VmHWM`` belongs to the process's own address space, which ``exec`` makes new. Elsewhere: ru_maxrss.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
