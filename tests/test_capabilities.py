@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_declared_capabilities_of_the_builtin_adapters():
     assert capabilities(VLMAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: text + images
-    assert capabilities(VideoAdapter) == {"supervised_loss", "sync_reference"}  # no vLLM engine for videos yet
+    assert capabilities(VideoAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: + videos
     assert capabilities(FlowAdapter) == {"exact_kl", "ratio_norm_inputs"}
     assert issubclass(FlowAdapter, ExactKL) and issubclass(FlowAdapter, RatioNormInputs)
     assert issubclass(VLMAdapter, SupervisedLoss) and issubclass(VLMAdapter, SyncReference)

@@ -82,8 +82,9 @@ def test_engine_needs_an_adapter_that_can_use_one():
     from mmgrpo.loader import load_config
 
     load_config(ROOT / "configs/quickstart.yaml", ["rollout.engine=vllm"])  # vlm: accepted
+    load_config(ROOT / "configs/video_motion.yaml", ["rollout.engine=vllm"])  # video: accepted
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm needs an adapter with use_engine"):
-        load_config(ROOT / "configs/video_motion.yaml", ["rollout.engine=vllm"])
+        load_config(ROOT / "configs/speech_qwen2audio_qa.yaml", ["rollout.engine=vllm"])
 
 
 # ---------------------------------------------------------------------------------------------- real server
@@ -95,12 +96,13 @@ needs_vllm = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, mmgrpo_cache):
-    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2.5-VL, up until the module's tests end."""
+    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2.5-VL, up until the module's tests end. Served for
+    the video adapter (configs/video_motion.yaml: one video per prompt allowed), so image and video tests share it."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = [
-        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / "configs/quickstart.yaml"),
+        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / "configs/video_motion.yaml"),
         "model.args.name_or_path=tiny-qwen2.5-vl-engine", f"rollout.url={url}",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="2")
@@ -148,14 +150,12 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
         encodings = [adapter._encode_prompt(r) for r in rows]
     if not engine:
         return adapter._sample(encodings, 1, greedy=True)[0]
-    texts, images = [], []
-    with adapter._media_scope():
-        for r in rows:
-            loaded = {e.kind: e.load(r) for e in adapter.encoders}
-            texts.append(adapter._prompt_text(r, loaded))
-            images.append(list(loaded.get("image", [])))
+    texts, media = adapter._engine_prompts(rows)
     spec = adapter._sampling_spec(greedy=True)
-    ids, _, _ = adapter.engine.generate(texts, images, 1, spec, [0] * len(rows))
+    ids, _, prompt_ids = adapter.engine.generate(
+        texts, media, 1, spec, [0] * len(rows), adapter._engine_processor_kwargs()
+    )
+    assert prompt_ids == [e["input_ids"][0].tolist() for e in encodings]  # same media tokens: same frames and sizes
     mask = adapter._completion_mask(ids)
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id))
 
@@ -197,6 +197,50 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     assert float(diff.mean()) < 1e-5 and float(diff.max()) < 1e-4, diff
     again = adapter.rollout(_rows(2), 4, noise.NoiseKeys(0, 0, (0, 1), 4))
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
+
+
+def _video_adapter(url: str):
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+
+    video = {"fps": 2.0, "min_frames": 4, "max_frames": 8, "min_pixels": 3136, "max_pixels": 3136}  # video_motion's
+    adapter = build_video_adapter(
+        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video}, seed=0
+    )
+    adapter.use_engine(url, timeout_s=300)
+    adapter.engine.version = adapter.engine.health()["version"]
+    return adapter
+
+
+def _video_rows(n: int) -> list[dict]:
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    return VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=n, eval_size=1)).train_rows()[:n]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_video_greedy_equals_native_after_a_weight_push(server):
+    """Video prompts reach vLLM as the frames the video encoder sampled (mp4 clips of video_motion, 4 frames at 2 fps
+    of 16 at 8 fps), with their sampling metadata: the engine's prompt token ids equal the trainer's (checked in
+    ``_greedy``) and its greedy completions equal the native decode loop's on the pushed weights."""
+    from mmgrpo import noise
+
+    url, _ = server
+    adapter = _video_adapter(url)
+    rows = _video_rows(4)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(3)
+        for p in adapter.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    adapter.push_engine_weights(version=3)
+    native = _greedy(adapter, rows, engine=False)
+    engine = _greedy(adapter, rows, engine=True)
+    assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the clip: clips reach both
+    assert torch.equal(native, engine), (native, engine)
+    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))  # the adapter's own engine path
+    m = rollout.mask.bool()
+    assert rollout.engine_logprobs is not None and m.any()
+    assert float((rollout.old_logprobs - rollout.engine_logprobs)[m].abs().max()) < 1e-4
 
 
 @pytest.mark.slow

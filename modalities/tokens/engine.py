@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import io
 import json
 import os
@@ -72,20 +73,32 @@ class VLLMClient:
         return self._call("/health")
 
     def generate(
-        self, prompts: list[str], images: list[list[Any]], group_size: int, spec: SamplingSpec, seeds: list[int]
+        self,
+        prompts: list[str],
+        media: list[dict[str, list[Any]]],
+        group_size: int,
+        spec: SamplingSpec,
+        seeds: list[int],
+        processor_kwargs: dict[str, Any] | None = None,
     ) -> tuple[Tensor, Tensor, list[list[int]]]:
         """G samples per prompt from the engine.
 
+        ``media`` maps each medium of a prompt to its loaded items, as the adapter's encoders load them (``image``:
+        PIL images; ``video``: :class:`~.video.Clip`, frames already sampled and resized); ``processor_kwargs`` are
+        the engine processor's options for all prompts (vLLM's ``mm_processor_kwargs``, e.g. ``videos_kwargs``).
+
         Shape:
-            prompts, images, seeds: P each (images: a list of PIL images per prompt)
+            prompts, media, seeds: P each
             returns completion_ids [B, T] (pad after the end), engine_logprobs [B, T] fp32 (0 there),
             the engine's prompt token ids (P lists)
         """
         requests = [
-            {"prompt": p, "images": [_png(im) for im in ims], "seed": s} for p, ims, s in zip(prompts, images, seeds)
+            {"prompt": p, "media": {k: [_wire(k, x) for x in items] for k, items in m.items() if items}, "seed": s}
+            for p, m, s in zip(prompts, media, seeds)
         ]
         body = {
             "requests": requests,
+            "mm_processor_kwargs": processor_kwargs or {},
             "n": group_size,
             "max_tokens": spec.max_new_tokens,
             "min_tokens": spec.min_new_tokens,
@@ -127,10 +140,24 @@ class VLLMClient:
         self.version = version
 
 
-def _png(image: Any) -> str:
-    buf = io.BytesIO()
-    image.convert("RGB").save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
+def _wire(kind: str, item: Any) -> Any:
+    """One media item as the server takes it (``vllm_server.py``): an image as base64 PNG; a video clip as its raw
+    frames [F, H, W, C] (base64, with shape and dtype) and the metadata of how they were sampled (native fps, frame
+    indices, total frames), which the processor turns into ``second_per_grid_ts``."""
+    if kind == "image":
+        buf = io.BytesIO()
+        item.convert("RGB").save(buf, format="PNG")
+        return base64.b64encode(buf.getvalue()).decode()
+    if kind == "video":
+        frames = item.frames.permute(0, 2, 3, 1).contiguous()  # [F, C, H, W] -> [F, H, W, C]
+        meta = {k: v for k, v in dataclasses.asdict(item.metadata()).items() if v is not None}
+        return {
+            "frames": base64.b64encode(frames.numpy().tobytes()).decode(),
+            "shape": list(frames.shape),
+            "dtype": str(frames.dtype).removeprefix("torch."),
+            "metadata": meta,
+        }
+    raise EngineError(f"the vLLM rollout engine takes image and video prompts, not {kind!r} (docs/scale.md)")
 
 
 @torch.no_grad()
@@ -181,9 +208,10 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
 
     from mmgrpo.config import ConfigError
 
-    if cfg.model.adapter != "vlm":
+    if cfg.model.adapter not in ("vlm", "video"):
         raise ConfigError(
-            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts)"
+            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts; "
+            "video: plus one video per prompt)"
         )
     from ..vlm.tiny import resolve_model_path
 
@@ -213,6 +241,8 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
         dtype,
         "--seed",
         str(cfg.seed),
+        "--max-videos",
+        "1" if cfg.model.adapter == "video" else "0",  # the video adapter's rows hold at most one video
     ]
 
 

@@ -51,6 +51,15 @@ def _reload_weights_file(worker, path: str) -> int:
     return len(tensors)
 
 
+def _video(wire: dict) -> tuple:
+    """A video item of a request → vLLM's ``(frames [F, H, W, C], metadata)``: the frames exactly as the trainer's
+    processor gets them (already sampled and resized), the metadata of their sampling (fps, frame indices)."""
+    import numpy as np
+
+    frames = np.frombuffer(base64.b64decode(wire["frames"]), dtype=wire["dtype"]).reshape(wire["shape"])
+    return frames.copy(), dict(wire["metadata"])
+
+
 class Engine:
     """The vLLM ``LLM`` and the version of its weights."""
 
@@ -76,7 +85,7 @@ class Engine:
             enforce_eager=True,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            limit_mm_per_prompt={"image": args.max_images, "video": 0},
+            limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
             gpu_memory_utilization=args.gpu_memory_utilization,
             **cpu_options,
         )
@@ -88,9 +97,18 @@ class Engine:
         inputs = []
         for req in body["requests"]:
             item = {"prompt": req["prompt"]}
-            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in req.get("images", [])]
+            media = req.get("media", {})
+            data = {}
+            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in media.get("image", [])]
             if images:
-                item["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+                data["image"] = images if len(images) > 1 else images[0]
+            videos = [_video(v) for v in media.get("video", [])]
+            if videos:
+                data["video"] = videos if len(videos) > 1 else videos[0]
+            if data:
+                item["multi_modal_data"] = data
+                if body.get("mm_processor_kwargs"):
+                    item["mm_processor_kwargs"] = body["mm_processor_kwargs"]
             inputs.append(item)
         common = dict(
             n=int(body["n"]),
@@ -193,6 +211,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--max-images", type=int, default=4, help="images per prompt")
+    p.add_argument("--max-videos", type=int, default=0, help="videos per prompt (0: a server for text and images)")
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,

@@ -75,8 +75,6 @@ class VideoAdapter(VLMAdapter):
 
     args: VideoArgs
 
-    use_engine = None  # rollout.engine: vllm does not send videos yet (refused at load: no capability)
-
     def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None):
         if getattr(processor, "video_processor", None) is None:
             raise ConfigError(
