@@ -199,10 +199,12 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
 
 
-def _video_adapter(url: str):
+def _video_adapter(url: str, side: int = 112):
+    """The video adapter on the engine-sized model, video_motion's sampling (4 frames at 2 fps) with ``side``-pixel
+    frames."""
     from mmgrpo.modalities.video.adapter import build_video_adapter
 
-    video = {"fps": 2.0, "min_frames": 4, "max_frames": 8, "min_pixels": 3136, "max_pixels": 3136}  # video_motion's
+    video = {"fps": 2.0, "min_frames": 4, "max_frames": 8, "min_pixels": side * side, "max_pixels": side * side}
     adapter = build_video_adapter(
         {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video}, seed=0
     )
@@ -241,6 +243,19 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     m = rollout.mask.bool()
     assert rollout.engine_logprobs is not None and m.any()
     assert float((rollout.old_logprobs - rollout.engine_logprobs)[m].abs().max()) < 1e-4
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_refuses_a_video_whose_positions_would_differ(server):
+    """56-pixel frames (a 2x2 token grid) with 2 temporal steps 1 s apart (tokens_per_second 2): the last temporal
+    position 2 reaches the grid's side, where transformers and vLLM place the following text differently."""
+    from mmgrpo.modalities.tokens.engine import EngineError
+
+    url, _ = server
+    adapter = _video_adapter(url, side=56)
+    with pytest.raises(EngineError, match=r"prompt 0: a video of 2 temporal steps on a 2x2 token grid"):
+        adapter.rollout(_video_rows(1), 2)
 
 
 @pytest.mark.slow

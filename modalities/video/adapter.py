@@ -31,12 +31,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
+from ..tokens.engine import EngineError
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
@@ -84,6 +86,40 @@ class VideoAdapter(VLMAdapter):
         self.video = VideoEncoder(processor, args.video, args.decode_cache_mb)
         encoders = [ImageEncoder(args.min_pixels, args.max_pixels), self.video]
         super().__init__(model, processor, args, reference, encoders=encoders)
+
+    def _engine_sample(
+        self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
+    ) -> tuple[Tensor, Tensor]:
+        """The token policy's engine rollout, after checking that vLLM would place each prompt as the trainer does."""
+        for i, enc in enumerate(encodings):
+            self._check_engine_positions(i, enc)
+        return super()._engine_sample(prompts, encodings, group_size, keys)
+
+    def _check_engine_positions(self, i: int, enc: dict[str, Tensor]) -> None:
+        """Refuse a clip whose text-after-video positions differ between the trainer and vLLM (docs/scale.md).
+
+        Qwen2/2.5-VL's mRoPE gives temporal grid step k the position ``int(k · second_per_grid_ts ·
+        tokens_per_second)`` in both. The text after the video then starts, in transformers 5.x (the trainer), at the
+        video's start + max(h, w) (merged grid), and in vLLM (as in Qwen's reference) at the largest video position +
+        1. Both agree while the last temporal position is below max(h, w); past it the engine samples with every later
+        token shifted, off-policy.
+        """
+        if "video_grid_thw" not in enc:
+            return
+        vision = getattr(self._unwrapped().config, "vision_config", None)
+        merge = int(getattr(vision, "spatial_merge_size", 2))
+        per_second = float(getattr(vision, "tokens_per_second", 1.0))
+        seconds = enc.get("second_per_grid_ts", torch.ones(len(enc["video_grid_thw"])))
+        for (t, h, w), s in zip(enc["video_grid_thw"].tolist(), seconds.reshape(-1).tolist()):
+            step = s * per_second if "second_per_grid_ts" in enc else 1.0
+            last, spatial = int((t - 1) * step), max(h, w) // merge
+            if last >= spatial:
+                raise EngineError(
+                    f"prompt {i}: a video of {t} temporal steps on a {h // merge}x{w // merge} token grid (last temporal "
+                    f"position {last} >= {spatial}): transformers and vLLM place the text after it differently, so "
+                    "the engine would sample off-policy; use larger frames (model.args.video.min_pixels / max_pixels), "
+                    "fewer frames or a lower fps, or rollout.engine: native (docs/scale.md)"
+                )
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # the shuffled rollouts reuse the clips the ordered ones decoded
