@@ -115,10 +115,10 @@ class VideoAdapter(VLMAdapter):
             last, spatial = int((t - 1) * step), max(h, w) // merge
             if last >= spatial:
                 raise EngineError(
-                    f"prompt {i}: a video of {t} temporal steps on a {h // merge}x{w // merge} token grid (last temporal "
-                    f"position {last} >= {spatial}): transformers and vLLM place the text after it differently, so "
-                    "the engine would sample off-policy; use larger frames (model.args.video.min_pixels / max_pixels), "
-                    "fewer frames or a lower fps, or rollout.engine: native (docs/scale.md)"
+                    f"prompt {i}: a video of {t} temporal steps on a {h // merge}x{w // merge} token grid (last "
+                    f"temporal position {last} >= {spatial}): transformers and vLLM place the text after it "
+                    "differently, so the engine would sample off-policy; use larger frames (model.args.video.min_pixels"
+                    " / max_pixels), fewer frames or a lower fps, or rollout.engine: native (docs/scale.md)"
                 )
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
