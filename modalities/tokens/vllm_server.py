@@ -10,11 +10,15 @@ CPU and across processes of one machine:
 
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
   (0 = the weights loaded from ``DIR``).
-* ``POST /generate`` with ``{"requests": [{"prompt": str, "images": [base64 PNG, ...]}, ...], "n": G,
-  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (banned:
-  a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may carry a
-  ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P], "prompts":
-  [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
+* ``POST /generate`` with ``{"requests": [{"prompt": str, "media": {"image": [base64 PNG, ...], "video":
+  [{"frames": base64 raw, "shape": [F, H, W, C], "dtype": "uint8", "metadata": {"fps", "frames_indices",
+  "total_num_frames", ...}}, ...]}}, ...], "mm_processor_kwargs": {...}, "n": G, "max_tokens": T, "temperature",
+  "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (video frames are the trainer's, already
+  sampled and resized, with the transformers ``VideoMetadata`` of their sampling; ``mm_processor_kwargs`` go to
+  vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
+  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may
+  carry a ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P],
+  "prompts": [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
   each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
   after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
   prefill across its G samples.

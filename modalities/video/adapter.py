@@ -18,6 +18,11 @@ advantage. Only their decoded text reaches the rewards, in the ``shuffled_comple
 accuracies into the T-GRPO bonus. Departure from Video-R1: the statistics are computed by a reward, so the
 target reward, μ, α and the correctness threshold are configuration rather than "reward column 0, 0.8, 0.3, 0.1".
 
+With ``rollout.engine: vllm`` the ordered rollouts are sampled by the vLLM server, which gets the encoder's very
+frames and their sampling metadata (the token policy's ``_engine_sample``, docs/scale.md); a clip whose text-after-
+video positions differ between transformers and vLLM is refused (:meth:`VideoAdapter._check_engine_positions`). The
+shuffled-frame rollouts stay native.
+
 Extra reward columns (``Rollout.extras``, B values each): ``group_id`` (the prompt of each sample: video
 prompts share their question text, so "equal prompts" cannot identify a group), ``sample_fps``,
 ``frame_timestamps`` (seconds of the frames the model saw), ``duration`` (the row's own, else the decoded
