@@ -133,6 +133,10 @@ def _adapter(url: str):
     adapter = build_vlm_adapter(
         {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
     )
+    return _connect(adapter, url)
+
+
+def _connect(adapter, url: str):
     adapter.use_engine(url, timeout_s=300)
     adapter.engine.version = adapter.engine.health()["version"]  # read what the server holds now
     return adapter
@@ -160,6 +164,15 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id))
 
 
+@torch.no_grad()
+def _perturb_and_push(adapter, seed: int, version: int) -> None:
+    """Move the policy away from the checkpoint the server loaded (N(0, 0.2²) on every parameter), then push it."""
+    g = torch.Generator().manual_seed(seed)
+    for p in adapter.model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    adapter.push_engine_weights(version=version)
+
+
 @pytest.mark.slow
 @needs_vllm
 def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_outputs(server):
@@ -167,11 +180,7 @@ def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_ou
     adapter = _adapter(url)
     rows = _rows(4)
     before = _greedy(adapter, rows, engine=True)
-    with torch.no_grad():  # move the policy away from the checkpoint the server loaded
-        g = torch.Generator().manual_seed(1)
-        for p in adapter.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    adapter.push_engine_weights(version=1)
+    _perturb_and_push(adapter, seed=1, version=1)
     native = _greedy(adapter, rows, engine=False)
     engine = _greedy(adapter, rows, engine=True)
     assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the image: images reach both
@@ -208,9 +217,7 @@ def _video_adapter(url: str, side: int = 112):
     adapter = build_video_adapter(
         {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video}, seed=0
     )
-    adapter.use_engine(url, timeout_s=300)
-    adapter.engine.version = adapter.engine.health()["version"]
-    return adapter
+    return _connect(adapter, url)
 
 
 def _video_rows(n: int) -> list[dict]:
@@ -230,11 +237,7 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     url, _ = server
     adapter = _video_adapter(url)
     rows = _video_rows(4)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(3)
-        for p in adapter.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    adapter.push_engine_weights(version=3)
+    _perturb_and_push(adapter, seed=3, version=3)
     native = _greedy(adapter, rows, engine=False)
     engine = _greedy(adapter, rows, engine=True)
     assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the clip: clips reach both
