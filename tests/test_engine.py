@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -83,8 +84,9 @@ def test_engine_needs_an_adapter_that_can_use_one():
 
     load_config(ROOT / "configs/quickstart.yaml", ["rollout.engine=vllm"])  # vlm: accepted
     load_config(ROOT / "configs/video_motion.yaml", ["rollout.engine=vllm"])  # video: accepted
+    load_config(ROOT / "configs/speech_qwen2audio_qa.yaml", ["rollout.engine=vllm"])  # audio_llm: accepted
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm needs an adapter with use_engine"):
-        load_config(ROOT / "configs/speech_qwen2audio_qa.yaml", ["rollout.engine=vllm"])
+        load_config(ROOT / "configs/speech_whisper_asr.yaml", ["rollout.engine=vllm"])
 
 
 # ---------------------------------------------------------------------------------------------- real server
@@ -98,12 +100,17 @@ needs_vllm = pytest.mark.skipif(
 def server(tmp_path_factory, mmgrpo_cache):
     """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2.5-VL, up until the module's tests end. Served for
     the video adapter (configs/video_motion.yaml: one video per prompt allowed), so image and video tests share it."""
+    yield from _serve(tmp_path_factory, "configs/video_motion.yaml", "tiny-qwen2.5-vl-engine")
+
+
+def _serve(tmp_path_factory, config: str, model: str):
+    """Start ``mmgrpo rollout-server CONFIG`` on ``model``, yield (url, process) once it answers, stop it after."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = [
-        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / "configs/video_motion.yaml"),
-        "model.args.name_or_path=tiny-qwen2.5-vl-engine", f"rollout.url={url}",
+        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / config),
+        f"model.args.name_or_path={model}", f"rollout.url={url}",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="2")
     with log.open("w") as f:
@@ -232,8 +239,6 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     """Video prompts reach vLLM as the frames the video encoder sampled (mp4 clips of video_motion, 4 frames at 2 fps
     of 16 at 8 fps), with their sampling metadata: the engine's prompt token ids equal the trainer's (checked in
     ``_greedy``) and its greedy completions equal the native decode loop's on the pushed weights."""
-    from mmgrpo import noise
-
     url, _ = server
     adapter = _video_adapter(url)
     rows = _video_rows(4)
@@ -242,7 +247,15 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     engine = _greedy(adapter, rows, engine=True)
     assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the clip: clips reach both
     assert torch.equal(native, engine), (native, engine)
-    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))  # the adapter's own engine path
+    _assert_engine_logprobs_agree(adapter, rows[:2])
+
+
+def _assert_engine_logprobs_agree(adapter, rows: list[dict]) -> None:
+    """A rollout through the adapter's own engine path (G = 2): the engine's log-probs of its samples equal the
+    trainer's recomputation up to float rounding (|Δ| < 1e-4, fp32 both)."""
+    from mmgrpo import noise
+
+    rollout = adapter.rollout(rows, 2, noise.NoiseKeys(0, 0, tuple(range(len(rows))), 2))
     m = rollout.mask.bool()
     assert rollout.engine_logprobs is not None and m.any()
     assert float((rollout.old_logprobs - rollout.engine_logprobs)[m].abs().max()) < 1e-4
@@ -259,6 +272,37 @@ def test_engine_refuses_a_video_whose_positions_would_differ(server):
     adapter = _video_adapter(url, side=56)
     with pytest.raises(EngineError, match=r"prompt 0: a video of 2 temporal steps on a 2x2 token grid"):
         adapter.rollout(_video_rows(1), 2)
+
+
+@pytest.fixture(scope="module")
+def audio_server(tmp_path_factory, mmgrpo_cache):
+    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2-Audio (configs/speech_qwen2audio_qa.yaml)."""
+    yield from _serve(tmp_path_factory, "configs/speech_qwen2audio_qa.yaml", "tiny-qwen2-audio-engine")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_audio_greedy_equals_native_after_a_weight_push(audio_server):
+    """Audio-LLM prompts reach vLLM as the waveform the audio encoder decoded (spoken_digits, espeak-ng speech at
+    16 kHz): the engine's prompt token ids equal the trainer's and its greedy completions equal the native decode
+    loop's on the pushed weights."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed: no speech to synthesise")
+    from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    url, _ = audio_server
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
+    )
+    adapter = _connect(adapter, url)
+    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=4, eval_size=1)).train_rows()[:4]
+    _perturb_and_push(adapter, seed=4, version=1)
+    native = _greedy(adapter, rows, engine=False)
+    engine = _greedy(adapter, rows, engine=True)
+    assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the audio: audio reaches both
+    assert torch.equal(native, engine), (native, engine)
+    _assert_engine_logprobs_agree(adapter, rows[:2])
 
 
 @pytest.mark.slow

@@ -107,7 +107,6 @@ class AudioLLMAdapter(VLMAdapter):
     :class:`AudioEncoder`) and bans the audio special tokens.
     """
 
-    use_engine = None  # rollout.engine: vllm does not send audio yet (refused at load: no capability)
     PIPELINE_TAG = "audio-text-to-text"
     TINY_MODULE = "mmgrpo.modalities.speech.tiny"
 

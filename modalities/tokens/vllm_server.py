@@ -12,7 +12,8 @@ CPU and across processes of one machine:
   (0 = the weights loaded from ``DIR``).
 * ``POST /generate`` with ``{"requests": [{"prompt": str, "media": {"image": [base64 PNG, ...], "video":
   [{"frames": base64 raw, "shape": [F, H, W, C], "dtype": "uint8", "metadata": {"fps", "frames_indices",
-  "total_num_frames", ...}}, ...]}}, ...], "mm_processor_kwargs": {...}, "n": G, "max_tokens": T, "temperature",
+  "total_num_frames", ...}}, ...], "audio": [{"array": base64 raw, "shape": [N], "dtype": "float32"},
+  ...]}}, ...], "mm_processor_kwargs": {...}, "n": G, "max_tokens": T, "temperature",
   "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (video frames are the trainer's, already
   sampled and resized, with the transformers ``VideoMetadata`` of their sampling; ``mm_processor_kwargs`` go to
   vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
@@ -64,6 +65,14 @@ def _video(wire: dict) -> tuple:
     return frames.copy(), dict(wire["metadata"])
 
 
+def _audio(wire: dict):
+    """An audio item of a request → the waveform [N] vLLM takes as is: the trainer's, decoded and resampled to the
+    processor's rate (a bare array is not resampled)."""
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(wire["array"]), dtype=wire["dtype"]).reshape(wire["shape"]).copy()
+
+
 class Engine:
     """The vLLM ``LLM`` and the version of its weights."""
 
@@ -89,7 +98,7 @@ class Engine:
             enforce_eager=True,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
+            limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos, "audio": args.max_audios},
             gpu_memory_utilization=args.gpu_memory_utilization,
             **cpu_options,
         )
@@ -109,6 +118,9 @@ class Engine:
             videos = [_video(v) for v in media.get("video", [])]
             if videos:
                 data["video"] = videos if len(videos) > 1 else videos[0]
+            audios = [_audio(a) for a in media.get("audio", [])]
+            if audios:
+                data["audio"] = audios if len(audios) > 1 else audios[0]
             if data:
                 item["multi_modal_data"] = data
                 if body.get("mm_processor_kwargs"):
@@ -216,6 +228,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--max-images", type=int, default=4, help="images per prompt")
     p.add_argument("--max-videos", type=int, default=0, help="videos per prompt (0: a server for text and images)")
+    p.add_argument("--max-audios", type=int, default=0, help="audio clips per prompt (audio LLMs)")
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,
