@@ -384,8 +384,8 @@ class VLMAdapter(TokenPolicy):
 
     def use_engine(self, url: str, timeout_s: float) -> None:
         """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text,
-        image and video prompts (the video adapter inherits this: its clips go to vLLM as the frames it sampled, with
-        their sampling metadata); the audio-LLM adapter does not send its audio to the engine yet."""
+        image, video and audio prompts: the video and audio-LLM adapters inherit this, and each prompt's media go to
+        vLLM as their encoders loaded them (sampled frames with their sampling metadata, the resampled waveform)."""
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
 
