@@ -107,11 +107,12 @@ class VideoAdapter(VLMAdapter):
         tokens_per_second)`` in both. The text after the video then starts, in transformers 5.x (the trainer), at the
         video's start + max(h, w) (merged grid), and in vLLM (as in Qwen's reference) at the largest video position +
         1. Both agree while the last temporal position is below max(h, w); past it the engine samples with every later
-        token shifted, off-policy.
+        token shifted, off-policy. Checked for Qwen2-VL and Qwen2.5-VL (one grid per video).
         """
-        if "video_grid_thw" not in enc:
-            return
-        vision = getattr(self._unwrapped().config, "vision_config", None)
+        config = self._unwrapped().config
+        if "video_grid_thw" not in enc or config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+            return  # other families (Qwen3-VL: a grid per frame, timestamps in the text) are not checked here
+        vision = getattr(config, "vision_config", None)
         merge = int(getattr(vision, "spatial_merge_size", 2))
         per_second = float(getattr(vision, "tokens_per_second", 1.0))
         seconds = enc.get("second_per_grid_ts", torch.ones(len(enc["video_grid_thw"])))
