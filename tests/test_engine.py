@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -82,8 +83,10 @@ def test_engine_needs_an_adapter_that_can_use_one():
     from mmgrpo.loader import load_config
 
     load_config(ROOT / "configs/quickstart.yaml", ["rollout.engine=vllm"])  # vlm: accepted
+    load_config(ROOT / "configs/video_motion.yaml", ["rollout.engine=vllm"])  # video: accepted
+    load_config(ROOT / "configs/speech_qwen2audio_qa.yaml", ["rollout.engine=vllm"])  # audio_llm: accepted
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm needs an adapter with use_engine"):
-        load_config(ROOT / "configs/video_motion.yaml", ["rollout.engine=vllm"])
+        load_config(ROOT / "configs/speech_whisper_asr.yaml", ["rollout.engine=vllm"])
 
 
 # ---------------------------------------------------------------------------------------------- real server
@@ -95,13 +98,19 @@ needs_vllm = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, mmgrpo_cache):
-    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2.5-VL, up until the module's tests end."""
+    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2.5-VL, up until the module's tests end. Served for
+    the video adapter (configs/video_motion.yaml: one video per prompt allowed), so image and video tests share it."""
+    yield from _serve(tmp_path_factory, "configs/video_motion.yaml", "tiny-qwen2.5-vl-engine")
+
+
+def _serve(tmp_path_factory, config: str, model: str):
+    """Start ``mmgrpo rollout-server CONFIG`` on ``model``, yield (url, process) once it answers, stop it after."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     cmd = [
-        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / "configs/quickstart.yaml"),
-        "model.args.name_or_path=tiny-qwen2.5-vl-engine", f"rollout.url={url}",
+        sys.executable, "-m", "mmgrpo", "rollout-server", str(ROOT / config),
+        f"model.args.name_or_path={model}", f"rollout.url={url}",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="2")
     with log.open("w") as f:
@@ -131,6 +140,10 @@ def _adapter(url: str):
     adapter = build_vlm_adapter(
         {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
     )
+    return _connect(adapter, url)
+
+
+def _connect(adapter, url: str):
     adapter.use_engine(url, timeout_s=300)
     adapter.engine.version = adapter.engine.health()["version"]  # read what the server holds now
     return adapter
@@ -148,16 +161,23 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
         encodings = [adapter._encode_prompt(r) for r in rows]
     if not engine:
         return adapter._sample(encodings, 1, greedy=True)[0]
-    texts, images = [], []
-    with adapter._media_scope():
-        for r in rows:
-            loaded = {e.kind: e.load(r) for e in adapter.encoders}
-            texts.append(adapter._prompt_text(r, loaded))
-            images.append(list(loaded.get("image", [])))
+    texts, media = adapter._engine_prompts(rows)
     spec = adapter._sampling_spec(greedy=True)
-    ids, _, _ = adapter.engine.generate(texts, images, 1, spec, [0] * len(rows))
+    ids, _, prompt_ids = adapter.engine.generate(
+        texts, media, 1, spec, [0] * len(rows), adapter._engine_processor_kwargs()
+    )
+    assert prompt_ids == [e["input_ids"][0].tolist() for e in encodings]  # same media tokens: same frames and sizes
     mask = adapter._completion_mask(ids)
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id))
+
+
+@torch.no_grad()
+def _perturb_and_push(adapter, seed: int, version: int) -> None:
+    """Move the policy away from the checkpoint the server loaded (N(0, 0.2²) on every parameter), then push it."""
+    g = torch.Generator().manual_seed(seed)
+    for p in adapter.model.parameters():
+        p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    adapter.push_engine_weights(version=version)
 
 
 @pytest.mark.slow
@@ -167,11 +187,7 @@ def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_ou
     adapter = _adapter(url)
     rows = _rows(4)
     before = _greedy(adapter, rows, engine=True)
-    with torch.no_grad():  # move the policy away from the checkpoint the server loaded
-        g = torch.Generator().manual_seed(1)
-        for p in adapter.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    adapter.push_engine_weights(version=1)
+    _perturb_and_push(adapter, seed=1, version=1)
     native = _greedy(adapter, rows, engine=False)
     engine = _greedy(adapter, rows, engine=True)
     assert len({tuple(r) for r in native.tolist()}) > 1  # the completions depend on the image: images reach both
@@ -197,6 +213,98 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     assert float(diff.mean()) < 1e-5 and float(diff.max()) < 1e-4, diff
     again = adapter.rollout(_rows(2), 4, noise.NoiseKeys(0, 0, (0, 1), 4))
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
+
+
+def _video_adapter(url: str, side: int = 112):
+    """The video adapter on the engine-sized model, video_motion's sampling (4 frames at 2 fps) with ``side``-pixel
+    frames."""
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+
+    video = {"fps": 2.0, "min_frames": 4, "max_frames": 8, "min_pixels": side * side, "max_pixels": side * side}
+    adapter = build_video_adapter(
+        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video}, seed=0
+    )
+    return _connect(adapter, url)
+
+
+def _video_rows(n: int) -> list[dict]:
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    return VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=n, eval_size=1)).train_rows()[:n]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_video_greedy_equals_native_after_a_weight_push(server):
+    """Video prompts reach vLLM as the frames the video encoder sampled (mp4 clips of video_motion, 4 frames at 2 fps
+    of 16 at 8 fps), with their sampling metadata: the engine's prompt token ids equal the trainer's (checked in
+    ``_greedy``) and its greedy completions equal the native decode loop's on the pushed weights."""
+    url, _ = server
+    adapter = _video_adapter(url)
+    rows = _video_rows(4)
+    _assert_engine_matches_native(adapter, rows, seed=3, version=3)
+
+
+def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int) -> None:
+    """After a push of perturbed weights: the engine's prompt token ids equal the trainer's (in ``_greedy``), its
+    greedy completions equal the native decode loop's and depend on the media (not all equal: the media reach both),
+    and its log-probs of its own samples equal the trainer's recomputation."""
+    _perturb_and_push(adapter, seed=seed, version=version)
+    native = _greedy(adapter, rows, engine=False)
+    engine = _greedy(adapter, rows, engine=True)
+    assert len({tuple(r) for r in native.tolist()}) > 1
+    assert torch.equal(native, engine), (native, engine)
+    _assert_engine_logprobs_agree(adapter, rows[:2])
+
+
+def _assert_engine_logprobs_agree(adapter, rows: list[dict]) -> None:
+    """A rollout through the adapter's own engine path (G = 2): the engine's log-probs of its samples equal the
+    trainer's recomputation up to float rounding (|Δ| < 1e-4, fp32 both)."""
+    from mmgrpo import noise
+
+    rollout = adapter.rollout(rows, 2, noise.NoiseKeys(0, 0, tuple(range(len(rows))), 2))
+    m = rollout.mask.bool()
+    assert rollout.engine_logprobs is not None and m.any()
+    assert float((rollout.old_logprobs - rollout.engine_logprobs)[m].abs().max()) < 1e-4
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_refuses_a_video_whose_positions_would_differ(server):
+    """56-pixel frames (a 2x2 token grid) with 2 temporal steps 1 s apart (tokens_per_second 2): the last temporal
+    position 2 reaches the grid's side, where transformers and vLLM place the following text differently."""
+    from mmgrpo.modalities.tokens.engine import EngineError
+
+    url, _ = server
+    adapter = _video_adapter(url, side=56)
+    with pytest.raises(EngineError, match=r"prompt 0: a video of 2 temporal steps on a 2x2 token grid"):
+        adapter.rollout(_video_rows(1), 2)
+
+
+@pytest.fixture(scope="module")
+def audio_server(tmp_path_factory, mmgrpo_cache):
+    """``mmgrpo rollout-server`` on the tiny engine-sized Qwen2-Audio (configs/speech_qwen2audio_qa.yaml)."""
+    yield from _serve(tmp_path_factory, "configs/speech_qwen2audio_qa.yaml", "tiny-qwen2-audio-engine")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_audio_greedy_equals_native_after_a_weight_push(audio_server):
+    """Audio-LLM prompts reach vLLM as the waveform the audio encoder decoded (spoken_digits, espeak-ng speech at
+    16 kHz): the engine's prompt token ids equal the trainer's and its greedy completions equal the native decode
+    loop's on the pushed weights."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed: no speech to synthesise")
+    from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    url, _ = audio_server
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
+    )
+    adapter = _connect(adapter, url)
+    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=4, eval_size=1)).train_rows()[:4]
+    _assert_engine_matches_native(adapter, rows, seed=4, version=1)
 
 
 @pytest.mark.slow

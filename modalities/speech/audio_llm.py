@@ -19,6 +19,9 @@ Log-probs are those of the sampling distribution (logits / temperature, fp32), w
 ``<|audio_bos|>`` and ``<|audio_eos|>`` banned from sampling and masked out of the log-softmax (a sampled audio
 slot would make the training forward see more slots than audio features).
 
+With ``rollout.engine: vllm`` the rollouts are sampled by the vLLM server, which gets the decoded waveform at the
+processor's rate (the token policy's ``_engine_sample``; docs/scale.md: 30-second windows only).
+
 Rows: ``prompt`` (the question text, or a conversation whose user turn holds one ``{"type": "audio"}`` part) and
 ``audio`` (path, array or ``{"array", "sampling_rate"}``; ``audio.py``). Reward columns added to
 ``Rollout.extras``: ``audio_array`` (the decoded waveform, one shared object per prompt) and ``sampling_rate``.
@@ -107,7 +110,6 @@ class AudioLLMAdapter(VLMAdapter):
     :class:`AudioEncoder`) and bans the audio special tokens.
     """
 
-    use_engine = None  # rollout.engine: vllm does not send audio yet (refused at load: no capability)
     PIPELINE_TAG = "audio-text-to-text"
     TINY_MODULE = "mmgrpo.modalities.speech.tiny"
 

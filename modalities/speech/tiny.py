@@ -20,6 +20,7 @@ given the seed); other names (hub ids, local paths) pass through.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tok
 
 TINY_WHISPER = "tiny-whisper"
 TINY_QWEN2_AUDIO = "tiny-qwen2-audio"
+QWEN2_AUDIO_ENGINE = "tiny-qwen2-audio-engine"
+"""The tiny Qwen2-Audio at a size vLLM's CPU attention takes (text head_dim 64, as ``tiny-qwen2.5-vl-engine``), for
+the rollout-engine tests (docs/scale.md)."""
 
 # Text the BPE merges are learnt from: the synthetic speech tasks' words plus plain English.
 _CORPUS = """
@@ -155,7 +159,11 @@ def _save(directory: str | os.PathLike, model, processor) -> Path:
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
     """The directory for built-in tiny model names (built on first use); other names pass through."""
-    builders = {TINY_WHISPER: build_tiny_whisper, TINY_QWEN2_AUDIO: build_tiny_qwen2_audio}
+    builders = {
+        TINY_WHISPER: build_tiny_whisper,
+        TINY_QWEN2_AUDIO: build_tiny_qwen2_audio,
+        QWEN2_AUDIO_ENGINE: functools.partial(build_tiny_qwen2_audio, sizes=QWEN2_AUDIO_ENGINE_SIZES),
+    }
     if name not in builders:
         return name
     return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: builders[name](d, seed=seed)))
@@ -222,7 +230,9 @@ def build_tiny_qwen2_audio(
             d_model=s.audio_d_model,
             max_source_positions=s.chunk_length * 50,
         ),
-        text_config=qwen2_decoder_config(s, tok),
+        # untied, as transformers builds it (it reads tie_word_embeddings from the top-level config, unset here);
+        # vLLM reads the text config's, which must say so too
+        text_config={**qwen2_decoder_config(s, tok), "tie_word_embeddings": False},
         audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"),
     )
     model = init_model(Qwen2AudioForConditionalGeneration, config, seed, tok)
@@ -231,3 +241,9 @@ def build_tiny_qwen2_audio(
     )
     processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
     return _save(directory, model, processor)
+
+
+QWEN2_AUDIO_ENGINE_SIZES = TinyQwen2AudioSizes(
+    text_hidden=128, text_heads=2, text_kv_heads=1, text_intermediate=256, chunk_length=30
+)
+"""Text head_dim 64; 30-second audio windows (3000 mel frames), the only length vLLM's Qwen2-Audio takes."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import dataclasses
 import io
 import json
 import os
@@ -30,6 +31,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,20 +74,32 @@ class VLLMClient:
         return self._call("/health")
 
     def generate(
-        self, prompts: list[str], images: list[list[Any]], group_size: int, spec: SamplingSpec, seeds: list[int]
+        self,
+        prompts: list[str],
+        media: list[dict[str, list[Any]]],
+        group_size: int,
+        spec: SamplingSpec,
+        seeds: list[int],
+        processor_kwargs: dict[str, Any] | None = None,
     ) -> tuple[Tensor, Tensor, list[list[int]]]:
         """G samples per prompt from the engine.
 
+        ``media`` maps each medium of a prompt to its loaded items, as the adapter's encoders load them (``image``:
+        PIL images; ``video``: :class:`~.video.Clip`, frames already sampled and resized); ``processor_kwargs`` are
+        the engine processor's options for all prompts (vLLM's ``mm_processor_kwargs``, e.g. ``videos_kwargs``).
+
         Shape:
-            prompts, images, seeds: P each (images: a list of PIL images per prompt)
+            prompts, media, seeds: P each
             returns completion_ids [B, T] (pad after the end), engine_logprobs [B, T] fp32 (0 there),
             the engine's prompt token ids (P lists)
         """
         requests = [
-            {"prompt": p, "images": [_png(im) for im in ims], "seed": s} for p, ims, s in zip(prompts, images, seeds)
+            {"prompt": p, "media": {k: [_wire(k, x) for x in items] for k, items in m.items() if items}, "seed": s}
+            for p, m, s in zip(prompts, media, seeds)
         ]
         body = {
             "requests": requests,
+            "mm_processor_kwargs": processor_kwargs or {},
             "n": group_size,
             "max_tokens": spec.max_new_tokens,
             "min_tokens": spec.min_new_tokens,
@@ -127,10 +141,28 @@ class VLLMClient:
         self.version = version
 
 
-def _png(image: Any) -> str:
-    buf = io.BytesIO()
-    image.convert("RGB").save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
+def _wire(kind: str, item: Any) -> Any:
+    """One media item as the server takes it (``vllm_server.py``): an image as base64 PNG; a video clip as its raw
+    frames [F, H, W, C] (base64, with shape and dtype) and the metadata of how they were sampled (native fps, frame
+    indices, total frames), which the processor turns into ``second_per_grid_ts``; an audio clip as its raw float32
+    waveform, already at the processor's sampling rate (vLLM resamples only a waveform sent with another rate)."""
+    if kind == "image":
+        buf = io.BytesIO()
+        item.convert("RGB").save(buf, format="PNG")
+        return base64.b64encode(buf.getvalue()).decode()
+    if kind == "video":
+        frames = item.frames.permute(0, 2, 3, 1).contiguous()  # [F, C, H, W] -> [F, H, W, C]
+        meta = {k: v for k, v in dataclasses.asdict(item.metadata()).items() if v is not None}
+        return {
+            "frames": base64.b64encode(frames.numpy().tobytes()).decode(),
+            "shape": list(frames.shape),
+            "dtype": str(frames.dtype).removeprefix("torch."),
+            "metadata": meta,
+        }
+    if kind == "audio":
+        array = np.ascontiguousarray(item, dtype=np.float32)  # [N], decoded and resampled to the processor's rate
+        return {"array": base64.b64encode(array.tobytes()).decode(), "shape": list(array.shape), "dtype": "float32"}
+    raise EngineError(f"the vLLM rollout engine takes image, video and audio prompts, not {kind!r} (docs/scale.md)")
 
 
 @torch.no_grad()
@@ -139,11 +171,13 @@ def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
 
     LoRA (peft): every adapted linear layer's base weight plus the adapter's delta (B·A·scale, peft
     ``LoraLayer.get_delta_weight``) — the merged model, without merging in place — and every other tensor as is.
-    Full fine-tuning: the model's state dict.
+    Full fine-tuning: the model's state dict. The names are those ``save_pretrained`` writes (transformers' reverted
+    weight conversion: e.g. Qwen2-Audio's ``model.language_model.*`` is ``language_model.model.*`` on disk), the
+    names the engine loaded the checkpoint under.
     """
     core = _hf.unwrap(model)
     if not hasattr(core, "get_base_model"):
-        return dict(core.state_dict())
+        return _checkpoint_names(core, dict(core.state_dict()))
     from peft.tuners.lora import LoraLayer
 
     base = core.get_base_model()
@@ -158,7 +192,17 @@ def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
             continue
         clean = name.replace(".base_layer.", ".")
         out[clean] = merged.get(clean, tensor)
-    return out
+    return _checkpoint_names(base, out)
+
+
+def _checkpoint_names(model: torch.nn.Module, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` (the model's own state-dict names) under the names its checkpoint holds (what ``save_pretrained``
+    writes); unchanged where transformers has no such mapping."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a transformers without weight conversions: the names are the checkpoint's
+        return tensors
+    return revert_weight_conversion(model, tensors)
 
 
 def prompt_seeds(keys: noise.NoiseKeys | None, prompts: int) -> list[int]:
@@ -181,13 +225,19 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
 
     from mmgrpo.config import ConfigError
 
-    if cfg.model.adapter != "vlm":
+    if cfg.model.adapter not in ("vlm", "video", "audio_llm"):
         raise ConfigError(
-            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts)"
+            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts; "
+            "video: plus one video per prompt; audio_llm: one audio clip per prompt)"
         )
-    from ..vlm.tiny import resolve_model_path
+    if cfg.model.adapter == "audio_llm":
+        from ..speech.tiny import resolve_model_path
 
-    name = cfg.model.args.get("name_or_path", "tiny-qwen2.5-vl")
+        name = cfg.model.args.get("name_or_path", "tiny-qwen2-audio")
+    else:
+        from ..vlm.tiny import resolve_model_path
+
+        name = cfg.model.args.get("name_or_path", "tiny-qwen2.5-vl")
     model = resolve_model_path(name, seed=cfg.seed)
     repo = Path(__file__).resolve().parents[2]
     candidates = [python, os.environ.get("MMGRPO_VLLM_PYTHON"), ".venv-vllm/bin/python", repo / ".venv-vllm/bin/python"]
@@ -213,6 +263,10 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
         dtype,
         "--seed",
         str(cfg.seed),
+        "--max-videos",
+        "1" if cfg.model.adapter == "video" else "0",  # the video adapter's rows hold at most one video
+        "--max-audios",
+        "1" if cfg.model.adapter == "audio_llm" else "0",  # and the audio LLM's one audio clip
     ]
 
 

@@ -215,6 +215,7 @@ class VideoEncoder:
         self.video_kwargs: dict[str, Any] = {"do_sample_frames": False}
         if "cap_pixels_per_frame" in getattr(getattr(vp, "valid_kwargs", None), "__annotations__", {}):
             self.video_kwargs["cap_pixels_per_frame"] = True  # frames already obey qwen-vl-utils' per-frame cap
+        self.engine_kwargs = {"videos_kwargs": dict(self.video_kwargs)}  # vLLM's processor: no re-sampling either
         self.lru: OrderedDict[tuple, Clip] = OrderedDict()
         self.lru_bytes = 0
         self.pinned: dict[Any, Clip] = {}  # clips of the current batch: decoded once, whatever the LRU size

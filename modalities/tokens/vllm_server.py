@@ -10,11 +10,16 @@ CPU and across processes of one machine:
 
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
   (0 = the weights loaded from ``DIR``).
-* ``POST /generate`` with ``{"requests": [{"prompt": str, "images": [base64 PNG, ...]}, ...], "n": G,
-  "max_tokens": T, "temperature", "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (banned:
-  a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may carry a
-  ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P], "prompts":
-  [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
+* ``POST /generate`` with ``{"requests": [{"prompt": str, "media": {"image": [base64 PNG, ...], "video":
+  [{"frames": base64 raw, "shape": [F, H, W, C], "dtype": "uint8", "metadata": {"fps", "frames_indices",
+  "total_num_frames", ...}}, ...], "audio": [{"array": base64 raw, "shape": [N], "dtype": "float32"},
+  ...]}}, ...], "mm_processor_kwargs": {...}, "n": G, "max_tokens": T, "temperature",
+  "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (video frames are the trainer's, already
+  sampled and resized, with the transformers ``VideoMetadata`` of their sampling; ``mm_processor_kwargs`` go to
+  vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
+  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may
+  carry a ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P],
+  "prompts": [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
   each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
   after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
   prefill across its G samples.
@@ -51,6 +56,23 @@ def _reload_weights_file(worker, path: str) -> int:
     return len(tensors)
 
 
+def _video(wire: dict) -> tuple:
+    """A video item of a request → vLLM's ``(frames [F, H, W, C], metadata)``: the frames exactly as the trainer's
+    processor gets them (already sampled and resized), the metadata of their sampling (fps, frame indices)."""
+    import numpy as np
+
+    frames = np.frombuffer(base64.b64decode(wire["frames"]), dtype=wire["dtype"]).reshape(wire["shape"])
+    return frames.copy(), dict(wire["metadata"])
+
+
+def _audio(wire: dict):
+    """An audio item of a request → the waveform [N] vLLM takes as is: the trainer's, decoded and resampled to the
+    processor's rate (a bare array is not resampled)."""
+    import numpy as np
+
+    return np.frombuffer(base64.b64decode(wire["array"]), dtype=wire["dtype"]).reshape(wire["shape"]).copy()
+
+
 class Engine:
     """The vLLM ``LLM`` and the version of its weights."""
 
@@ -76,7 +98,7 @@ class Engine:
             enforce_eager=True,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            limit_mm_per_prompt={"image": args.max_images, "video": 0},
+            limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos, "audio": args.max_audios},
             gpu_memory_utilization=args.gpu_memory_utilization,
             **cpu_options,
         )
@@ -88,9 +110,21 @@ class Engine:
         inputs = []
         for req in body["requests"]:
             item = {"prompt": req["prompt"]}
-            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in req.get("images", [])]
+            media = req.get("media", {})
+            data = {}
+            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in media.get("image", [])]
             if images:
-                item["multi_modal_data"] = {"image": images if len(images) > 1 else images[0]}
+                data["image"] = images if len(images) > 1 else images[0]
+            videos = [_video(v) for v in media.get("video", [])]
+            if videos:
+                data["video"] = videos if len(videos) > 1 else videos[0]
+            audios = [_audio(a) for a in media.get("audio", [])]
+            if audios:
+                data["audio"] = audios if len(audios) > 1 else audios[0]
+            if data:
+                item["multi_modal_data"] = data
+                if body.get("mm_processor_kwargs"):
+                    item["mm_processor_kwargs"] = body["mm_processor_kwargs"]
             inputs.append(item)
         common = dict(
             n=int(body["n"]),
@@ -193,6 +227,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     p.add_argument("--max-images", type=int, default=4, help="images per prompt")
+    p.add_argument("--max-videos", type=int, default=0, help="videos per prompt (0: a server for text and images)")
+    p.add_argument("--max-audios", type=int, default=0, help="audio clips per prompt (audio LLMs)")
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,

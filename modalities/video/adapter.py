@@ -18,6 +18,11 @@ advantage. Only their decoded text reaches the rewards, in the ``shuffled_comple
 accuracies into the T-GRPO bonus. Departure from Video-R1: the statistics are computed by a reward, so the
 target reward, μ, α and the correctness threshold are configuration rather than "reward column 0, 0.8, 0.3, 0.1".
 
+With ``rollout.engine: vllm`` the ordered rollouts are sampled by the vLLM server, which gets the encoder's very
+frames and their sampling metadata (the token policy's ``_engine_sample``, docs/scale.md); a clip whose text-after-
+video positions differ between transformers and vLLM is refused (:meth:`VideoAdapter._check_engine_positions`). The
+shuffled-frame rollouts stay native.
+
 Extra reward columns (``Rollout.extras``, B values each): ``group_id`` (the prompt of each sample: video
 prompts share their question text, so "equal prompts" cannot identify a group), ``sample_fps``,
 ``frame_timestamps`` (seconds of the frames the model saw), ``duration`` (the row's own, else the decoded
@@ -31,12 +36,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
+from ..tokens.engine import EngineError
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
@@ -75,8 +82,6 @@ class VideoAdapter(VLMAdapter):
 
     args: VideoArgs
 
-    use_engine = None  # rollout.engine: vllm does not send videos yet (refused at load: no capability)
-
     def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None):
         if getattr(processor, "video_processor", None) is None:
             raise ConfigError(
@@ -86,6 +91,41 @@ class VideoAdapter(VLMAdapter):
         self.video = VideoEncoder(processor, args.video, args.decode_cache_mb)
         encoders = [ImageEncoder(args.min_pixels, args.max_pixels), self.video]
         super().__init__(model, processor, args, reference, encoders=encoders)
+
+    def _engine_sample(
+        self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
+    ) -> tuple[Tensor, Tensor]:
+        """The token policy's engine rollout, after checking that vLLM would place each prompt as the trainer does."""
+        for i, enc in enumerate(encodings):
+            self._check_engine_positions(i, enc)
+        return super()._engine_sample(prompts, encodings, group_size, keys)
+
+    def _check_engine_positions(self, i: int, enc: dict[str, Tensor]) -> None:
+        """Refuse a clip whose text-after-video positions differ between the trainer and vLLM (docs/scale.md).
+
+        Qwen2/2.5-VL's mRoPE gives temporal grid step k the position ``int(k · second_per_grid_ts ·
+        tokens_per_second)`` in both. The text after the video then starts, in transformers 5.x (the trainer), at the
+        video's start + max(h, w) (merged grid), and in vLLM (as in Qwen's reference) at the largest video position +
+        1. Both agree while the last temporal position is below max(h, w); past it the engine samples with every later
+        token shifted, off-policy. Checked for Qwen2-VL and Qwen2.5-VL (one grid per video).
+        """
+        config = self._unwrapped().config
+        if "video_grid_thw" not in enc or config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+            return  # other families (Qwen3-VL: a grid per frame, timestamps in the text) are not checked here
+        vision = getattr(config, "vision_config", None)
+        merge = int(getattr(vision, "spatial_merge_size", 2))
+        per_second = float(getattr(vision, "tokens_per_second", 1.0))
+        seconds = enc.get("second_per_grid_ts", torch.ones(len(enc["video_grid_thw"])))
+        for (t, h, w), s in zip(enc["video_grid_thw"].tolist(), seconds.reshape(-1).tolist()):
+            step = s * per_second if "second_per_grid_ts" in enc else 1.0
+            last, spatial = int((t - 1) * step), max(h, w) // merge
+            if last >= spatial:
+                raise EngineError(
+                    f"prompt {i}: a video of {t} temporal steps on a {h // merge}x{w // merge} token grid (last "
+                    f"temporal position {last} >= {spatial}): transformers and vLLM place the text after it "
+                    "differently, so the engine would sample off-policy; use larger frames (model.args.video.min_pixels"
+                    " / max_pixels), fewer frames or a lower fps, or rollout.engine: native (docs/scale.md)"
+                )
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # the shuffled rollouts reuse the clips the ordered ones decoded

@@ -383,8 +383,9 @@ class VLMAdapter(TokenPolicy):
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def use_engine(self, url: str, timeout_s: float) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text and
-        image prompts; the video and audio-LLM adapters do not send their media to the engine yet."""
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text,
+        image, video and audio prompts: the video and audio-LLM adapters inherit this, and each prompt's media go to
+        vLLM as their encoders loaded them (sampled frames with their sampling metadata, the resampled waveform)."""
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
 
@@ -392,20 +393,34 @@ class VLMAdapter(TokenPolicy):
         """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
         self.engine.push(engine_weights(self.model), version)
 
+    def _engine_prompts(self, prompts: list[dict]) -> tuple[list[str], list[dict[str, list]]]:
+        """The engine's request of each row: its prompt text and the media of every encoder (kind → loaded items),
+        the very items (sampled frames, resized images) the trainer's encoding used."""
+        texts, media = [], []
+        with self._media_scope():  # inside rollout's scope: the media its encodings decoded, not decoded again
+            for row in prompts:
+                loaded = {e.kind: e.load(row) for e in self.encoders}
+                texts.append(self._prompt_text(row, loaded))
+                media.append(loaded)
+        return texts, media
+
+    def _engine_processor_kwargs(self) -> dict[str, Any]:
+        """Processor options the engine must apply as the trainer does (an encoder's ``engine_kwargs``, e.g. the video
+        encoder's ``videos_kwargs``: frames are not re-sampled)."""
+        out: dict[str, Any] = {}
+        for encoder in self.encoders:
+            out.update(getattr(encoder, "engine_kwargs", {}))
+        return out
+
     def _engine_sample(
         self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
     ) -> tuple[Tensor, Tensor]:
         """Completion ids [B, T] (pad after EOS) and the engine's log-probs [B, T] from the vLLM server; the engine
         must tokenize each prompt as the adapter does (checked: a template or processor mismatch is one line)."""
-        texts, images = [], []
-        with self._media_scope():  # inside rollout's scope: the media its encodings decoded, not decoded again
-            for row in prompts:
-                loaded = {e.kind: e.load(row) for e in self.encoders}
-                texts.append(self._prompt_text(row, loaded))
-                images.append(list(loaded.get("image", [])))
+        texts, media = self._engine_prompts(prompts)
         spec = self._sampling_spec()
         ids, logprobs, engine_prompts = self.engine.generate(
-            texts, images, group_size, spec, prompt_seeds(keys, len(prompts))
+            texts, media, group_size, spec, prompt_seeds(keys, len(prompts)), self._engine_processor_kwargs()
         )
         for i, (enc, theirs) in enumerate(zip(encodings, engine_prompts)):
             ours = enc["input_ids"][0].tolist()
