@@ -243,6 +243,10 @@ class OptimConfig:
     """Linear learning-rate warm-up steps."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after warm-up: constant | cosine | linear."""
+    fused: bool | None = None
+    """AdamW's fused kernel (one pass over each tensor, no temporaries of the weights' size), as TRL's default
+    ``optim: adamw_torch_fused``. None: fused where torch has the kernel for the weights' device (CPU, CUDA) and the
+    weights are not FSDP shards; false: torch's per-tensor AdamW (TRL's ``optim: adamw_torch``)."""
     max_skipped_steps: Annotated[int, Range(ge=1)] = 3
     """Optimizer updates whose gradients hold NaN/inf are skipped (counted in ``optim/skipped_steps``); stop with
     an error once this many in a row were skipped (the weights are never updated with non-finite gradients)."""
@@ -342,6 +346,11 @@ class TrainConfig:
     overwrite: bool = False
     """Start a new run in a non-empty output_dir by first moving the old run to ``<output_dir>.old-<time>``
     (nothing is deleted); without it (or ``resume``) a used output_dir is refused."""
+    host_mmap_threshold_kib: Annotated[int, Range(ge=4, le=32768)] | None = 128
+    """glibc only: allocations of at least this many KiB are mmapped and given back to the OS when freed; fixing it
+    turns off glibc's rising threshold, under which freed tensors stay in the process's heap and add to every later
+    peak RSS (mmgrpo/hostmem.py; ~115 MB on the real-vocabulary benchmark). None leaves glibc's default; the
+    ``MALLOC_MMAP_THRESHOLD_`` environment variable, when set, wins."""
     stop_after: Annotated[int, Range(ge=1)] | None = None
     """Stop (after checkpointing) once this step is reached, 1 <= stop_after <= steps; used to test interruption
     and resume."""

@@ -9,6 +9,7 @@ A dispatch-mode test records every tensor the fused forward and backward create 
 elements.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -252,3 +253,70 @@ def test_whisper_logprobs_equal_the_logits_path(monkeypatch, mmgrpo_cache):
     assert policy.fusable_head(adapter.model) is adapter.model.proj_out
     rollout = adapter.rollout(rows, group_size=3)
     _parity(monkeypatch, policy, adapter, rollout.state, torch.arange(6))
+
+
+class _Ops(TorchDispatchMode):
+    """Records the name of every aten op run."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_tied_embedding_lookup_gradient_is_sparse_and_exact(monkeypatch, mmgrpo_cache):
+    """The tiny Qwen2.5-VL ties its embedding to the lm_head. With the fused head its training forward looks the
+    fed tokens up with a sparse gradient (``sparse_tied_embedding_grad``: no dense ``[V, H]`` lookup gradient is
+    made, ``embedding_dense_backward`` never runs), and every gradient equals the dense lookup's (1e-6 of scale);
+    the weight's ``.grad`` stays a dense tensor and the embedding is left as it was (``sparse`` False)."""
+    import mmgrpo.modalities.tokens.policy as policy
+    from tests.adapter_cases import CASES, build
+
+    adapter = build("vlm", lora=False)
+    model = adapter.model
+    emb, head = model.get_input_embeddings(), policy.fusable_head(model)
+    assert head is not None and emb.weight is head.weight  # tied: the case this is for
+    rollout = adapter.rollout(CASES["vlm"].rows()[:2], group_size=2)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run():
+        with _Ops() as ops:
+            logp = adapter._token_logprobs(model, rollout.state, torch.arange(4))  # [n, T]
+            grads = torch.autograd.grad(logp[torch.isfinite(logp)].sum(), params, allow_unused=True)
+        return logp.detach(), grads, ops.names
+
+    sparse, g_sparse, ops_sparse = run()
+    assert emb.sparse is False
+    with monkeypatch.context() as m:
+        m.setattr(policy, "sparse_tied_embedding_grad", lambda model, head: contextlib.nullcontext())
+        dense, g_dense, ops_dense = run()
+    assert "embedding_dense_backward" in ops_dense and "embedding_dense_backward" not in ops_sparse
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=0)
+    for got, want in zip(g_sparse, g_dense):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert not got.is_sparse
+            _close_grad(got, want)
+
+
+def test_untied_or_unfused_heads_keep_the_dense_lookup():
+    """The sparse lookup applies only to an embedding tied to a fused head: untied weights, no fused head, or
+    weights without a gradient leave the embedding's ``sparse`` flag alone."""
+    from mmgrpo.modalities.tokens.logprobs import sparse_tied_embedding_grad
+
+    emb, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    model = torch.nn.Module()
+    model.get_input_embeddings = lambda: emb
+    for h in (head, None):  # untied; no fused head
+        with sparse_tied_embedding_grad(model, h):
+            assert emb.sparse is False
+    head.weight = emb.weight
+    with sparse_tied_embedding_grad(model, head):
+        assert emb.sparse is True
+    assert emb.sparse is False
+    emb.weight.requires_grad_(False)
+    with sparse_tied_embedding_grad(model, head):
+        assert emb.sparse is False

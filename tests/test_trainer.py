@@ -182,3 +182,26 @@ def test_quickstart_learns(tmp_path, mmgrpo_cache):
     assert summary["eval/warmup/accuracy"] < chance + 0.15, summary  # warm-up teaches format, not vision
     assert summary["eval/after/accuracy"] >= 0.9, summary
     assert summary["eval/after/accuracy"] - summary["eval/warmup/accuracy"] >= 0.3, summary
+
+
+def test_adamw_is_fused_by_default_as_trls_and_optional(tmp_path, mmgrpo_cache):
+    """``optim.fused: null`` picks torch's fused AdamW on CPU/CUDA weights (TRL's default ``adamw_torch_fused``),
+    ``optim.fused: false`` the per-tensor step; both step the same weights to the same values (1e-6)."""
+    from mmgrpo.trainer import Trainer, fused_adamw_fits
+
+    def one(fused):
+        cfg = load_config(QUICK, SMALL + [f"output_dir={tmp_path / str(fused)}", f"optim.fused={fused}"])
+        t = Trainer(cfg)
+        opt = getattr(t.optimizer, "optimizer", t.optimizer)
+        params = [p for p in t.adapter.model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.ones_like(p) * 1e-3
+        opt.step()
+        return bool(opt.defaults["fused"]), [p.detach().clone() for p in params]
+
+    (on, w_on), (off, w_off) = one("null"), one("false")
+    assert on and not off
+    for a, b in zip(w_on, w_off):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    ints = torch.nn.Parameter(torch.zeros(2, dtype=torch.int32), requires_grad=False)
+    assert not fused_adamw_fits([]) and not fused_adamw_fits([ints])

@@ -1,0 +1,46 @@
+"""Host memory of a training process: glibc's malloc gives large freed blocks back to the operating system.
+
+glibc serves an allocation of at least ``M_MMAP_THRESHOLD`` bytes with its own ``mmap`` and unmaps it on ``free``;
+smaller ones come from its heaps, which keep freed memory for reuse (the process's RSS does not fall). The threshold
+starts at 128 KiB but is dynamic: each time a mmapped block is freed it rises to that block's size, up to 32 MiB on
+64-bit systems (mallopt(3), ``M_MMAP_THRESHOLD``; glibc ``malloc/malloc.c``, ``mp_.mmap_threshold``). A training
+step allocates and frees tensors of 0.1–30 MB by the thousand (KV caches, activations, log-prob blocks, gradient
+chunks), so after the first step they are served from the heaps, whose freed-but-kept pages add to every later
+peak: measured on the real-vocabulary benchmark model (``benchmarks/vs_trl.py --vocab real``, 8:1), the step's peak
+RSS falls by ~115 MB when the threshold stays at 128 KiB (docs/benchmarks.md, "Where mmgrpo's MB go").
+
+Setting the threshold explicitly (``mallopt``, as the ``MALLOC_MMAP_THRESHOLD_`` environment variable does at
+start-up) fixes it and turns the dynamic rise off. The price is one ``mmap``/``munmap`` and fresh zeroed pages per
+large allocation. Elsewhere than glibc (musl, macOS, Windows) nothing is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+
+logger = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3
+"""``mallopt`` parameter number of the mmap threshold (glibc ``malloc.h``)."""
+
+
+def fix_mmap_threshold(kib: int | None) -> bool:
+    """Fix glibc's mmap threshold at ``kib`` KiB for the rest of this process (``TrainConfig.host_mmap_threshold_kib``).
+
+    Returns whether it was set. Not set when ``kib`` is None, when the user set ``MALLOC_MMAP_THRESHOLD_`` (theirs
+    wins), or when the C library is not glibc.
+    """
+    if kib is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or platform.libc_ver()[0] != "glibc":
+        return False  # musl, macOS, Windows: another allocator
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    ok = bool(libc.mallopt(M_MMAP_THRESHOLD, kib * 1024))
+    if not ok:
+        logger.warning("glibc refused mallopt(M_MMAP_THRESHOLD, %d KiB); its dynamic threshold stays", kib)
+    return ok
