@@ -346,11 +346,11 @@ class TrainConfig:
     overwrite: bool = False
     """Start a new run in a non-empty output_dir by first moving the old run to ``<output_dir>.old-<time>``
     (nothing is deleted); without it (or ``resume``) a used output_dir is refused."""
-    host_mmap_threshold_kib: Annotated[int, Range(ge=4, le=32768)] | None = 128
-    """glibc only: allocations of at least this many KiB are mmapped and given back to the OS when freed; fixing it
-    turns off glibc's rising threshold, under which freed tensors stay in the process's heap and add to every later
-    peak RSS (mmgrpo/hostmem.py; ~115 MB on the real-vocabulary benchmark). None leaves glibc's default; the
-    ``MALLOC_MMAP_THRESHOLD_`` environment variable, when set, wins."""
+    host_mmap_threshold_kib: Annotated[int, Range(ge=4, le=32768)] | None = None
+    """glibc only, opt-in: allocations of at least this many KiB are mmapped and given back to the OS when freed
+    (e.g. 128). Fixing it turns off glibc's rising threshold, under which freed tensors stay in the process's heap
+    and add to later peaks; the price is fresh zeroed pages for every large tensor (mmgrpo/hostmem.py: on the
+    real-vocabulary benchmark, peak RSS −90 MB but the CPU step 2–4× slower). None: glibc's default."""
     stop_after: Annotated[int, Range(ge=1)] | None = None
     """Stop (after checkpointing) once this step is reached, 1 <= stop_after <= steps; used to test interruption
     and resume."""
