@@ -8,10 +8,11 @@ step allocates and frees tensors of 0.1–30 MB by the thousand (KV caches, acti
 chunks), so after the first step they are served from the heaps, whose freed-but-kept pages add to every later
 peak.
 
-Opt-in (``TrainConfig.host_mmap_threshold_kib``), because of its price: measured on the real-vocabulary benchmark
-model (``benchmarks/vs_trl.py --vocab real``, 8:1, one thread: its mmgrpo worker run with and without, one after a 128 KiB threshold lowered
-the step's peak RSS by ~90 MB (1648 → 1557 MB) and made the step 2–4× slower (10.6–11.5 s → 23–42 s): every large tensor
-then gets fresh zeroed pages from the kernel. Worth it only where host memory, not time, is what runs out.
+Opt-in (``TrainConfig.host_mmap_threshold_kib``), because of its price. Measured on the real-vocabulary benchmark
+model (``benchmarks/vs_trl.py --vocab real``, 8:1, one thread; its mmgrpo worker run with and without, one after
+the other), a 128 KiB threshold lowered the step's peak RSS by ~90 MB (1648 → 1557 MB) and made the step 2–4×
+slower (10.6–11.5 s → 23–42 s): every large tensor then gets fresh zeroed pages from the kernel. Worth it only
+where host memory, not time, runs out.
 
 Setting the threshold explicitly (``mallopt``, as the ``MALLOC_MMAP_THRESHOLD_`` environment variable does at
 start-up) fixes it and turns the dynamic rise off. The price is one ``mmap``/``munmap`` and fresh zeroed pages per
