@@ -14,8 +14,9 @@ checkpoint takes.
 ``build_tiny_qwen2_audio(directory)`` does the same for ``Qwen2AudioForConditionalGeneration`` (Whisper-style
 audio encoder, Qwen2 decoder) with a ``Qwen2AudioProcessor`` and a Qwen chat template.
 
-``resolve_model_path(name)`` maps the built-in names to cached directories (built on first use, deterministic
-given the seed); other names (hub ids, local paths) pass through.
+``resolve_model_path(name)`` maps the built-in names (``tiny-whisper``, ``tiny-qwen2-audio`` and their engine-sized
+``-engine`` variants for vLLM: head_dim 64, 30-second windows) to cached directories (built on first use,
+deterministic given the seed); other names (hub ids, local paths) pass through.
 """
 
 from __future__ import annotations

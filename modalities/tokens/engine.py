@@ -8,6 +8,11 @@ per-token log-probs in ``Rollout.engine_logprobs`` for the importance-sampling c
 the whole model, LoRA merged) with a version number; each generate answer carries the version it was sampled
 with, and a mismatch stops the run (a rollout from stale weights would be silently off-policy).
 
+The token families share this path (:class:`EngineSampling`): each supplies only its requests (:class:`EnginePrompt`:
+a prompt text and media for the decoder-only models, an encoder prompt and a decoder prompt by id for Whisper) and
+its sampling distribution; the client builds the wire request, checks the engine's prompt token ids against the
+trainer's, and pushes weights under the names ``save_pretrained`` writes.
+
 Keyed rollout noise does not carry over: vLLM draws from its own per-request generators (``SamplingParams.seed``,
 here the keyed seed of each prompt), so the samples are reproducible for one engine build, world size and batch,
 but they are not those of the native sampler and not invariant to how prompts are split over processes

@@ -1,8 +1,9 @@
 """vLLM rollout server: the engine side of ``rollout.engine: vllm`` (run by ``mmgrpo rollout-server``).
 
 This file runs under ``.venv-vllm`` (``scripts/setup_vllm.sh``), **not** in the training environment: vLLM pins its
-own torch and transformers. It imports only the standard library, torch, safetensors, PIL and vllm — never mmgrpo —
-and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py --model DIR --port 8100``.
+own torch and transformers. It imports only the standard library, torch, safetensors, PIL, vllm and vLLM's own
+transformers — never mmgrpo — and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py
+--model DIR --port 8100``.
 
 The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the shape of TRL's ``trl vllm-serve``
 (``trl/scripts/vllm_serve.py``: ``/health``, ``/generate``, weight updates) without its NCCL channel, so it works on
@@ -17,15 +18,20 @@ CPU and across processes of one machine:
   "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (video frames are the trainer's, already
   sampled and resized, with the transformers ``VideoMetadata`` of their sampling; ``mm_processor_kwargs`` go to
   vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
-  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may
-  carry a ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P],
-  "prompts": [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
-  each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
-  after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
-  prefill across its G samples.
+  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain;
+  ``"early_banned_token_ids"`` and ``"early_banned_steps"``: −inf at the first steps only (:class:`EarlyBans`,
+  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, and an encoder-decoder model's (Whisper's)
+  its ``"decoder_prompt_token_ids"``: the request is then vLLM's ``{"encoder_prompt": {prompt, media},
+  "decoder_prompt": {"prompt_token_ids": ...}}``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs":
+  [...]}, ... G], ... P], "prompts": [{"prompt_token_ids": [...]}, ... P]}`` (an encoder-decoder request's: the
+  decoder prompt's): G samples per prompt (vLLM's ``n``), each with the log-prob of every sampled token under the
+  engine's sampling distribution (``processed_logprobs``: after temperature, and after top-k/top-p when they are
+  set). Automatic prefix caching shares each prompt's prefill across its G samples (decoder-only models: vLLM has
+  none for cross-attention).
 * ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → reloads the model's weights
-  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``), resets
-  the prefix cache, and answers ``{"version": V}``. The trainer sends the whole model (a LoRA run: merged).
+  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``, then
+  :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer sends the whole
+  model (a LoRA run: merged).
 
 One request runs at a time (the engine is not re-entrant from this server's threads).
 """
