@@ -475,6 +475,24 @@ def test_whisper_engine_requests_are_the_waveform_and_the_forced_decoder_prefix(
     assert adapter._early_bans() == ([eot], 1)  # generation_config.begin_suppress_tokens, first step only
 
 
+def test_rollout_server_serves_whisper_with_one_audio_clip_per_prompt(mmgrpo_cache):
+    """``mmgrpo rollout-server`` on a Whisper config: the built-in name resolves to the trainer's cached directory, and
+    the server allows one audio clip per prompt (vLLM's Whisper takes exactly one); a family without an engine path is
+    one config error."""
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
+    from mmgrpo.modalities.speech.tiny import resolve_model_path
+    from mmgrpo.modalities.tokens.engine import server_command
+
+    cfg = load_config(ROOT / "configs/speech_whisper_asr.yaml", ["model.args.name_or_path=tiny-whisper-engine"])
+    cmd = server_command(cfg, python=sys.executable)
+    options = dict(zip(cmd[2::2], cmd[3::2]))
+    assert options["--model"] == resolve_model_path("tiny-whisper-engine")
+    assert options["--max-audios"] == "1" and options["--max-videos"] == "0"
+    with pytest.raises(ConfigError, match="has no vLLM rollout engine yet"):
+        server_command(load_config(ROOT / "configs/ar_image_grpo.yaml"), python=sys.executable)
+
+
 @pytest.mark.slow
 @needs_vllm
 def test_engine_whisper_greedy_equals_native_after_a_weight_push(whisper_server):
