@@ -248,7 +248,7 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         cache = self._audio_cache(prompts)  # once per prompt
-        engine_logprobs = None
+        engine_logprobs = sampler_logprobs = None
         if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
             completion_ids, engine_logprobs = self._engine_sample(self._engine_prompts(cache), group_size, keys)
         else:
