@@ -98,7 +98,7 @@ def main() -> None:
 
         def vllm() -> float:
             t = time.perf_counter()
-            adapter._engine_sample(rows, encodings, a.group, None)
+            adapter._engine_sample(adapter._engine_prompts(rows, encodings), a.group, None)
             return time.perf_counter() - t
 
         vllm()  # warm-up: the server's first request compiles and allocates

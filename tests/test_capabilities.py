@@ -7,6 +7,7 @@ import pytest
 from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.modalities.flow.adapter import FlowAdapter
+from mmgrpo.modalities.speech.adapter import WhisperAdapter
 from mmgrpo.modalities.speech.audio_llm import AudioLLMAdapter
 from mmgrpo.modalities.video.adapter import VideoAdapter
 from mmgrpo.modalities.vlm.adapter import VLMAdapter
@@ -19,6 +20,7 @@ def test_declared_capabilities_of_the_builtin_adapters():
     assert capabilities(VLMAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: text + images
     assert capabilities(VideoAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: + videos
     assert capabilities(AudioLLMAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: + audio
+    assert capabilities(WhisperAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: enc-dec
     assert capabilities(FlowAdapter) == {"exact_kl", "ratio_norm_inputs"}
     assert issubclass(FlowAdapter, ExactKL) and issubclass(FlowAdapter, RatioNormInputs)
     assert issubclass(VLMAdapter, SupervisedLoss) and issubclass(VLMAdapter, SyncReference)

@@ -21,6 +21,11 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - A completion ends at the first ``<|endoftext|>`` (included in the loss); the rest is masked.
 - LoRA through peft; the reference policy is the adapter disabled, or a frozen copy when training the full model
   with ``beta > 0``.
+- With ``rollout.engine: vllm`` the completions come from the vLLM server (the token families' engine path,
+  :class:`~mmgrpo.modalities.tokens.engine.EngineSampling`): one encoder-decoder request per prompt — the decoded
+  waveform as the encoder's audio, the forced decoder prefix as the decoder prompt's token ids — with the same bans
+  (``suppress_ids`` as a logit bias of −100, ``begin_suppress_tokens`` at the first step); ``old_logprobs`` are then
+  recomputed by this model, as for the other families (docs/scale.md: 30-second windows only).
 
 Reward columns added to ``Rollout.extras`` (B values each): ``audio_array`` (the decoded mono waveform the model
 heard, float32 at the model's rate, one shared object per prompt) and ``sampling_rate``. The row's own ``audio``
@@ -44,6 +49,7 @@ from mmgrpo.types import Rollout
 from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
+from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
     completion_id_lists,
     head_outputs_hidden,
@@ -108,7 +114,7 @@ class AudioCache:
 SpeechState = CompletionState  # cache: AudioCache
 
 
-class WhisperAdapter(TokenPolicy):
+class WhisperAdapter(EngineSampling, TokenPolicy):
     """Token-level policy over a Whisper seq2seq model (see the module docstring)."""
 
     PIPELINE_TAG = "automatic-speech-recognition"
@@ -197,16 +203,7 @@ class WhisperAdapter(TokenPolicy):
         from the one decode loop (:func:`mmgrpo.modalities.tokens.decode.decode`).
         """
         model = self._unwrapped()
-        spec = SamplingSpec(
-            self.args.max_new_tokens,
-            [self.eos_id],
-            self.pad_id,
-            self.args.temperature,
-            self.args.top_k,
-            self.args.top_p,
-            greedy=greedy,
-            synced=sharding.is_sharded(model),  # FSDP: every process runs as many forwards as the longest one
-        )
+        spec = self._sampling_spec(greedy, synced=sharding.is_sharded(model))  # FSDP: as many forwards as the longest
         was_training = model.training
         model.eval()
         try:
@@ -214,6 +211,30 @@ class WhisperAdapter(TokenPolicy):
         finally:
             model.train(was_training)
         return ids.cpu(), logprobs.cpu()
+
+    def _sampling_spec(self, greedy: bool = False, synced: bool = False) -> SamplingSpec:
+        """The sampling distribution of ``model.args`` (both engines draw from it): ``suppress_ids`` banned at every
+        step, and ``begin_suppress_ids`` at the first (``_early_bans``; the native stepper applies both in
+        ``_scores``)."""
+        a = self.args
+        return SamplingSpec(
+            a.max_new_tokens,
+            [self.eos_id],
+            self.pad_id,
+            a.temperature,
+            a.top_k,
+            a.top_p,
+            suppress_ids=tuple(self.suppress_ids),
+            greedy=greedy,
+            synced=synced,
+        )
+
+    def _engine_prompts(self, cache: AudioCache) -> list[EnginePrompt]:
+        """The engine's request of each prompt (:class:`~mmgrpo.modalities.tokens.engine.EngineSampling`): an
+        encoder-decoder request whose encoder prompt is the decoded waveform at the feature extractor's rate (vLLM
+        computes the same log-mel features from it) and whose decoder prompt is the forced prefix, sent as ids."""
+        prefix = self.prefix.tolist()
+        return [EnginePrompt("", {"audio": [w]}, prefix, encoder_decoder=True) for w in cache.waveforms]
 
     def _completion_mask(self, completion_ids: Tensor) -> Tensor:
         """1 up to and including the first end-of-text, 0 after it. Shape: [n, T] -> [n, T]."""
@@ -227,7 +248,11 @@ class WhisperAdapter(TokenPolicy):
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         cache = self._audio_cache(prompts)  # once per prompt
-        completion_ids, sampler_logprobs = self._sample(cache, group_size, False, keys)  # [B, T]
+        engine_logprobs = sampler_logprobs = None
+        if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
+            completion_ids, engine_logprobs = self._engine_sample(self._engine_prompts(cache), group_size, keys)
+        else:
+            completion_ids, sampler_logprobs = self._sample(cache, group_size, False, keys)  # [B, T]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         mask = self._completion_mask(completion_ids).float()  # [B, T]
         truncated = ~(completion_ids == self.eos_id).any(dim=1)  # [B]
@@ -235,21 +260,26 @@ class WhisperAdapter(TokenPolicy):
             mask = mask * (~truncated).float()[:, None]
         state = SpeechState(completion_ids=completion_ids, prompt_of=prompt_of, cache=cache)
         G = group_size
-        return Rollout(
+        rollout = Rollout(
             outputs=self._decode(completion_ids),
-            old_logprobs=sampler_logprobs
-            * mask,  # [B, T], as drawn (== the training forward: tests/test_speech_whisper.py)
+            old_logprobs=torch.zeros_like(mask),
             mask=mask,
             group_size=G,
             prompt_index=prompt_of.clone(),
             truncated=truncated,
             state=state,
+            engine_logprobs=engine_logprobs,
             extras={
                 "audio_array": [w for w in cache.waveforms for _ in range(G)],
                 "sampling_rate": [self.sampling_rate] * len(prompt_of),
                 "completion_ids": completion_id_lists(completion_ids, self._completion_mask(completion_ids)),
             },
         )
+        if engine_logprobs is None:  # as drawn (== the training forward: tests/test_speech_whisper.py)
+            rollout.old_logprobs = sampler_logprobs * mask  # [B, T]
+        else:
+            rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
+        return rollout
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:

@@ -14,8 +14,9 @@ checkpoint takes.
 ``build_tiny_qwen2_audio(directory)`` does the same for ``Qwen2AudioForConditionalGeneration`` (Whisper-style
 audio encoder, Qwen2 decoder) with a ``Qwen2AudioProcessor`` and a Qwen chat template.
 
-``resolve_model_path(name)`` maps the built-in names to cached directories (built on first use, deterministic
-given the seed); other names (hub ids, local paths) pass through.
+``resolve_model_path(name)`` maps the built-in names (``tiny-whisper``, ``tiny-qwen2-audio`` and their engine-sized
+``-engine`` variants for vLLM: head_dim 64, 30-second windows) to cached directories (built on first use,
+deterministic given the seed); other names (hub ids, local paths) pass through.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, train_byte_level_bpe
 
 TINY_WHISPER = "tiny-whisper"
+WHISPER_ENGINE = "tiny-whisper-engine"
+"""The tiny Whisper at a size vLLM's CPU attention takes (head_dim 64) with Whisper's 30-second windows (3000 mel
+frames), for the rollout-engine tests (docs/scale.md)."""
 TINY_QWEN2_AUDIO = "tiny-qwen2-audio"
 QWEN2_AUDIO_ENGINE = "tiny-qwen2-audio-engine"
 """The tiny Qwen2-Audio at a size vLLM's CPU attention takes (text head_dim 64, as ``tiny-qwen2.5-vl-engine``), for
@@ -62,6 +66,11 @@ class TinyWhisperSizes:
     """Seconds of audio per input window (Whisper: 30); the encoder sees chunk_length·100 mel frames."""
     max_target_positions: int = 64
     bpe_vocab: int = 400
+
+
+WHISPER_ENGINE_SIZES = TinyWhisperSizes(d_model=128, heads=2, ffn=256, chunk_length=30)
+"""d_model 128 over 2 heads (head_dim 64); 30-second windows as the real Whisper's (vLLM's Whisper pads every clip to
+the feature extractor's window and sizes its encoder by ``max_source_positions``)."""
 
 
 def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -161,6 +170,7 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     """The directory for built-in tiny model names (built on first use); other names pass through."""
     builders = {
         TINY_WHISPER: build_tiny_whisper,
+        WHISPER_ENGINE: functools.partial(build_tiny_whisper, sizes=WHISPER_ENGINE_SIZES),
         TINY_QWEN2_AUDIO: build_tiny_qwen2_audio,
         QWEN2_AUDIO_ENGINE: functools.partial(build_tiny_qwen2_audio, sizes=QWEN2_AUDIO_ENGINE_SIZES),
     }

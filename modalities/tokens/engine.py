@@ -8,6 +8,11 @@ per-token log-probs in ``Rollout.engine_logprobs`` for the importance-sampling c
 the whole model, LoRA merged) with a version number; each generate answer carries the version it was sampled
 with, and a mismatch stops the run (a rollout from stale weights would be silently off-policy).
 
+The token families share this path (:class:`EngineSampling`): each supplies only its requests (:class:`EnginePrompt`:
+a prompt text and media for the decoder-only models, an encoder prompt and a decoder prompt by id for Whisper) and
+its sampling distribution; the client builds the wire request, checks the engine's prompt token ids against the
+trainer's, and pushes weights under the names ``save_pretrained`` writes.
+
 Keyed rollout noise does not carry over: vLLM draws from its own per-request generators (``SamplingParams.seed``,
 here the keyed seed of each prompt), so the samples are reproducible for one engine build, world size and batch,
 but they are not those of the native sampler and not invariant to how prompts are split over processes
@@ -40,6 +45,24 @@ from mmgrpo.types import EngineError
 
 from .. import _hf
 from .decode import SamplingSpec
+
+
+@dataclasses.dataclass
+class EnginePrompt:
+    """One prompt as the engine takes it, built by its family (the one part of a request that differs by family).
+
+    Decoder-only models (VLM, video, audio LLM): ``text`` is the rendered prompt the engine tokenizes itself and
+    ``media`` its items by kind, as the adapter's encoders loaded them. Encoder-decoder models (Whisper,
+    ``encoder_decoder=True``): ``text`` and ``media`` are the encoder's prompt (Whisper: ``""`` and the waveform) and
+    the decoder prompt goes as ``token_ids`` (vLLM's ``{"encoder_prompt", "decoder_prompt"}`` request). Either way
+    ``token_ids`` are the trainer's prompt token ids, which the engine's must equal
+    (:meth:`EngineSampling._engine_sample`).
+    """
+
+    text: str
+    media: dict[str, list[Any]]
+    token_ids: list[int]
+    encoder_decoder: bool = False
 
 
 class VLLMClient:
@@ -75,28 +98,36 @@ class VLLMClient:
 
     def generate(
         self,
-        prompts: list[str],
-        media: list[dict[str, list[Any]]],
+        prompts: list[EnginePrompt],
         group_size: int,
         spec: SamplingSpec,
         seeds: list[int],
         processor_kwargs: dict[str, Any] | None = None,
+        early_bans: tuple[list[int], int] = ([], 0),
     ) -> tuple[Tensor, Tensor, list[list[int]]]:
         """G samples per prompt from the engine.
 
-        ``media`` maps each medium of a prompt to its loaded items, as the adapter's encoders load them (``image``:
-        PIL images; ``video``: :class:`~.video.Clip`, frames already sampled and resized); ``processor_kwargs`` are
-        the engine processor's options for all prompts (vLLM's ``mm_processor_kwargs``, e.g. ``videos_kwargs``).
+        ``prompts`` are the families' requests (:class:`EnginePrompt`; media as the adapter's encoders loaded them —
+        ``image``: PIL images; ``video``: :class:`~.video.Clip`, frames already sampled and resized; ``audio``: the
+        waveform at the processor's rate); ``processor_kwargs`` are the engine processor's options for all prompts
+        (vLLM's ``mm_processor_kwargs``, e.g. ``videos_kwargs``); ``early_bans`` the token ids banned at the first
+        steps only and for how many (Whisper's ``begin_suppress_tokens``: the first step).
 
         Shape:
-            prompts, media, seeds: P each
+            prompts, seeds: P each
             returns completion_ids [B, T] (pad after the end), engine_logprobs [B, T] fp32 (0 there),
-            the engine's prompt token ids (P lists)
+            the engine's prompt token ids (P lists; an encoder-decoder model's: the decoder prompt's)
         """
-        requests = [
-            {"prompt": p, "media": {k: [_wire(k, x) for x in items] for k, items in m.items() if items}, "seed": s}
-            for p, m, s in zip(prompts, media, seeds)
-        ]
+        requests = []
+        for p, s in zip(prompts, seeds):
+            req = {
+                "prompt": p.text,
+                "media": {k: [_wire(k, x) for x in items] for k, items in p.media.items() if items},
+            }
+            if p.encoder_decoder:  # the decoder prompt as token ids: the engine does not tokenize it again
+                req["decoder_prompt_token_ids"] = list(p.token_ids)
+            requests.append({**req, "seed": s})
+        early_ids, early_steps = early_bans
         body = {
             "requests": requests,
             "mm_processor_kwargs": processor_kwargs or {},
@@ -108,6 +139,8 @@ class VLLMClient:
             "top_k": spec.top_k,
             "stop_token_ids": list(spec.eos_ids),
             "banned_token_ids": list(spec.suppress_ids),  # as the native sampler: never a media placeholder
+            "early_banned_token_ids": list(early_ids) if early_steps else [],
+            "early_banned_steps": int(early_steps) if early_ids else 0,
         }
         out = self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
         if out["version"] != self.version:
@@ -213,6 +246,64 @@ def prompt_seeds(keys: noise.NoiseKeys | None, prompts: int) -> list[int]:
     return torch.randint(0, 2**31 - 1, (prompts,)).tolist()
 
 
+class EngineSampling:
+    """The trainer side of ``rollout.engine: vllm``, shared by the token families (VLM, video, audio LLM, Whisper):
+    connect, push the policy's weights, and sample a rollout's completions on the server.
+
+    A family supplies only what differs: its requests (``_engine_prompts`` → :class:`EnginePrompt` per prompt), its
+    sampling distribution (``_sampling_spec(greedy)``: all-step bans in ``suppress_ids``; ``_early_bans()``: the ids
+    banned at the first steps only), its processor options (``_engine_processor_kwargs``) and ``_completion_mask``.
+    """
+
+    model: torch.nn.Module
+    pad_id: int
+    engine: VLLMClient | None = None
+
+    def use_engine(self, url: str, timeout_s: float) -> None:
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native."""
+        self.engine = VLLMClient(url, timeout_s)
+        self.engine.health()  # unreachable: one line now, before any step
+
+    def push_engine_weights(self, version: int) -> None:
+        """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
+        self.engine.push(engine_weights(self.model), version)
+
+    def _engine_processor_kwargs(self) -> dict[str, Any]:
+        """Processor options the engine must apply as the trainer does (vLLM's ``mm_processor_kwargs``)."""
+        return {}
+
+    def _engine_sample(
+        self, prompts: list[EnginePrompt], group_size: int, keys: noise.NoiseKeys | None, greedy: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """Completion ids [B, T] (pad after the end) and the engine's log-probs [B, T] (0 there) of G samples per
+        prompt; the engine's prompt token ids must equal the trainer's (checked: a template, processor or
+        checkpoint mismatch is one line)."""
+        ids, logprobs, engine_prompts = self.engine.generate(
+            prompts,
+            group_size,
+            self._sampling_spec(greedy=greedy),
+            prompt_seeds(keys, len(prompts)),
+            self._engine_processor_kwargs(),
+            self._early_bans(),
+        )
+        for i, (prompt, theirs) in enumerate(zip(prompts, engine_prompts)):
+            ours = list(prompt.token_ids)
+            if theirs and theirs != ours:
+                at = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                if prompt.encoder_decoder:
+                    raise EngineError(
+                        f"prompt {i}: the vLLM engine's decoder prompt is {theirs}, the trainer's {ours}; serve the "
+                        "same checkpoint and tokenizer"
+                    )
+                raise EngineError(
+                    f"prompt {i}: the vLLM engine tokenized it into {len(theirs)} tokens, the trainer into {len(ours)} "
+                    f"(first difference at token {at}); serve the same checkpoint, processor and chat template"
+                )
+        mask = self._completion_mask(ids)
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_id))  # [B, T]
+        return ids, logprobs * mask  # [B, T] each
+
+
 def server_command(cfg: Any, python: str | None = None) -> list[str]:
     """The command that serves ``cfg``'s policy model on vLLM at ``cfg.rollout.url`` (``mmgrpo rollout-server``).
 
@@ -225,15 +316,17 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
 
     from mmgrpo.config import ConfigError
 
-    if cfg.model.adapter not in ("vlm", "video", "audio_llm"):
+    if cfg.model.adapter not in ("vlm", "video", "audio_llm", "whisper"):
         raise ConfigError(
             f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts; "
-            "video: plus one video per prompt; audio_llm: one audio clip per prompt)"
+            "video: plus one video per prompt; audio_llm and whisper: one audio clip per prompt)"
         )
-    if cfg.model.adapter == "audio_llm":
+    audio = cfg.model.adapter in ("audio_llm", "whisper")
+    if audio:
         from ..speech.tiny import resolve_model_path
 
-        name = cfg.model.args.get("name_or_path", "tiny-qwen2-audio")
+        default = "tiny-qwen2-audio" if cfg.model.adapter == "audio_llm" else "tiny-whisper"
+        name = cfg.model.args.get("name_or_path", default)
     else:
         from ..vlm.tiny import resolve_model_path
 
@@ -266,7 +359,7 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
         "--max-videos",
         "1" if cfg.model.adapter == "video" else "0",  # the video adapter's rows hold at most one video
         "--max-audios",
-        "1" if cfg.model.adapter == "audio_llm" else "0",  # and the audio LLM's one audio clip
+        "1" if audio else "0",  # and the audio LLM's (Whisper's) one audio clip
     ]
 
 

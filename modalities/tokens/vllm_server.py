@@ -1,8 +1,9 @@
 """vLLM rollout server: the engine side of ``rollout.engine: vllm`` (run by ``mmgrpo rollout-server``).
 
 This file runs under ``.venv-vllm`` (``scripts/setup_vllm.sh``), **not** in the training environment: vLLM pins its
-own torch and transformers. It imports only the standard library, torch, safetensors, PIL and vllm — never mmgrpo —
-and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py --model DIR --port 8100``.
+own torch and transformers. It imports only the standard library, torch, safetensors, PIL, vllm and vLLM's own
+transformers — never mmgrpo — and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py
+--model DIR --port 8100``.
 
 The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the shape of TRL's ``trl vllm-serve``
 (``trl/scripts/vllm_serve.py``: ``/health``, ``/generate``, weight updates) without its NCCL channel, so it works on
@@ -17,15 +18,20 @@ CPU and across processes of one machine:
   "top_p", "top_k", "min_tokens", "stop_token_ids", "banned_token_ids"}`` (video frames are the trainer's, already
   sampled and resized, with the transformers ``VideoMetadata`` of their sampling; ``mm_processor_kwargs`` go to
   vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
-  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain; each request may
-  carry a ``"seed"``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs": [...]}, ... G], ... P],
-  "prompts": [{"prompt_token_ids": [...]}, ... P]}``: G samples per prompt (vLLM's ``n``),
-  each with the log-prob of every sampled token under the engine's sampling distribution (``processed_logprobs``:
-  after temperature, and after top-k/top-p when they are set). Automatic prefix caching shares each prompt's
-  prefill across its G samples.
+  banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain;
+  ``"early_banned_token_ids"`` and ``"early_banned_steps"``: −inf at the first steps only (:class:`EarlyBans`,
+  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, and an encoder-decoder model's (Whisper's)
+  its ``"decoder_prompt_token_ids"``: the request is then vLLM's ``{"encoder_prompt": {prompt, media},
+  "decoder_prompt": {"prompt_token_ids": ...}}``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs":
+  [...]}, ... G], ... P], "prompts": [{"prompt_token_ids": [...]}, ... P]}`` (an encoder-decoder request's: the
+  decoder prompt's): G samples per prompt (vLLM's ``n``), each with the log-prob of every sampled token under the
+  engine's sampling distribution (``processed_logprobs``: after temperature, and after top-k/top-p when they are
+  set). Automatic prefix caching shares each prompt's prefill across its G samples (decoder-only models: vLLM has
+  none for cross-attention).
 * ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → reloads the model's weights
-  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``), resets
-  the prefix cache, and answers ``{"version": V}``. The trainer sends the whole model (a LoRA run: merged).
+  in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``, then
+  :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer sends the whole
+  model (a LoRA run: merged).
 
 One request runs at a time (the engine is not re-entrant from this server's threads).
 """
@@ -39,10 +45,13 @@ import io
 import json
 import os
 import signal
+import sys
 import tempfile
 import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 
 def _reload_weights_file(worker, path: str) -> int:
@@ -53,7 +62,25 @@ def _reload_weights_file(worker, path: str) -> int:
 
     tensors = load_file(path)
     worker.reload_weights(weights_iterator=iter(tensors.items()))
+    _repack_embeddings(worker.get_model())
     return len(tensors)
+
+
+def _repack_embeddings(model) -> None:
+    """Re-run the weight processing of every unquantized embedding and LM head after an in-place reload.
+
+    vLLM's CPU backend packs their weights for its GEMM once loaded (``UnquantizedEmbeddingMethod.
+    process_weights_after_loading`` → ``dispatch_cpu_unquantized_gemm``, a packed copy beside ``weight``). The reload
+    repacks the layers that received tensors, but an LM head tied to the token embedding (Whisper's ``proj_out``; the
+    checkpoint's copy is skipped by vLLM's loader) receives none, and kept computing logits from the first weights:
+    after a push the engine's greedy completions differed from the trainer's. Repacking from the current ``weight`` is
+    idempotent, and a no-op off CPU."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and not module.weight.is_meta:
+            method.process_weights_after_loading(module)
 
 
 def _video(wire: dict) -> tuple:
@@ -73,6 +100,33 @@ def _audio(wire: dict):
     return np.frombuffer(base64.b64decode(wire["array"]), dtype=wire["dtype"]).reshape(wire["shape"]).copy()
 
 
+_MODULE = os.path.splitext(os.path.basename(__file__))[0]
+"""This file's module name when imported from its folder (vLLM's engine process loads :class:`EarlyBans` so)."""
+
+
+class EarlyBans(AdapterLogitsProcessor):
+    """Bans a request's ``extra_args["early_banned_ids"]`` (−inf) at its first ``extra_args["early_banned_steps"]``
+    completion tokens: Whisper's ``begin_suppress_tokens``, which the trainer masks at the first step only. vLLM
+    loads it by name in its engine process (``LLM(logits_processors=["vllm_server:EarlyBans"])``, vLLM's
+    ``AdapterLogitsProcessor`` for per-request processors); its ``processed_logprobs`` are after it."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # a banned token may be the argmax
+
+    def new_req_logits_processor(self, params):
+        extra = params.extra_args or {}
+        ids, steps = list(extra.get("early_banned_ids") or []), int(extra.get("early_banned_steps") or 0)
+        if not ids or not steps:
+            return None
+
+        def ban(output_ids: list[int], logits):
+            if len(output_ids) < steps:
+                logits[ids] = float("-inf")
+            return logits
+
+        return ban
+
+
 class Engine:
     """The vLLM ``LLM`` and the version of its weights."""
 
@@ -90,16 +144,23 @@ class Engine:
         cpu_options = {}
         if not torch.cuda.is_available():
             cpu_options = {"enable_chunked_prefill": False, "max_num_batched_tokens": args.max_model_len or 4096}
+        from transformers import AutoConfig
+
+        # vLLM's cross-attention KV manager has no prefix caching ("CrossAttentionManager does not support caching"):
+        # an encoder-decoder model (Whisper) runs without it; its encoder outputs are still cached per request
+        encoder_decoder = bool(getattr(AutoConfig.from_pretrained(args.model), "is_encoder_decoder", False))
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the engine process imports EarlyBans by name
         self.llm = LLM(
             model=args.model,
             dtype=args.dtype,
             seed=args.seed,
             max_model_len=args.max_model_len,
             enforce_eager=True,
-            enable_prefix_caching=True,
+            enable_prefix_caching=not encoder_decoder,
             logprobs_mode="processed_logprobs",
             limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos, "audio": args.max_audios},
             gpu_memory_utilization=args.gpu_memory_utilization,
+            logits_processors=[f"{_MODULE}:EarlyBans"],
             **cpu_options,
         )
 
@@ -125,6 +186,8 @@ class Engine:
                 item["multi_modal_data"] = data
                 if body.get("mm_processor_kwargs"):
                     item["mm_processor_kwargs"] = body["mm_processor_kwargs"]
+            if "decoder_prompt_token_ids" in req:  # encoder-decoder (Whisper): the decoder prompt as given, by id
+                item = {"encoder_prompt": item, "decoder_prompt": {"prompt_token_ids": req["decoder_prompt_token_ids"]}}
             inputs.append(item)
         common = dict(
             n=int(body["n"]),
@@ -139,6 +202,12 @@ class Engine:
             detokenize=False,
             skip_special_tokens=False,
         )
+        early = {
+            "early_banned_ids": body.get("early_banned_token_ids"),
+            "early_banned_steps": body.get("early_banned_steps"),
+        }
+        if early["early_banned_ids"] and early["early_banned_steps"]:
+            common["extra_args"] = early  # EarlyBans
         # one seed per prompt (its G samples take seed, seed+1, ...: vLLM's parallel sampling)
         params = [SamplingParams(seed=req.get("seed"), **common) for req in body["requests"]]
         with self.lock:

@@ -19,7 +19,7 @@ accuracies into the T-GRPO bonus. Departure from Video-R1: the statistics are co
 target reward, μ, α and the correctness threshold are configuration rather than "reward column 0, 0.8, 0.3, 0.1".
 
 With ``rollout.engine: vllm`` the ordered rollouts are sampled by the vLLM server, which gets the encoder's very
-frames and their sampling metadata (the token policy's ``_engine_sample``, docs/scale.md); a clip whose text-after-
+frames and their sampling metadata (the token policy's ``_engine_prompts``, docs/scale.md); a clip whose text-after-
 video positions differ between transformers and vLLM is refused (:meth:`VideoAdapter._check_engine_positions`). The
 shuffled-frame rollouts stay native.
 
@@ -43,7 +43,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
 from mmgrpo.types import Rollout
 
-from ..tokens.engine import EngineError
+from ..tokens.engine import EngineError, EnginePrompt
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
@@ -92,13 +92,11 @@ class VideoAdapter(VLMAdapter):
         encoders = [ImageEncoder(args.min_pixels, args.max_pixels), self.video]
         super().__init__(model, processor, args, reference, encoders=encoders)
 
-    def _engine_sample(
-        self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
-    ) -> tuple[Tensor, Tensor]:
-        """The token policy's engine rollout, after checking that vLLM would place each prompt as the trainer does."""
+    def _engine_prompts(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> list[EnginePrompt]:
+        """The token policy's engine requests, after checking that vLLM would place each prompt as the trainer does."""
         for i, enc in enumerate(encodings):
             self._check_engine_positions(i, enc)
-        return super()._engine_sample(prompts, encodings, group_size, keys)
+        return super()._engine_prompts(prompts, encodings)
 
     def _check_engine_positions(self, i: int, enc: dict[str, Tensor]) -> None:
         """Refuse a clip whose text-after-video positions differ between the trainer and vLLM (docs/scale.md).

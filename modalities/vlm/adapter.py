@@ -41,7 +41,7 @@ from mmgrpo.types import DataError, Rollout
 from .. import _hf
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
-from ..tokens.engine import EngineError, VLLMClient, engine_weights, prompt_seeds
+from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
     completion_id_lists,
     head_outputs_hidden,
@@ -120,7 +120,7 @@ class PromptCache:
 VLMState = CompletionState  # cache: PromptCache
 
 
-class VLMAdapter(TokenPolicy):
+class VLMAdapter(EngineSampling, TokenPolicy):
     """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
 
     PIPELINE_TAG = "image-text-to-text"
@@ -156,7 +156,6 @@ class VLMAdapter(TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
-        self.engine: VLLMClient | None = None  # rollout.engine: vllm (modalities/tokens/engine.py)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -382,27 +381,16 @@ class VLMAdapter(TokenPolicy):
         rows = [ids[m & ~torch.isin(ids, self.eos_ids)].tolist() for ids, m in zip(completion_ids, mask)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def use_engine(self, url: str, timeout_s: float) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text,
-        image, video and audio prompts: the video and audio-LLM adapters inherit this, and each prompt's media go to
-        vLLM as their encoders loaded them (sampled frames with their sampling metadata, the resampled waveform)."""
-        self.engine = VLLMClient(url, timeout_s)
-        self.engine.health()  # unreachable: one line now, before any step
-
-    def push_engine_weights(self, version: int) -> None:
-        """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
-        self.engine.push(engine_weights(self.model), version)
-
-    def _engine_prompts(self, prompts: list[dict]) -> tuple[list[str], list[dict[str, list]]]:
-        """The engine's request of each row: its prompt text and the media of every encoder (kind → loaded items),
-        the very items (sampled frames, resized images) the trainer's encoding used."""
-        texts, media = [], []
+    def _engine_prompts(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> list[EnginePrompt]:
+        """The engine's request of each row (:class:`~mmgrpo.modalities.tokens.engine.EngineSampling`): its prompt
+        text and the media of every encoder (kind → loaded items), the very items (sampled frames, resized images) the
+        trainer's encoding used; the engine must tokenize it into the encoding's ``input_ids``."""
+        out = []
         with self._media_scope():  # inside rollout's scope: the media its encodings decoded, not decoded again
-            for row in prompts:
+            for row, enc in zip(prompts, encodings):
                 loaded = {e.kind: e.load(row) for e in self.encoders}
-                texts.append(self._prompt_text(row, loaded))
-                media.append(loaded)
-        return texts, media
+                out.append(EnginePrompt(self._prompt_text(row, loaded), loaded, enc["input_ids"][0].tolist()))
+        return out
 
     def _engine_processor_kwargs(self) -> dict[str, Any]:
         """Processor options the engine must apply as the trainer does (an encoder's ``engine_kwargs``, e.g. the video
@@ -412,35 +400,14 @@ class VLMAdapter(TokenPolicy):
             out.update(getattr(encoder, "engine_kwargs", {}))
         return out
 
-    def _engine_sample(
-        self, prompts: list[dict], encodings: list[dict[str, Tensor]], group_size: int, keys: noise.NoiseKeys | None
-    ) -> tuple[Tensor, Tensor]:
-        """Completion ids [B, T] (pad after EOS) and the engine's log-probs [B, T] from the vLLM server; the engine
-        must tokenize each prompt as the adapter does (checked: a template or processor mismatch is one line)."""
-        texts, media = self._engine_prompts(prompts)
-        spec = self._sampling_spec()
-        ids, logprobs, engine_prompts = self.engine.generate(
-            texts, media, group_size, spec, prompt_seeds(keys, len(prompts)), self._engine_processor_kwargs()
-        )
-        for i, (enc, theirs) in enumerate(zip(encodings, engine_prompts)):
-            ours = enc["input_ids"][0].tolist()
-            if theirs and theirs != ours:
-                at = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-                raise EngineError(
-                    f"prompt {i}: the vLLM engine tokenized it into {len(theirs)} tokens, the trainer into {len(ours)} "
-                    f"(first difference at token {at}); serve the same checkpoint, processor and chat template"
-                )
-        mask = self._completion_mask(ids)
-        ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_id))  # [B, T]
-        return ids, logprobs * mask  # [B, T] each
-
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         engine_logprobs = sampler_logprobs = None
         with self._media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
             encodings = [self._encode_prompt(row) for row in prompts]
             columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
             if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
-                completion_ids, engine_logprobs = self._engine_sample(prompts, encodings, group_size, keys)
+                requests = self._engine_prompts(prompts, encodings)
+                completion_ids, engine_logprobs = self._engine_sample(requests, group_size, keys)
         if self.engine is None:
             completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
