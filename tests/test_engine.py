@@ -196,6 +196,26 @@ def test_engine_greedy_equals_native_after_a_weight_push_and_the_push_changes_ou
 
 @pytest.mark.slow
 @needs_vllm
+def test_engine_resizes_images_with_the_adapters_pixel_bounds(server):
+    """``max_pixels`` below the images' size (112×112 shapes, 3136 = 56² pixels at most): the trainer's processor
+    shrinks them, and so must the engine's (the request's ``images_kwargs``), else its image tokens differ (the
+    prompt token ids, checked in ``_greedy``); greedy completions then equal the native loop's."""
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    adapter = build_vlm_adapter(
+        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "max_pixels": 3136}, seed=0
+    )
+    adapter = _connect(adapter, server[0])
+    rows = ShapesTask(ShapesArgs(train_size=4, eval_size=1, image_size=112)).train_rows()[:4]
+    with adapter._media_scope():
+        grid = adapter._encode_prompt(rows[0])["image_grid_thw"]
+    assert grid.tolist() == [[1, 4, 4]]  # 56×56 after resizing (112×112 would be [1, 8, 8])
+    _assert_engine_matches_native(adapter, rows, seed=5, version=adapter.engine.version + 1)
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     """The engine's log-probs of its own samples vs the trainer's recomputation (fp32 both): the mismatch TIS
     corrects is small on the same weights. Measured on CPU: mean 3.4e-7, max 1.4e-6; asserted: mean < 1e-5,

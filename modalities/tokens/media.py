@@ -55,6 +55,8 @@ class ImageEncoder:
 
     def __init__(self, min_pixels: int | None = None, max_pixels: int | None = None):
         self.pixel_kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        # the vLLM engine gets the original images and resizes them with these bounds, as this processor does
+        self.engine_kwargs = {"images_kwargs": dict(self.pixel_kwargs)} if self.pixel_kwargs else {}
         self._sizes: dict[int, list[tuple[int, int]]] = {}  # id(row) -> (W, H) per decoded image, this batch
 
     def load(self, row: dict) -> list[Image.Image]:
