@@ -172,10 +172,12 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
 
 @torch.no_grad()
 def _perturb_and_push(adapter, seed: int, version: int) -> None:
-    """Move the policy away from the checkpoint the server loaded (N(0, 0.2²) on every parameter), then push it."""
+    """Move the policy away from the checkpoint the server loaded (N(0, 0.2²) on every trainable parameter), then
+    push it."""
     g = torch.Generator().manual_seed(seed)
     for p in adapter.model.parameters():
-        p.add_(torch.randn(p.shape, generator=g) * 0.2)
+        if p.requires_grad:  # what an optimizer step can move
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
     adapter.push_engine_weights(version=version)
 
 
@@ -557,3 +559,58 @@ def _assert_first_step_ban_applies(adapter, rows: list[dict], version: int) -> N
     engine, _ = _whisper_greedy(adapter, rows, engine=True)
     assert torch.equal(native, engine), (native, engine)
     assert (native[:, 0] != eot).all() and (native[:, 1] == eot).all(), native
+
+
+def test_later_pushes_send_only_what_training_changes(mmgrpo_cache):
+    """``engine_weights(trainable_only=True)``: full fine-tuning with a frozen vision tower sends the trainable
+    parameters (no ``visual.*``, no buffers) under the checkpoint's names, a subset of the whole push; LoRA sends the
+    merged adapted layers only."""
+    from mmgrpo.modalities.tokens.engine import engine_weights
+    from tests.adapter_cases import build
+
+    frozen = build("vlm", lora=False, freeze_vision=True)
+    whole, part = engine_weights(frozen.model), engine_weights(frozen.model, trainable_only=True)
+    trainable = sum(p.requires_grad for p in frozen.model.parameters())
+    assert set(part) < set(whole) and any("visual" in k for k in whole) and not any("visual" in k for k in part)
+    assert len(part) >= trainable  # every trainable tensor (a tied lm_head under its own name too)
+    for name, tensor in part.items():
+        assert torch.equal(tensor, whole[name])
+    lora = build("vlm", lora=True)
+    merged = engine_weights(lora.model, trainable_only=True)
+    layers = [n for n, m in lora.model.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)]
+    assert len(merged) == len(layers) > 0 and set(merged) < set(engine_weights(lora.model))
+    assert all(k.endswith(".weight") and "lora_" not in k and "base_layer" not in k for k in merged)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_partial_pushes_after_the_first_and_the_whole_model_to_a_restarted_engine(server):
+    """With a frozen vision tower: the first push is the whole model, the next only the trainable tensors on top of
+    it (the engine's greedy completions still equal the native loop's). When the engine holds another version (here
+    another client's push, as after a restart), it refuses the part and the adapter sends the whole model."""
+    from mmgrpo.modalities.tokens.engine import VLLMClient, engine_weights
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    url, _ = server
+    adapter = _connect(
+        build_vlm_adapter({"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "freeze_vision": True}),
+        url,
+    )
+    pushes = []
+    push = adapter.engine.push
+
+    def recording(tensors, version, base=None):
+        taken = push(tensors, version, base)
+        pushes.append((len(tensors), base, taken))
+        return taken
+
+    adapter.engine.push = recording
+    whole = len(engine_weights(adapter.model))
+    v = adapter.engine.version
+    rows = _rows(4)
+    _assert_engine_matches_native(adapter, rows, seed=7, version=v + 1)
+    _assert_engine_matches_native(adapter, rows, seed=8, version=v + 2)
+    assert pushes[0] == (whole, None, True) and pushes[1][1:] == (v + 1, True) and pushes[1][0] < whole
+    VLLMClient(url).push(engine_weights(adapter.model), 99)  # another client: the engine now holds version 99
+    _assert_engine_matches_native(adapter, rows, seed=9, version=100)
+    assert pushes[2] == (pushes[1][0], v + 2, False) and pushes[3] == (whole, None, True)

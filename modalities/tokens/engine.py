@@ -162,16 +162,25 @@ class VLLMClient:
                 logprobs[p * group_size + g, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
         return ids, logprobs, [r.get("prompt_token_ids", []) for r in out.get("prompts", [])]
 
-    def push(self, tensors: dict[str, Tensor], version: int) -> None:
-        """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``."""
+    def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
+        """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``.
+
+        ``base``: the tensors are a part of the model, to go on top of weights version ``base``; an engine that
+        holds another version refuses them (returns False: send the whole model). A whole-model push (``base``
+        None) returns True or raises."""
         from safetensors.torch import save
 
         payload = save({k: v.detach().to("cpu").clone() for k, v in tensors.items()})  # tied weights: own copies
         headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
+        if base is not None:
+            headers["X-Weights-Base"] = str(base)
         out = self._call("/update_weights", payload, headers)
+        if base is not None and out.get("refused") == "base":
+            return False
         if out.get("version") != version:
             raise EngineError(f"vLLM rollout server {self.url} did not take weights version {version}: {out}")
         self.version = version
+        return True
 
 
 def _wire(kind: str, item: Any) -> Any:
@@ -199,18 +208,26 @@ def _wire(kind: str, item: Any) -> Any:
 
 
 @torch.no_grad()
-def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
-    """The policy's whole state under the checkpoint's Hugging Face names, what the engine reloads.
+def engine_weights(model: torch.nn.Module, trainable_only: bool = False) -> dict[str, Tensor]:
+    """The policy's state under the checkpoint's Hugging Face names, what the engine reloads.
 
     LoRA (peft): every adapted linear layer's base weight plus the adapter's delta (B·A·scale, peft
     ``LoraLayer.get_delta_weight``) — the merged model, without merging in place — and every other tensor as is.
     Full fine-tuning: the model's state dict. The names are those ``save_pretrained`` writes (transformers' reverted
     weight conversion: e.g. Qwen2-Audio's ``model.language_model.*`` is ``language_model.model.*`` on disk), the
     names the engine loaded the checkpoint under.
+
+    ``trainable_only``: only the tensors an optimizer step can change — under LoRA the merged adapted layers, in
+    full fine-tuning the parameters that require a gradient (a frozen vision tower, Whisper's fixed positions and
+    every buffer stay out). Other trainable tensors of a peft model (``modules_to_save``) are not sent.
     """
     core = _hf.unwrap(model)
     if not hasattr(core, "get_base_model"):
-        return _checkpoint_names(core, dict(core.state_dict()))
+        state = dict(core.state_dict())
+        if trainable_only:  # remove_duplicate=False: a tied lm_head keeps its own name
+            trainable = {n for n, p in core.named_parameters(remove_duplicate=False) if p.requires_grad}
+            state = {n: t for n, t in state.items() if n in trainable}
+        return _checkpoint_names(core, state)
     from peft.tuners.lora import LoraLayer
 
     base = core.get_base_model()
@@ -219,6 +236,8 @@ def engine_weights(model: torch.nn.Module) -> dict[str, Tensor]:
         if isinstance(module, LoraLayer):
             delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
             merged[f"{name}.weight"] = module.get_base_layer().weight + delta
+    if trainable_only:
+        return _checkpoint_names(base, merged)
     out = {}
     for name, tensor in base.state_dict().items():
         if ".lora_" in name:
@@ -264,9 +283,19 @@ class EngineSampling:
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
 
+    _engine_holds: int | None = None
+    """The weights version this adapter last pushed (the engine holds it), None before the first push."""
+
     def push_engine_weights(self, version: int) -> None:
-        """Send the policy's weights (the whole model, LoRA merged) to the engine as ``version``."""
-        self.engine.push(engine_weights(self.model), version)
+        """Send the policy's weights to the engine as ``version``: the first push the whole model (LoRA merged),
+        later ones only the tensors an optimizer step changes (:func:`engine_weights` ``trainable_only``), on top of
+        the version pushed before. An engine holding another version (restarted; pushed to by someone else) refuses
+        that part, and the whole model goes instead."""
+        if self._engine_holds is None or not self.engine.push(
+            engine_weights(self.model, trainable_only=True), version, base=self._engine_holds
+        ):
+            self.engine.push(engine_weights(self.model), version)
+        self._engine_holds = version
 
     def _engine_processor_kwargs(self) -> dict[str, Any]:
         """Processor options the engine must apply as the trainer does (vLLM's ``mm_processor_kwargs``)."""

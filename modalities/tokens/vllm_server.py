@@ -30,8 +30,9 @@ CPU and across processes of one machine:
   none for cross-attention).
 * ``POST /update_weights`` with a safetensors body (header ``X-Weights-Version: V``) → reloads the model's weights
   in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``, then
-  :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer sends the whole
-  model (a LoRA run: merged).
+  :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer's first push is
+  the whole model (a LoRA run: merged), later ones only what training changes, with ``X-Weights-Base: B`` (the
+  version they go on top of); an engine that holds another version answers ``{"refused": "base"}``.
 
 One request runs at a time (the engine is not re-entrant from this server's threads).
 """
@@ -225,7 +226,12 @@ class Engine:
             outputs.append(samples)
         return {"version": version, "outputs": outputs, "prompts": prompts}
 
-    def update_weights(self, payload: bytes, version: int) -> dict:
+    def update_weights(self, payload: bytes, version: int, base: int | None = None) -> dict:
+        """Reload the payload's tensors as weights ``version``. With ``base`` they are a part of the model (what
+        training changed since version ``base``), taken only while this engine holds ``base``: otherwise the answer
+        is ``{"refused": "base"}`` and the trainer sends the whole model."""
+        if base is not None and base != self.version:
+            return {"refused": "base", "version": self.version}
         with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
             f.write(payload)
             path = f.name
@@ -268,7 +274,9 @@ def _handler(engine: Engine):
                 if self.path == "/generate":
                     self._send(200, engine.generate(json.loads(payload)))
                 elif self.path == "/update_weights":
-                    self._send(200, engine.update_weights(payload, int(self.headers.get("X-Weights-Version", "0"))))
+                    base = self.headers.get("X-Weights-Base")
+                    version = int(self.headers.get("X-Weights-Version", "0"))
+                    self._send(200, engine.update_weights(payload, version, None if base is None else int(base)))
                 else:
                     self._send(404, {"error": f"no route {self.path}"})
             except Exception as e:  # the trainer shows this line; the traceback stays in the server's log
