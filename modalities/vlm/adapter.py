@@ -382,10 +382,17 @@ class VLMAdapter(TokenPolicy):
         rows = [ids[m & ~torch.isin(ids, self.eos_ids)].tolist() for ids, m in zip(completion_ids, mask)]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def use_engine(self, url: str, timeout_s: float) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native. Text,
-        image, video and audio prompts: the video and audio-LLM adapters inherit this, and each prompt's media go to
-        vLLM as their encoders loaded them (sampled frames with their sampling metadata, the resampled waveform)."""
+    def use_engine(self, url: str, timeout_s: float, colocate: list[str] | None = None) -> None:
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``), or, given ``colocate`` (the
+        engine's ``vllm_server.py`` options), on vLLM inside this process (``rollout.vllm_mode: colocate``,
+        :mod:`..tokens.colocate`); evaluation stays native. Text, image, video and audio prompts: the video and
+        audio-LLM adapters inherit this, and each prompt's media go to vLLM as their encoders loaded them (sampled
+        frames with their sampling metadata, the resampled waveform)."""
+        if colocate is not None:
+            from ..tokens.colocate import ColocateEngine
+
+            self.engine = ColocateEngine(colocate)
+            return
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
 
