@@ -61,6 +61,7 @@ class ColocateEngine(VLLMClient):
     def __init__(self, args: list[str]):
         super().__init__("colocate://in-process")
         self.name = "the colocated vLLM engine"  # in error messages
+        self.stale_hint = "a weight push did not reach it (a bug: please report it)"
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: no pickled weights
         from . import vllm_server
 

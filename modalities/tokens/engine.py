@@ -50,6 +50,7 @@ class VLLMClient:
         self.timeout_s = timeout_s
         self.version = 0
         self.name = f"vLLM rollout server {self.url}"  # in error messages
+        self.stale_hint = "another trainer pushes to this server, or a weight push was lost; restart it"
 
     def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
         req = urllib.request.Request(self.url + path, data=data, headers=headers or {})
@@ -115,7 +116,7 @@ class VLLMClient:
         if out["version"] != self.version:
             raise EngineError(
                 f"{self.name} serves weights version {out['version']}, the trainer's are version "
-                f"{self.version}: another trainer pushes to this server, or a weight push was lost; restart it"
+                f"{self.version}: {self.stale_hint}"
             )
         B, T = len(prompts) * group_size, spec.max_new_tokens
         ids = torch.full((B, T), spec.pad_id, dtype=torch.long)  # [B, T]
