@@ -318,6 +318,10 @@ class RolloutConfig:
     """Fraction of the GPU's memory vLLM takes for weights and KV cache (TRL's name; on vLLM's CPU backend the
     fraction of host memory). Default: 0.3 colocated on a GPU (TRL's colocate default: the trainer needs the rest),
     0.9 for a server on its own GPU, 0.1 on CPU."""
+    vllm_enable_sleep_mode: bool = True
+    """Colocate mode on CUDA: vLLM sleeps after each rollout (``sleep(level=1)``: weights to host memory, KV cache
+    freed) and wakes before the next weight push, so the trainer's update has the GPU's memory (TRL's name; TRL's
+    default is false). Ignored on CPU, where vLLM has no sleep mode, and in server mode."""
     url: str = "http://127.0.0.1:8100"
     """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it); unused by colocate mode."""
     timeout_s: Annotated[float, Range(gt=0)] = 600.0

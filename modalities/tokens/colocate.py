@@ -45,12 +45,14 @@ COLOCATE_GPU_MEMORY_UTILIZATION = 0.3
 
 def colocate_args(cfg: Any) -> list[str]:
     """The colocated engine's options for ``cfg`` (:func:`~.engine.engine_args`, the server's; on CUDA with
-    :data:`COLOCATE_GPU_MEMORY_UTILIZATION` unless set, and sleep mode on)."""
+    :data:`COLOCATE_GPU_MEMORY_UTILIZATION` unless set, and sleep mode unless ``rollout.vllm_enable_sleep_mode`` is
+    false)."""
     args = engine_args(cfg)
     if torch.cuda.is_available():
         if cfg.rollout.vllm_gpu_memory_utilization is None:
             args += ["--gpu-memory-utilization", str(COLOCATE_GPU_MEMORY_UTILIZATION)]
-        args += ["--enable-sleep-mode"]
+        if cfg.rollout.vllm_enable_sleep_mode:
+            args += ["--enable-sleep-mode"]
     return args
 
 
@@ -68,10 +70,11 @@ class ColocateEngine(VLLMClient):
         options = vllm_server.parser().parse_args(args)
         self.sleeps = options.enable_sleep_mode
         if not self.sleeps:
-            logger.info(
-                "colocated vLLM does not sleep between rollouts: vLLM's sleep/wake_up is CUDA-only, this engine runs "
-                "on %s; it keeps its KV cache while the trainer updates",
-                "CPU" if not torch.cuda.is_available() else "a device without sleep mode",
+            logger.warning(
+                "colocated vLLM does not sleep between rollouts (%s): it keeps its KV cache while the trainer updates",
+                "vLLM's sleep/wake_up is CUDA-only, this engine runs on CPU"
+                if not torch.cuda.is_available()
+                else "rollout.vllm_enable_sleep_mode: false",
             )
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op that warns (its threads are bound to cores);
         # in one process its own input processor then calls that no-op on every request: one warning per call
