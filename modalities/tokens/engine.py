@@ -1,5 +1,6 @@
 """Rollout engines of the token families: ``native`` (the one decode loop, :mod:`.decode`) or ``vllm`` (a vLLM server
-in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server``).
+in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server``; or, ``rollout.vllm_mode:
+colocate``, the same engine inside the training process, :mod:`.colocate`, behind this client's interface).
 
 With ``rollout.engine: vllm`` the adapter keeps its contract: ``rollout`` returns B = P·G completions group-major,
 with ``old_logprobs`` recomputed by the trainer's own model (as TRL does with ``use_vllm``), and the engine's
@@ -43,7 +44,8 @@ from .decode import SamplingSpec
 
 
 class VLLMClient:
-    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``)."""
+    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``); the
+    interface the adapters call, which :class:`.colocate.ColocateEngine` answers in-process."""
 
     def __init__(self, url: str, timeout_s: float = 600.0):
         self.url = url.rstrip("/")
