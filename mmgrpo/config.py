@@ -313,8 +313,21 @@ class RolloutConfig:
     server in its own environment: ``bash scripts/setup_vllm.sh``, then ``mmgrpo rollout-server CONFIG``;
     docs/scale.md). The trainer re-scores vLLM's samples with its own model and corrects the mismatch by
     importance sampling (``is_mode``)."""
+    vllm_mode: Literal["server", "colocate"] = "server"
+    """Where vLLM runs (TRL's ``vllm_mode``): server (its own process and environment, ``mmgrpo rollout-server``,
+    reached at ``url``) | colocate (inside the training process, on the trainer's device, sleeping while the trainer
+    updates on CUDA; the trainer must run in ``.venv-colocate``: ``bash scripts/setup_colocate.sh``, then
+    ``.venv-colocate/bin/mmgrpo train ...``; one process). docs/scale.md."""
+    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] | None = None
+    """Fraction of the GPU's memory vLLM takes for weights and KV cache (TRL's name; on vLLM's CPU backend the
+    fraction of host memory). Default: 0.3 colocated on a GPU (TRL's colocate default: the trainer needs the rest),
+    0.9 for a server on its own GPU, 0.1 on CPU."""
+    vllm_enable_sleep_mode: bool = True
+    """Colocate mode on CUDA: vLLM sleeps after each rollout (``sleep(level=1)``: weights to host memory, KV cache
+    freed) and wakes before the next weight push, so the trainer's update has the GPU's memory (TRL's name; TRL's
+    default is false). Ignored on CPU, where vLLM has no sleep mode, and in server mode."""
     url: str = "http://127.0.0.1:8100"
-    """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it)."""
+    """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it); unused by colocate mode."""
     timeout_s: Annotated[float, Range(gt=0)] = 600.0
     """Seconds one engine call (generate, weight push) may take before the run stops with one line."""
     is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = "token_truncate"

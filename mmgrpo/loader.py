@@ -171,6 +171,11 @@ def validate(cfg: TrainConfig) -> None:
             "algorithm.kl: with model.args.objective: dgpo the KL term is DGPO's mean_D |v - v_ref|^2, "
             f"algorithm.kl: gaussian_exact; got {a.kl!r}"
         )
+    if cfg.rollout.vllm_mode == "colocate" and cfg.rollout.engine != "vllm":
+        raise ConfigError(
+            "rollout.vllm_mode: colocate places the vLLM rollout engine in the training process; it needs "
+            f"rollout.engine: vllm (got {cfg.rollout.engine!r})"
+        )
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:

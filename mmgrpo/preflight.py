@@ -16,7 +16,8 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   ``module:function`` are never imported or called here;
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
-- with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``.
+- with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
+  (``rollout.vllm_mode: colocate``), vllm is importable in the training environment.
 
 Every failure is one line naming the file and row (or the task and row) and the option to change:
 :class:`~mmgrpo.config.ConfigError` for options, :class:`~mmgrpo.types.DataError` for rows.
@@ -24,8 +25,10 @@ Every failure is one line naming the file and row (or the task and row) and the 
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,8 +77,18 @@ def preflight(cfg: TrainConfig) -> Any:
 
 def _check_engine(cfg: TrainConfig) -> None:
     """``rollout.engine: vllm``: the server answers at ``rollout.url`` now, before any model loads (one line with
-    the command that starts it otherwise, :class:`~mmgrpo.types.EngineError`)."""
+    the command that starts it otherwise, :class:`~mmgrpo.types.EngineError`); colocated (``rollout.vllm_mode:
+    colocate``), vllm is importable in this Python environment (:class:`ConfigError` naming the environment that
+    has it otherwise)."""
     if cfg.rollout.engine == "native":
+        return
+    if cfg.rollout.vllm_mode == "colocate":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                f"rollout.vllm_mode: colocate runs vLLM inside the training process, and this Python ({sys.prefix}) "
+                "has no vllm (vLLM pins its own torch): run `bash scripts/setup_colocate.sh` and use "
+                "`.venv-colocate/bin/mmgrpo train ...`, or rollout.vllm_mode: server (docs/scale.md)"
+            )
         return
     from mmgrpo.modalities.tokens.engine import VLLMClient
 

@@ -122,10 +122,10 @@ class Trainer:
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
-        if cfg.rollout.engine != "native":  # vLLM server: reachable now, weights pushed before every rollout
+        if cfg.rollout.engine != "native":  # vLLM: reachable (or started here) now, weights pushed before each rollout
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
-            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s)
+            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, self._colocate_args())
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
@@ -193,11 +193,11 @@ class Trainer:
                             file=sys.stderr,
                         )
                     bar.close()
-                    acc.end_training()
+                    self._end_training()
                     return self.summary
                 if cfg.stop_after is not None and step >= cfg.stop_after:
                     bar.close()
-                    acc.end_training()
+                    self._end_training()
                     return self.summary
         finally:
             stop.restore()
@@ -444,6 +444,19 @@ class Trainer:
     _skipped_total = 0  # optimizer updates skipped for non-finite gradients (this process, this run)
     _skipped_in_a_row = 0
 
+    def _colocate_args(self) -> list[str] | None:
+        """The in-process engine's options (``rollout.vllm_mode: colocate``), else None (a server at rollout.url)."""
+        if self.cfg.rollout.vllm_mode != "colocate":
+            return None
+        if self.acc.num_processes > 1:
+            raise ConfigError(
+                "rollout.vllm_mode: colocate runs one training process (one engine per process is not wired); "
+                "launch one process, or use rollout.vllm_mode: server with several"
+            )
+        from mmgrpo.modalities.tokens.colocate import colocate_args  # deferred, as preflight's engine check
+
+        return colocate_args(self.cfg)
+
     def _push_engine_weights(self, version: int) -> None:
         """Send the policy's current weights to the rollout engine as ``version`` (process 0; the others wait and
         expect that version in the engine's answers)."""
@@ -612,7 +625,14 @@ class Trainer:
             self._save(self.state.step, final=True)
         if acc.is_main_process:
             run_dir.write_summary(cfg, self.out, self.summary, self.state.step)
-        acc.end_training()
+        self._end_training()
+
+    def _end_training(self) -> None:
+        """Stop the rollout engine, then accelerate (trackers, process group): a colocated vLLM tears down the
+        torch.distributed group it made in this process itself, before accelerate destroys it under vLLM."""
+        if self.cfg.rollout.engine != "native":
+            self.adapter.engine.close()
+        self.acc.end_training()
 
 
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})

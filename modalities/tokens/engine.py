@@ -1,5 +1,6 @@
 """Rollout engines of the token families: ``native`` (the one decode loop, :mod:`.decode`) or ``vllm`` (a vLLM server
-in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server``).
+in its own environment, :mod:`.vllm_server`, started by ``mmgrpo rollout-server``; or, ``rollout.vllm_mode:
+colocate``, the same engine inside the training process, :mod:`.colocate`, behind this client's interface).
 
 With ``rollout.engine: vllm`` the adapter keeps its contract: ``rollout`` returns B = P·G completions group-major,
 with ``old_logprobs`` recomputed by the trainer's own model (as TRL does with ``use_vllm``), and the engine's
@@ -66,12 +67,15 @@ class EnginePrompt:
 
 
 class VLLMClient:
-    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``)."""
+    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``); the
+    interface the adapters call, which :class:`.colocate.ColocateEngine` answers in-process."""
 
     def __init__(self, url: str, timeout_s: float = 600.0):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.version = 0
+        self.name = f"vLLM rollout server {self.url}"  # in error messages
+        self.stale_hint = "another trainer pushes to this server, or a weight push was lost; restart it"
 
     def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
         req = urllib.request.Request(self.url + path, data=data, headers=headers or {})
@@ -118,11 +122,12 @@ class VLLMClient:
             returns completion_ids [B, T] (pad after the end), engine_logprobs [B, T] fp32 (0 there),
             the engine's prompt token ids (P lists; an encoder-decoder model's: the decoder prompt's)
         """
+        item = self._media_item
         requests = []
         for p, s in zip(prompts, seeds):
             req = {
                 "prompt": p.text,
-                "media": {k: [_wire(k, x) for x in items] for k, items in p.media.items() if items},
+                "media": {k: [item(k, x) for x in items] for k, items in p.media.items() if items},
             }
             if p.encoder_decoder:  # the decoder prompt as token ids: the engine does not tokenize it again
                 req["decoder_prompt_token_ids"] = list(p.token_ids)
@@ -142,25 +147,34 @@ class VLLMClient:
             "early_banned_token_ids": list(early_ids) if early_steps else [],
             "early_banned_steps": int(early_steps) if early_ids else 0,
         }
-        out = self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        out = self._generate(body)
         if out["version"] != self.version:
             raise EngineError(
-                f"vLLM rollout server {self.url} serves weights version {out['version']}, the trainer's are version "
-                f"{self.version}: another trainer pushes to this server, or a weight push was lost; restart it"
+                f"{self.name} serves weights version {out['version']}, the trainer's are version "
+                f"{self.version}: {self.stale_hint}"
             )
         B, T = len(prompts) * group_size, spec.max_new_tokens
         ids = torch.full((B, T), spec.pad_id, dtype=torch.long)  # [B, T]
         logprobs = torch.zeros((B, T), dtype=torch.float32)  # [B, T]
         for p, samples in enumerate(out["outputs"]):
             if len(samples) != group_size:
-                raise EngineError(
-                    f"vLLM rollout server returned {len(samples)} samples for a prompt, not G={group_size}"
-                )
+                raise EngineError(f"{self.name} returned {len(samples)} samples for a prompt, not G={group_size}")
             for g, sample in enumerate(samples):
                 toks, lps = sample["token_ids"][:T], sample["logprobs"][:T]
                 ids[p * group_size + g, : len(toks)] = torch.tensor(toks, dtype=torch.long)
                 logprobs[p * group_size + g, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
         return ids, logprobs, [r.get("prompt_token_ids", []) for r in out.get("prompts", [])]
+
+    def _media_item(self, kind: str, item: Any) -> Any:
+        """A prompt's media item as the engine takes it: here, as the server's request body carries it."""
+        return _wire(kind, item)
+
+    def _generate(self, body: dict) -> dict:
+        """The engine's answer to a generate ``body`` (``vllm_server.py``'s ``/generate``)."""
+        return self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def close(self) -> None:
+        """Release what this client holds of the engine (a server's client: nothing; the server runs on)."""
 
     def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
         """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``.
@@ -183,28 +197,38 @@ class VLLMClient:
         return True
 
 
+def engine_item(kind: str, item: Any) -> Any:
+    """One media item as vLLM takes it (``multi_modal_data``): an image as an RGB PIL image; a video clip as its
+    frames [F, H, W, C] uint8 and the metadata of how they were sampled (native fps, frame indices, total frames),
+    which the processor turns into ``second_per_grid_ts``; an audio clip as its float32 waveform [N], already at the
+    processor's sampling rate (vLLM resamples only a waveform given with another rate)."""
+    if kind == "image":
+        return item.convert("RGB")
+    if kind == "video":
+        frames = item.frames.permute(0, 2, 3, 1).contiguous().numpy()  # [F, C, H, W] -> [F, H, W, C]
+        return frames, {k: v for k, v in dataclasses.asdict(item.metadata()).items() if v is not None}
+    if kind == "audio":
+        return np.ascontiguousarray(item, dtype=np.float32)  # [N], decoded and resampled to the processor's rate
+    raise EngineError(f"the vLLM rollout engine takes image, video and audio prompts, not {kind!r} (docs/scale.md)")
+
+
 def _wire(kind: str, item: Any) -> Any:
-    """One media item as the server takes it (``vllm_server.py``): an image as base64 PNG; a video clip as its raw
-    frames [F, H, W, C] (base64, with shape and dtype) and the metadata of how they were sampled (native fps, frame
-    indices, total frames), which the processor turns into ``second_per_grid_ts``; an audio clip as its raw float32
-    waveform, already at the processor's sampling rate (vLLM resamples only a waveform sent with another rate)."""
+    """One media item as the server's request body carries it (``vllm_server.py``): :func:`engine_item`, with an
+    image as base64 PNG and raw arrays (video frames, waveforms) as base64 with their shape and dtype."""
+    local = engine_item(kind, item)
     if kind == "image":
         buf = io.BytesIO()
-        item.convert("RGB").save(buf, format="PNG")
+        local.save(buf, format="PNG")
         return base64.b64encode(buf.getvalue()).decode()
     if kind == "video":
-        frames = item.frames.permute(0, 2, 3, 1).contiguous()  # [F, C, H, W] -> [F, H, W, C]
-        meta = {k: v for k, v in dataclasses.asdict(item.metadata()).items() if v is not None}
+        frames, meta = local
         return {
-            "frames": base64.b64encode(frames.numpy().tobytes()).decode(),
+            "frames": base64.b64encode(frames.tobytes()).decode(),
             "shape": list(frames.shape),
-            "dtype": str(frames.dtype).removeprefix("torch."),
+            "dtype": str(frames.dtype),
             "metadata": meta,
         }
-    if kind == "audio":
-        array = np.ascontiguousarray(item, dtype=np.float32)  # [N], decoded and resampled to the processor's rate
-        return {"array": base64.b64encode(array.tobytes()).decode(), "shape": list(array.shape), "dtype": "float32"}
-    raise EngineError(f"the vLLM rollout engine takes image, video and audio prompts, not {kind!r} (docs/scale.md)")
+    return {"array": base64.b64encode(local.tobytes()).decode(), "shape": list(local.shape), "dtype": "float32"}
 
 
 @torch.no_grad()
@@ -278,8 +302,15 @@ class EngineSampling:
     pad_id: int
     engine: VLLMClient | None = None
 
-    def use_engine(self, url: str, timeout_s: float) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``); evaluation stays native."""
+    def use_engine(self, url: str, timeout_s: float, colocate: list[str] | None = None) -> None:
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``), or, given ``colocate`` (the
+        engine's ``vllm_server.py`` options), on vLLM inside this process (``rollout.vllm_mode: colocate``,
+        :mod:`.colocate`); evaluation stays native."""
+        if colocate is not None:
+            from .colocate import ColocateEngine
+
+            self.engine = ColocateEngine(colocate)
+            return
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
 
@@ -334,15 +365,36 @@ class EngineSampling:
 
 
 def server_command(cfg: Any, python: str | None = None) -> list[str]:
-    """The command that serves ``cfg``'s policy model on vLLM at ``cfg.rollout.url`` (``mmgrpo rollout-server``).
+    """The command that serves ``cfg``'s policy model on vLLM at ``cfg.rollout.url`` (``mmgrpo rollout-server``):
+    ``vllm_server.py`` with :func:`engine_args`.
 
     The interpreter is ``python``, else ``$MMGRPO_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the current
-    directory or the repository (``bash scripts/setup_vllm.sh`` makes it). Built-in tiny model names resolve to
-    their cached directory, as the trainer resolves them, so both load the same weights.
+    directory or the repository (``bash scripts/setup_vllm.sh`` makes it).
     """
     from pathlib import Path
     from urllib.parse import urlparse
 
+    from mmgrpo.config import ConfigError
+
+    args = engine_args(cfg)
+    repo = Path(__file__).resolve().parents[2]
+    candidates = [python, os.environ.get("MMGRPO_VLLM_PYTHON"), ".venv-vllm/bin/python", repo / ".venv-vllm/bin/python"]
+    found = next((str(c) for c in candidates if c and Path(c).is_file()), None)
+    if found is None:
+        raise ConfigError(
+            "no vLLM environment (.venv-vllm/bin/python): run `bash scripts/setup_vllm.sh` first, or set "
+            "MMGRPO_VLLM_PYTHON to the interpreter of an environment with vllm"
+        )
+    url = urlparse(cfg.rollout.url)
+    where = ["--host", url.hostname or "127.0.0.1", "--port", str(url.port or 8100)]
+    return [found, str(Path(__file__).with_name("vllm_server.py")), *args, *where]
+
+
+def engine_args(cfg: Any) -> list[str]:
+    """The vLLM engine's options for ``cfg``'s policy (``vllm_server.py``'s arguments, the same for a server and a
+    colocated engine): the model directory — built-in tiny model names resolve to their cached directory, as the
+    trainer resolves them, so both load the same weights — dtype, seed, media per prompt, and
+    ``rollout.vllm_gpu_memory_utilization`` when set."""
     from mmgrpo.config import ConfigError
 
     if cfg.model.adapter not in ("vlm", "video", "audio_llm", "whisper"):
@@ -361,35 +413,13 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
 
         name = cfg.model.args.get("name_or_path", "tiny-qwen2.5-vl")
     model = resolve_model_path(name, seed=cfg.seed)
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [python, os.environ.get("MMGRPO_VLLM_PYTHON"), ".venv-vllm/bin/python", repo / ".venv-vllm/bin/python"]
-    found = next((str(c) for c in candidates if c and Path(c).is_file()), None)
-    if found is None:
-        raise ConfigError(
-            "no vLLM environment (.venv-vllm/bin/python): run `bash scripts/setup_vllm.sh` first, or set "
-            "MMGRPO_VLLM_PYTHON to the interpreter of an environment with vllm"
-        )
-    url = urlparse(cfg.rollout.url)
     dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
-    script = Path(__file__).with_name("vllm_server.py")
-    return [
-        found,
-        str(script),
-        "--model",
-        model,
-        "--host",
-        url.hostname or "127.0.0.1",
-        "--port",
-        str(url.port or 8100),
-        "--dtype",
-        dtype,
-        "--seed",
-        str(cfg.seed),
-        "--max-videos",
-        "1" if cfg.model.adapter == "video" else "0",  # the video adapter's rows hold at most one video
-        "--max-audios",
-        "1" if audio else "0",  # and the audio LLM's (Whisper's) one audio clip
-    ]
+    args = ["--model", model, "--dtype", dtype, "--seed", str(cfg.seed)]
+    args += ["--max-videos", "1" if cfg.model.adapter == "video" else "0"]  # the video adapter's rows: one video
+    args += ["--max-audios", "1" if audio else "0"]  # the audio LLM's (Whisper's): one audio clip
+    if cfg.rollout.vllm_gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(cfg.rollout.vllm_gpu_memory_utilization)]
+    return args
 
 
 def run_server(cmd: list[str], grace_s: float = 20.0) -> int:

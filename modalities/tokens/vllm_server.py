@@ -4,6 +4,9 @@ This file runs under ``.venv-vllm`` (``scripts/setup_vllm.sh``), **not** in the 
 own torch and transformers. It imports only the standard library, torch, safetensors, PIL, vllm and vLLM's own
 transformers — never mmgrpo — and is started as a script: ``.venv-vllm/bin/python modalities/tokens/vllm_server.py
 --model DIR --port 8100``.
+Colocate mode (``rollout.vllm_mode: colocate``, :mod:`.colocate`) imports it as a module in the training process of
+``.venv-colocate`` (``scripts/setup_colocate.sh``) and holds its :class:`Engine` directly: the same generate and
+weight-reload code, without HTTP or serialisation.
 
 The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the shape of TRL's ``trl vllm-serve``
 (``trl/scripts/vllm_serve.py``: ``/health``, ``/generate``, weight updates) without its NCCL channel, so it works on
@@ -84,6 +87,13 @@ def _repack_embeddings(model) -> None:
             method.process_weights_after_loading(module)
 
 
+def _reload_weights_dict(worker, tensors: dict) -> int:
+    """As :func:`_reload_weights_file`, from tensors already in this process (a colocated engine's worker)."""
+    worker.reload_weights(weights_iterator=iter(tensors.items()))
+    _repack_embeddings(worker.get_model())
+    return len(tensors)
+
+
 def _video(wire: dict) -> tuple:
     """A video item of a request → vLLM's ``(frames [F, H, W, C], metadata)``: the frames exactly as the trainer's
     processor gets them (already sampled and resized), the metadata of their sampling (fps, frame indices)."""
@@ -129,7 +139,8 @@ class EarlyBans(AdapterLogitsProcessor):
 
 
 class Engine:
-    """The vLLM ``LLM`` and the version of its weights."""
+    """The vLLM ``LLM`` and the version of its weights: served over HTTP by this script, or held by the training
+    process itself (``rollout.vllm_mode: colocate``, :mod:`.colocate`, vLLM's engine core in that process)."""
 
     def __init__(self, args: argparse.Namespace):
         from vllm import LLM
@@ -139,6 +150,8 @@ class Engine:
         self.lock = threading.Lock()
         import torch
 
+        if args.gpu_memory_utilization is None:
+            args.gpu_memory_utilization = 0.9 if torch.cuda.is_available() else 0.1
         # vLLM's CPU runner cannot rewind a seeded request's generator after a discarded token of a chunked prefill
         # ("CPU Generator does not use offset"): on CPU every prompt is prefilled whole (and the batch token budget
         # holds a whole context), so per-request seeds work there too.
@@ -162,27 +175,26 @@ class Engine:
             limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos, "audio": args.max_audios},
             gpu_memory_utilization=args.gpu_memory_utilization,
             logits_processors=[f"{_MODULE}:EarlyBans"],
+            enable_sleep_mode=args.enable_sleep_mode,
             **cpu_options,
         )
 
     def generate(self, body: dict) -> dict:
-        from PIL import Image
+        """A ``/generate`` body (media in their wire form, module docstring) → its answer."""
+        requests = [dict(req, media=_loaded(req.get("media", {}))) for req in body["requests"]]
+        return self.sample(dict(body, requests=requests))
+
+    def sample(self, body: dict) -> dict:
+        """G samples per prompt: ``body`` as ``/generate``'s, each request's media already loaded as vLLM takes them
+        (``image``: PIL images; ``video``: ``(frames [F, H, W, C] uint8, metadata)``; ``audio``: waveforms [N])."""
         from vllm import SamplingParams
 
         inputs = []
         for req in body["requests"]:
             item = {"prompt": req["prompt"]}
-            media = req.get("media", {})
-            data = {}
-            images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in media.get("image", [])]
-            if images:
-                data["image"] = images if len(images) > 1 else images[0]
-            videos = [_video(v) for v in media.get("video", [])]
-            if videos:
-                data["video"] = videos if len(videos) > 1 else videos[0]
-            audios = [_audio(a) for a in media.get("audio", [])]
-            if audios:
-                data["audio"] = audios if len(audios) > 1 else audios[0]
+            data = {
+                kind: items if len(items) > 1 else items[0] for kind, items in req.get("media", {}).items() if items
+            }
             if data:
                 item["multi_modal_data"] = data
                 if body.get("mm_processor_kwargs"):
@@ -227,25 +239,67 @@ class Engine:
         return {"version": version, "outputs": outputs, "prompts": prompts}
 
     def update_weights(self, payload: bytes, version: int, base: int | None = None) -> dict:
-        """Reload the payload's tensors as weights ``version``. With ``base`` they are a part of the model (what
-        training changed since version ``base``), taken only while this engine holds ``base``: otherwise the answer
-        is ``{"refused": "base"}`` and the trainer sends the whole model."""
+        """``/update_weights``: reload the payload's tensors as weights ``version``. With ``base`` they are a part of
+        the model (what training changed since version ``base``), taken only while this engine holds ``base``:
+        otherwise the answer is ``{"refused": "base"}`` and the trainer sends the whole model."""
         if base is not None and base != self.version:
             return {"refused": "base", "version": self.version}
         with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
             f.write(payload)
             path = f.name
         try:
-            with self.lock:
-                loaded = self.llm.collective_rpc(functools.partial(_reload_weights_file, path=path))
-                # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
-                self.llm.reset_prefix_cache()
-                self.llm.llm_engine.reset_encoder_cache()
-                self.llm.reset_mm_cache()
-                self.version = version
+            loaded = self._reload(functools.partial(_reload_weights_file, path=path), version)
         finally:
             os.unlink(path)
-        return {"version": version, "tensors": loaded[0] if loaded else 0}
+        return {"version": version, "tensors": loaded}
+
+    def load_weights(self, tensors: dict, version: int) -> int:
+        """The trainer's own tensors (Hugging Face names), for an engine whose worker runs in this process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ``collective_rpc`` calls the function directly, nothing is
+        serialised). Returns the number of tensors loaded."""
+        return self._reload(functools.partial(_reload_weights_dict, tensors=tensors), version)
+
+    def _reload(self, fn: functools.partial, version: int) -> int:
+        with self.lock:
+            loaded = self.llm.collective_rpc(fn)
+            # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
+            self.llm.reset_prefix_cache()
+            self.llm.llm_engine.reset_encoder_cache()
+            self.llm.reset_mm_cache()
+            self.version = version
+        return loaded[0] if loaded else 0
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory between rollouts (vLLM's ``sleep(level=1)``: weights offloaded to
+        host memory, KV cache discarded; CUDA only, and only with ``--enable-sleep-mode``)."""
+        with self.lock:
+            self.llm.sleep(level=1)
+
+    def shutdown(self) -> None:
+        """Stop an engine core that runs in this process (colocated): its worker, KV cache and the
+        torch.distributed group vLLM made here (idempotent; vLLM would otherwise do it at interpreter exit)."""
+        with self.lock:
+            self.llm.llm_engine.engine_core.shutdown()
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`: weights back on the device, KV cache allocated again."""
+        with self.lock:
+            self.llm.wake_up()
+
+
+def _loaded(media: dict) -> dict:
+    """A request's media in their wire form (module docstring) → the items vLLM takes (:meth:`Engine.sample`)."""
+    from PIL import Image
+
+    out = {}
+    images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in media.get("image", [])]
+    if images:
+        out["image"] = images
+    if media.get("video"):
+        out["video"] = [_video(v) for v in media["video"]]
+    if media.get("audio"):
+        out["audio"] = [_audio(a) for a in media["audio"]]
+    return out
 
 
 def _handler(engine: Engine):
@@ -295,7 +349,8 @@ def _stop_engine_too(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The engine's options, for this server and for a colocated engine (:mod:`.colocate` parses the same list)."""
     p = argparse.ArgumentParser(description="mmgrpo's vLLM rollout server (run under .venv-vllm)")
     p.add_argument("--model", required=True, help="Hugging Face model directory (or hub id)")
     p.add_argument("--host", default="127.0.0.1")
@@ -313,11 +368,16 @@ def main() -> None:
         help="fraction of GPU memory for weights and KV cache (default 0.9); on the CPU backend the fraction of the "
         "machine's memory (default 0.1: the training process needs the rest)",
     )
-    args = p.parse_args()
-    if args.gpu_memory_utilization is None:
-        import torch
+    p.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="allow Engine.sleep / wake_up (CUDA only; a colocated engine sleeps while the trainer updates)",
+    )
+    return p
 
-        args.gpu_memory_utilization = 0.9 if torch.cuda.is_available() else 0.1
+
+def main() -> None:
+    args = parser().parse_args()
     # LLM.collective_rpc sends a function to the engine's worker process: vLLM serialises it only when allowed.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     signal.signal(signal.SIGTERM, _stop_engine_too)
