@@ -22,6 +22,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import DistributedType, gather_object, set_seed
@@ -48,6 +49,7 @@ from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.hostmem import fix_mmap_threshold
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.loader import load_builtins
+from mmgrpo.optim import build_adamw
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
 from mmgrpo.rewards import RewardRunner, score_rows
@@ -110,12 +112,8 @@ class Trainer:
         if missing is not None:
             raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
-        params = self.adapter.trainable_parameters()
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
-        fused = o.fused if o.fused is not None else fsdp is None and fused_adamw_fits(params)
-        self.optimizer = torch.optim.AdamW(
-            params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None
-        )
+        self.optimizer = build_adamw(self.adapter.trainable_parameters(), o, fsdp=fsdp is not None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )
@@ -125,7 +123,7 @@ class Trainer:
         if cfg.rollout.engine != "native":  # vLLM: reachable (or started here) now, weights pushed before each rollout
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
-            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, self._colocate_args())
+            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, self._colocated_engine())
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
@@ -444,8 +442,8 @@ class Trainer:
     _skipped_total = 0  # optimizer updates skipped for non-finite gradients (this process, this run)
     _skipped_in_a_row = 0
 
-    def _colocate_args(self) -> list[str] | None:
-        """The in-process engine's options (``rollout.vllm_mode: colocate``), else None (a server at rollout.url)."""
+    def _colocated_engine(self) -> Any:
+        """vLLM started in this process (``rollout.vllm_mode: colocate``), else None (a server at rollout.url)."""
         if self.cfg.rollout.vllm_mode != "colocate":
             return None
         if self.acc.num_processes > 1:
@@ -453,9 +451,9 @@ class Trainer:
                 "rollout.vllm_mode: colocate runs one training process (one engine per process is not wired); "
                 "launch one process, or use rollout.vllm_mode: server with several"
             )
-        from mmgrpo.modalities.tokens.colocate import colocate_args  # deferred, as preflight's engine check
+        from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args  # deferred, as preflight's check
 
-        return colocate_args(self.cfg)
+        return ColocateEngine(colocate_args(self.cfg))
 
     def _push_engine_weights(self, version: int) -> None:
         """Send the policy's current weights to the rollout engine as ``version`` (process 0; the others wait and
@@ -633,20 +631,6 @@ class Trainer:
         if self.cfg.rollout.engine != "native":
             self.adapter.engine.close()
         self.acc.end_training()
-
-
-FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
-"""Devices whose fused AdamW kernel torch ships (``torch.optim.AdamW(fused=True)``)."""
-
-
-def fused_adamw_fits(params: list[torch.nn.Parameter]) -> bool:
-    """Whether ``optim.fused: null`` picks AdamW's fused kernel: every trainable tensor a plain floating-point
-    parameter on a device that has the kernel. The fused step updates each tensor in one pass; torch's per-tensor
-    step allocates temporaries of the tensor's size (√v̂, then its quotient), which at a 151,936-row embedding is
-    2 × 78 MB on top of the weights, gradients and moments."""
-    return bool(params) and all(
-        type(p) is torch.nn.Parameter and p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params
-    )
 
 
 def train(cfg: TrainConfig) -> dict:

@@ -215,10 +215,10 @@ class WarmupTask(Protocol):
 
 @runtime_checkable
 class EngineRollout(Protocol):
-    """Rollouts on an inference engine (``rollout.engine: vllm``): connect to a server at ``url``, or start one in
-    this process from its options (``colocate``: ``rollout.vllm_mode: colocate``), and push the policy's weights."""
+    """Rollouts on an inference engine (``rollout.engine: vllm``): connect to a server at ``url``, or use ``engine``,
+    one already started in this process (``rollout.vllm_mode: colocate``), and push the policy's weights."""
 
-    def use_engine(self, url: str, timeout_s: float, colocate: list[str] | None = None) -> None: ...
+    def use_engine(self, url: str, timeout_s: float, engine: Any = None) -> None: ...
 
     def push_engine_weights(self, version: int) -> None: ...
 

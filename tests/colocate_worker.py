@@ -4,8 +4,8 @@
 
 Run as ``python tests/colocate_worker.py OUT.json``. On the tiny engine-sized Qwen2.5-VL (shapes images), with the
 engine built from the quickstart config's options (:func:`mmgrpo.modalities.tokens.colocate.colocate_args`) and
-held by the adapter (``use_engine(..., colocate=...)``), it records: greedy completions of the engine before a
-weight push, of the native loop and the engine after pushing perturbed weights, the largest |engine − trainer|
+held by the adapter (``use_engine(..., engine=ColocateEngine(...))``), it records: greedy completions of the engine
+before a weight push, of the native loop and the engine after pushing perturbed weights, the largest |engine − trainer|
 log-prob over a sampled rollout, and the error a stale version raises. The test asserts on ``OUT.json``.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from mmgrpo import noise
 from mmgrpo.loader import load_config
-from mmgrpo.modalities.tokens.colocate import colocate_args
+from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args
 from mmgrpo.modalities.tokens.engine import EngineError
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
@@ -49,7 +49,7 @@ def main(out: str) -> None:
         [f"model.args.name_or_path={MODEL}", "rollout.engine=vllm", "rollout.vllm_mode=colocate"],
     )
     adapter = build_vlm_adapter({"name_or_path": MODEL, "max_new_tokens": 8, "temperature": 1.0}, seed=cfg.seed)
-    adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, colocate=colocate_args(cfg))
+    adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, engine=ColocateEngine(colocate_args(cfg)))
     rows = ShapesTask(ShapesArgs(train_size=4, eval_size=1)).train_rows()[:4]
     result: dict = {"engine_before": greedy(adapter, rows, engine=True)}
     with torch.no_grad():  # move the policy away from the checkpoint the engine loaded, then push it

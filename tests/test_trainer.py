@@ -187,7 +187,8 @@ def test_quickstart_learns(tmp_path, mmgrpo_cache):
 def test_adamw_is_fused_by_default_as_trls_and_optional(tmp_path, mmgrpo_cache):
     """``optim.fused: null`` picks torch's fused AdamW on CPU/CUDA weights (TRL's default ``adamw_torch_fused``),
     ``optim.fused: false`` the per-tensor step; both step the same weights to the same values (1e-6)."""
-    from mmgrpo.trainer import Trainer, fused_adamw_fits
+    from mmgrpo.optim import fused_adamw_fits
+    from mmgrpo.trainer import Trainer
 
     def one(fused):
         cfg = load_config(QUICK, SMALL + [f"output_dir={tmp_path / str(fused)}", f"optim.fused={fused}"])

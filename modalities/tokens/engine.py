@@ -302,14 +302,12 @@ class EngineSampling:
     pad_id: int
     engine: VLLMClient | None = None
 
-    def use_engine(self, url: str, timeout_s: float, colocate: list[str] | None = None) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``), or, given ``colocate`` (the
-        engine's ``vllm_server.py`` options), on vLLM inside this process (``rollout.vllm_mode: colocate``,
-        :mod:`.colocate`); evaluation stays native."""
-        if colocate is not None:
-            from .colocate import ColocateEngine
-
-            self.engine = ColocateEngine(colocate)
+    def use_engine(self, url: str, timeout_s: float, engine: VLLMClient | None = None) -> None:
+        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``), or on ``engine``, vLLM inside
+        this process (``rollout.vllm_mode: colocate``: a :class:`.colocate.ColocateEngine`); evaluation stays
+        native."""
+        if engine is not None:
+            self.engine = engine
             return
         self.engine = VLLMClient(url, timeout_s)
         self.engine.health()  # unreachable: one line now, before any step
