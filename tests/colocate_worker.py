@@ -34,10 +34,9 @@ def greedy(adapter, rows: list[dict], engine: bool) -> list[list[int]]:
         encodings = [adapter._encode_prompt(r) for r in rows]
     if not engine:
         return adapter._sample(encodings, 1, greedy=True)[0].tolist()
-    texts, media = adapter._engine_prompts(rows)
-    ids, _, prompt_ids = adapter.engine.generate(
-        texts, media, 1, adapter._sampling_spec(greedy=True), [0] * len(rows), adapter._engine_processor_kwargs()
-    )
+    requests = adapter._engine_prompts(rows, encodings)
+    spec = adapter._sampling_spec(greedy=True)
+    ids, _, prompt_ids = adapter.engine.generate(requests, 1, spec, [0] * len(rows), adapter._engine_processor_kwargs())
     assert prompt_ids == [e["input_ids"][0].tolist() for e in encodings], "the engine tokenized a prompt differently"
     mask = adapter._completion_mask(ids)
     return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id)).tolist()

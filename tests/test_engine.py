@@ -218,6 +218,40 @@ def test_engine_resizes_images_with_the_adapters_pixel_bounds(server):
 
 @pytest.mark.slow
 @needs_vllm
+def test_partial_pushes_after_the_first_and_the_whole_model_to_a_restarted_engine(server):
+    """With a frozen vision tower: the first push is the whole model, the next only the trainable tensors on top of
+    it (the engine's greedy completions still equal the native loop's). When the engine holds another version (here
+    another client's push, as after a restart), it refuses the part and the adapter sends the whole model."""
+    from mmgrpo.modalities.tokens.engine import VLLMClient, engine_weights
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    url, _ = server
+    adapter = _connect(
+        build_vlm_adapter({"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "freeze_vision": True}),
+        url,
+    )
+    pushes = []
+    push = adapter.engine.push
+
+    def recording(tensors, version, base=None):
+        taken = push(tensors, version, base)
+        pushes.append((len(tensors), base, taken))
+        return taken
+
+    adapter.engine.push = recording
+    whole = len(engine_weights(adapter.model))
+    v = adapter.engine.version
+    rows = _rows(4)
+    _assert_engine_matches_native(adapter, rows, seed=7, version=v + 1)
+    _assert_engine_matches_native(adapter, rows, seed=8, version=v + 2)
+    assert pushes[0] == (whole, None, True) and pushes[1][1:] == (v + 1, True) and pushes[1][0] < whole
+    VLLMClient(url).push(engine_weights(adapter.model), 99)  # another client: the engine now holds version 99
+    _assert_engine_matches_native(adapter, rows, seed=9, version=100)
+    assert pushes[2] == (pushes[1][0], v + 2, False) and pushes[3] == (whole, None, True)
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     """The engine's log-probs of its own samples vs the trainer's recomputation (fp32 both): the mismatch TIS
     corrects is small on the same weights. Measured on CPU: mean 3.4e-7, max 1.4e-6; asserted: mean < 1e-5,
@@ -580,37 +614,3 @@ def test_later_pushes_send_only_what_training_changes(mmgrpo_cache):
     layers = [n for n, m in lora.model.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)]
     assert len(merged) == len(layers) > 0 and set(merged) < set(engine_weights(lora.model))
     assert all(k.endswith(".weight") and "lora_" not in k and "base_layer" not in k for k in merged)
-
-
-@pytest.mark.slow
-@needs_vllm
-def test_partial_pushes_after_the_first_and_the_whole_model_to_a_restarted_engine(server):
-    """With a frozen vision tower: the first push is the whole model, the next only the trainable tensors on top of
-    it (the engine's greedy completions still equal the native loop's). When the engine holds another version (here
-    another client's push, as after a restart), it refuses the part and the adapter sends the whole model."""
-    from mmgrpo.modalities.tokens.engine import VLLMClient, engine_weights
-    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
-
-    url, _ = server
-    adapter = _connect(
-        build_vlm_adapter({"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "freeze_vision": True}),
-        url,
-    )
-    pushes = []
-    push = adapter.engine.push
-
-    def recording(tensors, version, base=None):
-        taken = push(tensors, version, base)
-        pushes.append((len(tensors), base, taken))
-        return taken
-
-    adapter.engine.push = recording
-    whole = len(engine_weights(adapter.model))
-    v = adapter.engine.version
-    rows = _rows(4)
-    _assert_engine_matches_native(adapter, rows, seed=7, version=v + 1)
-    _assert_engine_matches_native(adapter, rows, seed=8, version=v + 2)
-    assert pushes[0] == (whole, None, True) and pushes[1][1:] == (v + 1, True) and pushes[1][0] < whole
-    VLLMClient(url).push(engine_weights(adapter.model), 99)  # another client: the engine now holds version 99
-    _assert_engine_matches_native(adapter, rows, seed=9, version=100)
-    assert pushes[2] == (pushes[1][0], v + 2, False) and pushes[3] == (whole, None, True)
