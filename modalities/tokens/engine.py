@@ -6,8 +6,9 @@ With ``rollout.engine: vllm`` the adapter keeps its contract: ``rollout`` return
 with ``old_logprobs`` recomputed by the trainer's own model (as TRL does with ``use_vllm``), and the engine's
 per-token log-probs in ``Rollout.engine_logprobs`` for the importance-sampling correction of the mismatch
 (:mod:`mmgrpo.importance`). Before every rollout the trainer pushes the policy's weights (:func:`engine_weights`:
-the whole model, LoRA merged) with a version number; each generate answer carries the version it was sampled
-with, and a mismatch stops the run (a rollout from stale weights would be silently off-policy).
+the whole model, LoRA merged, then only what training changes) with a version number; each generate answer carries
+the version it was sampled with, and a mismatch stops the run (a rollout from stale weights would be silently
+off-policy).
 
 The token families share this path (:class:`EngineSampling`): each supplies only its requests (:class:`EnginePrompt`:
 a prompt text and media for the decoder-only models, an encoder prompt and a decoder prompt by id for Whisper) and
