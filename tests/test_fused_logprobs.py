@@ -267,11 +267,29 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_tied_embedding_lookup_gradient_is_sparse_and_exact(monkeypatch, mmgrpo_cache):
-    """The tiny Qwen2.5-VL ties its embedding to the lm_head. With the fused head its training forward looks the
-    fed tokens up with a sparse gradient (``sparse_tied_embedding_grad``: no dense ``[V, H]`` lookup gradient is
-    made, ``embedding_dense_backward`` never runs), and every gradient equals the dense lookup's (1e-6 of scale);
-    the weight's ``.grad`` stays a dense tensor and the embedding is left as it was (``sparse`` False)."""
+def _allocations_outside_head(fn, nbytes: int) -> int:
+    """How many allocations of exactly ``nbytes`` bytes the ops of ``fn()`` make outside the fused head's backward
+    (torch.profiler's self CPU memory; not a dispatch mode, which would change how autograd sums gradients)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+
+    def in_head(event) -> bool:
+        while event is not None:
+            if "_LinearTokenLogProbsBackward" in event.name:
+                return True
+            event = event.cpu_parent
+        return False
+
+    return sum(1 for e in prof.events() if e.self_cpu_memory_usage == nbytes and not in_head(e))
+
+
+def test_tied_embedding_lookup_gradient_is_added_in_place_and_exact(monkeypatch, mmgrpo_cache):
+    """The tiny Qwen2.5-VL ties its embedding to the lm_head. With the fused head its training forward's lookups
+    add their rows into the head's dense gradient (``tied_embedding_grad``): outside the head's backward (whose
+    ``[V, H]`` gradient becomes ``.grad``) no ``[V, H]`` tensor is allocated, where autograd's own lookup gradient
+    makes one per lookup (``embedding_dense_backward``'s, or a sparse one summed out of place); every gradient
+    equals the plain path's (1e-6 of scale), ``.grad`` is dense, and the embedding is left as it was (no hook, no
+    ``forward`` override)."""
     import mmgrpo.modalities.tokens.policy as policy
     from tests.adapter_cases import CASES, build
 
@@ -279,44 +297,87 @@ def test_tied_embedding_lookup_gradient_is_sparse_and_exact(monkeypatch, mmgrpo_
     model = adapter.model
     emb, head = model.get_input_embeddings(), policy.fusable_head(model)
     assert head is not None and emb.weight is head.weight  # tied: the case this is for
+    V, H = emb.weight.shape
+    assert sum(p.numel() == V * H for p in model.parameters()) == 1  # the byte count below names this tensor only
     rollout = adapter.rollout(CASES["vlm"].rows()[:2], group_size=2)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def run():
-        with _Ops() as ops:
-            logp = adapter._token_logprobs(model, rollout.state, torch.arange(4))  # [n, T]
-            grads = torch.autograd.grad(logp[torch.isfinite(logp)].sum(), params, allow_unused=True)
-        return logp.detach(), grads, ops.names
+        model.zero_grad(set_to_none=True)
+        box = {}
 
-    sparse, g_sparse, ops_sparse = run()
-    assert emb.sparse is False
+        def step():
+            logp = adapter._token_logprobs(model, rollout.state, torch.arange(4))  # [n, T]
+            logp[torch.isfinite(logp)].sum().backward()
+            box["logp"] = logp.detach()
+
+        allocations = _allocations_outside_head(step, V * H * emb.weight.element_size())
+        return box["logp"], [None if p.grad is None else p.grad.clone() for p in params], allocations
+
+    tied, g_tied, n_tied = run()
+    assert "forward" not in emb.__dict__ and not emb.weight._backward_hooks and emb.sparse is False
     with monkeypatch.context() as m:
-        m.setattr(policy, "sparse_tied_embedding_grad", lambda model, head: contextlib.nullcontext())
-        dense, g_dense, ops_dense = run()
-    assert "embedding_dense_backward" in ops_dense and "embedding_dense_backward" not in ops_sparse
-    torch.testing.assert_close(sparse, dense, rtol=0, atol=0)
-    for got, want in zip(g_sparse, g_dense):
+        m.setattr(policy, "tied_embedding_grad", lambda model, head: contextlib.nullcontext())
+        plain, g_plain, n_plain = run()
+    assert n_tied == 0 and n_plain >= 1, (n_tied, n_plain)
+    torch.testing.assert_close(tied, plain, rtol=0, atol=0)
+    for got, want in zip(g_tied, g_plain):
         assert (got is None) == (want is None)
         if want is not None:
             assert not got.is_sparse
             _close_grad(got, want)
 
 
+def test_tied_lookup_rows_match_autograd_with_padding_and_autograd_grad():
+    """:func:`tied_embedding_grad` on a hand-built tied model: two lookups (one with the padding id), a nonlinear
+    body and the fused head give the same loss and gradients as autograd's own lookup gradient, through both
+    ``backward`` and ``torch.autograd.grad``; the padding id (fed three times) adds nothing to its row."""
+    from mmgrpo.modalities.tokens.logprobs import linear_token_logprobs, tied_embedding_grad
+
+    torch.manual_seed(0)
+    V, H = 300, 8
+    model = torch.nn.Module()
+    model.emb = torch.nn.Embedding(V, H, padding_idx=3)
+    model.body = torch.nn.Linear(H, H)
+    model.get_input_embeddings = lambda: model.emb
+    head = torch.nn.Linear(H, V, bias=False)
+    head.weight = model.emb.weight
+    ids_a, ids_b = torch.randint(0, V, (3, 5)), torch.tensor([[3, 7, 3], [9, 9, 1]])
+    targets = torch.randint(0, V, (21,))
+
+    def loss(tied: bool) -> torch.Tensor:
+        with tied_embedding_grad(model, head) if tied else contextlib.nullcontext():
+            x = torch.cat([model.emb(ids_a).reshape(-1, H), model.emb(ids_b).reshape(-1, H)])  # [21, H]
+            x = torch.tanh(model.body(x)) + x
+        return (linear_token_logprobs(x, head.weight, targets) * torch.linspace(-1, 1, 21)).sum()
+
+    params = list(model.parameters())
+    want = torch.autograd.grad(loss(False), params)
+    got = torch.autograd.grad(loss(True), params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    model.zero_grad(set_to_none=True)
+    loss(True).backward()
+    for p, w in zip(params, want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-6, atol=1e-7)
+    assert not model.emb.weight._backward_hooks  # each hook removed itself
+
+
 def test_untied_or_unfused_heads_keep_the_dense_lookup():
-    """The sparse lookup applies only to an embedding tied to a fused head: untied weights, no fused head, or
-    weights without a gradient leave the embedding's ``sparse`` flag alone."""
-    from mmgrpo.modalities.tokens.logprobs import sparse_tied_embedding_grad
+    """The in-place lookup gradient applies only to an embedding tied to a fused head: untied weights, no fused
+    head, or weights without a gradient leave the embedding's forward alone."""
+    from mmgrpo.modalities.tokens.logprobs import tied_embedding_grad
 
     emb, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
     model = torch.nn.Module()
     model.get_input_embeddings = lambda: emb
     for h in (head, None):  # untied; no fused head
-        with sparse_tied_embedding_grad(model, h):
-            assert emb.sparse is False
+        with tied_embedding_grad(model, h):
+            assert "forward" not in emb.__dict__
     head.weight = emb.weight
-    with sparse_tied_embedding_grad(model, head):
-        assert emb.sparse is True
-    assert emb.sparse is False
+    with tied_embedding_grad(model, head):
+        assert "forward" in emb.__dict__
+    assert "forward" not in emb.__dict__
     emb.weight.requires_grad_(False)
-    with sparse_tied_embedding_grad(model, head):
-        assert emb.sparse is False
+    with tied_embedding_grad(model, head):
+        assert "forward" not in emb.__dict__

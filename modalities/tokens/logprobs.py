@@ -217,17 +217,19 @@ def _block_scores(
     h: Tensor, weight: Tensor, bias: Tensor | None, banned: Tensor | None, ban_rows: Tensor | None,
     lo: int, hi: int, temperature: float, round_to: torch.dtype | None,
 ) -> Tensor:  # fmt: skip
-    """fp32 scores of vocabulary columns [lo, hi) for the rows ``h``. [r, H] → [r, hi − lo]."""
+    """fp32 scores of vocabulary columns [lo, hi) for the rows ``h``, a new tensor the caller may overwrite.
+    [r, H] → [r, hi − lo]."""
     if round_to is not None:  # the head's own product in its dtype, then upcast
         b = None if bias is None else bias[lo:hi].to(round_to)
         scores = torch.nn.functional.linear(h.to(round_to), weight[lo:hi].to(round_to), b).float()  # [r, c]
     else:
         scores = h.float() @ weight[lo:hi].float().T  # [r, c]
         if bias is not None:
-            scores = scores + bias[lo:hi].float()
+            scores.add_(bias[lo:hi].float())
+    # scores is a fresh tensor from here on: the rest works in place (one [r, c] buffer per block)
     if banned is not None:
-        scores = scores.masked_fill(banned[ban_rows, lo:hi], float("-inf"))
-    return scores / temperature if temperature != 1.0 else scores
+        scores.masked_fill_(banned[ban_rows, lo:hi], float("-inf"))
+    return scores.div_(temperature) if temperature != 1.0 else scores
 
 
 class _LinearTokenLogProbs(torch.autograd.Function):
@@ -248,13 +250,13 @@ class _LinearTokenLogProbs(torch.autograd.Function):
             for lo in range(0, V, chunk):
                 hi = min(lo + chunk, V)
                 scores = _block_scores(h, weight, bias, banned, br, lo, hi, temperature, round_to)  # [r, c]
-                new = torch.maximum(m, scores.amax(-1))  # [r]
-                safe = new.masked_fill(new == float("-inf"), 0.0)  # all −inf so far: nothing to rescale
-                s.mul_(torch.exp(m - safe)).add_(torch.exp(scores - safe[:, None]).sum(-1))
-                m.copy_(new)
                 inside = (tok >= lo) & (tok < hi)  # [r]
                 here = scores.gather(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None]).squeeze(-1)  # [r]
                 p.copy_(torch.where(inside, here, p))
+                new = torch.maximum(m, scores.amax(-1))  # [r]
+                safe = new.masked_fill(new == float("-inf"), 0.0)  # all −inf so far: nothing to rescale
+                s.mul_(torch.exp(m - safe)).add_(scores.sub_(safe[:, None]).exp_().sum(-1))  # scores consumed
+                m.copy_(new)
         log_total = total.log()  # [N]
         ctx.save_for_backward(hidden, weight, bias, tokens, banned, ban_row, peak, log_total)
         ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to = temperature, rows, chunk, round_to
@@ -279,13 +281,13 @@ class _LinearTokenLogProbs(torch.autograd.Function):
             for lo in range(0, V, chunk):
                 hi = min(lo + chunk, V)
                 scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau, round_to)  # [r, c] as forward
-                part = -g * torch.exp(scores - shift)  # [r, c] −g·softmax
+                part = scores.sub_(shift).exp_().mul_(-g)  # [r, c] −g·softmax, in the scores' buffer
                 inside = (tok >= lo) & (tok < hi)  # [r]
                 part.scatter_add_(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None], g * inside[:, None])
                 if banned is not None:
-                    part = part.masked_fill(banned[br, lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
+                    part.masked_fill_(banned[br, lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
                 if tau != 1.0:
-                    part = part / tau  # [r, c] ∂/∂logits
+                    part.div_(tau)  # [r, c] ∂/∂logits
                 if need_h:
                     grad_h[r0:r1] += part @ weight[lo:hi].float()  # [r, H]
                 if need_w:
@@ -338,17 +340,22 @@ def _core(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def sparse_tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) -> Iterator[None]:
-    """Inside the block, a training forward's input-embedding lookup has a sparse gradient when the embedding
-    shares its weight with ``head`` (a tied lm_head scored by :func:`linear_token_logprobs`).
+def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) -> Iterator[None]:
+    """Inside the block, a training forward's input-embedding lookups add their gradient rows into the fused head's
+    dense weight gradient in place, when the embedding shares its weight with ``head`` (a tied lm_head scored by
+    :func:`linear_token_logprobs`).
 
-    The tied weight's gradient is the head's (dense: every vocabulary row gets −softmax) plus the lookup's (the
-    rows of the tokens fed). With a dense lookup gradient autograd holds two ``[V, H]`` tensors before summing them
-    — 78 MB each at Qwen2.5-VL's 151,936 × 128 in fp32, 1.2 GB at its 3B's 151,936 × 2,048 — with a sparse one
-    it adds the fed rows into the head's dense gradient in place (``torch.nn.Embedding(sparse=True)``), so the
-    weight's ``.grad`` is the same dense tensor (optimizers, clipping and DDP see no sparse gradient) and one
-    ``[V, H]`` gradient exists. Nothing changes when ``head`` is None (no fused head: its gradient may not be
-    dense), when the weights are untied, or when no gradient is recorded (sampling, old log-probs).
+    The tied weight's gradient is the head's (dense: every vocabulary row gets −softmax) plus the lookups' (the rows
+    of the tokens fed). Left to autograd, the lookups' part costs a second ``[V, H]`` tensor: a dense lookup
+    gradient is one (``embedding_dense_backward``), and a sparse one (``nn.Embedding(sparse=True)``) is added to
+    the head's out of place (torch 2.14's input buffer sums a dense and a sparse gradient into a new tensor) — 78 MB
+    at Qwen2.5-VL's 151,936 × 128 in fp32, 1.2 GB at its 3B's 151,936 × 2,048, plus a copy of that size. Here each
+    lookup (:class:`_TiedLookup`) hands autograd no weight gradient; its backward keeps its ids and output gradient
+    [N, H], and a hook on the weight adds them into the head's gradient (``index_add_``) just before autograd
+    accumulates it into ``.grad`` — after every lookup's backward, since each lookup is one of that accumulation's
+    inputs. One ``[V, H]`` gradient exists; ``.grad`` is an ordinary dense tensor that optimizers, clipping and DDP
+    see once per backward. Nothing changes when ``head`` is None (no fused head: its gradient may not be a fresh
+    dense tensor), when the weights are untied, or when no gradient is recorded (sampling, old log-probs).
     """
     emb = None
     if head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
@@ -359,11 +366,61 @@ def sparse_tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | N
     if emb is None:
         yield
         return
-    emb.sparse = True  # read by the forward (F.embedding(..., sparse=self.sparse)), so only lookups made here
+    rows = _TiedRows(emb.weight)
+    saved = emb.__dict__.get("forward")
+    emb.forward = lambda ids: _TiedLookup.apply(ids, emb.weight, emb.padding_idx, rows)
     try:
         yield
     finally:
-        emb.sparse = False
+        if saved is None:
+            del emb.forward
+        else:
+            emb.forward = saved
+
+
+class _TiedRows:
+    """The lookups' gradient rows of one forward, waiting for the tied weight's gradient (:func:`tied_embedding_grad`).
+
+    ``hook`` is registered on the weight at the first lookup and removed when it runs, at the backward's
+    accumulation into ``.grad``; a forward whose graph is dropped without a backward leaves a hook that adds nothing.
+    """
+
+    def __init__(self, weight: Tensor):
+        self.weight = weight
+        self.pending: list[tuple[Tensor, Tensor]] = []  # (ids [...], output gradient [..., H]) per lookup
+        self.handle = None
+
+    def watch(self) -> None:
+        if self.handle is None:
+            self.handle = self.weight.register_hook(self.hook)
+
+    def hook(self, grad: Tensor) -> None:
+        """Add the pending rows into ``grad`` (the head's dense gradient, a tensor autograd made for this backward)."""
+        self.handle.remove()
+        self.handle = None
+        for ids, g in self.pending:
+            grad.index_add_(0, ids.reshape(-1), g.reshape(-1, grad.shape[1]).to(grad.dtype))
+        self.pending.clear()
+
+
+class _TiedLookup(torch.autograd.Function):
+    """``F.embedding(ids, weight, padding_idx)`` whose weight gradient goes through ``rows`` (see
+    :func:`tied_embedding_grad`); the padding row gets no gradient, as in ``nn.Embedding``."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, rows):
+        ctx.save_for_backward(ids)
+        ctx.padding_idx, ctx.rows = padding_idx, rows
+        rows.watch()
+        return torch.nn.functional.embedding(ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (ids,) = ctx.saved_tensors
+        if ctx.padding_idx is not None:
+            grad_out = grad_out.masked_fill((ids == ctx.padding_idx)[..., None], 0.0)
+        ctx.rows.pending.append((ids, grad_out))
+        return None, None, None, None
 
 
 def _identity(x: Tensor) -> Tensor:

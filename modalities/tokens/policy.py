@@ -32,7 +32,7 @@ from mmgrpo import sharding
 from mmgrpo.types import Rollout
 
 from .. import _hf
-from .logprobs import banned_mask, fusable_head, head_logprobs, sparse_tied_embedding_grad, vocab_size
+from .logprobs import banned_mask, fusable_head, head_logprobs, tied_embedding_grad, vocab_size
 
 
 @dataclass
@@ -65,7 +65,7 @@ class TokenPolicy:
         tokens under the sampling distribution (temperature, ``suppress_ids`` banned everywhere and
         ``_early_bans`` at the first steps), through the fused lm_head when the head is a plain linear layer."""
         head = fusable_head(model)
-        with sparse_tied_embedding_grad(model, head):  # one [V, H] gradient for a tied head, not two
+        with tied_embedding_grad(model, head):  # one [V, H] gradient for a tied head, not two
             comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V] or [n, T, H]
         early_ids, early_steps = self._early_bans()
         V = vocab_size(out, head)
