@@ -27,11 +27,13 @@ Shape glossary: ``n`` rows, ``T`` positions, ``V`` vocabulary; ``...`` any leadi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+from mmgrpo.hostmem import trim_heap
 
 DEFAULT_CHUNK = 4096
 """Vocabulary columns per chunk: the temporaries are a few fp32 tensors of n·T·chunk values."""
@@ -162,6 +164,7 @@ def linear_token_logprobs(
     rows: int = DEFAULT_ROWS,
     chunk: int = DEFAULT_CHUNK,
     round_to: torch.dtype | None = None,
+    late: TiedGrad | None = None,
 ) -> Tensor:
     """fp32 ``log softmax(mask(hidden @ weight.T + bias) / temperature)`` at ``tokens``, without the logits.
 
@@ -208,7 +211,7 @@ def linear_token_logprobs(
         ban_row = None
     out = _LinearTokenLogProbs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias, tokens.reshape(-1), banned, ban_row,
-        float(temperature), int(rows), int(chunk), round_to,
+        float(temperature), int(rows), int(chunk), round_to, late,
     )  # fmt: skip
     return out.reshape(lead)
 
@@ -236,7 +239,7 @@ class _LinearTokenLogProbs(torch.autograd.Function):
     """Blocked matmul + online log-sum-exp; the backward recomputes each block (see linear_token_logprobs)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, banned, ban_row, temperature, rows, chunk, round_to):
+    def forward(ctx, hidden, weight, bias, tokens, banned, ban_row, temperature, rows, chunk, round_to, late):
         N, V = hidden.shape[0], weight.shape[0]
         peak = hidden.new_full((N,), float("-inf"), dtype=torch.float32)  # [N] running max score
         total = hidden.new_zeros((N,), dtype=torch.float32)  # [N] Σ exp(s − peak)
@@ -259,47 +262,71 @@ class _LinearTokenLogProbs(torch.autograd.Function):
                 m.copy_(new)
         log_total = total.log()  # [N]
         ctx.save_for_backward(hidden, weight, bias, tokens, banned, ban_row, peak, log_total)
-        ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to = temperature, rows, chunk, round_to
+        ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to, ctx.late = temperature, rows, chunk, round_to, late
         return (picked - peak) - log_total  # [N] fp32, rounded as torch.log_softmax rounds
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, weight, bias, tokens, banned, ban_row, peak, log_total = ctx.saved_tensors
-        tau, rows, chunk, round_to = ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to
+        saved = ctx.saved_tensors
+        hidden, weight, bias = saved[:3]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N, V = hidden.shape[0], weight.shape[0]
+        setting = (ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to)
         g_all = grad_out.float()  # [N]
+        later = need_w and ctx.late is not None  # the weight's gradient after the rest of the backward (TiedGrad)
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None  # [N, H]
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
-        grad_b = torch.zeros((V,), dtype=torch.float32, device=weight.device) if need_b else None  # [V]
-        for r0 in range(0, N, rows):
-            r1 = min(r0 + rows, N)
-            h = hidden[r0:r1].float()  # [r, H]
-            tok, g = tokens[r0:r1], g_all[r0:r1, None]  # [r], [r, 1]
-            br = None if ban_row is None else ban_row[r0:r1]
-            shift = (peak[r0:r1] + log_total[r0:r1])[:, None]  # [r, 1] log-sum-exp of each row
-            for lo in range(0, V, chunk):
-                hi = min(lo + chunk, V)
-                scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau, round_to)  # [r, c] as forward
-                part = scores.sub_(shift).exp_().mul_(-g)  # [r, c] −g·softmax, in the scores' buffer
-                inside = (tok >= lo) & (tok < hi)  # [r]
-                part.scatter_add_(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None], g * inside[:, None])
-                if banned is not None:
-                    part.masked_fill_(banned[br, lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
-                if tau != 1.0:
-                    part.div_(tau)  # [r, c] ∂/∂logits
+        grad_w = None
+        if need_w and not later:
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # [V, H]
+        grad_b = torch.zeros((weight.shape[0],), dtype=torch.float32, device=weight.device) if need_b else None  # [V]
+        if need_h or grad_w is not None or need_b:
+            for r0, r1, lo, hi, h, part in _gradient_blocks(saved, g_all, *setting):
                 if need_h:
                     grad_h[r0:r1] += part @ weight[lo:hi].float()  # [r, H]
-                if need_w:
+                if grad_w is not None:
                     grad_w[lo:hi] += part.T @ h  # [c, H]
                 if need_b:
                     grad_b[lo:hi] += part.sum(0)
+        if later:  # recomputed from the saved tensors when the weight's gradient is due; a 0-stride stand-in now
+            ctx.late.add_head(lambda out: _weight_gradient(out, saved, g_all, *setting))
+            grad_w = torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(bias.dtype),
-            *([None] * 7),
+            *([None] * 8),
         )
+
+
+def _gradient_blocks(
+    saved: tuple, g_all: Tensor, tau: float, rows: int, chunk: int, round_to: torch.dtype | None
+) -> Iterator[tuple[int, int, int, int, Tensor, Tensor]]:
+    """The blocks of ∂(Σ g·log π)/∂logits that :class:`_LinearTokenLogProbs`'s backward multiplies out, each
+    recomputed from the saved tensors: yields (r0, r1, lo, hi, h [r, H] fp32, part [r, c])."""
+    hidden, weight, bias, tokens, banned, ban_row, peak, log_total = saved
+    N, V = hidden.shape[0], weight.shape[0]
+    for r0 in range(0, N, rows):
+        r1 = min(r0 + rows, N)
+        h = hidden[r0:r1].float()  # [r, H]
+        tok, g = tokens[r0:r1], g_all[r0:r1, None]  # [r], [r, 1]
+        br = None if ban_row is None else ban_row[r0:r1]
+        shift = (peak[r0:r1] + log_total[r0:r1])[:, None]  # [r, 1] log-sum-exp of each row
+        for lo in range(0, V, chunk):
+            hi = min(lo + chunk, V)
+            scores = _block_scores(h, weight, bias, banned, br, lo, hi, tau, round_to)  # [r, c] as forward
+            part = scores.sub_(shift).exp_().mul_(-g)  # [r, c] −g·softmax, in the scores' buffer
+            inside = (tok >= lo) & (tok < hi)  # [r]
+            part.scatter_add_(-1, (tok - lo).clamp(0, hi - lo - 1)[:, None], g * inside[:, None])
+            if banned is not None:
+                part.masked_fill_(banned[br, lo:hi], 0.0)  # the mask's gradient is 0 at banned tokens
+            if tau != 1.0:
+                part.div_(tau)  # [r, c] ∂/∂logits
+            yield r0, r1, lo, hi, h, part
+
+
+def _weight_gradient(out: Tensor, saved: tuple, g_all: Tensor, *setting) -> None:
+    """Add the head weight's gradient into ``out`` [V, H] (in place): the deferred half of the backward."""
+    for _, _, lo, hi, h, part in _gradient_blocks(saved, g_all, *setting):
+        out[lo:hi] += (part.T @ h).to(out.dtype)  # [c, H]
 
 
 # ------------------------------------------------------------------------------- models' output heads
@@ -340,22 +367,19 @@ def _core(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) -> Iterator[None]:
-    """Inside the block, a training forward's input-embedding lookups add their gradient rows into the fused head's
-    dense weight gradient in place, when the embedding shares its weight with ``head`` (a tied lm_head scored by
-    :func:`linear_token_logprobs`).
+def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) -> Iterator[TiedGrad | None]:
+    """Inside the block, a training forward's input-embedding lookups send their gradient through a
+    :class:`TiedGrad` when the embedding shares its weight with ``head`` (a tied lm_head scored by
+    :func:`linear_token_logprobs`); yields it (pass it as that call's ``late``), else None.
 
     The tied weight's gradient is the head's (dense: every vocabulary row gets −softmax) plus the lookups' (the rows
-    of the tokens fed). Left to autograd, the lookups' part costs a second ``[V, H]`` tensor: a dense lookup
-    gradient is one (``embedding_dense_backward``), and a sparse one (``nn.Embedding(sparse=True)``) is added to
-    the head's out of place (torch 2.14's input buffer sums a dense and a sparse gradient into a new tensor) — 78 MB
-    at Qwen2.5-VL's 151,936 × 128 in fp32, 1.2 GB at its 3B's 151,936 × 2,048, plus a copy of that size. Here each
-    lookup (:class:`_TiedLookup`) hands autograd no weight gradient; its backward keeps its ids and output gradient
-    [N, H], and a hook on the weight adds them into the head's gradient (``index_add_``) just before autograd
-    accumulates it into ``.grad`` — after every lookup's backward, since each lookup is one of that accumulation's
-    inputs. One ``[V, H]`` gradient exists; ``.grad`` is an ordinary dense tensor that optimizers, clipping and DDP
-    see once per backward. Nothing changes when ``head`` is None (no fused head: its gradient may not be a fresh
-    dense tensor), when the weights are untied, or when no gradient is recorded (sampling, old log-probs).
+    of the tokens fed). Left to autograd it costs more than one ``[V, H]`` tensor — a dense lookup gradient is one
+    (``embedding_dense_backward``), a sparse one (``nn.Embedding(sparse=True)``) is added to the head's out of place
+    (torch 2.14's input buffer sums a dense and a sparse gradient into a new tensor) — and the head's is allocated
+    first thing in the backward, on top of every activation the forward kept: 78 MB each at Qwen2.5-VL's
+    151,936 × 128 in fp32, 1.2 GB at its 3B's 151,936 × 2,048. With the :class:`TiedGrad` one ``[V, H]`` gradient is
+    made, at the end of the backward, when the activations are gone. Nothing changes when ``head`` is None (no fused
+    head), when the weights are untied, or when no gradient is recorded (sampling, old log-probs).
     """
     emb = None
     if head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
@@ -364,13 +388,13 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
         if type(emb) is not torch.nn.Embedding or emb.weight is not head.weight or emb.sparse or emb.max_norm:
             emb = None
     if emb is None:
-        yield
+        yield None
         return
-    rows = _TiedRows(emb.weight)
+    tied = TiedGrad(emb.weight)
     saved = emb.__dict__.get("forward")
-    emb.forward = lambda ids: _TiedLookup.apply(ids, emb.weight, emb.padding_idx, rows)
+    emb.forward = lambda ids: _TiedLookup.apply(ids, emb.weight, emb.padding_idx, tied)
     try:
-        yield
+        yield tied
     finally:
         if saved is None:
             del emb.forward
@@ -378,40 +402,70 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
             emb.forward = saved
 
 
-class _TiedRows:
-    """The lookups' gradient rows of one forward, waiting for the tied weight's gradient (:func:`tied_embedding_grad`).
+class TiedGrad:
+    """The gradient of a weight shared by the input embedding and a fused lm_head, assembled when autograd is about
+    to accumulate it into ``.grad`` (:func:`tied_embedding_grad`).
 
-    ``hook`` is registered on the weight at the first lookup and removed when it runs, at the backward's
-    accumulation into ``.grad``; a forward whose graph is dropped without a backward leaves a hook that adds nothing.
+    During the backward the head (:class:`_LinearTokenLogProbs` with ``late``) hands autograd a 0-stride stand-in
+    and registers how to compute its part; each lookup (:class:`_TiedLookup`) hands autograd nothing and registers
+    its ids and output gradient. A hook on the weight, run at the accumulation — after every lookup's backward,
+    since each lookup is one of its inputs, so after the whole backward — returns heaps' freed pages to the system
+    (:func:`mmgrpo.hostmem.trim_heap`: the activations are freed by then), allocates the one ``[V, H]`` gradient
+    (fp32), adds the head's part (one more pass over the vocabulary blocks: the scores are recomputed) and the
+    lookups' rows (``index_add_``), and hands it to autograd, which makes it ``.grad`` (optimizers, clipping and DDP
+    see an ordinary dense gradient, once per backward).
+
+    Entries are tagged with the backward that made them (``torch._C._current_graph_task_id``): a backward that
+    never reaches the weight's accumulation (``torch.autograd.grad`` of other inputs) leaves entries that a later
+    backward drops instead of adding. The hook is registered at the first lookup and removes itself when it runs.
     """
 
     def __init__(self, weight: Tensor):
         self.weight = weight
-        self.pending: list[tuple[Tensor, Tensor]] = []  # (ids [...], output gradient [..., H]) per lookup
+        self.heads: list[tuple[int, Callable[[Tensor], None]]] = []  # (backward, adds the head's part into [V, H])
+        self.rows: list[tuple[int, Tensor, Tensor]] = []  # (backward, ids [...], output gradient [..., H])
         self.handle = None
 
     def watch(self) -> None:
         if self.handle is None:
-            self.handle = self.weight.register_hook(self.hook)
+            self.handle = self.weight.register_hook(self._assemble)
 
-    def hook(self, grad: Tensor) -> None:
-        """Add the pending rows into ``grad`` (the head's dense gradient, a tensor autograd made for this backward)."""
+    def add_head(self, add: Callable[[Tensor], None]) -> None:
+        self.heads.append((torch._C._current_graph_task_id(), add))
+
+    def add_rows(self, ids: Tensor, grad: Tensor) -> None:
+        self.rows.append((torch._C._current_graph_task_id(), ids, grad))
+
+    def _assemble(self, grad: Tensor) -> Tensor:
         self.handle.remove()
         self.handle = None
-        for ids, g in self.pending:
-            grad.index_add_(0, ids.reshape(-1), g.reshape(-1, grad.shape[1]).to(grad.dtype))
-        self.pending.clear()
+        task = torch._C._current_graph_task_id()
+        heads = [add for t, add in self.heads if t == task]
+        rows = [(ids, g) for t, ids, g in self.rows if t == task]
+        self.heads, self.rows = [], []
+        if not heads and not rows:  # only a stale hook's entries: another TiedGrad of this backward has the head
+            return grad
+        if all(st == 0 for st in grad.stride()):  # the head's stand-in (zeros): the gradient is made here
+            trim_heap()
+            out = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)  # [V, H]
+        else:  # a dense gradient autograd made for this backward (another use of the weight): add into it
+            out = grad if grad.dtype == torch.float32 else grad.float()
+        for add in heads:
+            add(out)
+        for ids, g in rows:
+            out.index_add_(0, ids.reshape(-1), g.reshape(-1, out.shape[1]).to(out.dtype))
+        return out.to(grad.dtype)
 
 
 class _TiedLookup(torch.autograd.Function):
-    """``F.embedding(ids, weight, padding_idx)`` whose weight gradient goes through ``rows`` (see
-    :func:`tied_embedding_grad`); the padding row gets no gradient, as in ``nn.Embedding``."""
+    """``F.embedding(ids, weight, padding_idx)`` whose weight gradient goes through ``tied`` (a :class:`TiedGrad`);
+    the padding row gets no gradient, as in ``nn.Embedding``."""
 
     @staticmethod
-    def forward(ctx, ids, weight, padding_idx, rows):
+    def forward(ctx, ids, weight, padding_idx, tied):
         ctx.save_for_backward(ids)
-        ctx.padding_idx, ctx.rows = padding_idx, rows
-        rows.watch()
+        ctx.padding_idx, ctx.tied = padding_idx, tied
+        tied.watch()
         return torch.nn.functional.embedding(ids, weight, padding_idx)
 
     @staticmethod
@@ -419,7 +473,7 @@ class _TiedLookup(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         if ctx.padding_idx is not None:
             grad_out = grad_out.masked_fill((ids == ctx.padding_idx)[..., None], 0.0)
-        ctx.rows.pending.append((ids, grad_out))
+        ctx.tied.add_rows(ids, grad_out)
         return None, None, None, None
 
 
@@ -454,9 +508,11 @@ def head_logprobs(
     *,
     temperature: float = 1.0,
     banned: Tensor | None = None,
+    late: TiedGrad | None = None,
 ) -> Tensor:
     """:func:`linear_token_logprobs` of ``out`` through ``head`` when ``head`` is given (``out`` is then the hidden
     states a forward under :func:`head_outputs_hidden` returned), else :func:`token_logprobs` of the logits ``out``.
+    ``late``: the :class:`TiedGrad` that :func:`tied_embedding_grad` yielded for this forward.
 
     Shape: out [..., H] or [..., V]; tokens [...]; banned broadcastable to [..., V]; returns [...] fp32
     """
@@ -465,7 +521,7 @@ def head_logprobs(
     dtype = torch.promote_types(out.dtype, head.weight.dtype)  # the dtype of the logits the head would produce
     round_to = dtype if torch.finfo(dtype).bits < 32 else None  # bf16/fp16 models: the logits they sample from
     return linear_token_logprobs(
-        out, head.weight, tokens, bias=head.bias, temperature=temperature, banned=banned, round_to=round_to
+        out, head.weight, tokens, bias=head.bias, temperature=temperature, banned=banned, round_to=round_to, late=late
     )
 
 

@@ -65,13 +65,13 @@ class TokenPolicy:
         tokens under the sampling distribution (temperature, ``suppress_ids`` banned everywhere and
         ``_early_bans`` at the first steps), through the fused lm_head when the head is a plain linear layer."""
         head = fusable_head(model)
-        with tied_embedding_grad(model, head):  # one [V, H] gradient for a tied head, not two
+        with tied_embedding_grad(model, head) as tied:  # a tied head's one [V, H] gradient, made last
             comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V] or [n, T, H]
         early_ids, early_steps = self._early_bans()
         V = vocab_size(out, head)
         banned = banned_mask(V, self.suppress_ids, early_ids, early_steps, steps=comp.shape[1], device=out.device)
         comp = comp.to(out.device)
-        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned)  # [n, T] fp32
+        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned, late=tied)  # [n, T]
 
     def _completion_logits(
         self, model: torch.nn.Module, state: Any, index: Tensor, head: torch.nn.Linear | None = None
