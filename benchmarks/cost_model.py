@@ -14,7 +14,8 @@ B = P·G rows, μ = 1, β = 0), as ``benchmarks/vs_trl.py`` runs them:
 * **mmgrpo** (prompt sharing, ``modalities/tokens/prefix_sharing.py``): rollout prefills P·L tokens (the vision
   encoder once per prompt), then the same B-row decoding; the old-log-prob forward (no grad, ``old_logprobs:
   recompute``) and the training forward each run P·L prompt tokens + B·(T − 1) completion tokens and the fused
-  lm_head log-prob on B·T positions (``modalities/tokens/logprobs.py``: its backward recomputes the logits).
+  lm_head log-prob on B·T positions (``modalities/tokens/logprobs.py``: its backward recomputes the logits; for a
+  trained tied head the weight gradient is computed after the rest of the backward, recomputing them once more).
 
 FLOPs are counted as ``torch.utils.flop_counter.FlopCounterMode`` counts them (what ``vs_trl.py`` measures): 2
 per multiply-add of every matmul and convolution, attention (sdpa) as the full q × k score and value products
@@ -29,8 +30,8 @@ the tensors a Qwen2 layer saves (Korthikanti et al. 2022, arXiv 2205.05198, §4 
 and activation); a vision block 9·h_v + 4·i_v per patch. With gradient checkpointing only each layer's input is
 kept (H per token and layer) plus one layer's activations during its recomputation. The peak is the larger of the
 rollout's (weights + optimizer state + KV cache + sampling logits) and the update's (weights + gradients + optimizer
-state + activations + logits). It is a model of the algorithms, not of the allocator: ``--validate`` states how far
-it is from the measured peak RSS.
+state + activations + logits; mmgrpo's tied-head gradient is not held with the activations). It is a model of the
+algorithms, not of the allocator: ``--validate`` states how far it is from the measured peak RSS.
 
 Configurations are those of the released checkpoints' ``config.json`` (Qwen/Qwen2.5-VL-3B-Instruct: hidden 2048,
 36 layers, intermediate 11008, 16 heads / 2 KV heads, vocabulary 151,936, tied; Qwen/Qwen2.5-VL-7B-Instruct:
@@ -219,9 +220,12 @@ def step_flops(model: ModelConfig, w: Workload, toolkit: str, attention: bool = 
         body = P * vision + (P * L + B * (T - 1)) * d
         body += att(t.layers, t.hidden, P * L, L) + att(t.layers, t.hidden, B * (T - 1), L + T - 1)
         head = B * T * lm  # the fused log-prob: forward once, its backward recomputes the logits (+1)
+        late = 1.0 if _late_head_gradient(model, w) else 0.0  # a tied head's weight gradient recomputes them again
         out = {"rollout": rollout, "old_logprobs": (body + head) if w.old_logprobs else 0.0, "forward": body + head}
         out["backward"] = (
-            bwd * (body - P * vision) + P * _vision_backward(v, t.hidden, I, trained, attention) + (1 + bwd) * head
+            bwd * (body - P * vision)
+            + P * _vision_backward(v, t.hidden, I, trained, attention)
+            + (1 + bwd + late) * head
         )
     else:
         raise ValueError(f"toolkit: {toolkit!r} not allowed; choose mmgrpo | trl")
@@ -239,6 +243,12 @@ def _activations(model: ModelConfig, decoder_tokens: float, patches: float, chec
     if checkpointing:  # layer inputs, plus one layer's activations while it is recomputed
         return decoder_tokens * (t.layers * t.hidden + per_dec) + patches * (v.depth * v.hidden + per_vis)
     return decoder_tokens * t.layers * per_dec + patches * v.depth * per_vis
+
+
+def _late_head_gradient(model: ModelConfig, w: Workload) -> bool:
+    """mmgrpo computes a trained tied head's weight gradient at the end of the backward (``TiedGrad``,
+    modalities/tokens/logprobs.py): not held beside the activations, for one more pass over the logits."""
+    return model.text.tied and w.lora_params == 0
 
 
 def step_memory(model: ModelConfig, w: Workload, toolkit: str) -> dict[str, float]:
@@ -263,7 +273,9 @@ def step_memory(model: ModelConfig, w: Workload, toolkit: str) -> dict[str, floa
     else:
         raise ValueError(f"toolkit: {toolkit!r} not allowed; choose mmgrpo | trl")
     rollout = state["weights"] + state["optimizer"] + kv_cache + sampling_logits
-    update = state["weights"] + state["optimizer"] + trained * BYTES + acts * BYTES + logits
+    late = t.vocab * t.hidden if toolkit == "mmgrpo" and _late_head_gradient(model, w) else 0
+    held = max(trained - late + acts, trained)  # gradients and activations held together (a late one: after them)
+    update = state["weights"] + state["optimizer"] + held * BYTES + logits
     return {
         **state,
         "gradients": trained * BYTES,
