@@ -245,10 +245,15 @@ def _activations(model: ModelConfig, decoder_tokens: float, patches: float, chec
     return decoder_tokens * t.layers * per_dec + patches * v.depth * per_vis
 
 
+LATE_GRADIENT_MIN_BYTES = 32 * 2**20  # modalities/tokens/logprobs.py's threshold
+
+
 def _late_head_gradient(model: ModelConfig, w: Workload) -> bool:
-    """mmgrpo computes a trained tied head's weight gradient at the end of the backward (``TiedGrad``,
-    modalities/tokens/logprobs.py): not held beside the activations, for one more pass over the logits."""
-    return model.text.tied and w.lora_params == 0
+    """mmgrpo computes a trained tied head's weight gradient of at least ``LATE_GRADIENT_MIN_BYTES`` at the end of
+    the backward (``TiedGrad``, modalities/tokens/logprobs.py): not held beside the activations, for one more pass
+    over the logits."""
+    t = model.text
+    return t.tied and w.lora_params == 0 and t.vocab * t.hidden * BYTES >= LATE_GRADIENT_MIN_BYTES
 
 
 def step_memory(model: ModelConfig, w: Workload, toolkit: str) -> dict[str, float]:

@@ -49,13 +49,12 @@ def test_step_flops_by_hand(cm, tiny):
     assert mm["rollout"] == 112 + 3 * 288 + 16 * 3 * 3 + 80 + 864  # one prefill of the prompt
     body = 112 + (3 + 2) * 288 + 16 * 3 * 3 + 16 * 2 * 4  # prompt once + 2 completions of T−1 tokens
     assert mm["old_logprobs"] == mm["forward"] == body + 4 * 80  # the lm_head on B·T = 4 positions
-    # backward: 2× the trained forward (the patch embedding gets no input gradient: −12), 4× the fused head (its
-    # logits recomputed for the input gradient, then again for the tied weight's gradient at the end)
-    assert mm["backward"] == 2 * (body - 112) + (2 * 112 - 12) + 4 * 4 * 80
-    assert mm["total"] == 2064 + 2144 + 2144 + 4916 == 11268
+    # backward: 2× the trained forward (the patch embedding gets no input gradient: −12), 3× the fused head
+    assert mm["backward"] == 2 * (body - 112) + (2 * 112 - 12) + 3 * 4 * 80
+    assert mm["total"] == 2064 + 2144 + 2144 + 4596 == 10948
     # without attention (as FlopCounterMode counts on CPU): 144 + 128 + 8 (vision window) in each of rollout, old
     # log-probs and forward, twice that (prompt 144, completions 128, vision 8) in the backward
-    assert cm.step_flops(tiny, w, "mmgrpo", attention=False)["total"] == 11268 - 3 * 280 - 2 * 280 == 9868
+    assert cm.step_flops(tiny, w, "mmgrpo", attention=False)["total"] == 10948 - 3 * 280 - 2 * 280 == 9548
     trl = cm.step_flops(tiny, w, "trl")
     assert trl["rollout"] == 2 * 112 + 2 * 3 * 288 + 16 * 6 * 3 + 2 * 80 + 864 == 3264  # the prompt prefilled G times
     assert trl["old_logprobs"] == 0 and trl["forward"] == 2 * 112 + 2 * 5 * 288 + 16 * 10 * 5 + 4 * 80
@@ -66,6 +65,11 @@ def test_step_flops_by_hand(cm, tiny):
     assert ckpt["recompute"] == body and ckpt["total"] == mm["total"] + body
     lora = cm.step_flops(tiny, cm.replace(w, lora_params=1), "mmgrpo")  # frozen weights: input gradients only
     assert lora["backward"] == (body - 112) + (112 - 12) + 2 * 4 * 80
+    # a tied head's gradient above the size threshold is made last: its logits recomputed once more (4×)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cm, "LATE_GRADIENT_MIN_BYTES", 0)
+        late = cm.step_flops(tiny, w, "mmgrpo")
+    assert late["backward"] == mm["backward"] + 4 * 80 and late["total"] == 10948 + 320
 
 
 def test_step_memory_by_hand(cm, tiny):
@@ -76,14 +80,18 @@ def test_step_memory_by_hand(cm, tiny):
     assert mm["kv_cache"] == 1 * 2 * 2 * 2 * 5 * 4  # layers · (k, v) · kv · B · (L + T) · bytes
     # kept activations: (U·L + B·(T−1)) = 5 decoder tokens × (8·4 + 3·2 + 4·8 = 70) + 1 patch × (9·2 + 4·3 = 30)
     assert mm["activations"] == (5 * 70 + 30) * 4 and mm["logits"] == 0
-    # the update holds the gradients and activations together, less the tied head's 10·4 gradient (made last)
-    assert mm["peak"] == 944 + 1888 + (944 - 160) + 1520
+    assert mm["peak"] == 944 + 1888 + 944 + 1520
+    with pytest.MonkeyPatch.context() as m:  # the tied head's 10·4 gradient made last: not held with the activations
+        m.setattr(cm, "LATE_GRADIENT_MIN_BYTES", 0)
+        assert cm.step_memory(tiny, w, "mmgrpo")["peak"] == 944 + 1888 + (944 - 160) + 1520
     trl = cm.step_memory(tiny, w, "trl")
     assert trl["activations"] == (10 * 70 + 2 * 30) * 4 and trl["logits"] == 4 * 10 * 4 * 2
     assert trl["peak"] == 944 + 1888 + 944 + 3040 + 320
     ckpt = cm.step_memory(tiny, cm.replace(w, checkpointing=True), "mmgrpo")  # layer inputs + one layer's
     assert ckpt["activations"] == (5 * (4 + 70) + 1 * (2 + 30)) * 4
     r = cm.ratios(tiny, w)
-    assert r["flops_ratio"] == pytest.approx(15912 / 11268) and r["memory_saving"] == pytest.approx(1 - 5136 / 7136)
-    untied = cm.ModelConfig("untied", cm.replace(tiny.text, tied=False), tiny.vision)  # head gradient held as before
-    assert cm.step_memory(untied, w, "mmgrpo")["peak"] == (184 + 40 + 52) * 4 * 4 + 1520
+    assert r["flops_ratio"] == pytest.approx(15912 / 10948) and r["memory_saving"] == pytest.approx(1 - 5296 / 7136)
+    with pytest.MonkeyPatch.context() as m:  # an untied head's gradient is held as before, whatever its size
+        m.setattr(cm, "LATE_GRADIENT_MIN_BYTES", 0)
+        untied = cm.ModelConfig("untied", cm.replace(tiny.text, tied=False), tiny.vision)
+        assert cm.step_memory(untied, w, "mmgrpo")["peak"] == (184 + 40 + 52) * 4 * 4 + 1520

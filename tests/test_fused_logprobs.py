@@ -285,9 +285,11 @@ def test_tied_embedding_and_head_share_one_gradient_made_last(monkeypatch, mmgrp
     the end, becoming ``.grad``), where autograd's own path makes the head's plus one per lookup
     (``embedding_dense_backward``'s, or a sparse one summed out of place); every gradient equals the plain path's
     (1e-6 of scale), ``.grad`` is dense, and the embedding is left as it was (no hook, no ``forward`` override)."""
+    import mmgrpo.modalities.tokens.logprobs as logprobs
     import mmgrpo.modalities.tokens.policy as policy
     from tests.adapter_cases import CASES, build
 
+    monkeypatch.setattr(logprobs, "LATE_GRADIENT_MIN_BYTES", 0)  # the tiny head's gradient is below the threshold
     adapter = build("vlm", lora=False)
     model = adapter.model
     emb, head = model.get_input_embeddings(), policy.fusable_head(model)
@@ -323,13 +325,18 @@ def test_tied_embedding_and_head_share_one_gradient_made_last(monkeypatch, mmgrp
             _close_grad(got, want)
 
 
-def test_tied_gradient_matches_autograd_with_padding_bans_temperature_and_autograd_grad():
+@pytest.mark.parametrize("late", [True, False], ids=["late", "in-backward"])
+def test_tied_gradient_matches_autograd_with_padding_bans_temperature_and_autograd_grad(monkeypatch, late):
     """:class:`TiedGrad` on a hand-built tied model: two lookups (one feeding the padding id three times), a nonlinear
     body and the fused head with banned tokens and a temperature give autograd's own loss and gradients (dense
     lookup gradient, head gradient in its backward), through ``backward`` and ``torch.autograd.grad``; the one
-    ``[V, H]`` gradient is allocated after both lookups' backward ran; a backward that never reaches the weight
-    (``autograd.grad`` of the body only) leaves nothing that a later backward adds."""
+    ``[V, H]`` gradient is allocated after both lookups' backward ran (late: the size threshold set to 0) or in the
+    head's backward (the threshold above it); a backward that never reaches the weight (``autograd.grad`` of the
+    body only) leaves nothing that a later backward adds."""
+    import mmgrpo.modalities.tokens.logprobs as logprobs
     from mmgrpo.modalities.tokens.logprobs import linear_token_logprobs, tied_embedding_grad
+
+    monkeypatch.setattr(logprobs, "LATE_GRADIENT_MIN_BYTES", 0 if late else 2**40)
 
     torch.manual_seed(0)
     V, H = 300, 8
@@ -364,7 +371,8 @@ def test_tied_gradient_matches_autograd_with_padding_bans_temperature_and_autogr
             made = [e for e in events if e.self_cpu_memory_usage == V * H * 4 and e.name not in _MATMULS]
             lookups = [e for e in events if e.name == "_TiedLookupBackward"]
             assert len(made) == 1 and len(lookups) == 2
-            assert made[0].time_range.start >= max(e.time_range.end for e in lookups)
+            after_lookups = made[0].time_range.start >= max(e.time_range.end for e in lookups)
+            assert after_lookups == late
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
     torch.autograd.grad(loss(True), [model.body.weight])  # the tied weight's accumulation never runs

@@ -35,6 +35,12 @@ from torch import Tensor
 
 from mmgrpo.hostmem import trim_heap
 
+LATE_GRADIENT_MIN_BYTES = 32 * 2**20
+"""A tied head's weight gradient (fp32) at least this large is computed at the end of the backward (:class:`TiedGrad`);
+a smaller one in the head's backward. 32 MiB is where glibc maps a block of its own instead of reusing freed heap
+(mmgrpo/hostmem.py): below it the gradient adds little to the peak and the extra pass over the logits is not worth
+it (on the real-mix benchmark model, a 1.2 MB gradient, deferring cost ~8% of the step and saved nothing)."""
+
 DEFAULT_CHUNK = 4096
 """Vocabulary columns per chunk: the temporaries are a few fp32 tensors of n·T·chunk values."""
 
@@ -272,7 +278,7 @@ class _LinearTokenLogProbs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         setting = (ctx.temperature, ctx.rows, ctx.chunk, ctx.round_to)
         g_all = grad_out.float()  # [N]
-        later = need_w and ctx.late is not None  # the weight's gradient after the rest of the backward (TiedGrad)
+        later = need_w and ctx.late is not None and weight.numel() * 4 >= LATE_GRADIENT_MIN_BYTES  # see TiedGrad
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_h else None  # [N, H]
         grad_w = None
         if need_w and not later:
@@ -407,13 +413,15 @@ class TiedGrad:
     to accumulate it into ``.grad`` (:func:`tied_embedding_grad`).
 
     During the backward the head (:class:`_LinearTokenLogProbs` with ``late``) hands autograd a 0-stride stand-in
-    and registers how to compute its part; each lookup (:class:`_TiedLookup`) hands autograd nothing and registers
-    its ids and output gradient. A hook on the weight, run at the accumulation — after every lookup's backward,
-    since each lookup is one of its inputs, so after the whole backward — returns heaps' freed pages to the system
-    (:func:`mmgrpo.hostmem.trim_heap`: the activations are freed by then), allocates the one ``[V, H]`` gradient
-    (fp32), adds the head's part (one more pass over the vocabulary blocks: the scores are recomputed) and the
-    lookups' rows (``index_add_``), and hands it to autograd, which makes it ``.grad`` (optimizers, clipping and DDP
-    see an ordinary dense gradient, once per backward).
+    and registers how to compute its part — when the gradient has at least :data:`LATE_GRADIENT_MIN_BYTES`; a
+    smaller one it computes at once and hands autograd, and the hook adds the lookups' rows into it. Each lookup
+    (:class:`_TiedLookup`) hands autograd nothing and registers its ids and output gradient. A hook on the weight,
+    run at the accumulation — after every lookup's backward, since each lookup is one of its inputs, so after the
+    whole backward — returns the heaps' freed pages to the system (:func:`mmgrpo.hostmem.trim_heap`: the
+    activations are freed by then), allocates the one ``[V, H]`` gradient (fp32), adds the head's part (one more
+    pass over the vocabulary blocks: the scores are recomputed) and the lookups' rows (``index_add_``), and hands it
+    to autograd, which makes it ``.grad`` (optimizers, clipping and DDP see an ordinary dense gradient, once per
+    backward).
 
     Entries are tagged with the backward that made them (``torch._C._current_graph_task_id``): a backward that
     never reaches the weight's accumulation (``torch.autograd.grad`` of other inputs) leaves entries that a later
