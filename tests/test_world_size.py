@@ -87,7 +87,7 @@ def distinct_chars(completions, answer, **kwargs):
 '''
 
 
-def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: int) -> None:
+def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: int, env: dict | None = None) -> None:
     cmd = [str(WORKER), config[0], str(out), *config[1:], *QUIET, f"algorithm.prompts_per_step={prompts}"]
     if world == 1:
         cmd = [sys.executable, *cmd]
@@ -95,17 +95,17 @@ def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: i
         accelerate = Path(sys.executable).parent / "accelerate"
         cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"), *cmd]
     pythonpath = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath, **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4) -> dict[str, float]:
+def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4, env: dict | None = None) -> dict[str, float]:
     """Run one step as 1 × P and 2 × P/2 prompts; check the rollouts per global sample; max |Δ| of each field."""
     (tmp_path / "ws_rewards.py").write_text(REWARD)
     one, two = tmp_path / "one", tmp_path / "two"
-    _launch(tmp_path, one, config, world=1, prompts=P)
-    _launch(tmp_path, two, config, world=2, prompts=P // 2)
+    _launch(tmp_path, one, config, world=1, prompts=P, env=env)
+    _launch(tmp_path, two, config, world=2, prompts=P // 2, env=env)
     a = torch.load(one / "rank0.pt", weights_only=False)
     b = [torch.load(two / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert a["world"] == 1 and [r["world"] for r in b] == [2, 2] and [r["rank"] for r in b] == [0, 1]
@@ -140,6 +140,20 @@ def test_vlm_one_step_is_the_same_on_one_and_two_processes(aggregation, tmp_path
     assert d["completion_ids"] == 0 and d["mask"] == 0 and d["scores"] == 0
     assert d["old_logprobs"] <= 1e-5
     assert d["params"] <= 1e-5
+
+
+@pytest.mark.slow
+def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, mmgrpo_cache):
+    """The tiny VLM's tied head with its weight gradient made at the end of the backward (``TiedGrad``; the size
+    threshold set to 0, as a 151,936-row head is): DDP's reduction sees that gradient, and one step on two processes
+    equals one step on one, which equals one step with the gradient made in the head's backward."""
+    d = compare_world_sizes(tmp_path, VLM, env={"WS_LATE_GRADIENT_MIN_BYTES": "0"})
+    assert d["completion_ids"] == 0 and d["old_logprobs"] <= 1e-5
+    assert d["params"] <= 1e-5
+    at_once = tmp_path / "at_once"
+    _launch(tmp_path, at_once, VLM, world=1, prompts=4, env={"WS_LATE_GRADIENT_MIN_BYTES": str(2**40)})
+    late, now = torch.load(tmp_path / "one" / "params.pt"), torch.load(at_once / "params.pt")
+    assert max(float((late[n] - now[n]).abs().max()) for n in now) <= 1e-6
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """One GRPO step, saving its rollout and the updated weights: launched by ``tests/test_world_size.py``.
 
 Run as ``python tests/world_size_worker.py CONFIG OUT [key=value ...]`` (one process) or under
-``accelerate launch`` (several). Each process writes ``OUT/rank{r}.pt`` (its rollout: outputs, token ids or
-latents, old log-probs, rewards, world size) and process 0 writes ``OUT/params.pt`` (trainable parameters after
-the step, by name) and ``OUT/metrics.json``.
+``accelerate launch`` (several); ``WS_LATE_GRADIENT_MIN_BYTES`` in the environment sets
+``modalities/tokens/logprobs.py``'s threshold for a tied head's late gradient. Each process writes
+``OUT/rank{r}.pt`` (its rollout: outputs, token ids or latents, old log-probs, rewards, world size) and process 0
+writes ``OUT/params.pt`` (trainable parameters after the step, by name) and ``OUT/metrics.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class _RecordingRewards:
 
 
 def main(config: str, out: str, overrides: list[str]) -> None:
+    if "WS_LATE_GRADIENT_MIN_BYTES" in os.environ:  # the tied head's late gradient at any size (its tests)
+        from mmgrpo.modalities.tokens import logprobs
+
+        logprobs.LATE_GRADIENT_MIN_BYTES = int(os.environ["WS_LATE_GRADIENT_MIN_BYTES"])
     cfg = load_config(config, [f"output_dir={out}/run", *overrides])
     trainer = Trainer(cfg)
     record: dict = {}
