@@ -384,8 +384,9 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
     (torch 2.14's input buffer sums a dense and a sparse gradient into a new tensor) — and the head's is allocated
     first thing in the backward, on top of every activation the forward kept: 78 MB each at Qwen2.5-VL's
     151,936 × 128 in fp32, 1.2 GB at its 3B's 151,936 × 2,048. With the :class:`TiedGrad` one ``[V, H]`` gradient is
-    made, at the end of the backward, when the activations are gone. Nothing changes when ``head`` is None (no fused
-    head), when the weights are untied, or when no gradient is recorded (sampling, old log-probs).
+    made — from :data:`LATE_GRADIENT_MIN_BYTES` up at the end of the backward, when the activations are gone. Nothing
+    changes when ``head`` is None (no fused head), when the weights are untied, or when no gradient is recorded
+    (sampling, old log-probs).
     """
     emb = None
     if head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
@@ -456,7 +457,7 @@ class TiedGrad:
         if all(st == 0 for st in grad.stride()):  # the head's stand-in (zeros): the gradient is made here
             trim_heap()
             out = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)  # [V, H]
-        else:  # a dense gradient autograd made for this backward (another use of the weight): add into it
+        else:  # a dense gradient made for this backward (the head's, below the threshold, or a sum): add into it
             out = grad if grad.dtype == torch.float32 else grad.float()
         for add in heads:
             add(out)
