@@ -35,6 +35,8 @@ from torch import Tensor
 
 from mmgrpo.hostmem import trim_heap
 
+from .. import _hf
+
 LATE_GRADIENT_MIN_BYTES = 32 * 2**20
 """A tied head's weight gradient (fp32) at least this large is computed at the end of the backward (:class:`TiedGrad`);
 a smaller one in the head's backward. 32 MiB is where glibc maps a block of its own instead of reusing freed heap
@@ -330,9 +332,9 @@ def _gradient_blocks(
 
 
 def _weight_gradient(out: Tensor, saved: tuple, g_all: Tensor, *setting) -> None:
-    """Add the head weight's gradient into ``out`` [V, H] (in place): the deferred half of the backward."""
+    """Add the head weight's gradient into ``out`` [V, H] fp32 (in place): the deferred half of the backward."""
     for _, _, lo, hi, h, part in _gradient_blocks(saved, g_all, *setting):
-        out[lo:hi] += (part.T @ h).to(out.dtype)  # [c, H]
+        out[lo:hi] += part.T @ h  # [c, H]
 
 
 # ------------------------------------------------------------------------------- models' output heads
@@ -349,7 +351,7 @@ def fusable_head(model: torch.nn.Module, head: torch.nn.Module | None = None) ->
     FSDP shard (a ``DTensor``, gathered only inside the module's own forward), no forward hook is registered on
     it (a hook expects logits), and the model's config names no rescaling of the logits after the head.
     """
-    core = _core(model)
+    core = _hf.unwrap(model, peft=True)
     if head is None:
         get = getattr(core, "get_output_embeddings", None)
         head = get() if get is not None else None
@@ -362,14 +364,6 @@ def fusable_head(model: torch.nn.Module, head: torch.nn.Module | None = None) ->
     if any(getattr(c, name, None) not in (None, 1, 1.0) for c in configs for name in _SCALED_LOGITS):
         return None
     return head
-
-
-def _core(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model under DDP/accelerate and peft wrappers."""
-    core = model
-    while hasattr(core, "module") and isinstance(core.module, torch.nn.Module):
-        core = core.module
-    return core.get_base_model() if hasattr(core, "get_base_model") else core
 
 
 @contextmanager
@@ -390,7 +384,7 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
     """
     emb = None
     if head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
-        get = getattr(_core(model), "get_input_embeddings", None)
+        get = getattr(_hf.unwrap(model, peft=True), "get_input_embeddings", None)
         emb = get() if get is not None else None
         if type(emb) is not torch.nn.Embedding or emb.weight is not head.weight or emb.sparse or emb.max_norm:
             emb = None
