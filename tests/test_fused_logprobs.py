@@ -270,13 +270,14 @@ class _Ops(TorchDispatchMode):
 _MATMULS = ("aten::mm", "aten::addmm", "aten::matmul", "aten::bmm")
 
 
-def _buffer_allocations(fn, nbytes: int) -> int:
-    """How many buffers of exactly ``nbytes`` bytes the ops of ``fn()`` allocate, matmul outputs left out (the fused
-    head's ``[chunk, H]`` products have a ``[V, H]``'s size when V <= chunk); torch.profiler's self CPU memory, not a
-    dispatch mode, which would change how autograd sums gradients."""
+def _buffer_allocations(fn, nbytes: int) -> tuple[list, list]:
+    """The ops of ``fn()`` that allocate a buffer of exactly ``nbytes`` bytes, matmul outputs left out (the fused
+    head's ``[chunk, H]`` products have a ``[V, H]``'s size when V <= chunk), and every event; torch.profiler's self
+    CPU memory, not a dispatch mode, which would change how autograd sums gradients."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    return sum(1 for e in prof.events() if e.self_cpu_memory_usage == nbytes and e.name not in _MATMULS)
+    events = list(prof.events())
+    return [e for e in events if e.self_cpu_memory_usage == nbytes and e.name not in _MATMULS], events
 
 
 def test_tied_embedding_and_head_share_one_gradient_made_last(monkeypatch, mmgrpo_cache):
@@ -308,15 +309,19 @@ def test_tied_embedding_and_head_share_one_gradient_made_last(monkeypatch, mmgrp
             logp[torch.isfinite(logp)].sum().backward()
             box["logp"] = logp.detach()
 
-        allocations = _buffer_allocations(step, V * H * emb.weight.element_size())
-        return box["logp"], [None if p.grad is None else p.grad.clone() for p in params], allocations
+        made, events = _buffer_allocations(step, V * H * emb.weight.element_size())
+        return box["logp"], [None if p.grad is None else p.grad.clone() for p in params], made, events
 
-    tied, g_tied, n_tied = run()
+    tied, g_tied, made, events = run()
     assert "forward" not in emb.__dict__ and not emb.weight._backward_hooks and emb.sparse is False
     with monkeypatch.context() as m:
         m.setattr(policy, "tied_embedding_grad", lambda model, head: contextlib.nullcontext())
-        plain, g_plain, n_plain = run()
-    assert n_tied == 1 and n_plain >= 2, (n_tied, n_plain)
+        plain, g_plain, made_plain, _ = run()
+    assert len(made) == 1 and len(made_plain) >= 2, (len(made), len(made_plain))
+    # made last: after the head's backward and every lookup's backward had ended
+    before = [e for e in events if e.name in ("_LinearTokenLogProbsBackward", "_TiedLookupBackward")]
+    assert {e.name for e in before} == {"_LinearTokenLogProbsBackward", "_TiedLookupBackward"}
+    assert made[0].time_range.start >= max(e.time_range.end for e in before)
     torch.testing.assert_close(tied, plain, rtol=0, atol=0)
     for got, want in zip(g_tied, g_plain):
         assert (got is None) == (want is None)

@@ -154,6 +154,9 @@ def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, m
     _launch(tmp_path, at_once, VLM, world=1, prompts=4, env={"WS_LATE_GRADIENT_MIN_BYTES": str(2**40)})
     late, now = torch.load(tmp_path / "one" / "params.pt"), torch.load(at_once / "params.pt")
     assert max(float((late[n] - now[n]).abs().max()) for n in now) <= 1e-6
+    deferred = [torch.load(d / f"rank{r}.pt", weights_only=False)["late_heads"] for d, r in ((tmp_path / "one", 0),
+                (tmp_path / "two", 0), (tmp_path / "two", 1), (at_once, 0))]  # fmt: skip
+    assert all(n > 0 for n in deferred[:3]) and deferred[3] == 0, deferred  # the late branch ran, and only there
 
 
 @pytest.mark.slow

@@ -36,10 +36,18 @@ class _RecordingRewards:
 
 
 def main(config: str, out: str, overrides: list[str]) -> None:
+    late_heads = [0]  # head gradients deferred to the end of the backward (TiedGrad.add_head calls)
     if "WS_LATE_GRADIENT_MIN_BYTES" in os.environ:  # the tied head's late gradient at any size (its tests)
         from mmgrpo.modalities.tokens import logprobs
 
         logprobs.LATE_GRADIENT_MIN_BYTES = int(os.environ["WS_LATE_GRADIENT_MIN_BYTES"])
+        add_head = logprobs.TiedGrad.add_head
+
+        def counted(self, add):
+            late_heads[0] += 1
+            add_head(self, add)
+
+        logprobs.TiedGrad.add_head = counted
     cfg = load_config(config, [f"output_dir={out}/run", *overrides])
     trainer = Trainer(cfg)
     record: dict = {}
@@ -73,6 +81,7 @@ def main(config: str, out: str, overrides: list[str]) -> None:
         "old_logprobs": r.old_logprobs,  # [B, T]
         "mask": r.mask,  # [B, T]
         "scores": record["scores"],  # [B, K]
+        "late_heads": late_heads[0],
     }
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
