@@ -1,11 +1,28 @@
-"""Shared fixtures: tiny models are built once per test session into a temporary cache (no download)."""
+"""Shared fixtures: tiny models are built once per test session into a temporary cache (no download).
+
+Threads: ``MMGRPO_TEST_THREADS``, else ``OMP_NUM_THREADS``, else 2, so that ``OMP_NUM_THREADS=1 bash scripts/test.sh``
+really runs the suite on one thread (the summation order of torch's CPU kernels depends on the thread count).
+
+Tests that compare two evaluations of one quantity with a tolerance from ``tests/numerics.py`` are marked
+``numerics`` here (by the helpers their module uses), so ``scripts/test_numerics.sh`` can run them under other thread
+counts and SIMD widths.
+"""
 
 import os
 
 import pytest
 import torch
 
-torch.set_num_threads(int(os.environ.get("MMGRPO_TEST_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("MMGRPO_TEST_THREADS") or os.environ.get("OMP_NUM_THREADS") or "2"))
+
+_NUMERICS = ("model_reductions", "adapter_reductions", "Reductions", "assert_reordered_close", "reorder_tol")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and any(name in vars(module) for name in _NUMERICS):
+            item.add_marker(pytest.mark.numerics)
 
 
 @pytest.fixture(scope="session")

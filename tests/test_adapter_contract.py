@@ -17,6 +17,7 @@ from mmgrpo.loader import load_builtins
 from mmgrpo.plugins import ADAPTERS, AdapterSpec
 from mmgrpo.types import PolicyAdapter, Rollout, capabilities
 from tests.adapter_cases import CASES, build
+from tests.numerics import adapter_reductions
 
 G = 2  # samples per prompt
 
@@ -70,15 +71,14 @@ def test_ratio_is_one_before_the_first_update(lora_run):
     logp = adapter.logprobs(ro, torch.arange(ro.batch_size))
     assert logp.dtype == torch.float32 and logp.requires_grad
     m = ro.mask.bool()
-    ratio = torch.exp(logp.detach().cpu() - ro.old_logprobs)[m]
-    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(logp.detach().cpu()[m], ro.old_logprobs[m])  # ratio 1
 
 
 def test_reference_equals_policy_at_lora_init(lora_run):
     _, adapter, _, ro = lora_run
     idx = torch.arange(ro.batch_size)
     ref = adapter.ref_logprobs(ro, idx).cpu()
-    torch.testing.assert_close(ref, adapter.logprobs(ro, idx).detach().cpu(), atol=1e-5, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(ref, adapter.logprobs(ro, idx).detach().cpu())
 
 
 def test_evaluation_is_deterministic(lora_run):
@@ -113,7 +113,7 @@ def test_one_step_changes_parameters_and_save_pretrained_round_trips(name, mmgrp
     assert not torch.allclose(trained[ro.mask.bool()], ro.old_logprobs[ro.mask.bool()], atol=1e-6)
     adapter.save_pretrained(str(tmp_path / "saved"))
     reloaded = build(name, lora=False, name_or_path=str(tmp_path / "saved"))
-    torch.testing.assert_close(reloaded.logprobs(ro, idx).detach().cpu(), trained, atol=1e-5, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(reloaded.logprobs(ro, idx).detach().cpu(), trained)
 
 
 def _token_families() -> list[str]:

@@ -7,6 +7,7 @@ from mmgrpo import losses, shaping
 from mmgrpo.config import ConfigError, LoraConfig
 from mmgrpo.modalities.flow import kernels as K
 from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS, build_flow_adapter
+from tests.numerics import adapter_reductions
 
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 PROMPTS = [{"prompt": "a red circle top left"}, {"prompt": "a blue square bottom right"}]
@@ -64,8 +65,9 @@ def test_ratio_is_one_before_the_first_update(adapter):
     ro = ad.rollout(PROMPTS, G)
     idx = torch.tensor([4, 0, 2])  # any minibatch, any order
     lp = ad.logprobs(ro, idx)
-    torch.testing.assert_close(lp.detach(), ro.old_logprobs[idx], atol=1e-5, rtol=0)
-    torch.testing.assert_close(ad.ref_logprobs(ro, idx), ro.old_logprobs[idx], atol=1e-5, rtol=0)  # LoRA B = 0
+    budget = adapter_reductions(ad)
+    budget.assert_logprobs_close(lp.detach(), ro.old_logprobs[idx])
+    budget.assert_logprobs_close(ad.ref_logprobs(ro, idx), ro.old_logprobs[idx])  # LoRA B = 0
     assert ad.exact_kl(ro, idx).abs().max() < 1e-8
 
 
@@ -113,11 +115,12 @@ def test_guided_cfg_logprob_matches_naive_two_pass(mmgrpo_cache):
     naive = K.flow_sde(
         v, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
     )
-    torch.testing.assert_close(lp[0, t], naive.logprob[0], atol=1e-6, rtol=0)
+    budget = adapter_reductions(ad)  # w = 2 scales both branches' rounding
+    budget.assert_logprobs_close(lp[0, t], naive.logprob[0], factor=2.0)
     g_batched = torch.autograd.grad(lp[0, t], ad.trainable_parameters(), retain_graph=True)
     g_naive = torch.autograd.grad(naive.logprob[0], ad.trainable_parameters(), retain_graph=True)
     for a, b in zip(g_batched, g_naive):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+        budget.backward().assert_close(a, b, factor=2.0)
     # the unconditional branch matters: dropping it changes the gradient
     cond_only = K.flow_sde(
         v_c, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
@@ -192,7 +195,7 @@ def test_cps_last_step_masked_and_full_finetune_reference(mmgrpo_cache):
     assert (ro.state.std[:, 3] == 0).all()
     _perturb(ad)
     idx = torch.arange(4)
-    torch.testing.assert_close(ad.ref_logprobs(ro, idx), ro.old_logprobs, atol=1e-5, rtol=0)  # frozen copy
+    adapter_reductions(ad).assert_logprobs_close(ad.ref_logprobs(ro, idx), ro.old_logprobs)  # frozen copy
     assert (ad.logprobs(ro, idx).detach() - ro.old_logprobs).abs().max() > 1e-6
 
 
@@ -206,7 +209,7 @@ def test_sde_window_and_branching_rollouts(mmgrpo_cache):
     t = 5
     v = ad._velocity(ad.model, st.latents[:, t], st.t_model[:, t], st.cond, st.prompt_of, 2.0).detach()
     ode = K.ode(v, st.latents[:, t], st.coef[:, t], st.coef_next[:, t])
-    torch.testing.assert_close(ode.prev_sample, st.latents[:, t + 1], atol=1e-5, rtol=0)
+    adapter_reductions(ad).assert_close(ode.prev_sample, st.latents[:, t + 1])
 
     br = make("sd3", num_steps=6, steps="branching")
     ro = br.rollout(PROMPTS, 3)
@@ -275,7 +278,7 @@ def test_save_pretrained_lora_roundtrip(mmgrpo_cache, tmp_path):
     with torch.no_grad():
         ours = ad.backend.forward(ad.model, x, t, cond)
         loaded = ad.backend.forward(pipe.transformer, x, t, cond)
-    torch.testing.assert_close(ours, loaded, atol=1e-5, rtol=1e-4)
+    adapter_reductions(ad).assert_close(ours, loaded)  # LoRA merged into the layers by diffusers: another order
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from mmgrpo import losses
 from mmgrpo.config import LoraConfig
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+from tests.numerics import adapter_reductions
 
 
 def _rows(n=3):
@@ -21,8 +22,8 @@ def test_ratio_is_one_before_update_and_loss_changes_parameters(tiny_vlm_path):
     assert rollout.mask.sum() > 0
     idx = torch.arange(B)
     logp = adapter.logprobs(rollout, idx)
-    ratio = torch.exp(logp - rollout.old_logprobs)[rollout.mask.bool()]
-    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0)
+    m = rollout.mask.bool()
+    adapter_reductions(adapter).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])  # ratio 1
 
     adv = torch.randn(B, 1).expand(B, T) * rollout.mask
     per_unit, _ = losses.SURROGATES.get("ppo_clip")(
@@ -71,7 +72,7 @@ def test_logprobs_match_the_sampling_distribution(tiny_vlm_path):
     # Recompute log-probs of exactly these sequences through the training path.
     rollout.state.completion_ids[:, : seq.shape[1]] = seq
     logp = adapter.logprobs(rollout, torch.arange(4))[:, : seq.shape[1]]
-    torch.testing.assert_close(logp[m], gen_logp[m], atol=1e-4, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(logp[m].detach(), gen_logp[m])
 
 
 def test_eos_truncation_and_mask(tiny_vlm_path):
@@ -145,8 +146,8 @@ def test_lora_reference_is_adapter_disabled(tiny_vlm_path):
     rollout = adapter.rollout(_rows(2), group_size=2)
     idx = torch.arange(4)
     # LoRA B starts at zero: policy == reference before training.
-    torch.testing.assert_close(
-        adapter.ref_logprobs(rollout, idx), adapter.logprobs(rollout, idx).detach(), atol=1e-6, rtol=0
+    adapter_reductions(adapter).assert_logprobs_close(
+        adapter.ref_logprobs(rollout, idx), adapter.logprobs(rollout, idx)
     )
     with torch.no_grad():
         for n, p in adapter._unwrapped().named_parameters():
@@ -162,7 +163,7 @@ def test_frozen_reference_without_lora(tiny_vlm_path):
     assert not any(p.requires_grad for p in adapter.reference.parameters())
     rollout = adapter.rollout(_rows(1), group_size=2)
     idx = torch.arange(2)
-    torch.testing.assert_close(adapter.ref_logprobs(rollout, idx), rollout.old_logprobs, atol=1e-6, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(adapter.ref_logprobs(rollout, idx), rollout.old_logprobs)
 
 
 def test_media_placeholder_tokens_are_never_sampled(tiny_vlm_path):
@@ -189,5 +190,5 @@ def test_text_only_causal_lm(tmp_path):
     assert rollout.old_logprobs.shape == (6, 5) and len(rollout.outputs) == 6
     logp = adapter.logprobs(rollout, torch.arange(6))
     m = rollout.mask.bool()
-    torch.testing.assert_close(torch.exp(logp - rollout.old_logprobs)[m], torch.ones(int(m.sum())), atol=1e-5, rtol=0)
+    adapter_reductions(adapter).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])  # ratio 1
     assert len(adapter.evaluate(rows)) == 2
