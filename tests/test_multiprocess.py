@@ -98,7 +98,7 @@ def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgr
     a = load_file(str(full / "checkpoints/final/state/model.safetensors"))
     b = load_file(str(cut / "checkpoints/final/state/model.safetensors"))
     assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    for k in a:  # equal by construction: the same 2 processes and threads; resume restores every state bit for bit
+        torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
     steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert [s for s in steps if s] == [1, 2, 3]
