@@ -27,6 +27,7 @@ from mmgrpo.cli import main  # noqa: E402
 from mmgrpo.config import dump_config  # noqa: E402
 from mmgrpo.demo import DemoError, Models, build_app, find_checkpoint, load_run_config, media_key  # noqa: E402
 from mmgrpo.loader import load_config  # noqa: E402
+from tests.test_shipped_configs import _small  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -109,7 +110,7 @@ def test_app_builds_for_every_shipped_config(config, tmp_path):
     No model is built here (they load on the first request; the hub recipes cannot load offline), so this proves
     the layout and wiring per config; the browser tests below prove answering for a VLM run and a flow run.
     """
-    cfg = load_config(config)
+    cfg = load_config(config, _small(config))  # the layout does not depend on how many rows a synthetic task makes
     app = build_app(tmp_path, Models(cfg, None), cfg)
     labels = [b.label for b in app.blocks.values() if isinstance(b, gr.Tab)]
     assert "training" in labels
