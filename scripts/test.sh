@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export HF_HUB_OFFLINE=1  # tests build every model locally; never wait on a hub
-exec .venv/bin/python -m pytest tests -q "$@"
+exec .venv/bin/python -m pytest tests -q --durations=15 "$@"  # the 15 slowest tests, every run
