@@ -17,7 +17,7 @@ import torch
 
 from mmgrpo import noise
 from tests.adapter_cases import CASES, build
-from tests.numerics import adapter_reductions
+from tests.numerics import Reductions, adapter_reductions, model_reductions
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests/world_size_worker.py"
@@ -101,8 +101,44 @@ def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: i
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4, env: dict | None = None) -> dict[str, float]:
-    """Run one step as 1 × P and 2 × P/2 prompts; check the rollouts per global sample; max |Δ| of each field."""
+def vlm_budget() -> Reductions:
+    """The rounding budget of one VLM step: the rollout's forward, the training forward and its backward."""
+    from transformers import AutoConfig
+
+    from mmgrpo.modalities.vlm.tiny import resolve_model_path
+
+    forward = model_reductions(AutoConfig.from_pretrained(resolve_model_path("tiny-qwen2.5-vl")))
+    return Reductions(forward.terms, 4 * forward.depth)
+
+
+def flow_budget(steps: int = 4) -> Reductions:
+    """The rounding budget of one flow step: ``steps`` denoiser forwards in the rollout (each transition carries the
+    last one's rounding), the training forward and its backward."""
+    from mmgrpo.modalities.flow.tiny import resolve_pipeline
+
+    forward = model_reductions(resolve_pipeline("tiny-sd3-flow-shapes").transformer)
+    return Reductions(forward.terms, (steps + 3) * forward.depth)
+
+
+LR = 1e-3  # optim.lr of configs/quickstart.yaml and configs/flow_grpo.yaml; no LR warm-up in these runs
+
+
+def _assert_one_adamw_step_apart(d: dict, budget: Reductions) -> None:
+    """The weights after one AdamW step of the two runs. Its update lr·g/(|g| + ε) is scale-free: where |g| is far
+    above rounding, a relative change τ of g moves it by about lr·τ, so the bulk (99 %) of the weights agree within
+    2·lr·τ, τ the step's backward budget; an element whose gradient is at rounding level may have its sign decided
+    by the summation order, and no bound short of the whole step (|Δw| ≤ 2·lr) holds for it."""
+    assert d["params"] <= 2 * LR, d
+    assert d["params_p99"] <= 2 * LR * budget.backward().tol(), d
+
+
+def compare_world_sizes(
+    tmp_path: Path, config: list[str], budget: Reductions, P: int = 4, env: dict | None = None
+) -> dict[str, float]:
+    """Run one step as 1 × P and 2 × P/2 prompts; check the rollouts per global sample; max |Δ| of each field (and
+    ``scale/<field>``, its largest |value|, at least 1). The
+    step's metrics (reductions over all samples, gathered in another order) agree within ``budget`` on a scale of
+    at least 1 (rewards and advantages are of order one)."""
     (tmp_path / "ws_rewards.py").write_text(REWARD)
     one, two = tmp_path / "one", tmp_path / "two"
     _launch(tmp_path, one, config, world=1, prompts=P, env=env)
@@ -118,12 +154,16 @@ def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4, env: dict
             joined = torch.cat([r[key] for r in b])  # rank 0's samples, then rank 1's: the global order
             assert joined.shape == a[key].shape, key
             deltas[key] = float((a[key].double() - joined.double()).abs().max())
+            finite = a[key][torch.isfinite(a[key])] if a[key].is_floating_point() else a[key]
+            deltas[f"scale/{key}"] = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
     pa, pb = torch.load(one / "params.pt"), torch.load(two / "params.pt")
     assert pa.keys() == pb.keys() and len(pa) > 0
-    deltas["params"] = max(float((pa[n] - pb[n]).abs().max()) for n in pa)
+    diff = torch.cat([(pa[n] - pb[n]).abs().flatten() for n in pa])
+    deltas["params"] = float(diff.max())
+    deltas["params_p99"] = float(diff.kthvalue(max(1, int(0.99 * diff.numel()))).values)
     ma, mb = json.loads((one / "metrics.json").read_text()), json.loads((two / "metrics.json").read_text())
     for key in ("reward/mean", "reward/std", "advantage/abs_mean", "optim/grad_norm", "completion/units_mean"):
-        assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-6), key  # reduced over all samples
+        assert abs(mb[key] - ma[key]) <= budget.tol(max(1.0, abs(ma[key]))), (key, ma[key], mb[key])
     assert ma["optim/grad_norm"] > 0
     print("max |Δ|:", json.dumps(deltas))
     return deltas
@@ -134,13 +174,14 @@ def compare_world_sizes(tmp_path: Path, config: list[str], P: int = 4, env: dict
 def test_vlm_one_step_is_the_same_on_one_and_two_processes(aggregation, tmp_path, mmgrpo_cache):
     """Process 0's first group is filtered out (zero reward variance), so the processes train on different unit
     counts: the update equals the 1-process one only if the loss is normalised by the global count."""
-    d = compare_world_sizes(tmp_path, [*VLM, f"algorithm.aggregation={aggregation}"])
+    budget = vlm_budget()
+    d = compare_world_sizes(tmp_path, [*VLM, f"algorithm.aggregation={aggregation}"], budget)
     scores = [torch.load(tmp_path / "two" / f"rank{r}.pt", weights_only=False)["scores"][:, 0] for r in (0, 1)]
     assert float(scores[0][:4].std()) == 0 and all(float(s[4:].std()) > 0 for s in scores)
     assert float(scores[1][:4].std()) > 0  # rank 1 keeps both groups: uneven trained units
     assert d["completion_ids"] == 0 and d["mask"] == 0 and d["scores"] == 0
-    assert d["old_logprobs"] <= 1e-5
-    assert d["params"] <= 1e-5
+    assert d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
+    _assert_one_adamw_step_apart(d, budget)
 
 
 @pytest.mark.slow
@@ -148,13 +189,16 @@ def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, m
     """The tiny VLM's tied head with its weight gradient made at the end of the backward (``TiedGrad``; the size
     threshold set to 0, as a 151,936-row head is): DDP's reduction sees that gradient, and one step on two processes
     equals one step on one, which equals one step with the gradient made in the head's backward."""
-    d = compare_world_sizes(tmp_path, VLM, env={"WS_LATE_GRADIENT_MIN_BYTES": "0"})
-    assert d["completion_ids"] == 0 and d["old_logprobs"] <= 1e-5
-    assert d["params"] <= 1e-5
+    budget = vlm_budget()
+    d = compare_world_sizes(tmp_path, VLM, budget, env={"WS_LATE_GRADIENT_MIN_BYTES": "0"})
+    assert d["completion_ids"] == 0 and d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
+    _assert_one_adamw_step_apart(d, budget)
     at_once = tmp_path / "at_once"
     _launch(tmp_path, at_once, VLM, world=1, prompts=4, env={"WS_LATE_GRADIENT_MIN_BYTES": str(2**40)})
     late, now = torch.load(tmp_path / "one" / "params.pt"), torch.load(at_once / "params.pt")
-    assert max(float((late[n] - now[n]).abs().max()) for n in now) <= 1e-6
+    diff = torch.cat([(late[n] - now[n]).abs().flatten() for n in now])
+    at_once_delta = {"params": float(diff.max()), "params_p99": float(diff.kthvalue(int(0.99 * diff.numel())).values)}
+    _assert_one_adamw_step_apart(at_once_delta, budget)  # the head's gradient summed in another order
     deferred = [torch.load(d / f"rank{r}.pt", weights_only=False)["late_heads"] for d, r in ((tmp_path / "one", 0),
                 (tmp_path / "two", 0), (tmp_path / "two", 1), (at_once, 0))]  # fmt: skip
     assert all(n > 0 for n in deferred[:3]) and deferred[3] == 0, deferred  # the late branch ran, and only there
@@ -162,6 +206,9 @@ def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, m
 
 @pytest.mark.slow
 def test_flow_one_step_is_the_same_on_one_and_two_processes(tmp_path, mmgrpo_cache):
-    d = compare_world_sizes(tmp_path, FLOW)
-    assert d["latents"] <= 1e-6 and d["mask"] == 0 and d["scores"] <= 1e-6 and d["old_logprobs"] <= 1e-5
-    assert d["params"] <= 1e-5
+    budget = flow_budget(steps=4)  # FLOW's model.args.num_steps
+    d = compare_world_sizes(tmp_path, FLOW, budget)
+    assert d["mask"] == 0 and d["latents"] <= budget.tol(d["scale/latents"])
+    assert d["scores"] <= budget.tol(d["scale/scores"])
+    assert d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
+    _assert_one_adamw_step_apart(d, budget)
