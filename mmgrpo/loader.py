@@ -191,9 +191,19 @@ def validate(cfg: TrainConfig) -> None:
 def _validate_variants(a: AlgorithmConfig) -> None:
     """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
     _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
-    check_kwargs(schedules.BETA_SCHEDULES.get(a.beta_schedule), a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    schedule = schedules.BETA_SCHEDULES.get(a.beta_schedule)
+    schedule_args = check_kwargs(schedule, a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    try:  # the schedule's own checks (bounds, beta_max = algorithm.beta), once at load rather than at step 0
+        schedule(0, 2, a.beta, **schedule_args)
+    except ValueError as e:
+        raise ConfigError(f"algorithm.beta_schedule_args ({a.beta_schedule}): {e}") from None
     for name in a.advantage_transform:
         _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
+    if "negative_groups" in a.advantage_transform[1:]:
+        raise ConfigError(
+            f"algorithm.advantage_transform: negative_groups (LENS) replaces the advantages, so transforms before it "
+            f"would be lost; list it first, got {a.advantage_transform}"
+        )
     for name, args in a.advantage_transform_args.items():
         if name not in a.advantage_transform:
             raise ConfigError(
