@@ -329,7 +329,7 @@ def negative_group_confidence(
     eps: float = 1e-6,
 ) -> Tensor:
     """LENS (Feng et al. 2025, "Don't Waste Mistakes: Leveraging Negative RL-Groups via Confidence Reweighting",
-    arXiv 2510.08696, §3–4, its practical form): calibrated rewards for wrong answers, and all-wrong groups trained.
+    arXiv 2510.08696, its practical form): calibrated rewards for wrong answers, and all-wrong groups trained.
 
     With π̄_i = exp(seq_logprob_i) = π_old(o_i|q)^(1/|o_i|) (the length-normalised, geometric-mean token
     probability), c_i = 1[r_i > ``wrong_threshold``] (correct) and G the group's valid samples::

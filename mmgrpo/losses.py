@@ -457,7 +457,7 @@ def reg_grpo(
     *,
     group_size: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Reg-GRPO (DeepVideo-R1: Park, Na, Kim, Kim 2025, arXiv 2506.07464, NeurIPS 2025, §3.2 eq. 7–8): regress the
+    """Reg-GRPO (DeepVideo-R1: Park, Na, Kim, Kim 2025, arXiv 2506.07464, NeurIPS 2025, eq. 7–8): regress the
     advantage.
 
     With ρ_i = log π_θ(y_i|x) − log π_old(y_i|x) the whole response's log-ratio (eq. 7: one value per response; here

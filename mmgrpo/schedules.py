@@ -5,7 +5,7 @@ One signature, pure Python (no torch state), so the trainer calls it once per st
 reference model whatever the schedule.
 
 * ``constant`` — β_t = β (GRPO, DeepSeekMath eq. 3).
-* ``othink``   — GRPO-D, the dynamic KL of OThink-MR1 (Liu et al. 2025, arXiv 2503.16081 v2, §3, eq. 3), with
+* ``othink``   — GRPO-D, the dynamic KL of OThink-MR1 (Liu et al. 2025, arXiv 2503.16081 v2, eq. 3), with
   β_mid = (β_min + β_max)/2, w = ``exploration_ratio`` and progress p = t/(S−1) ∈ [0, 1]:
   p ≤ w: β_t = β_mid − (β_mid − β_min)·p/w (falls from β_mid to β_min over the exploration steps);
   p > w: β_t = β_min + (β_max − β_min)·(p − w)/(1 − w) (rises linearly to β_max at the last step).

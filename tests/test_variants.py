@@ -419,6 +419,11 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
         assert any(r["data/dynamic_short_groups"] < P for r in refilled)  # a refill found a group with signal
     if cfg.algorithm.token_weighting == "tw_grpo":  # weights in [1, alpha], the group's max position at alpha
         assert 1.0 < last["advantage/token_weight_mean"] < cfg.algorithm.token_weighting_args["alpha"]
+    if cfg.algorithm.difficulty_augmentation.enabled:  # step 0 has no reference window; step 1 measures against it
+        first, second = _records(tmp_path / "run")
+        assert first["augment/window_mean"] == 0.0 and first["augment/delta_mean"] == 0.0
+        assert second["augment/window_mean"] == pytest.approx(first["reward/mean"], abs=1e-6)
+        assert 0.0 <= second["augment/hinted_fraction"] + second["augment/noised_fraction"] <= 1.0
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
 
@@ -677,3 +682,119 @@ def test_variant_hooks_are_checked_at_load():
         with pytest.raises(ConfigError, match=rf"needs an adapter with {method}\(\); model\.adapter 'flow' has none"):
             load_config(flow, [over])
     load_config(ROOT / "configs/quickstart.yaml", ["algorithm.gt_injection.enabled=true"])  # vlm has them all
+
+
+# --- DeepVideo-R1 difficulty-aware augmentation ------------------------------------------------------------------
+
+
+class _FakeVideoAdapter:
+    """The two calls the augmentation makes: ``augment_video`` (as the video adapter's) and ``rollout``."""
+
+    def __init__(self):
+        self.rolled = []
+
+    def augment_video(self, row, std, seed):
+        return row if row.get("video") is None else {**row, "video_noise_std": std, "video_noise_seed": seed}
+
+    def rollout(self, rows, group_size, keys=None):
+        from types import SimpleNamespace
+
+        self.rolled.append((rows, keys))
+        outputs = ["abcd" if "Hint" in row["prompt"] else "abc" for row in rows for _ in range(group_size)]
+        return SimpleNamespace(outputs=outputs, extras={}, batch_size=len(outputs))
+
+
+def test_difficulty_augmentation_by_hand():
+    from mmgrpo import augmentation, noise
+    from mmgrpo.config import DifficultyAugmentationConfig
+    from mmgrpo.rewards import RewardRunner
+
+    opts = DifficultyAugmentationConfig(enabled=True, window=2, hint_template=" Hint: {hint}", noise_std=10.0)
+    runner = RewardRunner([("tests.test_variants:length_reward", 1.0, {})], isolation="thread")
+    aug = augmentation.DifficultyAugmenter(opts, seed=7, rewards=runner, group_size=2)
+    ad = _FakeVideoAdapter()
+    rows = [
+        {"prompt": "Q0", "video": "a.mp4", "reasoning": "the bar moves from left to right"},
+        {"prompt": "Q1", "video": "b.mp4", "reasoning": "x y"},
+        {"prompt": "Q2", "video": "c.mp4"},
+    ]
+    # step 0: group means [0.5, 1.0, 0.75] -> batch mean 0.75; empty window: nothing is augmented or resampled
+    s0 = torch.tensor([[1.0], [0.0], [1.0], [1.0], [0.5], [1.0]])  # [B, K], B = 3 prompts x G = 2
+    out_rows, _, out_scores, m = aug.step(ad, rows, "first", s0, None, [0, 1, 2], 0)
+    assert out_rows is rows and out_scores is s0 and ad.rolled == [] and m["augment/hinted_fraction"] == 0.0
+    # step 1: group means [0.0, 2.5, 0.75], window mean 0.75 -> dR = [0.75, -1.75, 0.0]
+    s1 = torch.tensor([[0.0], [0.0], [2.0], [3.0], [0.5], [1.0]])
+    keys = noise.NoiseKeys(3, 1, (10, 11, 12), 2)
+    out_rows, again, out_scores, m = aug.step(ad, rows, "first", s1, keys, [10, 11, 12], 1)
+    assert again.outputs == ["abcd", "abcd", "abc", "abc", "abc", "abc"]  # the step trains on the second rollout
+    # hard: round(0.75) + 1 = 2 words of the reasoning
+    assert out_rows[0]["prompt"] == "Q0 Hint: the bar" and "video_noise_std" not in out_rows[0]
+    # easy: sigma = 10 * (1.75 + 1) = 27.5, keyed by (seed, tag, step, position)
+    assert out_rows[1]["prompt"] == "Q1" and out_rows[1]["video_noise_std"] == pytest.approx(27.5)
+    assert out_rows[1]["video_noise_seed"] == noise.mix(7, augmentation.FRAME_NOISE, 1, 11)
+    assert out_rows[2] == rows[2]  # dR = 0: unchanged
+    assert rows[0]["prompt"] == "Q0" and "video_noise_std" not in rows[1]  # the step's own rows are not mutated
+    # the second rollout: the augmented rows, its own keys; scored again (length_reward: "abcd" -> 1, "abc" -> 0)
+    ((rolled_rows, rolled_keys),) = ad.rolled
+    assert rolled_rows == out_rows and rolled_keys.positions == (10, 11, 12) and rolled_keys.seed != 3
+    assert out_scores[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert m["augment/window_mean"] == 0.75 and m["augment/delta_mean"] == pytest.approx((0.75 - 1.75) / 3)
+    assert m["augment/hinted_fraction"] == pytest.approx(1 / 3) and m["augment/noised_fraction"] == pytest.approx(1 / 3)
+    # the window keeps W = 2 batch means: [0.75, 3.25 / 3]; step 2 measures against their mean
+    assert list(aug.window) == pytest.approx([0.75, 3.25 / 3])
+    aug.step(ad, rows, "first", s0, None, [0, 1, 2], 2)
+    assert list(aug.window) == pytest.approx([3.25 / 3, 0.75])  # the oldest left the window
+    # hint units: round half to even, + 1; word or separator units
+    assert [augmentation.hint_units(d) for d in (0.2, 0.5, 1.5, 2.4, -3.0)] == [1, 1, 3, 3, 4]
+    assert augmentation.hint_prefix("a. b. c", 2, ". ") == "a. b"
+    assert augmentation.noise_scale(-0.5) == 1.5
+
+
+def test_frame_noise_by_hand():
+    from mmgrpo.modalities.tokens.video import add_frame_noise
+
+    frames = torch.tensor([10, 250, 0, 128], dtype=torch.uint8).view(2, 1, 1, 2)  # [F, C, H, W]
+    eps = torch.randn(frames.shape, generator=torch.Generator().manual_seed(5))
+    out = add_frame_noise(frames, 4.0, torch.Generator().manual_seed(5))
+    expect = (torch.tensor([10.0, 250.0, 0.0, 128.0]).view(2, 1, 1, 2) + 4.0 * eps).clamp(0, 255).round()
+    assert out.dtype == torch.uint8 and torch.equal(out, expect.to(torch.uint8))
+    # a huge sigma saturates: each value goes to 0 or 255 by the sign of its draw
+    big = add_frame_noise(frames, 1e6, torch.Generator().manual_seed(5))
+    assert torch.equal(big, torch.where(eps > 0, 255, 0).to(torch.uint8))
+
+
+def test_video_adapter_noises_the_frames_it_encodes(tiny_vlm_path, mmgrpo_cache):
+    from mmgrpo.modalities.tokens.video import add_frame_noise
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    sampling = {"nframes": 4, "min_pixels": 3136, "max_pixels": 3136}
+    ad = build_video_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 2, "video": sampling})
+    row = VideoMotionTask(VideoMotionArgs(train_size=1, eval_size=1)).train_rows()[0]
+    noisy = ad.augment_video(row, 27.5, 123)
+    assert noisy is not row and "video_noise_std" not in row
+    assert ad.augment_video({"prompt": "no video"}, 27.5, 1) == {"prompt": "no video"}
+    clean = ad.video.clip(row).frames
+    got = ad.video.clip(noisy).frames
+    assert torch.equal(got, add_frame_noise(clean, 27.5, torch.Generator().manual_seed(123)))
+    assert torch.equal(ad.video.clip(row).frames, clean)  # the clean clip is not changed by the noisy one
+    assert float((got.float() - clean.float()).std()) == pytest.approx(27.5, rel=0.2)  # clamping shrinks it a little
+    pixels = [ad.rollout([r], 2).state.cache.encodings[0]["pixel_values_videos"] for r in (row, noisy, row)]
+    assert torch.equal(pixels[0], pixels[2]) and not torch.equal(pixels[0], pixels[1])  # the policy sees the noise
+
+
+def test_difficulty_augmentation_config_errors():
+    q = ROOT / "configs/variant_deepvideo_r1.yaml"
+    load_config(q)
+    with pytest.raises(
+        ConfigError,
+        match=r"^algorithm\.difficulty_augmentation\.enabled needs an adapter with augment_video\(\); model\.adapter "
+        r"'vlm' has none \(video adapters such as video have it\)",
+    ):
+        load_config(ROOT / "configs/quickstart.yaml", ["algorithm.difficulty_augmentation.enabled=true"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.difficulty_augmentation: not combined with dynamic_sampling"):
+        load_config(q, ["algorithm.dynamic_sampling.enabled=true"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.difficulty_augmentation\.window: must be >= 1, got 0$"):
+        load_config(q, ["algorithm.difficulty_augmentation.window=0"])
+    with pytest.raises(ConfigError, match=r"^unknown field 'algorithm\.difficulty_augmentation\.noise'; allowed: "):
+        load_config(q, ["algorithm.difficulty_augmentation.noise=1"])
