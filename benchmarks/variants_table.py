@@ -16,9 +16,13 @@ Studies:
 - ``reg_grpo`` (video_motion, direction, 200 steps): ``configs/video_motion.yaml`` (GRPO, k3 KL β = 0.05) vs
   ``configs/variant_reg_grpo.yaml`` (Reg-GRPO as shipped: β = 0, ρ the token sum), the same with the default's KL
   term, the same with the length-normalised ρ (``reduction: mean``, the reading of the earlier measurement), and
-  ``configs/variant_deepvideo_r1.yaml`` (Reg-GRPO + difficulty-aware augmentation).
+  ``configs/variant_deepvideo_r1.yaml`` (Reg-GRPO + difficulty-aware augmentation); also TW-GRPO
+  (``configs/variant_tw_grpo.yaml``, β = 0) next to the default without its KL term (``grpo_nokl``, β = 0), the
+  baseline that differs from it only in the token weighting.
 - ``published`` (the quickstart, 300 steps): ``configs/quickstart.yaml`` (GRPO) vs ``configs/variant_dynamic_kl.yaml``
-  (GRPO-D, OThink-MR1 eq. 3) and ``configs/variant_advantage_transforms.yaml`` (LENS + DGRPO's weight).
+  (GRPO-D, OThink-MR1 eq. 3), ``configs/variant_advantage_transforms.yaml`` (LENS + DGRPO's weight),
+  ``configs/variant_dynamic_sampling.yaml`` (DAPO dynamic sampling) and ``configs/variant_self_consistency.yaml``
+  (label-free: the self-consistency reward replaces the accuracy reward; held-out accuracy is still the task's).
 - ``tempsamp`` (video_motion, "when" grounding, held-out temporal IoU, 200 steps): ``configs/variant_tempsamp.yaml``
   without injection and with the plain ``temporal_iou`` reward (GRPO), with the soft shaping only, and as shipped
   (shaping + ground-truth injection).
@@ -56,6 +60,8 @@ STUDIES: dict[str, dict] = {
             "reg_grpo_kl": ("configs/variant_reg_grpo.yaml", ["algorithm.beta=0.05", "algorithm.kl=k3"]),
             "reg_grpo_mean": ("configs/variant_reg_grpo.yaml", ["algorithm.surrogate_args.reduction=mean"]),
             "deepvideo_r1": ("configs/variant_deepvideo_r1.yaml", []),
+            "grpo_nokl": ("configs/video_motion.yaml", ["algorithm.beta=0.0"]),
+            "tw_grpo": ("configs/variant_tw_grpo.yaml", []),
         },
         "overrides": ["steps=200", "eval.every=50"],
     },
@@ -65,6 +71,8 @@ STUDIES: dict[str, dict] = {
             "grpo": ("configs/quickstart.yaml", []),
             "dynamic_kl": ("configs/variant_dynamic_kl.yaml", []),
             "advantage_transforms": ("configs/variant_advantage_transforms.yaml", []),
+            "dynamic_sampling": ("configs/variant_dynamic_sampling.yaml", []),
+            "self_consistency": ("configs/variant_self_consistency.yaml", []),
         },
     },
     "tempsamp": {
