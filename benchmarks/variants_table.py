@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study quickstart --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study reg_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tempsamp --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study published --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -13,7 +14,15 @@ Studies:
   evaluation, and the mean over training steps of ``advantage/zero_std_fraction`` (groups without signal), the
   quantity the sampler is meant to lower.
 - ``reg_grpo`` (video_motion, direction, 200 steps): ``configs/video_motion.yaml`` (GRPO, k3 KL β = 0.05) vs
-  ``configs/variant_reg_grpo.yaml`` (Reg-GRPO as shipped: β = 0) and the same with the default's KL term.
+  ``configs/variant_reg_grpo.yaml`` (Reg-GRPO as shipped: β = 0, ρ the token sum), the same with the default's KL
+  term, the same with the length-normalised ρ (``reduction: mean``, the reading of the earlier measurement), and
+  ``configs/variant_deepvideo_r1.yaml`` (Reg-GRPO + difficulty-aware augmentation); also TW-GRPO
+  (``configs/variant_tw_grpo.yaml``, β = 0) next to the default without its KL term (``grpo_nokl``, β = 0), the
+  baseline that differs from it only in the token weighting.
+- ``published`` (the quickstart, 300 steps): ``configs/quickstart.yaml`` (GRPO) vs ``configs/variant_dynamic_kl.yaml``
+  (GRPO-D, OThink-MR1 eq. 3), ``configs/variant_advantage_transforms.yaml`` (LENS + DGRPO's weight),
+  ``configs/variant_dynamic_sampling.yaml`` (DAPO dynamic sampling) and ``configs/variant_self_consistency.yaml``
+  (label-free: the self-consistency reward replaces the accuracy reward; held-out accuracy is still the task's).
 - ``tempsamp`` (video_motion, "when" grounding, held-out temporal IoU, 200 steps): ``configs/variant_tempsamp.yaml``
   without injection and with the plain ``temporal_iou`` reward (GRPO), with the soft shaping only, and as shipped
   (shaping + ground-truth injection).
@@ -49,8 +58,22 @@ STUDIES: dict[str, dict] = {
             "grpo": ("configs/video_motion.yaml", []),
             "reg_grpo": ("configs/variant_reg_grpo.yaml", []),
             "reg_grpo_kl": ("configs/variant_reg_grpo.yaml", ["algorithm.beta=0.05", "algorithm.kl=k3"]),
+            "reg_grpo_mean": ("configs/variant_reg_grpo.yaml", ["algorithm.surrogate_args.reduction=mean"]),
+            "deepvideo_r1": ("configs/variant_deepvideo_r1.yaml", []),
+            "grpo_nokl": ("configs/video_motion.yaml", ["algorithm.beta=0.0"]),
+            "tw_grpo": ("configs/variant_tw_grpo.yaml", []),
         },
         "overrides": ["steps=200", "eval.every=50"],
+    },
+    "published": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "dynamic_kl": ("configs/variant_dynamic_kl.yaml", []),
+            "advantage_transforms": ("configs/variant_advantage_transforms.yaml", []),
+            "dynamic_sampling": ("configs/variant_dynamic_sampling.yaml", []),
+            "self_consistency": ("configs/variant_self_consistency.yaml", []),
+        },
     },
     "tempsamp": {
         "metric": "temporal_iou",

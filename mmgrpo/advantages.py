@@ -295,39 +295,27 @@ def _group_mean(x: Tensor, valid: Tensor) -> Tensor:
 
 
 @ADVANTAGE_TRANSFORMS.register("difficulty")
-def difficulty_weight(
-    advantages: Tensor,
-    rewards: Tensor,
-    seq_logprob: Tensor,
-    *,
-    strength: float = 1.0,
-    reward_min: float = 0.0,
-    reward_max: float = 1.0,
-) -> Tensor:
-    """Difficulty-aware weighting, after DGRPO of VITAL (Zhang et al. 2025, "Thinking With Videos: Multimodal
-    Tool-Augmented Reinforcement Learning for Long Video Reasoning", arXiv 2508.04416, "DGRPO").
+def difficulty_weight(advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, *, offset: float = 2.0) -> Tensor:
+    """DGRPO's difficulty weight (VITAL: Zhang et al. 2025, "Thinking With Videos: Multimodal Tool-Augmented
+    Reinforcement Learning for Long Video Reasoning", arXiv 2508.04416, "DGRPO"), as the authors' verl code computes
+    it (``verl/trainer/ppo/core_algos.py::compute_dgrpo_outcome_advantage``; public copy
+    Jamesding000/ThinkingWithVideos)::
 
-    Each group's difficulty is its failure rate d_q = 1 − clip((mean_G r − r_min)/(r_max − r_min), 0, 1); the
-    advantages of the group are scaled by w_q = max(0, 1 + λ·(d_q − d̄)), d̄ the mean of d over the groups with a
-    valid reward and λ = ``strength``: groups harder than the batch average weigh more, easier ones less, and the
-    mean weight is 1 (before the clamp at 0).
+        d_g = clip(c − mean_G r, 0, 1)        c = ``offset`` (the code's constant 2)
+        A_i ← A_i · (1 + d_g) / 2              a weight in [0.5, 1]: 1 for groups with mean ≤ c − 1, 0.5 at mean ≥ c
 
-    Departure: VITAL weights by difficulty to balance the tasks of its multi-task mixture; the paper's exact
-    weighting equation could not be retrieved here, so this is our per-prompt reading of "difficulty-aware" with the
-    weight centred on the batch. ``reward_min``/``reward_max`` bound the combined reward (default [0, 1]).
+    ``rewards`` is the combined (total) reward, as the code's mean over format + tool + task rewards (a range of
+    about [0, 4] there, hence c = 2); for a task whose reward lies in [0, 1], an ``offset`` of 1 spreads the weight
+    over that range. Applied after the estimator's group normalisation, as in the code (a group-constant factor
+    before the std division would cancel). Groups without a valid reward keep their advantages (0).
 
     Shape:
         advantages, rewards, seq_logprob: [P, G] → [P, G]
     """
     r, valid = _group_rewards(rewards)  # [P, G], [P, G]
-    if not reward_max > reward_min:
-        raise ValueError(f"difficulty: reward_max must be > reward_min, got {reward_max} <= {reward_min}")
-    has = valid.any(1, keepdim=True)  # [P, 1]
-    success = ((_group_mean(r, valid) - reward_min) / (reward_max - reward_min)).clamp(0.0, 1.0)  # [P, 1]
-    d = 1.0 - success  # [P, 1]
-    d_bar = (d * has).sum() / has.float().sum().clamp_min(1.0)  # []
-    w = (1.0 + strength * (d - d_bar)).clamp_min(0.0)  # [P, 1]
-    return advantages * torch.where(has, w, torch.ones_like(w))  # [P, G]
+    d = (offset - _group_mean(r, valid)).clamp(0.0, 1.0)  # [P, 1]
+    w = torch.where(valid.any(1, keepdim=True), 0.5 * (1.0 + d), torch.ones_like(d))  # [P, 1]
+    return advantages * w  # [P, G]
 
 
 @ADVANTAGE_TRANSFORMS.register("negative_groups")
@@ -336,33 +324,51 @@ def negative_group_confidence(
     rewards: Tensor,
     seq_logprob: Tensor,
     *,
-    strength: float = 1.0,
+    alpha: float = 0.25,
     wrong_threshold: float = 0.0,
+    eps: float = 1e-6,
 ) -> Tensor:
-    """Confidence reweighting of all-wrong groups, after LENS (Feng et al. 2025, "Don't Waste Mistakes: Leveraging
-    Negative RL-Groups via Confidence Reweighting", arXiv 2510.08696).
+    """LENS (Feng et al. 2025, "Don't Waste Mistakes: Leveraging Negative RL-Groups via Confidence Reweighting",
+    arXiv 2510.08696, its practical form): calibrated rewards for wrong answers, and all-wrong groups trained.
 
-    A group is negative when every valid reward is ≤ ``wrong_threshold``; GRPO gives it zero advantage. Here its
-    samples get A_i = −λ·(c_i − mean_G c), c_i = exp(min(0, seq_logprob_i)) ∈ (0, 1] the sample's confidence
-    (geometric-mean token probability) and λ = ``strength``: the more confident a mistake, the more it is pushed
-    down, the less confident ones are pushed up, and the group's advantages still sum to 0. Other groups keep their
-    advantages.
+    With π̄_i = exp(seq_logprob_i) = π_old(o_i|q)^(1/|o_i|) (the length-normalised, geometric-mean token
+    probability), c_i = 1[r_i > ``wrong_threshold``] (correct) and G the group's valid samples::
 
-    Departure: LENS derives a confidence-weighted penalty on incorrect responses from a maximum-likelihood reward
-    model objective; its exact reward could not be retrieved here. This is our reading, centred within the group
-    (a baseline, as GRPO's) and not divided by the std (so λ sets the scale of the penalty). Meant for token
-    policies, whose ``seq_logprob`` is a log-probability ≤ 0.
+        D = 2·max_j π̄_j                              all-wrong group
+        D = max(D_imp, 2·max_j π̄_j),  D_imp = [(1/G) Σ_i c_i/π̄_i]⁻¹     mixed group
+        r̃_i = r_i − (1 − c_i)·(1/G)·π̄_i/(D − π̄_i)    a confident mistake is penalised more (at most 1/G)
+        A_i = (r̃_i − mean_G r̃)/(std_G r̃ + eps)      mixed (and all-correct) groups: GRPO's normalisation
+        A_i = α·(r̃_i − mean_G r̃)                     all-wrong groups: mean-centred only, weight α
+
+    so the objective is J_GRPO[mixed] + α·J_GRPO[all-wrong] (the paper's α = 0.25). The std is the unbiased one
+    (torch's, as GRPO's verl code). The advantages of the configured estimator are replaced, for every group.
+
+    Departures and choices: the paper writes D_imp with π_old; the text is ambiguous between π and π̄ and π̄ is used
+    here, as in the other terms. With rewards in {0, 1} and ``wrong_threshold`` 0, c_i = r_i and r̃ is the paper's;
+    a combined reward with a bonus (e.g. + 0.2 format) counts as correct above ``wrong_threshold`` and the penalty is
+    subtracted from the reward as it is. Meant for token policies, whose ``seq_logprob`` is a log-probability ≤ 0
+    (clamped at 0). NaN rewards get advantage 0 and are left out of G, D, mean and std.
 
     Shape:
         advantages, rewards, seq_logprob: [P, G] → [P, G]
     """
     r, valid = _group_rewards(rewards)  # [P, G], [P, G]
-    hi = torch.where(valid, r, torch.full_like(r, float("-inf"))).amax(1, keepdim=True)  # [P, 1]
-    negative = valid.any(1, keepdim=True) & (hi <= wrong_threshold)  # [P, 1]
-    c = seq_logprob.float().clamp(max=0.0).exp()  # [P, G]
-    penalty = -strength * (c - _group_mean(c, valid))  # [P, G]
-    penalty = torch.where(valid, penalty, torch.zeros_like(penalty))  # [P, G]
-    return torch.where(negative, penalty, advantages.float())  # [P, G]
+    zero = torch.zeros_like(r)
+    pbar = torch.where(valid, seq_logprob.float().clamp(max=0.0).exp(), zero)  # [P, G] π̄ (0 where NaN)
+    correct = valid & (r > wrong_threshold)  # [P, G]
+    wrong = valid & ~correct  # [P, G]
+    count = valid.float().sum(1, keepdim=True).clamp_min(1.0)  # [P, 1] G
+    d_conf = 2.0 * pbar.amax(1, keepdim=True)  # [P, 1]
+    inv = torch.where(correct, 1.0 / pbar.clamp_min(1e-30), zero).sum(1, keepdim=True) / count  # [P, 1]
+    d_imp = torch.where(inv > 0, 1.0 / inv.clamp_min(1e-30), torch.zeros_like(inv))  # [P, 1] (0: all wrong)
+    d = torch.maximum(d_imp, d_conf)  # [P, 1] ≥ 2·π̄_i, so D − π̄_i ≥ π̄_i
+    penalty = pbar / (count * (d - pbar).clamp_min(1e-30))  # [P, G]
+    calibrated = torch.where(wrong, torch.where(valid, r, zero) - penalty, r)  # [P, G] r̃
+    mean, std, _ = _nan_stats(calibrated, valid, 1, True)  # [P, 1], [P, 1]
+    centred = calibrated - mean  # [P, G]
+    all_wrong = valid.any(1, keepdim=True) & ~correct.any(1, keepdim=True)  # [P, 1]
+    out = torch.where(all_wrong, alpha * centred, centred / _nonzero(std + eps))  # [P, G]
+    return torch.where(valid, out, zero)  # [P, G]
 
 
 def apply_transforms(

@@ -151,6 +151,26 @@ class GroundTruthInjectionConfig:
 
 
 @dataclass
+class DifficultyAugmentationConfig:
+    """DeepVideo-R1 difficulty-aware augmentation (arXiv 2506.07464; mmgrpo/augmentation.py, docs/variants.md)."""
+
+    enabled: bool = False
+    """After each step's rollout, ΔR = (mean reward of the last ``window`` steps) − (the group's mean reward): hard
+    groups (ΔR > 0) get a reasoning hint appended to the prompt, easy ones (ΔR < 0) Gaussian noise on their video
+    frames; the step's P prompts are then rolled out again, augmented, and trained on (video adapter)."""
+    window: Annotated[int, Range(ge=1)] = 100
+    """W: steps (batches) in the reference window of mean rewards (the paper's 100)."""
+    hint_column: str = "reasoning"
+    """Row column with the ground-truth reasoning whose prefix is the hint; rows without it get no hint."""
+    hint_template: str = "\n{hint}"
+    """Appended to a hard row's (string) prompt: str.format with ``hint`` = the first round(ΔR) + 1 units."""
+    hint_separator: str | None = None
+    """What splits the reasoning into units: null = whitespace (words), e.g. "\n" for lines or ". " for sentences."""
+    noise_std: Annotated[float, Range(gt=0)] = 10.0
+    """Base σ of the frame noise in pixel values (0–255): an easy row's frames get N(0, (noise_std·(|ΔR| + 1))²)."""
+
+
+@dataclass
 class AlgorithmConfig:
     group_size: int = 8
     """G: samples per prompt."""
@@ -183,7 +203,8 @@ class AlgorithmConfig:
     surrogate_args: dict[str, Any] = field(default_factory=dict)
     """Options of the surrogate, checked against its dataclass in mmgrpo/losses.py: ppo_clip {clip_low: 0.2,
     clip_high: 0.28, dual_clip: null} | sapo {tau_pos: 1.0, tau_neg: 1.05} | gmpo {log_clip_low: 0.4,
-    log_clip_high: 0.4} | cispo {clip_high: 0.28} | reg_grpo {eps: 1e-4} | dgpo {beta_dpo: 100} | reinforce {}."""
+    log_clip_high: 0.4} | cispo {clip_high: 0.28} | reg_grpo {eps: 1e-4, reduction: sum} | dgpo {beta_dpo: 100} |
+    reinforce {}."""
     aggregation: str = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | seq_sum_const_norm (Dr.GRPO)."""
     aggregation_args: dict[str, Any] = field(default_factory=dict)
@@ -206,12 +227,14 @@ class AlgorithmConfig:
     """β over the steps (registry mmgrpo.schedules.BETA_SCHEDULES; algorithm.beta is its peak): constant | othink
     (GRPO-D, OThink-MR1) | linear | cosine. Logged as ``kl/beta``."""
     beta_schedule_args: dict[str, Any] = field(default_factory=dict)
-    """Options of the β schedule (othink: beta_min, warmup_ratio; linear/cosine: beta_start)."""
+    """Options of the β schedule (othink: beta_min, exploration_ratio, beta_max = algorithm.beta; linear/cosine:
+    beta_start)."""
     advantage_transform: list[str] = field(default_factory=list)
     """Advantage transforms [P, G] → [P, G] applied in order after the estimator (registry
     mmgrpo.advantages.ADVANTAGE_TRANSFORMS): difficulty (DGRPO) | negative_groups (LENS). docs/variants.md."""
     advantage_transform_args: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Options per transform, by name, e.g. {negative_groups: {strength: 0.5}}."""
+    """Options per transform, by name: difficulty {offset: 2.0} | negative_groups {alpha: 0.25, wrong_threshold: 0.0,
+    eps: 1e-6}, e.g. {negative_groups: {alpha: 0.5}}."""
     sampler: str = "sequential"
     """Prompt sampler (registry mmgrpo.sampling.SAMPLERS): sequential (seeded permutation per epoch) |
     variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
@@ -226,6 +249,9 @@ class AlgorithmConfig:
     """DAPO dynamic sampling: refill zero-variance groups with fresh prompts (docs/variants.md)."""
     gt_injection: GroundTruthInjectionConfig = field(default_factory=GroundTruthInjectionConfig)
     """TempSamp-R1 ground-truth injection: one slot per group is the row's answer (docs/variants.md)."""
+    difficulty_augmentation: DifficultyAugmentationConfig = field(default_factory=DifficultyAugmentationConfig)
+    """DeepVideo-R1 difficulty-aware augmentation: hints for hard groups, noisier video for easy ones, resampled
+    (docs/variants.md; video adapter)."""
 
 
 @dataclass
@@ -573,6 +599,8 @@ def variant_methods(a: AlgorithmConfig) -> dict[str, str]:
         need["vocab_logits"] = "algorithm.token_weighting: tw_grpo"
     if a.dynamic_sampling.enabled:
         need["merge_states"] = "algorithm.dynamic_sampling.enabled"
+    if a.difficulty_augmentation.enabled:
+        need["augment_video"] = "algorithm.difficulty_augmentation.enabled"
     return need
 
 

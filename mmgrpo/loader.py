@@ -66,7 +66,8 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
             if not has_method(adapter_class, method):
                 raise ConfigError(
                     f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
-                    "(token adapters vlm and video have it); change that setting or the adapter"
+                    f"({VARIANT_HOOK_OWNERS.get(method, 'token adapters vlm and video')} have it); change that "
+                    "setting or the adapter"
                 )
     task_class = task_builder.cls if isinstance(task_builder, TaskSpec) else None
     if (
@@ -188,12 +189,26 @@ def validate(cfg: TrainConfig) -> None:
     _validate_rewards(cfg)
 
 
+VARIANT_HOOK_OWNERS = {"augment_video": "video adapters such as video"}
+"""The built-in adapters that have a variant hook, where not every token adapter has it (for the load error)."""
+
+
 def _validate_variants(a: AlgorithmConfig) -> None:
     """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
     _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
-    check_kwargs(schedules.BETA_SCHEDULES.get(a.beta_schedule), a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    schedule = schedules.BETA_SCHEDULES.get(a.beta_schedule)
+    schedule_args = check_kwargs(schedule, a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    try:  # the schedule's own checks (bounds, beta_max = algorithm.beta), once at load rather than at step 0
+        schedule(0, 2, a.beta, **schedule_args)
+    except ValueError as e:
+        raise ConfigError(f"algorithm.beta_schedule_args ({a.beta_schedule}): {e}") from None
     for name in a.advantage_transform:
         _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
+    if "negative_groups" in a.advantage_transform[1:]:
+        raise ConfigError(
+            f"algorithm.advantage_transform: negative_groups (LENS) replaces the advantages, so transforms before it "
+            f"would be lost; list it first, got {a.advantage_transform}"
+        )
     for name, args in a.advantage_transform_args.items():
         if name not in a.advantage_transform:
             raise ConfigError(
@@ -207,6 +222,11 @@ def _validate_variants(a: AlgorithmConfig) -> None:
     if a.sampler != sampling.SEQUENTIAL:
         check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
     losses.resolve_options(a)  # surrogate_args, aggregation_args, kl_args against each component's dataclass
+    if a.difficulty_augmentation.enabled and (a.dynamic_sampling.enabled or a.gt_injection.enabled):
+        raise ConfigError(
+            "algorithm.difficulty_augmentation: not combined with dynamic_sampling or gt_injection (the augmented "
+            "second rollout would skip them); turn one of them off"
+        )
     extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
     if extra:
         raise ConfigError(

@@ -27,8 +27,9 @@ Surrogates (``SURROGATES``), each returning a per-unit loss to be minimised:
   * ``gmpo``      — Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673).
   * ``cispo``     — −sg(min(r, 1+ε_high))·A·log r (MiniMax-M1, arXiv 2506.13585).
   * ``reinforce`` — −A·log r; for μ=1 (r ≡ 1) its gradient is the REINFORCE gradient −A·∇log π.
-  * ``reg_grpo``  — Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464): (ρ̂_i − Â_i)², the group-normalised
-    sequence log-ratio regressed onto the advantage, no clip and no min. Needs whole groups in every minibatch
+  * ``reg_grpo``  — Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464 eq. 7–8): (ρ̂_i − Â_i)², the
+    group-normalised sequence log-ratio (token sum; ``reduction: mean`` length-normalises) regressed onto the
+    advantage, no clip and no min. Needs whole groups in every minibatch
     (``GROUP_SURROGATES``; the trainer passes ``group_size`` and the config refuses minibatches that split groups).
   * ``dgpo``      — DGPO (Luo et al. 2025, arXiv 2510.08425): the group-preference loss sg[σ(S_g)]·A_i·(ℓ_i − ℓ_i^ref)
     on the DSM units of the flow adapter's ``objective: dgpo`` (no transition log-probs); a group surrogate too.
@@ -442,6 +443,9 @@ class RegGRPOOptions:
 
     eps: Annotated[float, Range(gt=0)] = REG_GRPO_EPS
     """Added to the group std of the sequence log-ratios before dividing (sets the on-policy gradient scale 2/eps)."""
+    reduction: typing.Literal["sum", "mean"] = "sum"
+    """How ρ_i reduces the token log-ratios of sequence i: sum (log π_θ(y|x) − log π_old(y|x), the paper's eq. 7 read
+    literally) | mean (length-normalised, GSPO's sequence ratio; the earlier reading here)."""
 
 
 @SURROGATES.register("reg_grpo")
@@ -453,26 +457,27 @@ def reg_grpo(
     *,
     group_size: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Reg-GRPO (DeepVideo-R1, Park et al. 2025, arXiv 2506.07464, "Reg-GRPO"): regress the advantage.
+    """Reg-GRPO (DeepVideo-R1: Park, Na, Kim, Kim 2025, arXiv 2506.07464, NeurIPS 2025, eq. 7–8): regress the
+    advantage.
 
-    With ρ_i the sequence log-ratio of sample i (masked mean of ``log_ratio`` over its valid units, i.e. the
-    length-normalised log π_θ(o_i|q)/π_old(o_i|q)), Â_i its advantage (masked mean of ``advantages``) and the
-    group statistics taken over the samples of the group that have a valid unit::
+    With ρ_i = log π_θ(y_i|x) − log π_old(y_i|x) the whole response's log-ratio (eq. 7: one value per response; here
+    the sum of ``log_ratio`` over its valid units, or their mean with ``options.reduction = "mean"``), Â_i its
+    advantage (masked mean of ``advantages``: the GRPO advantage (r_i − μ_r)/σ_r) and the group statistics taken
+    over the samples of the group that have a valid unit::
 
-        ρ̂_i = (ρ_i − mean_G ρ) / (std_G ρ + eps)          std with (n−1), eps = ``options.eps``
-        ℓ_i = (ρ̂_i − Â_i)²                                 broadcast to every valid unit of sequence i
+        Â_θ,i = (ρ_i − mean_G ρ) / (std_G ρ + eps)          std with (n−1), eps = ``options.eps``
+        ℓ_i = (Â_θ,i − Â_i)²                                  broadcast to every valid unit of sequence i
 
-    so ``seq_mean_token_mean`` gives the paper's (1/G) Σ_i (ρ̂_i − Â_i)². No clip, no min. The paper writes
-    ρ_i = β·log(π_θ/π_old); a positive β cancels in ρ̂, so it is not a parameter.
+    so ``seq_mean_token_mean`` gives eq. 8's (1/G) Σ_i (Â_θ,i − Â_i)². No clip, no min, and no 1/β or 1/λ factor:
+    the KL-regularised optimum π* = π_old·exp(R/λ)/Z(x) gives R = λ(log Z + log π*/π_old), and the group
+    standardisation removes both Z(x) and λ. Eq. 8 writes its KL term as "− β·KL" inside an expectation it
+    minimises; the trainer adds the usual penalty + β·KL (``algorithm.beta``; the paper's runs: 0.1).
 
-    Source and departures: the formula is our reconstruction from the paper's description (Park et al. 2025,
-    "DeepVideo-R1", arXiv 2506.07464, §1 and abstract: "regression that directly predicts the advantage", no clip
-    and no min); the paper's own equation could not be retrieved here and no public code of the loss was found
-    (mlvlab/DeepVideoR1 was not reachable). The length normalisation
-    of ρ_i is our choice (GSPO's sequence ratio), as is ``eps``. On-policy every ρ_i is 0, std is 0 and the
-    gradient of ρ̂ is (∇ρ_i − mean ∇ρ)/eps: the first update's direction is the policy gradient −Σ_i Â_i ∇ρ_i at a
-    scale of 2/eps, so keep ``optim.max_grad_norm`` > 0. The variance is clamped at 1e-12 before the square root so
-    that its gradient is finite at 0.
+    Choices where the paper is silent: whether log π(y|x) is the token sum or length-normalised (the sum is the
+    literal reading and the default; ``reduction: mean`` keeps the length-normalised one), and ``eps``. On-policy
+    every ρ_i is 0, std is 0 and the gradient of Â_θ is (∇ρ_i − mean ∇ρ)/eps: the first update's direction is the
+    policy gradient −Σ_i Â_i ∇ρ_i at a scale of 2/eps, so keep ``optim.max_grad_norm`` > 0. The variance is clamped
+    at 1e-12 before the square root so that its gradient is finite at 0.
 
     Shape:
         log_ratio, advantages, mask: [n, T] with n = k·G (whole groups, group-major) → loss [n, T]
@@ -488,7 +493,10 @@ def reg_grpo(
     count = m.sum(-1)  # [n]
     has = (count > 0).float().view(-1, group_size)  # [n/G, G]
     denom = torch.where(count > 0, count, torch.ones_like(count))  # [n]
-    rho = ((lr * m).sum(-1) / denom).view(-1, group_size)  # [n/G, G]
+    rho = (lr * m).sum(-1)  # [n] sequence log-ratio: token sum
+    if options.reduction == "mean":
+        rho = rho / denom  # [n] length-normalised
+    rho = rho.view(-1, group_size)  # [n/G, G]
     seq_adv = ((adv * m).sum(-1) / denom).view(-1, group_size)  # [n/G, G]
     k = has.sum(-1, keepdim=True)  # [n/G, 1]
     mean = (rho * has).sum(-1, keepdim=True) / k.clamp_min(1.0)  # [n/G, 1]

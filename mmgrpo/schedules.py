@@ -5,11 +5,14 @@ One signature, pure Python (no torch state), so the trainer calls it once per st
 reference model whatever the schedule.
 
 * ``constant`` — β_t = β (GRPO, DeepSeekMath eq. 3).
-* ``othink``   — GRPO-D, the dynamic KL of OThink-MR1 (Liu et al. 2025, arXiv 2503.16081, "GRPO-D"): the KL weight
-  starts small so that early training explores and grows so that late training exploits ("inspired by the
-  ε-greedy strategy"). Implemented as a linear rise from ``beta_min`` to β over the first ``warmup_ratio`` of the
-  steps, then constant β. Departure: the paper's exact piecewise equation could not be retrieved here; this is our
-  reading of its description, and ``beta_min``/``warmup_ratio`` are options, not the paper's values.
+* ``othink``   — GRPO-D, the dynamic KL of OThink-MR1 (Liu et al. 2025, arXiv 2503.16081 v2, eq. 3), with
+  β_mid = (β_min + β_max)/2, w = ``exploration_ratio`` and progress p = t/(S−1) ∈ [0, 1]:
+  p ≤ w: β_t = β_mid − (β_mid − β_min)·p/w (falls from β_mid to β_min over the exploration steps);
+  p > w: β_t = β_min + (β_max − β_min)·(p − w)/(1 − w) (rises linearly to β_max at the last step).
+  β_max is ``algorithm.beta`` (``beta_max`` may repeat it, under the paper's name). Paper defaults: w = 0.3;
+  β_min/β_max = 0.04/0.1 (visual counting), 0.0/0.02 (geometry). Note: the paper's prose says β "starts small and
+  increases" (ε-greedy: explore early, exploit late); its equation starts at β_mid and dips to β_min first. The
+  equation is what is implemented.
 * ``linear``   — β_t = β_start + (β − β_start)·t/(S−1) over the S steps (β_start = ``beta_start``, default 0).
 * ``cosine``   — β_t = β_start + (β − β_start)·(1 − cos(π·t/(S−1)))/2: the same end points, a cosine ramp.
 """
@@ -46,13 +49,36 @@ def constant(step: int, total_steps: int, beta: float) -> float:
 
 
 @BETA_SCHEDULES.register("othink")
-def othink(step: int, total_steps: int, beta: float, *, beta_min: float = 0.0, warmup_ratio: float = 0.5) -> float:
-    """GRPO-D (OThink-MR1): β_t = β_min + (β − β_min)·min(1, t / (w·S)), w = ``warmup_ratio`` ∈ (0, 1]."""
+def othink(
+    step: int,
+    total_steps: int,
+    beta: float,
+    *,
+    beta_min: float = 0.0,
+    beta_max: float | None = None,
+    exploration_ratio: float = 0.3,
+) -> float:
+    """GRPO-D (OThink-MR1, arXiv 2503.16081 eq. 3): β_mid → β_min over the first ``exploration_ratio`` of the steps,
+    then linearly β_min → β_max at the last step (module docstring). ``beta_max`` None = ``beta``
+    (``algorithm.beta``); given, it must equal ``beta``, which is the peak that decides whether a reference model
+    is loaded at all."""
+    if beta_max is None:
+        beta_max = beta
+    elif beta_max != beta:
+        raise ValueError(
+            f"beta_max = {beta_max} differs from algorithm.beta = {beta}: algorithm.beta is the schedule's peak "
+            "(β_max); set algorithm.beta to it and drop beta_max, or make them equal"
+        )
     _check(beta, beta_min=beta_min)
-    if not 0 < warmup_ratio <= 1:
-        raise ValueError(f"beta schedule othink: warmup_ratio must be in (0, 1], got {warmup_ratio}")
-    frac = min(1.0, step / max(1e-12, warmup_ratio * total_steps))
-    return float(beta_min + (beta - beta_min) * frac)
+    if beta_min > beta_max:
+        raise ValueError(f"beta_min = {beta_min} must be <= beta_max = algorithm.beta = {beta_max}")
+    if not 0 <= exploration_ratio < 1:
+        raise ValueError(f"exploration_ratio must be in [0, 1), got {exploration_ratio}")
+    p, w = _progress(step, total_steps), exploration_ratio
+    beta_mid = 0.5 * (beta_min + beta_max)
+    if p <= w and w > 0:
+        return float(beta_mid - (beta_mid - beta_min) * p / w)
+    return float(beta_min + (beta_max - beta_min) * (p - w) / (1 - w))
 
 
 @BETA_SCHEDULES.register("linear")

@@ -28,8 +28,8 @@ import torch
 from accelerate.utils import DistributedType, gather_object, set_seed
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import checkpoint as ckpt
 from mmgrpo import (
+    augmentation,
     dynamic_sampling,
     evaluation,
     importance,
@@ -44,6 +44,7 @@ from mmgrpo import (
     tracking,
     warmup,
 )
+from mmgrpo import checkpoint as ckpt
 from mmgrpo import metrics as step_metrics
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.hostmem import fix_mmap_threshold
@@ -127,6 +128,9 @@ class Trainer:
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
+        )
+        self.augmenter = augmentation.DifficultyAugmenter(
+            a.difficulty_augmentation, cfg.seed, self.rewards, a.group_size
         )
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
@@ -237,6 +241,10 @@ class Trainer:
             self.rewards, rollout.outputs, rows, a.group_size, rollout.extras, group_index=True, trainer_state=state
         )  # [B, K]
         self._step_rows = self.sampler.indices(step)  # dataset rows of the P groups (the variance sampler's keys)
+        if a.difficulty_augmentation.enabled:  # DeepVideo-R1: hint hard groups, noise easy ones' video, roll out again
+            where = (keys, self.sampler.positions(step), step, state)
+            rows, rollout, scores, aug = self.augmenter.step(self.adapter, rows, rollout, scores, *where)
+            reward_metrics.update(aug)
         if a.dynamic_sampling.enabled:  # DAPO: refill zero-variance groups with fresh prompts
             rows, rollout, scores, reward_metrics = self._refill(step, rows, rollout, scores, reward_metrics)
         rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]

@@ -347,7 +347,9 @@ def test_each_component_declares_its_own_options_with_the_old_defaults():
     assert losses.resolve_options(_algorithm(surrogate="sapo")).surrogate == SAPOOptions(tau_pos=1.0, tau_neg=1.05)
     assert losses.resolve_options(_algorithm(surrogate="cispo")).surrogate == losses.CISPOOptions(clip_high=0.28)
     assert losses.resolve_options(_algorithm(surrogate="dgpo")).surrogate == losses.DGPOOptions(beta_dpo=100.0)
-    assert losses.resolve_options(_algorithm(surrogate="reg_grpo")).surrogate == losses.RegGRPOOptions(eps=1e-4)
+    assert losses.resolve_options(_algorithm(surrogate="reg_grpo")).surrogate == losses.RegGRPOOptions(
+        eps=1e-4, reduction="sum"
+    )  # eq. 7's whole-sequence log-ratio
     # GMPO's bounds are on log r, with their own names and the paper's 0.4 (arXiv 2507.20673)
     assert losses.resolve_options(_algorithm(surrogate="gmpo")).surrogate == GMPOOptions(0.4, 0.4)
     for registry in (SURROGATES, AGGREGATIONS, KL_ESTIMATORS):

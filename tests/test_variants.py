@@ -20,37 +20,61 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- Reg-GRPO ------------------------------------------------------------------------------------------------
 
 
-def _reg_loss(log_ratio, adv, mask, G=3):
-    per_unit, metrics = losses.reg_grpo(log_ratio, adv, mask, group_size=G)
+def _reg_loss(log_ratio, adv, mask, G=3, reduction="sum"):
+    opts = losses.RegGRPOOptions(reduction=reduction)
+    per_unit, metrics = losses.reg_grpo(log_ratio, adv, mask, opts, group_size=G)
     return losses.seq_mean_token_mean(per_unit, mask, max_units=mask.shape[1]), per_unit, metrics
 
 
-def test_reg_grpo_values_and_gradient_by_hand():
-    # one group of G=3; sequence log-ratios rho = [0.3, -0.1, 0.1] (row 0: units 0.2, 0.4 -> mean 0.3; row 1 has
-    # one valid unit), advantages A = [0.5, -1, 0.5]. mean 0.1, deviations [0.2, -0.2, 0], unbiased std 0.2.
-    lr = torch.tensor([[0.2, 0.4], [-0.1, 9.0], [0.1, 0.1]], requires_grad=True)
+def _reg_grad_by_hand(rho_hat, a, dev, std, s):
+    """d/d rho_j of (1/3) sum_i (rho_hat_i - A_i)^2 for G = 3, with d rho_hat_i / d rho_j =
+    (delta_ij - 1/3)/s - dev_i * dev_j / ((G-1) * std * s^2), dev = rho - mean, s = std + eps."""
+    return [
+        sum(
+            (2 / 3) * (rho_hat[i] - a[i]) * (((i == j) - 1 / 3) / s - dev[i] * dev[j] / (2 * std * s**2))
+            for i in range(3)
+        )
+        for j in range(3)
+    ]
+
+
+def test_reg_grpo_sum_reading_values_and_gradient_by_hand():
+    # eq. 7: rho_i = log pi(y_i|x) - log pi_old(y_i|x), the token SUM. One group of G=3: rows sum to
+    # rho = [0.1 + 0.2, -0.1 (one valid unit; 9.0 is masked), 0.05 + 0.05] = [0.3, -0.1, 0.1]; A = [0.5, -1, 0.5].
+    # mean 0.1, deviations [0.2, -0.2, 0], unbiased std sqrt(0.08 / 2) = 0.2, s = 0.2 + eps = 0.2001
+    lr = torch.tensor([[0.1, 0.2], [-0.1, 9.0], [0.05, 0.05]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
     A = torch.tensor([[0.5, 0.5], [-1.0, -1.0], [0.5, 0.5]])
     loss, per_unit, _ = _reg_loss(lr, A, mask)
     s = 0.2 + losses.REG_GRPO_EPS
-    rho_hat = [0.2 / s, -0.2 / s, 0.0]
-    expect = [(rho_hat[0] - 0.5) ** 2, (rho_hat[1] + 1.0) ** 2, 0.25]
+    rho_hat = [0.2 / s, -0.2 / s, 0.0]  # [0.9995, -0.9995, 0]
+    expect = [(rho_hat[0] - 0.5) ** 2, (rho_hat[1] + 1.0) ** 2, 0.25]  # [0.2495, 2.5e-7, 0.25]
     assert per_unit[:, 0].tolist() == pytest.approx(expect, rel=1e-5, abs=1e-9)
     assert per_unit[1, 1] == 0.0  # masked unit
     assert float(loss.detach()) == pytest.approx(sum(expect) / 3, rel=1e-5)
     loss.backward()
-    # d/d rho_j of (1/3) sum_i (rho_hat_i - A_i)^2, with d rho_hat_i / d rho_j =
-    # (delta_ij - 1/3)/(s) - dev_i * dev_j / ((n-1) * std * s^2), dev = rho - mean, n = 3, std = 0.2
-    dev, a = [0.2, -0.2, 0.0], [0.5, -1.0, 0.5]
-    g_rho = []
-    for j in range(3):
-        g = 0.0
-        for i in range(3):
-            d_hat = ((i == j) - 1 / 3) / s - dev[i] * dev[j] / (2 * 0.2 * s**2)
-            g += (2 / 3) * (rho_hat[i] - a[i]) * d_hat
-        g_rho.append(g)
-    # rho_i is the mean over valid units: each valid unit gets g_rho / count
-    expect_grad = torch.tensor([[g_rho[0] / 2, g_rho[0] / 2], [g_rho[1], 0.0], [g_rho[2] / 2, g_rho[2] / 2]])
+    g_rho = _reg_grad_by_hand(rho_hat, [0.5, -1.0, 0.5], [0.2, -0.2, 0.0], 0.2, s)
+    assert g_rho == pytest.approx([0.833332, 0.832501, -1.665834], abs=2e-6)  # the numbers, worked out once
+    # rho_i is a SUM over the valid units: every valid unit of row i gets the whole d loss / d rho_i
+    expect_grad = torch.tensor([[g_rho[0], g_rho[0]], [g_rho[1], 0.0], [g_rho[2], g_rho[2]]])
+    torch.testing.assert_close(lr.grad, expect_grad, rtol=1e-4, atol=1e-6)
+
+
+def test_reg_grpo_mean_reading_divides_by_the_length():
+    # the option: rho_i = mean of the valid units: [0.2, 0.4] -> 0.3, [-0.1] -> -0.1, [0.1, 0.1] -> 0.1 (same rho
+    # as above), so the same values; each unit's gradient is d loss / d rho_i divided by the row's unit count
+    lr = torch.tensor([[0.2, 0.4], [-0.1, 9.0], [0.1, 0.1]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    A = torch.tensor([[0.5, 0.5], [-1.0, -1.0], [0.5, 0.5]])
+    loss, per_unit, _ = _reg_loss(lr, A, mask, reduction="mean")
+    s = 0.2 + losses.REG_GRPO_EPS
+    rho_hat = [0.2 / s, -0.2 / s, 0.0]
+    assert per_unit[:, 0].tolist() == pytest.approx(
+        [(rho_hat[0] - 0.5) ** 2, (rho_hat[1] + 1.0) ** 2, 0.25], rel=1e-5, abs=1e-9
+    )
+    loss.backward()
+    g = _reg_grad_by_hand(rho_hat, [0.5, -1.0, 0.5], [0.2, -0.2, 0.0], 0.2, s)
+    expect_grad = torch.tensor([[g[0] / 2, g[0] / 2], [g[1], 0.0], [g[2] / 2, g[2] / 2]])
     torch.testing.assert_close(lr.grad, expect_grad, rtol=1e-4, atol=1e-6)
 
 
@@ -61,9 +85,10 @@ def test_reg_grpo_on_policy_gradient_is_the_policy_gradient_direction():
     loss, _, _ = _reg_loss(lr, A, mask, G=4)
     loss.backward()
     assert torch.isfinite(lr.grad).all()
-    # d loss / d rho_i = -(2/G) (A_i - mean A) / (std + eps), std = sqrt(1e-12) (the clamp), split over 3 units
-    expect = -(2 / 4) * (torch.tensor([1.0, -1.0, 0.5, -0.5]) - 0.0) / (1e-6 + losses.REG_GRPO_EPS) / 3
-    torch.testing.assert_close(lr.grad[:, 0], expect, rtol=1e-4, atol=1e-3)
+    # d loss / d rho_i = -(2/G) (A_i - mean A) / (std + eps), std = sqrt(1e-12) (the clamp); rho is a sum, so
+    # every unit of the row gets it whole
+    expect = -(2 / 4) * (torch.tensor([1.0, -1.0, 0.5, -0.5]) - 0.0) / (1e-6 + losses.REG_GRPO_EPS)
+    torch.testing.assert_close(lr.grad, expect[:, None].expand(4, 3), rtol=1e-4, atol=1e-3)
 
 
 def test_reg_grpo_refuses_a_minibatch_that_splits_a_group():
@@ -82,58 +107,136 @@ def test_config_refuses_group_surrogates_with_split_minibatches():
 # --- dynamic KL -------------------------------------------------------------------------------------------------
 
 
+def test_othink_schedule_is_the_papers_equation_by_hand():
+    # OThink-MR1 eq. 3 with beta_min 0.04, beta_max 0.1 (visual counting), w = 0.3, S = 11 steps (p = t / 10):
+    # beta_mid = 0.07; p <= 0.3: 0.07 - 0.03 * p / 0.3; p > 0.3: 0.04 + 0.06 * (p - 0.3) / 0.7
+    oth = {"beta_min": 0.04, "exploration_ratio": 0.3}
+    got = [schedules.beta_at("othink", t, 11, 0.1, oth) for t in (0, 1, 3, 5, 10)]
+    assert got == pytest.approx([0.07, 0.06, 0.04, 0.04 + 0.06 * 0.2 / 0.7, 0.1], rel=1e-12)
+    # the defaults: w = 0.3, beta_min = 0 (geometry's 0.0 / 0.02): 0.01 -> 0 at step 3 -> 0.02 at the end
+    assert [schedules.beta_at("othink", t, 11, 0.02) for t in (0, 3, 10)] == pytest.approx([0.01, 0.0, 0.02])
+    # beta_max under the paper's name, equal to algorithm.beta; w = 0: no dip, a plain rise from beta_min
+    assert schedules.beta_at("othink", 5, 11, 0.1, {"beta_max": 0.1, "exploration_ratio": 0.0}) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="exploration_ratio must be in"):
+        schedules.beta_at("othink", 0, 10, 0.1, {"exploration_ratio": 1.0})
+    with pytest.raises(ValueError, match=r"beta_min = 0\.2 must be <= beta_max"):
+        schedules.beta_at("othink", 0, 10, 0.1, {"beta_min": 0.2})
+
+
 def test_beta_schedules_by_hand():
-    oth = {"beta_min": 0.02, "warmup_ratio": 0.5}
-    assert [schedules.beta_at("othink", t, 10, 0.1, oth) for t in (0, 2, 5, 9)] == pytest.approx(
-        [0.02, 0.052, 0.1, 0.1]
-    )
     assert [schedules.beta_at("linear", t, 5, 0.1) for t in (0, 2, 4)] == pytest.approx([0.0, 0.05, 0.1])
     assert [schedules.beta_at("cosine", t, 5, 0.1) for t in (0, 1, 2, 4)] == pytest.approx(
         [0.0, 0.1 * 0.5 * (1 - math.cos(math.pi / 4)), 0.05, 0.1]
     )
     assert schedules.beta_at("constant", 3, 10, 0.04) == 0.04
-    with pytest.raises(ValueError, match="warmup_ratio"):
-        schedules.beta_at("othink", 0, 10, 0.1, {"warmup_ratio": 0.0})
 
 
 def test_beta_schedule_config_errors_name_the_option():
     q = ROOT / "configs/quickstart.yaml"
     with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule: 'expo' is not allowed"):
         load_config(q, ["algorithm.beta_schedule=expo"])
-    with pytest.raises(ConfigError, match=r"algorithm\.beta_schedule_args\.beta_max"):
-        load_config(q, ["algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={beta_max: 1}"])
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown field 'algorithm\.beta_schedule_args\.warmup_ratio'; allowed: beta_min, beta_max, "
+        r"exploration_ratio$",
+    ):  # the earlier reading's key
+        load_config(q, ["algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={warmup_ratio: 0.5}"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.beta_schedule_args \(othink\): beta_max = 1\.0 differs"):
+        load_config(
+            q, ["algorithm.beta=0.1", "algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={beta_max: 1}"]
+        )
+    with pytest.raises(ConfigError, match=r"^algorithm\.beta_schedule_args \(othink\): exploration_ratio must be"):
+        load_config(q, ["algorithm.beta_schedule=othink", "algorithm.beta_schedule_args={exploration_ratio: 1.5}"])
 
 
 # --- advantage transforms ----------------------------------------------------------------------------------------
 
 
-def test_difficulty_weighting_by_hand():
-    r = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    a = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.5, -0.5, -0.5, -0.5]])
-    # failure rates d = [0.5, 0.75], mean 0.625 -> weights 1 + (d - 0.625) = [0.875, 1.125]
+def test_dgrpo_difficulty_weight_by_hand():
+    # VITAL's compute_dgrpo_outcome_advantage: d = clip(2 - mean r, 0, 1), A <- A (1 + d) / 2, after normalising.
+    # total rewards in [0, 4]: group means 0.5 -> d 1 (weight 1), 1.5 -> d 0.5 (0.75), 3 -> d 0 (0.5)
+    r = torch.tensor([[1.0, 0.0], [2.0, 1.0], [4.0, 2.0]])
+    a = torch.tensor([[0.7, -0.7], [0.7, -0.7], [0.7, -0.7]])
     out = adv_lib.apply_transforms(["difficulty"], a, r, torch.zeros_like(r), {})
-    torch.testing.assert_close(out, a * torch.tensor([[0.875], [1.125]]))
+    torch.testing.assert_close(out, a * torch.tensor([[1.0], [0.75], [0.5]]))
+    # offset 1 for rewards in [0, 1]: mean 0.25 -> d 0.75 (0.875); a NaN sample leaves the mean of the others
+    r1 = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, float("nan"), 1.0]])
+    out1 = adv_lib.apply_transforms(
+        ["difficulty"], a[:2, :1].expand(2, 4), r1, torch.zeros(2, 4), {"difficulty": {"offset": 1.0}}
+    )
+    torch.testing.assert_close(out1[:, 0], torch.tensor([0.7 * 0.875, 0.7 * (1 + 1 / 3) / 2]))
 
 
-def test_negative_group_confidence_by_hand():
-    r = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
-    a = torch.tensor([[0.0, 0.0, 0.0], [1.15, -0.58, -0.58]])
-    lp = torch.log(torch.tensor([[0.5, 0.2, 0.2], [0.9, 0.9, 0.9]]))
-    out = adv_lib.apply_transforms(["negative_groups"], a, r, lp, {"negative_groups": {"strength": 2.0}})
-    # all-wrong group: c = [0.5, 0.2, 0.2], mean 0.3 -> A = -2 * (c - 0.3) = [-0.4, 0.2, 0.2]; group 2 unchanged
-    torch.testing.assert_close(out, torch.tensor([[-0.4, 0.2, 0.2], [1.15, -0.58, -0.58]]))
+def test_lens_all_wrong_group_by_hand():
+    # all wrong, G = 3, pi_bar = [0.5, 0.2, 0.2] -> D = 2 max = 1.0; penalty (1/3) pi_bar / (1 - pi_bar)
+    # = [1/3, 1/12, 1/12]; r~ = -penalty, mean -1/6; mean-centred only, times alpha 0.25:
+    # 0.25 * [-1/6, 1/12, 1/12] = [-0.041667, 0.020833, 0.020833] (the most confident mistake is pushed down)
+    r = torch.tensor([[0.0, 0.0, 0.0]])
+    lp = torch.log(torch.tensor([[0.5, 0.2, 0.2]]))
+    out = adv_lib.apply_transforms(["negative_groups"], torch.zeros(1, 3), r, lp, {})
+    torch.testing.assert_close(out, torch.tensor([[-1 / 24, 1 / 48, 1 / 48]]), rtol=1e-6, atol=1e-7)
+    out2 = adv_lib.apply_transforms(["negative_groups"], torch.zeros(1, 3), r, lp, {"negative_groups": {"alpha": 1.0}})
+    torch.testing.assert_close(out2, torch.tensor([[-1 / 6, 1 / 12, 1 / 12]]), rtol=1e-6, atol=1e-7)
+
+
+def _grpo(x):
+    m = sum(x) / len(x)
+    sd = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1))
+    return [(v - m) / (sd + 1e-6) for v in x]
+
+
+def test_lens_mixed_groups_by_hand():
+    lp = torch.log(torch.tensor([[0.5, 0.4, 0.1, 0.25], [0.9, 0.1, 0.05, 0.1]]))
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    out = adv_lib.apply_transforms(["negative_groups"], torch.zeros(2, 4), r, lp, {})
+    # group 0: D_imp = [(1/4)(1/0.5 + 1/0.25)]^-1 = 2/3 < 2 max pi_bar = 1 -> D = 1;
+    # r~ = [1, -(1/4)(0.4/0.6), -(1/4)(0.1/0.9), 1] = [1, -1/6, -1/36, 1], then GRPO-normalised
+    r0 = [1.0, -1 / 6, -1 / 36, 1.0]
+    # group 1: D_imp = [(1/4)(1/0.9)]^-1 = 3.6 > 2 max = 1.8 -> D = 3.6;
+    # r~ = [1, -(1/4)(0.1/3.5), -(1/4)(0.05/3.55), -(1/4)(0.1/3.5)] = [1, -0.0071429, -0.0035211, -0.0071429]
+    r1 = [1.0, -0.1 / 14, -0.05 / 14.2, -0.1 / 14]
+    assert r1[1:] == pytest.approx([-0.0071429, -0.0035211, -0.0071429], abs=1e-7)
+    torch.testing.assert_close(out, torch.tensor([_grpo(r0), _grpo(r1)]), rtol=1e-5, atol=1e-6)
+    # all correct: r~ = r, zero advantage; a NaN sample is left out of G and gets 0
+    r2 = torch.tensor([[1.0, 1.0, float("nan")]])
+    lp2 = torch.log(torch.tensor([[0.4, 0.4, 0.2]]))
+    torch.testing.assert_close(
+        adv_lib.apply_transforms(["negative_groups"], torch.ones(1, 3), r2, lp2, {}), torch.zeros(1, 3)
+    )
+    # a format bonus: wrong_threshold 0.2 counts 0.2 as wrong, the penalty subtracted from the reward as it is
+    r3 = torch.tensor([[0.2, 0.2]])
+    lp3 = torch.log(torch.tensor([[0.5, 0.25]]))  # D = 1: penalties (1/2)(0.5/0.5), (1/2)(0.25/0.75) = 0.5, 1/6
+    out3 = adv_lib.apply_transforms(
+        ["negative_groups"], torch.zeros(1, 2), r3, lp3, {"negative_groups": {"wrong_threshold": 0.2}}
+    )
+    torch.testing.assert_close(out3, 0.25 * torch.tensor([[-1 / 6, 1 / 6]]), rtol=1e-5, atol=1e-7)
 
 
 def test_advantage_transform_config_errors():
     q = ROOT / "configs/quickstart.yaml"
     with pytest.raises(ConfigError, match=r"algorithm\.advantage_transform: 'nope' is not allowed"):
         load_config(q, ["algorithm.advantage_transform=[nope]"])
-    with pytest.raises(ConfigError, match=r"advantage_transform_args\.difficulty\.power"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown field 'algorithm\.advantage_transform_args\.difficulty\.strength'; allowed: offset$",
+    ):  # the earlier reading's key
         load_config(
             q,
             [
                 "algorithm.advantage_transform=[difficulty]",
-                "algorithm.advantage_transform_args={difficulty: {power: 2}}",
+                "algorithm.advantage_transform_args={difficulty: {strength: 2}}",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"^algorithm\.advantage_transform: negative_groups \(LENS\) replaces"):
+        load_config(q, ["algorithm.advantage_transform=[difficulty, negative_groups]"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.surrogate_args\.reduction: 'token' is not allowed; choose one"):
+        load_config(q, ["algorithm.surrogate=reg_grpo", "algorithm.surrogate_args={reduction: token}"])
+    with pytest.raises(ConfigError, match=r"negative_groups\.strength'; allowed: alpha, wrong_threshold, eps$"):
+        load_config(
+            q,
+            [
+                "algorithm.advantage_transform=[negative_groups]",
+                "algorithm.advantage_transform_args={negative_groups: {strength: 2}}",
             ],
         )
 
@@ -316,6 +419,11 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
         assert any(r["data/dynamic_short_groups"] < P for r in refilled)  # a refill found a group with signal
     if cfg.algorithm.token_weighting == "tw_grpo":  # weights in [1, alpha], the group's max position at alpha
         assert 1.0 < last["advantage/token_weight_mean"] < cfg.algorithm.token_weighting_args["alpha"]
+    if cfg.algorithm.difficulty_augmentation.enabled:  # step 0 has no reference window; step 1 measures against it
+        first, second = _records(tmp_path / "run")
+        assert first["augment/window_mean"] == 0.0 and first["augment/delta_mean"] == 0.0
+        assert second["augment/window_mean"] == pytest.approx(first["reward/mean"], abs=1e-6)
+        assert 0.0 <= second["augment/hinted_fraction"] + second["augment/noised_fraction"] <= 1.0
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
 
@@ -574,3 +682,119 @@ def test_variant_hooks_are_checked_at_load():
         with pytest.raises(ConfigError, match=rf"needs an adapter with {method}\(\); model\.adapter 'flow' has none"):
             load_config(flow, [over])
     load_config(ROOT / "configs/quickstart.yaml", ["algorithm.gt_injection.enabled=true"])  # vlm has them all
+
+
+# --- DeepVideo-R1 difficulty-aware augmentation ------------------------------------------------------------------
+
+
+class _FakeVideoAdapter:
+    """The two calls the augmentation makes: ``augment_video`` (as the video adapter's) and ``rollout``."""
+
+    def __init__(self):
+        self.rolled = []
+
+    def augment_video(self, row, std, seed):
+        return row if row.get("video") is None else {**row, "video_noise_std": std, "video_noise_seed": seed}
+
+    def rollout(self, rows, group_size, keys=None):
+        from types import SimpleNamespace
+
+        self.rolled.append((rows, keys))
+        outputs = ["abcd" if "Hint" in row["prompt"] else "abc" for row in rows for _ in range(group_size)]
+        return SimpleNamespace(outputs=outputs, extras={}, batch_size=len(outputs))
+
+
+def test_difficulty_augmentation_by_hand():
+    from mmgrpo import augmentation, noise
+    from mmgrpo.config import DifficultyAugmentationConfig
+    from mmgrpo.rewards import RewardRunner
+
+    opts = DifficultyAugmentationConfig(enabled=True, window=2, hint_template=" Hint: {hint}", noise_std=10.0)
+    runner = RewardRunner([("tests.test_variants:length_reward", 1.0, {})], isolation="thread")
+    aug = augmentation.DifficultyAugmenter(opts, seed=7, rewards=runner, group_size=2)
+    ad = _FakeVideoAdapter()
+    rows = [
+        {"prompt": "Q0", "video": "a.mp4", "reasoning": "the bar moves from left to right"},
+        {"prompt": "Q1", "video": "b.mp4", "reasoning": "x y"},
+        {"prompt": "Q2", "video": "c.mp4"},
+    ]
+    # step 0: group means [0.5, 1.0, 0.75] -> batch mean 0.75; empty window: nothing is augmented or resampled
+    s0 = torch.tensor([[1.0], [0.0], [1.0], [1.0], [0.5], [1.0]])  # [B, K], B = 3 prompts x G = 2
+    out_rows, _, out_scores, m = aug.step(ad, rows, "first", s0, None, [0, 1, 2], 0)
+    assert out_rows is rows and out_scores is s0 and ad.rolled == [] and m["augment/hinted_fraction"] == 0.0
+    # step 1: group means [0.0, 2.5, 0.75], window mean 0.75 -> dR = [0.75, -1.75, 0.0]
+    s1 = torch.tensor([[0.0], [0.0], [2.0], [3.0], [0.5], [1.0]])
+    keys = noise.NoiseKeys(3, 1, (10, 11, 12), 2)
+    out_rows, again, out_scores, m = aug.step(ad, rows, "first", s1, keys, [10, 11, 12], 1)
+    assert again.outputs == ["abcd", "abcd", "abc", "abc", "abc", "abc"]  # the step trains on the second rollout
+    # hard: round(0.75) + 1 = 2 words of the reasoning
+    assert out_rows[0]["prompt"] == "Q0 Hint: the bar" and "video_noise_std" not in out_rows[0]
+    # easy: sigma = 10 * (1.75 + 1) = 27.5, keyed by (seed, tag, step, position)
+    assert out_rows[1]["prompt"] == "Q1" and out_rows[1]["video_noise_std"] == pytest.approx(27.5)
+    assert out_rows[1]["video_noise_seed"] == noise.mix(7, augmentation.FRAME_NOISE, 1, 11)
+    assert out_rows[2] == rows[2]  # dR = 0: unchanged
+    assert rows[0]["prompt"] == "Q0" and "video_noise_std" not in rows[1]  # the step's own rows are not mutated
+    # the second rollout: the augmented rows, its own keys; scored again (length_reward: "abcd" -> 1, "abc" -> 0)
+    ((rolled_rows, rolled_keys),) = ad.rolled
+    assert rolled_rows == out_rows and rolled_keys.positions == (10, 11, 12) and rolled_keys.seed != 3
+    assert out_scores[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert m["augment/window_mean"] == 0.75 and m["augment/delta_mean"] == pytest.approx((0.75 - 1.75) / 3)
+    assert m["augment/hinted_fraction"] == pytest.approx(1 / 3) and m["augment/noised_fraction"] == pytest.approx(1 / 3)
+    # the window keeps W = 2 batch means: [0.75, 3.25 / 3]; step 2 measures against their mean
+    assert list(aug.window) == pytest.approx([0.75, 3.25 / 3])
+    aug.step(ad, rows, "first", s0, None, [0, 1, 2], 2)
+    assert list(aug.window) == pytest.approx([3.25 / 3, 0.75])  # the oldest left the window
+    # hint units: round half to even, + 1; word or separator units
+    assert [augmentation.hint_units(d) for d in (0.2, 0.5, 1.5, 2.4, -3.0)] == [1, 1, 3, 3, 4]
+    assert augmentation.hint_prefix("a. b. c", 2, ". ") == "a. b"
+    assert augmentation.noise_scale(-0.5) == 1.5
+
+
+def test_frame_noise_by_hand():
+    from mmgrpo.modalities.tokens.video import add_frame_noise
+
+    frames = torch.tensor([10, 250, 0, 128], dtype=torch.uint8).view(2, 1, 1, 2)  # [F, C, H, W]
+    eps = torch.randn(frames.shape, generator=torch.Generator().manual_seed(5))
+    out = add_frame_noise(frames, 4.0, torch.Generator().manual_seed(5))
+    expect = (torch.tensor([10.0, 250.0, 0.0, 128.0]).view(2, 1, 1, 2) + 4.0 * eps).clamp(0, 255).round()
+    assert out.dtype == torch.uint8 and torch.equal(out, expect.to(torch.uint8))
+    # a huge sigma saturates: each value goes to 0 or 255 by the sign of its draw
+    big = add_frame_noise(frames, 1e6, torch.Generator().manual_seed(5))
+    assert torch.equal(big, torch.where(eps > 0, 255, 0).to(torch.uint8))
+
+
+def test_video_adapter_noises_the_frames_it_encodes(tiny_vlm_path, mmgrpo_cache):
+    from mmgrpo.modalities.tokens.video import add_frame_noise
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    sampling = {"nframes": 4, "min_pixels": 3136, "max_pixels": 3136}
+    ad = build_video_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 2, "video": sampling})
+    row = VideoMotionTask(VideoMotionArgs(train_size=1, eval_size=1)).train_rows()[0]
+    noisy = ad.augment_video(row, 27.5, 123)
+    assert noisy is not row and "video_noise_std" not in row
+    assert ad.augment_video({"prompt": "no video"}, 27.5, 1) == {"prompt": "no video"}
+    clean = ad.video.clip(row).frames
+    got = ad.video.clip(noisy).frames
+    assert torch.equal(got, add_frame_noise(clean, 27.5, torch.Generator().manual_seed(123)))
+    assert torch.equal(ad.video.clip(row).frames, clean)  # the clean clip is not changed by the noisy one
+    assert float((got.float() - clean.float()).std()) == pytest.approx(27.5, rel=0.2)  # clamping shrinks it a little
+    pixels = [ad.rollout([r], 2).state.cache.encodings[0]["pixel_values_videos"] for r in (row, noisy, row)]
+    assert torch.equal(pixels[0], pixels[2]) and not torch.equal(pixels[0], pixels[1])  # the policy sees the noise
+
+
+def test_difficulty_augmentation_config_errors():
+    q = ROOT / "configs/variant_deepvideo_r1.yaml"
+    load_config(q)
+    with pytest.raises(
+        ConfigError,
+        match=r"^algorithm\.difficulty_augmentation\.enabled needs an adapter with augment_video\(\); model\.adapter "
+        r"'vlm' has none \(video adapters such as video have it\)",
+    ):
+        load_config(ROOT / "configs/quickstart.yaml", ["algorithm.difficulty_augmentation.enabled=true"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.difficulty_augmentation: not combined with dynamic_sampling"):
+        load_config(q, ["algorithm.dynamic_sampling.enabled=true"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.difficulty_augmentation\.window: must be >= 1, got 0$"):
+        load_config(q, ["algorithm.difficulty_augmentation.window=0"])
+    with pytest.raises(ConfigError, match=r"^unknown field 'algorithm\.difficulty_augmentation\.noise'; allowed: "):
+        load_config(q, ["algorithm.difficulty_augmentation.noise=1"])

@@ -180,6 +180,18 @@ def _decode_reason(path: str, error: Exception) -> str:
     return (text[0] if text else type(error).__name__)[:200]
 
 
+def add_frame_noise(frames: Tensor, std: float, generator: torch.Generator | None = None) -> Tensor:
+    """Frame-level Gaussian noise (DeepVideo-R1's augmentation of easy samples, :mod:`mmgrpo.augmentation`):
+    frames + N(0, std²) per pixel value, clamped to [0, 255], rounded back for uint8 frames.
+
+    Shape:
+        frames: [F, C, H, W] (uint8, or float32 in [0, 255]) → [F, C, H, W], same dtype
+    """
+    eps = torch.randn(frames.shape, generator=generator, dtype=torch.float32)  # [F, C, H, W]
+    noisy = (frames.float() + std * eps).clamp(0.0, 255.0)  # [F, C, H, W]
+    return noisy.round().to(frames.dtype) if frames.dtype == torch.uint8 else noisy.to(frames.dtype)
+
+
 def shuffle_frames(frames: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Frames permuted along time by a uniformly random permutation that is not the identity (F > 1).
 
@@ -199,7 +211,9 @@ class VideoEncoder:
     """A row's ``video`` → :class:`Clip` → ``processor(videos=..., video_metadata=...)`` (module docstring).
 
     Row keys: ``video`` (path or frame list), optional ``video_start`` / ``video_end`` (seconds),
-    ``video_fps`` (rate of a frame list, default 2) and ``duration`` (reported instead of the clip's own).
+    ``video_fps`` (rate of a frame list, default 2) and ``duration`` (reported instead of the clip's own);
+    ``video_noise_std`` / ``video_noise_seed`` (set by the video adapter's ``augment_video``): Gaussian noise on the
+    frames (:func:`add_frame_noise`).
     """
 
     kind = "video"
@@ -228,7 +242,19 @@ class VideoEncoder:
         return ("frames", id(video))
 
     def clip(self, row: dict) -> Clip:
-        """The sampled clip of ``row`` (pinned for the batch, LRU-cached across batches for files)."""
+        """The sampled clip of ``row`` (pinned for the batch, LRU-cached across batches for files), with the
+        frame noise of ``video_noise_std`` / ``video_noise_seed`` when the row has them (pinned, never cached)."""
+        std = row.get("video_noise_std")
+        if not std:
+            return self._clean_clip(row)
+        key = (*self._key(row), "noise", float(std), int(row["video_noise_seed"]))
+        if key not in self.pinned:
+            clean = self._clean_clip(row)
+            gen = torch.Generator().manual_seed(int(row["video_noise_seed"]))
+            self.pinned[key] = self.with_frames(clean, add_frame_noise(clean.frames, float(std), gen))
+        return self.pinned[key]
+
+    def _clean_clip(self, row: dict) -> Clip:
         key = self._key(row)
         clip = self.pinned.get(key)
         if clip is None and key in self.lru:
@@ -295,4 +321,4 @@ class VideoEncoder:
         return dataclasses.replace(clip, frames=frames)
 
 
-__all__ = ["Clip", "VideoEncoder", "VideoSampling", "decode_clip", "fetch_video", "shuffle_frames"]
+__all__ = ["Clip", "VideoEncoder", "VideoSampling", "add_frame_noise", "decode_clip", "fetch_video", "shuffle_frames"]

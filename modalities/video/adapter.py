@@ -125,6 +125,13 @@ class VideoAdapter(VLMAdapter):
                     " / max_pixels), fewer frames or a lower fps, or rollout.engine: native (docs/scale.md)"
                 )
 
+    def augment_video(self, row: dict, std: float, seed: int) -> dict:
+        """DeepVideo-R1's noise on an easy row (:class:`mmgrpo.augmentation.VideoAugment`): its frames get
+        N(0, std²) per pixel value from a generator seeded by ``seed`` when the video encoder reads them."""
+        if row.get("video") is None:
+            return row
+        return {**row, "video_noise_std": float(std), "video_noise_seed": int(seed)}
+
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         with self._media_scope():  # the shuffled rollouts reuse the clips the ordered ones decoded
             rollout = super().rollout(prompts, group_size, keys)
