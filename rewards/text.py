@@ -567,6 +567,31 @@ def regression(pred: Any, gt: Any, *, which: Which) -> float:
     return float(p == 0) if g == 0 else 1.0 - min(1.0, abs(p - g) / abs(g))
 
 
+@register_reward("last_number", "1 if the last number of the reply (or of its <answer>) equals the ground truth")
+@per_answer("last_number", require_tags=False)
+def last_number(pred: Any, gt: Any, *, which: Which, abs_tol: float = 1e-9) -> float:
+    """Accuracy of the last number a reply states: a small instruct model's natural answer, no tags needed.
+
+    ``p`` = the last number (:func:`~mmgrpo.rewards.parsing.parse_number`, ``fractions=False``: ``"1,234"`` →
+    1234, ``"-3"`` → −3, ``"3/4"`` → 4) of the ``<answer>`` content, or of the whole reply when it has no tag
+    (``require_tags=False`` by default); ``g`` = the ground truth's number (an int / float, or the last number of
+    its text). ``r = 1[|p − g| ≤ abs_tol]``; a reply with no number scores 0. "5 + 7 = 12" → 12 (right for 12);
+    "5 + 7" → 7 (no expression is evaluated: only a stated result counts). A reply cut off after "so 5 + 7 ="
+    reads 7, so a truncated answer is wrong, as it should be.
+
+    Source: the "flexible-extract" filter of EleutherAI's lm-evaluation-harness GSM8K task (the last number in the
+    generation, ``lm_eval/tasks/gsm8k/gsm8k.yaml``), with ``,`` thousands groups read and a tolerance.
+    """
+    if isinstance(gt, (int, float)) and not isinstance(gt, bool):
+        g = float(gt)
+    else:
+        g = parse_number(ground_truth_text(gt, which), which="last", fractions=False)
+        if g is None:
+            raise ValueError(f"reward 'last_number': the ground truth {gt!r} has no number")
+    p = parse_number(pred, which="last", fractions=False) if pred is not None else None
+    return float(p is not None and abs(p - g) <= abs_tol)
+
+
 def _boxed_answer(completion: Any, which: Which, require_tags: bool) -> str | None:
     """math_accuracy's answer: the last ``\\boxed{}`` in the ``<answer>`` content, else in the text, else the
     ``<answer>`` content (the whole text when tags are not required)."""

@@ -40,7 +40,9 @@ def test_per_answer_exposes_the_public_reward_signature():
         check_kwargs(toy_match, {"scale": "big"}, "rewards[0].kwargs", skip=1)
 
 
-@pytest.mark.parametrize("name", ["accuracy", "exact_match", "multiple_choice", "numeric", "rouge", "bleu"])
+@pytest.mark.parametrize(
+    "name", ["accuracy", "exact_match", "multiple_choice", "numeric", "last_number", "rouge", "bleu"]
+)
 def test_builtin_per_answer_rewards_keep_the_public_signature(name):
     params = inspect.signature(REWARDS.get(name)).parameters
     assert list(params)[:5] == ["completions", "prompts", "which", "answer_key", "require_tags"]

@@ -11,6 +11,7 @@ from mmgrpo.rewards import (
     cer,
     exact_match,
     format_reward,
+    last_number,
     length_band,
     length_cosine,
     length_kimi,
@@ -92,6 +93,27 @@ def test_numeric_tolerance():
     assert numeric([ans("103")], answer=[100], rel_tol=0.05) == [1.0]
     with pytest.raises(ValueError, match="cannot read a number"):
         numeric([ans("1")], answer=["one"])
+
+
+def test_last_number_reads_the_last_stated_number():
+    replies = [
+        "Tom has 8 + 5 = 13 apples.",  # the stated result is last: 13
+        "8 + 5",  # no result stated; the last number is 5 (nothing is evaluated)
+        "Tom has 8 apples.\nTom gets 5 more, so Tom has 8 + 5 =",  # cut off by the token budget: 5
+        "13 apples.\n\nThis is a classic example of 2 numbers.",  # a trailing number wins: 2
+        "It is 1,234.",  # thousands groups and a sentence's full stop
+        "Ben has 3 - 5 = -2 marbles",  # a negative result
+        "I do not know.",  # no number: 0
+        "<answer>13</answer> and 7 more",  # a tagged answer is read inside its tag
+        "3/4",  # fractions are not one number here: the last number is 4
+    ]
+    gt = [13, 13, 13, 13, "1234", -2, 0, 13, 4]
+    assert last_number(replies, answer=gt) == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    assert last_number(["x 13.0", "so 13"], answer=["<answer>13</answer>", "The answer is 13."]) == [1.0, 1.0]
+    assert last_number(["12.9"], answer=[13], abs_tol=0.2) == [1.0]
+    assert last_number(["13"], answer=[None]) == [None]
+    with pytest.raises(ValueError, match="'last_number': the ground truth 'thirteen' has no number"):
+        last_number(["13"], answer=["thirteen"])
 
 
 def test_regression_relative_error_and_zero_ground_truth():

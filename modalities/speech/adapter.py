@@ -10,6 +10,9 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - The decoder prompt is the one the model defines: the tokenizer's ``prefix_tokens`` for ``language``/``task``/
   ``timestamps`` — ``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`` (Radford et al. 2022, "Robust
   Speech Recognition via Large-Scale Weak Supervision", §2.3 multitask format; ``WhisperTokenizer.prefix_tokens``).
+  An English-only model (``generation_config.is_multilingual`` false, e.g. ``whisper-tiny.en``) was trained
+  without the language and task tokens: its prompt is ``<|startoftranscript|><|notimestamps|>`` (openai/whisper
+  ``whisper/tokenizer.py``, ``get_tokenizer(multilingual=False)``), and ``language`` must be en.
 - ``old_logprobs`` and ``logprobs`` are log-probabilities of the *sampling* distribution: the model's
   ``generation_config.suppress_tokens`` at every step and ``begin_suppress_tokens`` at the first step are
   banned, as are Whisper's special tokens other than end-of-text (and the timestamp tokens unless
@@ -128,8 +131,16 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
         self.sampling_rate = int(self.feature_extractor.sampling_rate)
         self.args = args
         self.reference = reference
+        language, task = args.language, args.task
+        if getattr(self._unwrapped().generation_config, "is_multilingual", True) is False:  # e.g. whisper-tiny.en
+            if task != "transcribe" or (language or "en").lower() not in ("en", "english"):
+                raise ConfigError(
+                    f"model.args.language/task: {args.name_or_path!r} is English-only (its generation config says "
+                    f"is_multilingual: false); set language: en and task: transcribe, got {language}/{task}"
+                )
+            language, task = None, None  # its decoder prompt has no language or task token (module docstring)
         try:
-            self.tokenizer.set_prefix_tokens(language=args.language, task=args.task, predict_timestamps=args.timestamps)
+            self.tokenizer.set_prefix_tokens(language=language, task=task, predict_timestamps=args.timestamps)
             prefix = self.tokenizer.prefix_tokens
         except (ValueError, KeyError) as e:
             raise ConfigError(f"model.args.language/task: {e}") from None

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from .. import real_models
 from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, train_byte_level_bpe
 
@@ -167,7 +168,10 @@ def _save(directory: str | os.PathLike, model, processor) -> Path:
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
-    """The directory for built-in tiny model names (built on first use); other names pass through."""
+    """The directory for built-in tiny model names (built on first use) and the real Whisper models of
+    :mod:`mmgrpo.modalities.real_models` (``whisper-tiny.en``, ``whisper-base``); other names pass through."""
+    if (real := real_models.resolve(name, "whisper")) is not None:
+        return real
     builders = {
         TINY_WHISPER: build_tiny_whisper,
         WHISPER_ENGINE: functools.partial(build_tiny_whisper, sizes=WHISPER_ENGINE_SIZES),

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import real_models
 from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save
 
@@ -161,7 +162,10 @@ BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES}
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
-    """The directory for built-in tiny model names (built on first use, atomically); other names pass through."""
+    """The directory for built-in tiny model names (built on first use, atomically) and the real models of
+    :mod:`mmgrpo.modalities.real_models` (``smollm2-135m-instruct``); other names pass through."""
+    if (real := real_models.resolve(name, "vlm")) is not None:
+        return real
     if name not in BUILT_IN:
         return name
     sizes = BUILT_IN[name]
