@@ -11,6 +11,8 @@ bash scripts/setup_env.sh
 ROOT=${MMGRPO_REAL_MODELS:-$HOME/.cache/mmgrpo/real}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(smollm2-135m-instruct whisper-tiny.en whisper-base)
+# the extra first, also when the models are already converted: a fresh clone's .venv needs it for the tests
+.venv/bin/python -c "import gguf, ctranslate2" 2>/dev/null || .venv/bin/python -m pip install --quiet -e ".[real]"
 want=$(cat "$0" modalities/real_models.py modalities/speech/ct2_convert.py | sha256sum | cut -d' ' -f1)
 stamp="$ROOT/.setup-stamp"
 done_all=1
@@ -18,7 +20,6 @@ for n in "${names[@]}"; do [ -f "$ROOT/$n/complete.json" ] || done_all=0; done
 if [ "$done_all" = 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-.venv/bin/python -c "import gguf, ctranslate2" 2>/dev/null || .venv/bin/python -m pip install --quiet -e ".[real]"
 .venv/bin/python -c "import sys; from mmgrpo.modalities.real_models import main; sys.exit(main(sys.argv[1:]))" \
   "${names[@]}"
 [ $# -gt 0 ] || echo "$want" > "$stamp"
