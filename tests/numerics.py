@@ -62,23 +62,6 @@ def logprob_scale(logp: torch.Tensor) -> float:
     return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
-def assert_reordered_close(
-    got: torch.Tensor,
-    want: torch.Tensor,
-    *,
-    terms: int,
-    depth: int = 1,
-    scale: float | None = None,
-    dtype: torch.dtype = torch.float32,
-    msg: str | None = None,
-) -> None:
-    """``got`` equals ``want`` up to ``reorder_tol`` (scale: ``want``'s largest entry unless given)."""
-    if scale is None:
-        scale = float(want.detach().abs().max()) if want.numel() else 0.0
-    atol = reorder_tol(terms=terms, depth=depth, scale=scale, dtype=dtype)
-    torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=msg)
-
-
 @dataclass(frozen=True)
 class Reductions:
     """A model's rounding budget: its longest reduction and how many reductions a forward stacks."""

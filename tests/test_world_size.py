@@ -128,6 +128,12 @@ def flow_budget(steps: int = 4) -> Reductions:
 LR = 1e-3  # optim.lr of configs/quickstart.yaml and configs/flow_grpo.yaml; no LR warm-up in these runs
 
 
+def _weight_deltas(a: dict, b: dict) -> dict[str, float]:
+    """The largest and the 99th-percentile |Δw| over every weight of two state dicts with the same keys."""
+    diff = torch.cat([(a[n] - b[n]).abs().flatten() for n in a])
+    return {"params": float(diff.max()), "params_p99": float(diff.kthvalue(max(1, int(0.99 * diff.numel()))).values)}
+
+
 def _assert_one_adamw_step_apart(d: dict, budget: Reductions) -> None:
     """The weights after one AdamW step of the two runs. Its update lr·g/(|g| + ε) is scale-free: where |g| is far
     above rounding, a relative change τ of g moves it by about lr·τ, so the bulk (99 %) of the weights agree within
@@ -163,9 +169,7 @@ def compare_world_sizes(
             deltas[f"scale/{key}"] = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
     pa, pb = torch.load(one / "params.pt"), torch.load(two / "params.pt")
     assert pa.keys() == pb.keys() and len(pa) > 0
-    diff = torch.cat([(pa[n] - pb[n]).abs().flatten() for n in pa])
-    deltas["params"] = float(diff.max())
-    deltas["params_p99"] = float(diff.kthvalue(max(1, int(0.99 * diff.numel()))).values)
+    deltas.update(_weight_deltas(pa, pb))
     ma, mb = json.loads((one / "metrics.json").read_text()), json.loads((two / "metrics.json").read_text())
     for key in ("reward/mean", "reward/std", "advantage/abs_mean", "optim/grad_norm", "completion/units_mean"):
         assert abs(mb[key] - ma[key]) <= budget.tol(max(1.0, abs(ma[key]))), (key, ma[key], mb[key])
@@ -201,9 +205,7 @@ def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, m
     at_once = tmp_path / "at_once"
     _launch(tmp_path, at_once, VLM, world=1, prompts=4, env={"WS_LATE_GRADIENT_MIN_BYTES": str(2**40)})
     late, now = torch.load(tmp_path / "one" / "params.pt"), torch.load(at_once / "params.pt")
-    diff = torch.cat([(late[n] - now[n]).abs().flatten() for n in now])
-    at_once_delta = {"params": float(diff.max()), "params_p99": float(diff.kthvalue(int(0.99 * diff.numel())).values)}
-    _assert_one_adamw_step_apart(at_once_delta, budget)  # the head's gradient summed in another order
+    _assert_one_adamw_step_apart(_weight_deltas(late, now), budget)  # the head's gradient summed in another order
     deferred = [torch.load(d / f"rank{r}.pt", weights_only=False)["late_heads"] for d, r in ((tmp_path / "one", 0),
                 (tmp_path / "two", 0), (tmp_path / "two", 1), (at_once, 0))]  # fmt: skip
     assert all(n > 0 for n in deferred[:3]) and deferred[3] == 0, deferred  # the late branch ran, and only there
