@@ -43,6 +43,7 @@ def engine_is_weights(
     """Per-unit importance weights π_old / π_engine, bounded by ``mode`` (see the module docstring).
 
     Metrics (detached, over valid units): ``engine/logprob_abs_diff`` = mean |log π_old − log π_engine|,
+    ``engine/logprob_abs_mean`` = mean |log π_old| (the scale the gap's rounding is relative to),
     ``engine/is_ratio_mean``, ``engine/capped_fraction`` (units, or samples for ``sequence_*``, whose ratio was
     truncated or masked).
 
@@ -73,8 +74,10 @@ def engine_is_weights(
     else:
         capped = (out.float() * m).sum() / units
         ratio_mean = (ratio * m).sum() / units
+    old_abs = torch.nan_to_num(old_logprobs.float() * m, nan=0.0, posinf=0.0, neginf=0.0).abs()  # [B, T]
     metrics = {
         "engine/logprob_abs_diff": (diff.abs().sum() / units).detach(),
+        "engine/logprob_abs_mean": (old_abs.sum() / units).detach(),
         "engine/is_ratio_mean": ratio_mean.detach(),
         "engine/capped_fraction": capped.detach(),
     }

@@ -3,6 +3,8 @@
 # tolerance from tests/numerics.py) under the thread counts and SIMD widths that users' machines have: one and two
 # threads, and torch's and MKL's AVX2 and plain (no-SIMD) kernels on an AVX-512 machine, each of which sums in
 # another order. A tolerance fitted to one machine's error fails here, not on a user's machine.
+# tests/test_real_models.py is left out: its converted-vs-reference bounds are ~400x the measured differences and each
+# setting would reload the real weights (about 1 min); the README's test command runs it once.
 # Usage: bash scripts/test_numerics.sh [pytest args...]   (NUMERICS_MARKER overrides the default "numerics and not slow")
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ failed=()
 for setting in "${settings[@]}"; do
   echo "== numerics sweep: $setting"
   # shellcheck disable=SC2086  # the setting is a list of VAR=value words
-  env $setting .venv/bin/python -m pytest tests -q -m "$marker" "$@" || failed+=("$setting")
+  env $setting .venv/bin/python -m pytest tests -q -m "$marker" --ignore=tests/test_real_models.py "$@" || failed+=("$setting")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'numerics sweep failed under: %s\n' "${failed[@]}" >&2

@@ -23,6 +23,7 @@ from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args
 from mmgrpo.modalities.tokens.engine import EngineError
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+from tests.numerics import adapter_reductions, logprob_scale
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-qwen2.5-vl-engine"
@@ -62,6 +63,7 @@ def main(out: str) -> None:
     m = rollout.mask.bool()
     result["sampled_tokens"] = int(m.sum())
     result["logprob_max_abs_diff"] = float((rollout.old_logprobs - rollout.engine_logprobs)[m].abs().max())
+    result["logprob_tol"] = adapter_reductions(adapter).tol(logprob_scale(rollout.old_logprobs[m]))  # tests/numerics
     adapter.engine.version = 2  # the trainer believes it pushed version 2; the engine holds version 1
     try:
         adapter.rollout(rows[:1], 2)

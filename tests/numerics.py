@@ -56,6 +56,14 @@ def reorder_tol(*, terms: int, depth: int = 1, scale: float = 1.0, dtype: torch.
     return 2.0 * depth * gamma_tilde(terms, dtype) * scale
 
 
+def elementwise_tol(*, ops: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """Largest |a − b| between two evaluations of an elementwise formula of ``ops`` rounded operations (a fused kernel
+    against an unfused one, FMA against multiply-then-add): the deterministic γ_ops = ops·u/(1 − ops·u) of each
+    side (Higham §3.1; no sum to average the errors), relative to ``scale``, the magnitude of the formula's terms."""
+    u = unit_roundoff(dtype)
+    return 2.0 * ops * u / (1 - ops * u) * scale
+
+
 def logprob_scale(logp: torch.Tensor) -> float:
     """Scale of log-probabilities: at least 1 (logits of order one), else the largest finite |log p|."""
     finite = logp[torch.isfinite(logp)]
@@ -73,8 +81,13 @@ class Reductions:
         """A backward pass runs the forward's reductions again, transposed, after them."""
         return Reductions(self.terms, 2 * self.depth)
 
-    def tol(self, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
-        return reorder_tol(terms=self.terms, depth=self.depth, scale=scale, dtype=dtype)
+    def tol(self, scale: float = 1.0, dtype: torch.dtype = torch.float32, stored: torch.dtype | None = None) -> float:
+        """``dtype``: the precision the sums accumulate in. ``stored``: a lower precision every reduction's result is
+        rounded to (bf16 weights and activations, whose matmuls accumulate in fp32 on CPU and GPU): one more rounding
+        of relative size u(stored) per reduction, which two evaluations make independently at their order-dependent
+        ties — the bound is then about depth·u(stored), whatever the agreement usually seen."""
+        tol = reorder_tol(terms=self.terms, depth=self.depth, scale=scale, dtype=dtype)
+        return tol if stored is None else tol + 2.0 * self.depth * unit_roundoff(stored) * scale
 
     def assert_close(self, got, want, *, scale: float | None = None, factor: float = 1.0, msg=None) -> None:
         """Within ``factor`` times the budget, relative to ``scale`` (default: ``want``'s largest entry)."""
@@ -146,3 +159,19 @@ def adapter_reductions(adapter, positions: int = 0) -> Reductions:
     model = model.get_base_model() if hasattr(model, "get_base_model") else model
     model = getattr(model, "transformer", model)  # a diffusers pipeline: its denoiser
     return model_reductions(model, positions)
+
+
+def weight_deltas(a: Mapping, b: Mapping) -> dict[str, float]:
+    """The largest and the 99th-percentile |Δw| over every weight of two state dicts with the same keys."""
+    diff = torch.cat([(a[n].float() - b[n].float()).abs().flatten() for n in a])
+    return {"params": float(diff.max()), "params_p99": float(diff.kthvalue(max(1, int(0.99 * diff.numel()))).values)}
+
+
+def assert_one_adamw_step_apart(d: Mapping, budget: Reductions, lr: float) -> None:
+    """Two runs' weights after one AdamW step from the same start (``d`` from ``weight_deltas``). The first update
+    lr·ĝ/(|ĝ| + ε) is scale-free: where |g| is far above rounding, a relative change τ of g moves it by about lr·τ, so
+    the bulk (99 %) of the weights agree within 2·lr·τ, τ the step's backward budget; an element whose gradient is at
+    rounding level may have its sign decided by the summation order, and no bound short of the whole step
+    (|Δw| ≤ 2·lr) holds for it."""
+    assert d["params"] <= 2 * lr, d
+    assert d["params_p99"] <= 2 * lr * budget.backward().tol(), d

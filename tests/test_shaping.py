@@ -9,6 +9,7 @@ from torch.distributions import Normal, kl_divergence
 from mmgrpo import shaping
 from mmgrpo.modalities.flow import kernels as K
 from mmgrpo.shaping import ShapingInputs
+from tests.numerics import elementwise_tol, reorder_tol
 
 
 def test_none_broadcasts():
@@ -109,7 +110,13 @@ def test_ratio_norm_equals_mean_noise_times_mean_shift():
     msd = (dmu**2).mean(dim=(1, 2, 3)).view(4, 1)
     out = shaping.ratio_norm(log_ratio, torch.ones(4, 1), std=old.std.view(4, 1), mean_sq_dist=msd)
     z = (old.prev_sample - old.mean) / old.std.view(-1, 1, 1, 1)
-    torch.testing.assert_close(out.flatten(), (z * dmu).mean(dim=(1, 2, 3)), atol=1e-5, rtol=0)
+    # the identity is exact, its evaluations are not (tests/numerics.py): each log-prob is a mean over D = 18
+    # log-density terms (6 elementwise roundings each), the two are subtracted, ratio_norm rescales the difference
+    std = old.std.double().view(-1, 1, 1, 1)
+    x = old.prev_sample.double()
+    scale = max(float(Normal(m.double(), std).log_prob(x).abs().max()) for m in (new.mean, old.mean))
+    tol = 2 * (elementwise_tol(ops=6, scale=scale) + reorder_tol(terms=18, scale=scale)) + elementwise_tol(ops=4)
+    torch.testing.assert_close(out.flatten(), (z * dmu).mean(dim=(1, 2, 3)), atol=tol, rtol=0)
 
 
 def test_gaussian_kl_exact_and_flow_grpo_variant():
@@ -119,7 +126,10 @@ def test_gaussian_kl_exact_and_flow_grpo_variant():
     exact = shaping.gaussian_kl(mean, ref, std)
     for i in range(2):
         kl = kl_divergence(Normal(mean[i], std[i]), Normal(ref[i], std[i])).mean()
-        torch.testing.assert_close(exact[i], kl, rtol=1e-5, atol=1e-6)
+        # a mean over D = 32 of (μ − μ_ref)²/(2s²), against torch's per-element KL: the terms' size sets the rounding
+        scale = float(((mean[i] - ref[i]) ** 2 / (2 * std[i] ** 2)).abs().max())
+        tol = elementwise_tol(ops=6, scale=scale) + reorder_tol(terms=32, scale=scale)
+        torch.testing.assert_close(exact[i], kl, atol=tol, rtol=0)
     assert exact[2] == 0  # deterministic unit
     total = shaping.gaussian_kl(mean, ref, std, reduction="sum")
     torch.testing.assert_close(total[:2], exact[:2] * 32)

@@ -18,6 +18,7 @@ from mmgrpo.loader import load_config
 from mmgrpo.sampling import PromptSampler
 from mmgrpo.schedules import lr_lambda
 from mmgrpo.trainer import train
+from tests.numerics import elementwise_tol
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "configs/quickstart.yaml"
@@ -184,9 +185,12 @@ def test_quickstart_learns(tmp_path, mmgrpo_cache):
     assert summary["eval/after/accuracy"] - summary["eval/warmup/accuracy"] >= 0.3, summary
 
 
+@pytest.mark.numerics  # a fused kernel's vectorised update: another SIMD width contracts it differently
 def test_adamw_is_fused_by_default_as_trls_and_optional(tmp_path, mmgrpo_cache):
     """``optim.fused: null`` picks torch's fused AdamW on CPU/CUDA weights (TRL's default ``adamw_torch_fused``),
-    ``optim.fused: false`` the per-tensor step; both step the same weights to the same values (1e-6)."""
+    ``optim.fused: false`` the per-tensor step; both step the same weights to the same values, up to the rounding of
+    AdamW's elementwise update (about 12 roundings: decay, two moments, bias corrections, √, ε, the step) that a fused
+    kernel orders and contracts differently (tests/numerics.py)."""
     from mmgrpo.optim import fused_adamw_fits
     from mmgrpo.trainer import Trainer
 
@@ -202,7 +206,8 @@ def test_adamw_is_fused_by_default_as_trls_and_optional(tmp_path, mmgrpo_cache):
 
     (on, w_on), (off, w_off) = one("null"), one("false")
     assert on and not off
+    lr = load_config(QUICK, SMALL + ["output_dir=unused"]).optim.lr
     for a, b in zip(w_on, w_off):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=elementwise_tol(ops=12, scale=float(b.abs().max()) + lr))
     ints = torch.nn.Parameter(torch.zeros(2, dtype=torch.int32), requires_grad=False)
     assert not fused_adamw_fits([]) and not fused_adamw_fits([ints])

@@ -17,7 +17,13 @@ import torch
 
 from mmgrpo import noise
 from tests.adapter_cases import CASES, build
-from tests.numerics import Reductions, adapter_reductions, model_reductions
+from tests.numerics import (
+    Reductions,
+    adapter_reductions,
+    assert_one_adamw_step_apart,
+    model_reductions,
+    weight_deltas,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests/world_size_worker.py"
@@ -128,21 +134,6 @@ def flow_budget(steps: int = 4) -> Reductions:
 LR = 1e-3  # optim.lr of configs/quickstart.yaml and configs/flow_grpo.yaml; no LR warm-up in these runs
 
 
-def _weight_deltas(a: dict, b: dict) -> dict[str, float]:
-    """The largest and the 99th-percentile |Δw| over every weight of two state dicts with the same keys."""
-    diff = torch.cat([(a[n] - b[n]).abs().flatten() for n in a])
-    return {"params": float(diff.max()), "params_p99": float(diff.kthvalue(max(1, int(0.99 * diff.numel()))).values)}
-
-
-def _assert_one_adamw_step_apart(d: dict, budget: Reductions) -> None:
-    """The weights after one AdamW step of the two runs. Its update lr·g/(|g| + ε) is scale-free: where |g| is far
-    above rounding, a relative change τ of g moves it by about lr·τ, so the bulk (99 %) of the weights agree within
-    2·lr·τ, τ the step's backward budget; an element whose gradient is at rounding level may have its sign decided
-    by the summation order, and no bound short of the whole step (|Δw| ≤ 2·lr) holds for it."""
-    assert d["params"] <= 2 * LR, d
-    assert d["params_p99"] <= 2 * LR * budget.backward().tol(), d
-
-
 def compare_world_sizes(
     tmp_path: Path, config: list[str], budget: Reductions, P: int = 4, env: dict | None = None
 ) -> dict[str, float]:
@@ -169,7 +160,7 @@ def compare_world_sizes(
             deltas[f"scale/{key}"] = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
     pa, pb = torch.load(one / "params.pt"), torch.load(two / "params.pt")
     assert pa.keys() == pb.keys() and len(pa) > 0
-    deltas.update(_weight_deltas(pa, pb))
+    deltas.update(weight_deltas(pa, pb))
     ma, mb = json.loads((one / "metrics.json").read_text()), json.loads((two / "metrics.json").read_text())
     for key in ("reward/mean", "reward/std", "advantage/abs_mean", "optim/grad_norm", "completion/units_mean"):
         assert abs(mb[key] - ma[key]) <= budget.tol(max(1.0, abs(ma[key]))), (key, ma[key], mb[key])
@@ -190,7 +181,7 @@ def test_vlm_one_step_is_the_same_on_one_and_two_processes(aggregation, tmp_path
     assert float(scores[1][:4].std()) > 0  # rank 1 keeps both groups: uneven trained units
     assert d["completion_ids"] == 0 and d["mask"] == 0 and d["scores"] == 0
     assert d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
-    _assert_one_adamw_step_apart(d, budget)
+    assert_one_adamw_step_apart(d, budget, LR)
 
 
 @pytest.mark.slow
@@ -201,11 +192,11 @@ def test_vlm_late_tied_gradient_is_the_same_on_one_and_two_processes(tmp_path, m
     budget = vlm_budget()
     d = compare_world_sizes(tmp_path, VLM, budget, env={"WS_LATE_GRADIENT_MIN_BYTES": "0"})
     assert d["completion_ids"] == 0 and d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
-    _assert_one_adamw_step_apart(d, budget)
+    assert_one_adamw_step_apart(d, budget, LR)
     at_once = tmp_path / "at_once"
     _launch(tmp_path, at_once, VLM, world=1, prompts=4, env={"WS_LATE_GRADIENT_MIN_BYTES": str(2**40)})
     late, now = torch.load(tmp_path / "one" / "params.pt"), torch.load(at_once / "params.pt")
-    _assert_one_adamw_step_apart(_weight_deltas(late, now), budget)  # the head's gradient summed in another order
+    assert_one_adamw_step_apart(weight_deltas(late, now), budget, LR)  # the head's gradient summed in another order
     deferred = [torch.load(d / f"rank{r}.pt", weights_only=False)["late_heads"] for d, r in ((tmp_path / "one", 0),
                 (tmp_path / "two", 0), (tmp_path / "two", 1), (at_once, 0))]  # fmt: skip
     assert all(n > 0 for n in deferred[:3]) and deferred[3] == 0, deferred  # the late branch ran, and only there
@@ -218,4 +209,4 @@ def test_flow_one_step_is_the_same_on_one_and_two_processes(tmp_path, mmgrpo_cac
     assert d["mask"] == 0 and d["latents"] <= budget.tol(d["scale/latents"])
     assert d["scores"] <= budget.tol(d["scale/scores"])
     assert d["old_logprobs"] <= budget.tol(d["scale/old_logprobs"])
-    _assert_one_adamw_step_apart(d, budget)
+    assert_one_adamw_step_apart(d, budget, LR)
