@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -259,6 +260,24 @@ def test_rollout_server_hands_the_secret_over_in_the_environment_only(tmp_path, 
     assert got["env"] and len(got["env"]) >= 32 and got["file"] == got["env"] and got["mode"] == 0o600
     assert got["env"] not in got["cmdline"]
     assert not key.exists()  # the server stopped: its key goes
+
+
+def test_a_second_rollout_server_on_a_taken_address_is_refused():
+    """Before it writes its key file over the first server's: one line, exit 2."""
+    from mmgrpo.modalities.tokens.engine import address_taken
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        assert address_taken(url)
+        out = subprocess.run(
+            [sys.executable, "-m", "mmgrpo", "rollout-server", "configs/quickstart.yaml", f"rollout.url={url}",
+             "--python", sys.executable],
+            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 2 and "is in use" in out.stderr, out.stderr
+    assert not address_taken(url)
 
 
 def _gone(pid: int, within_s: float) -> bool:

@@ -34,6 +34,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -441,6 +442,20 @@ def engine_args(cfg: Any) -> list[str]:
     if cfg.rollout.vllm_gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(cfg.rollout.vllm_gpu_memory_utilization)]
     return args
+
+
+def address_taken(url: str) -> bool:
+    """Whether something already listens on ``url``'s host and port (another rollout server: starting a second one
+    there would replace the first one's key file, then fail to bind)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    with socket.socket() as s:
+        try:
+            s.bind((u.hostname or "127.0.0.1", u.port or 8100))
+        except OSError:
+            return True
+    return False
 
 
 def run_server(cmd: list[str], grace_s: float = 20.0, secret_path: Path | None = None) -> int:
