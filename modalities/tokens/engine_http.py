@@ -422,7 +422,7 @@ def handler(engine: Any, secret: str, limits: Limits | None = None) -> type[Base
                     raise Refused(503, f"the vLLM engine is dead: {dead}")
                 length = body_length(self.headers.get("Content-Length"), route)
                 payload = read_body(self.rfile, self.connection, length, limits)
-                self.connection.settimeout(None)  # the engine's answer takes as long as it takes
+                self.connection.settimeout(limits.idle_s)  # the answer's writes: a client that stops reading goes
                 if self.path == "/generate":
                     try:
                         body = json.loads(payload)
