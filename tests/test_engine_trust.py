@@ -314,3 +314,20 @@ def test_a_sigkilled_server_takes_its_engine_processes_along(tmp_path):
     if not _gone(engine_pid, 10):
         os.kill(engine_pid, signal.SIGKILL)
         raise AssertionError("an engine process outlived its SIGKILLed server")
+
+
+VLLM_PYTHON = Path(os.environ.get("MMGRPO_VLLM_PYTHON", Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python"))
+
+
+@pytest.mark.slow  # imports vLLM (seconds each)
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm: run `bash scripts/setup_vllm.sh`")
+def test_the_server_started_by_hand_without_a_secret_refuses_to_start(tmp_path):
+    """``vllm_server.py`` without ``$MMGRPO_ENGINE_SECRET`` (or a short one): one line, exit 2, before vLLM loads."""
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    script = Path(__file__).resolve().parents[1] / "modalities/tokens/vllm_server.py"
+    for extra in ({}, {SECRET_ENV: "short"}):
+        out = subprocess.run(
+            [str(VLLM_PYTHON), str(script), "--model", str(tmp_path)],
+            env={**env, **extra}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 2 and "no push secret" in out.stderr, out.stderr[-2000:]
