@@ -50,8 +50,8 @@ class StandIn(WeightGate):
         self.loaded: list[dict] = []
         self.why_dead: str | None = None
 
-    def _load_file(self, payload: bytes) -> int:
-        self.loaded.append(load(payload))
+    def _load_file(self, payload: bytes | bytearray) -> int:
+        self.loaded.append(load(bytes(payload)))
         return len(self.loaded[-1])
 
     def generate(self, body: dict) -> dict:

@@ -141,25 +141,25 @@ def body_length(value: str | None, limit: int) -> int:
     return n
 
 
-def read_body(rfile: Any, sock: Any, length: int, limits: Limits) -> bytes:
+def read_body(rfile: Any, sock: Any, length: int, limits: Limits) -> bytearray:
     """Read ``length`` bytes, each read within ``limits.idle_s`` and the whole within ``limits.body_s``; a stalled or
-    trickling body is refused (408)."""
+    trickling body is refused (408). Read into one buffer (a push is as large as the model: no second copy)."""
     deadline = time.monotonic() + limits.body_s
-    parts, left = [], length
-    while left:
+    buf = bytearray(length)
+    view, got = memoryview(buf), 0
+    while got < length:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise Refused(408, f"the body did not arrive within {limits.body_s:g} s")
         sock.settimeout(min(limits.idle_s, remaining))
-        try:
-            chunk = rfile.read1(min(left, 1 << 20)) if hasattr(rfile, "read1") else rfile.read(min(left, 1 << 20))
+        try:  # at most one socket read: the deadline is checked between reads, however slowly bytes trickle
+            n = rfile.readinto1(view[got : got + (1 << 20)])
         except TimeoutError:
             raise Refused(408, f"the body stalled for {min(limits.idle_s, remaining):.3g} s") from None
-        if not chunk:
-            raise Refused(400, f"the body ended after {length - left} of {length} bytes")
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+        if not n:
+            raise Refused(400, f"the body ended after {got} of {length} bytes")
+        got += n
+    return buf
 
 
 # ---------------------------------------------------------------------------------------------- weight pushes
@@ -195,7 +195,7 @@ def header_int(value: str | None, name: str, default: int | None = None) -> int 
     return n
 
 
-def safetensors_spec(payload: bytes) -> dict[str, tuple[str, tuple[int, ...]]]:
+def safetensors_spec(payload: bytes | bytearray) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The tensors of a safetensors ``payload``, ``{name: (dtype, shape)}``, after checking that its header is one
     (length, JSON, known dtypes, offsets that tile the data exactly): a malformed file is refused (400) here, not in
     the engine's worker."""
@@ -309,7 +309,7 @@ class WeightGate:
     spec: ModelSpec | None = None
     lock: threading.Lock
 
-    def update_weights(self, payload: bytes, version: int, base: int | None = None) -> dict:
+    def update_weights(self, payload: bytes | bytearray, version: int, base: int | None = None) -> dict:
         """``/update_weights``: the payload's tensors as weights ``version`` (module docstring of :mod:`.vllm_server`)
         — or ``{"refused": "base"}`` for a partial push on another version; :class:`Refused` for a version that does
         not move forward or a tensor the model does not take. Nothing reaches the engine before every check passed."""
@@ -338,7 +338,7 @@ class WeightGate:
     def _loaded(self, version: int) -> None:
         self.version = version
 
-    def _load_file(self, payload: bytes) -> int:
+    def _load_file(self, payload: bytes | bytearray) -> int:
         raise NotImplementedError
 
     def _load_tensors(self, tensors: dict) -> int:

@@ -268,7 +268,7 @@ class Engine(WeightGate):
             outputs.append(samples)
         return {"version": version, "outputs": outputs, "prompts": prompts}
 
-    def _load_file(self, payload: bytes) -> int:
+    def _load_file(self, payload: bytes | bytearray) -> int:
         """Reload the weights from a checked safetensors ``payload`` (:meth:`WeightGate.update_weights`, lock held)."""
         with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
             f.write(payload)
