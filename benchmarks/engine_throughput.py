@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -67,14 +68,16 @@ def main() -> None:
 
     port = _free_port()
     python = os.environ.get("MMGRPO_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
+    secret = secrets.token_urlsafe(32)  # the server takes pushes from this process only (docs/reliability.md)
     server = subprocess.Popen(
         [python, str(ROOT / "modalities/tokens/vllm_server.py"), "--model", model_dir, "--port", str(port)],
         stdout=(out / "server.log").open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=dict(os.environ, MMGRPO_ENGINE_SECRET=secret),
     )
     try:
-        client = VLLMClient(f"http://127.0.0.1:{port}", timeout_s=600)
+        client = VLLMClient(f"http://127.0.0.1:{port}", timeout_s=600, secret=secret)
         for _ in range(600):
             try:
                 client.health()

@@ -198,14 +198,23 @@ def _rollout_server(args) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-        from mmgrpo.modalities.tokens.engine import run_server, server_command
+        from mmgrpo.modalities.tokens.engine import address_taken, run_server, server_command
+        from mmgrpo.modalities.tokens.engine_http import secret_file
 
         cmd = server_command(cfg, args.python)
     except ConfigError as e:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
+    if address_taken(cfg.rollout.url):
+        print(
+            f"mmgrpo: rollout.url {cfg.rollout.url} is in use (another rollout server?): pick another port",
+            file=sys.stderr,
+        )
+        return 2
     print("mmgrpo: " + " ".join(cmd), file=sys.stderr)
-    return run_server(cmd)  # a stop signal reaches vLLM's engine processes too (their process group)
+    # a stop signal reaches vLLM's engine processes too (their process group); the push secret goes to the server in
+    # its environment and to this user's trainers in a 0600 key file, never on a command line or in this log
+    return run_server(cmd, secret_path=secret_file(cfg.rollout.url))
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
 
     url, _ = server
     adapter = _adapter(url)
-    adapter.push_engine_weights(version=2)
+    adapter.push_engine_weights(version=adapter.engine.version + 1)  # versions only move forward
     rollout = adapter.rollout(_rows(2), 4, noise.NoiseKeys(0, 0, (0, 1), 4))
     m = rollout.mask.bool()
     assert rollout.engine_logprobs is not None and m.any()
@@ -297,7 +297,7 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     url, _ = server
     adapter = _video_adapter(url)
     rows = _video_rows(4)
-    _assert_engine_matches_native(adapter, rows, seed=3, version=3)
+    _assert_engine_matches_native(adapter, rows, seed=3, version=adapter.engine.version + 1)
 
 
 def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int) -> None:
@@ -334,6 +334,39 @@ def test_engine_refuses_a_video_whose_positions_would_differ(server):
     adapter = _video_adapter(url, side=56)
     with pytest.raises(EngineError, match=r"prompt 0: a video of 2 temporal steps on a 2x2 token grid"):
         adapter.rollout(_video_rows(1), 2)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_the_server_refuses_pushes_it_cannot_trust_and_keeps_serving(server):
+    """Issue 37 on the real server: a push without the trainer's secret, one that moves the version back, and
+    tensors of a wrong shape, dtype or name are refused with one line each, before vLLM sees them (a wrong shape or
+    name used to kill its engine core while ``/health`` still answered ok); the engine then serves as before."""
+    from mmgrpo.modalities.tokens.engine import EngineError, VLLMClient, engine_weights
+
+    url, _ = server
+    adapter = _adapter(url)
+    rows = _rows(2)
+    v = adapter.engine.version
+    before = _greedy(adapter, rows, engine=True)
+    whole = engine_weights(adapter.model)
+    name = next(k for k in whole if k.endswith("mlp.down_proj.weight"))
+    t = whole[name]
+    with pytest.raises(EngineError, match="no or wrong push secret"):
+        VLLMClient(url, secret="w" * 43).push({name: torch.zeros_like(t)}, v + 1)
+    client = VLLMClient(url)  # the key file `mmgrpo rollout-server` wrote for this user
+    for tensors, message in (
+        ({name: t[:, :-1].contiguous()}, f"'{name}' has shape"),
+        ({name: t.long()}, f"'{name}' has dtype I64"),
+        ({"model.foo.weight": t}, "'model.foo.weight' is not a tensor of the served model"),
+    ):
+        with pytest.raises(EngineError, match=message):
+            client.push(tensors, v + 1)
+    with pytest.raises(EngineError, match=f"weights version {v} is not newer than version {v}"):
+        client.push(whole, v)
+    health = client.health()
+    assert health["ok"] and health["version"] == v and health["authorized"]
+    assert torch.equal(_greedy(adapter, rows, engine=True), before)  # the engine lives, on the same weights
 
 
 @pytest.fixture(scope="module")
@@ -578,6 +611,33 @@ def test_engine_whisper_greedy_equals_native_after_a_weight_push(whisper_server)
     assert rollout.engine_logprobs is not None and m.any()
     budget.assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
     _assert_first_step_ban_applies(adapter, rows[:2], version=2)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_a_dead_engine_fails_health_and_stops_its_server_with_every_engine_process(whisper_server):
+    """vLLM's engine core SIGKILLed under a live server (as the out-of-memory killer would): ``/health`` stops
+    answering ok, the server exits non-zero (3: the engine died) and none of its engine processes is left. Runs
+    after the other Whisper engine tests (it ends their server)."""
+    import psutil
+
+    from mmgrpo.modalities.tokens.engine import EngineError, VLLMClient
+
+    url, proc = whisper_server
+    (vllm,) = psutil.Process(proc.pid).children()
+    engine = vllm.children(recursive=True)
+    core = next(p for p in vllm.children() if "EngineCor" in p.name() + " ".join(p.cmdline()))
+    core.kill()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            VLLMClient(url, timeout_s=5).health()
+        except EngineError:
+            break
+        assert time.monotonic() < deadline, "/health still answers ok 30 s after the engine core died"
+        time.sleep(0.5)
+    assert proc.wait(timeout=60) == 3  # `mmgrpo rollout-server` returns the server's code: the engine died
+    assert all(_gone(p.pid, 30) for p in [vllm, *engine]), "an engine process outlived its server"
 
 
 @torch.no_grad()

@@ -99,12 +99,16 @@ class ColocateEngine(VLLMClient):
 
     def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
         """Load the trainer's ``tensors`` (Hugging Face names) into the engine as weights version ``version``; with
-        ``base``, a part of the model on top of version ``base``, refused (False) unless the engine holds it (as the
-        server's ``/update_weights``)."""
-        if base is not None and base != self.engine.version:
-            return False
+        ``base``, a part of the model on top of version ``base``, refused (False) unless the engine holds it; the
+        version must move forward and the tensors match the served model (the server's checks, :mod:`.engine_http`)."""
+        from .engine_http import Refused
+
         self._wake()
-        self.engine.load_weights(tensors, version)
+        try:
+            if self.engine.load_weights(tensors, version, base) is None:
+                return False
+        except Refused as e:  # a version that does not move forward, a tensor the served model does not have
+            raise EngineError(f"{self.name}: {e.message}") from None
         self.version = version
         return True
 

@@ -32,10 +32,13 @@ import dataclasses
 import io
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +50,7 @@ from mmgrpo.types import EngineError
 
 from .. import _hf
 from .decode import SamplingSpec
+from .engine_http import SECRET_ENV, find_secret, secret_file, write_secret
 
 
 @dataclasses.dataclass
@@ -71,15 +75,25 @@ class VLLMClient:
     """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``); the
     interface the adapters call, which :class:`.colocate.ColocateEngine` answers in-process."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0):
+    def __init__(self, url: str, timeout_s: float = 600.0, secret: str | None = None):
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.version = 0
         self.name = f"vLLM rollout server {self.url}"  # in error messages
         self.stale_hint = "another trainer pushes to this server, or a weight push was lost; restart it"
+        self._secret = secret
+
+    @property
+    def secret(self) -> str | None:
+        """The push secret the server shares with its trainer: given, else ``$MMGRPO_ENGINE_SECRET``, else the key
+        file ``mmgrpo rollout-server`` wrote for this URL (:func:`.engine_http.find_secret`), read at each call."""
+        return self._secret if self._secret is not None else find_secret(self.url)
 
     def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
-        req = urllib.request.Request(self.url + path, data=data, headers=headers or {})
+        headers = dict(headers or {})
+        if (secret := self.secret) is not None:
+            headers["Authorization"] = f"Bearer {secret}"
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
         hint = "start it with `mmgrpo rollout-server CONFIG` (docs/scale.md) or set rollout.url"
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
@@ -99,7 +113,17 @@ class VLLMClient:
             raise EngineError(f"vLLM rollout server {self.url} is not reachable ({reason}); {hint}") from None
 
     def health(self) -> dict:
-        return self._call("/health")
+        """The server's state; an :class:`EngineError` when it is down, its engine dead, or it would refuse this
+        trainer's pushes (no secret, or another one: one line at ``--dry-run``, not at the first push)."""
+        out = self._call("/health")
+        if self.secret is None or out.get("authorized") is False:
+            why = "no push secret for it" if self.secret is None else "it does not take this trainer's push secret"
+            raise EngineError(
+                f"{self.name} answers only its own trainer and {why} ({secret_file(self.url)}, written by "
+                f"`mmgrpo rollout-server` for this user, or ${SECRET_ENV}): run the server as this user, or set "
+                f"{SECRET_ENV} to the same value for both"
+            )
+        return out
 
     def generate(
         self,
@@ -370,7 +394,6 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
     The interpreter is ``python``, else ``$MMGRPO_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` in the current
     directory or the repository (``bash scripts/setup_vllm.sh`` makes it).
     """
-    from pathlib import Path
     from urllib.parse import urlparse
 
     from mmgrpo.config import ConfigError
@@ -421,8 +444,26 @@ def engine_args(cfg: Any) -> list[str]:
     return args
 
 
-def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
+def address_taken(url: str) -> bool:
+    """Whether something already listens on ``url``'s host and port (another rollout server: starting a second one
+    there would replace the first one's key file, then fail to bind)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    with socket.socket() as s:
+        try:
+            s.bind((u.hostname or "127.0.0.1", u.port or 8100))
+        except OSError:
+            return True
+    return False
+
+
+def run_server(cmd: list[str], grace_s: float = 20.0, secret_path: Path | None = None) -> int:
     """Run the server ``cmd`` until it exits or this process is told to stop; return its exit code.
+
+    The server's push secret (``$MMGRPO_ENGINE_SECRET`` if set, else made here) goes to it in its environment, never
+    on its command line, and to the trainers of this user in ``secret_path`` (0600; :func:`.engine_http.secret_file`
+    of the server's URL), removed when the server stops.
 
     vLLM starts engine processes of its own (``VLLM::EngineCore`` / workers, ~2 GB each on CPU) that outlive a
     signal sent to the server alone. So the server runs in its own session (process group), and SIGTERM, SIGINT or
@@ -431,8 +472,12 @@ def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
     killer), Linux's parent-death signal sends SIGTERM to the server, which then kills its group (``vllm_server.py``):
     a crashed command leaves no engine answering on the port.
     """
+    secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
+    if secret_path is not None:
+        write_secret(secret_path, secret)
     parent = os.getpid()
-    child = subprocess.Popen(cmd, start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
+    env = dict(os.environ, **{SECRET_ENV: secret})
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
 
     def stop(signum: int, frame: Any) -> None:
         raise _Stop(signum)
@@ -448,6 +493,13 @@ def run_server(cmd: list[str], grace_s: float = 20.0) -> int:
             signal.signal(s, handler)
         if child.poll() is None:  # any other way out (an exception): never leave the engine behind
             _kill_group(child, grace_s)
+        # the server exited (its engine died; it was SIGKILLed): engine processes left in its group go too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        if secret_path is not None:
+            with contextlib.suppress(OSError):
+                if secret_path.read_text() == secret:  # not another server's, started on this URL since
+                    secret_path.unlink()
 
 
 def _die_with_parent(parent: int) -> None:

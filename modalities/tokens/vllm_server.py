@@ -13,7 +13,8 @@ The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the sha
 CPU and across processes of one machine:
 
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
-  (0 = the weights loaded from ``DIR``).
+  (0 = the weights loaded from ``DIR``); with an ``Authorization`` header also ``"authorized"``: whether the server
+  takes that secret. 503 and ``{"ok": false, "error": ...}`` once the engine is dead.
 * ``POST /generate`` with ``{"requests": [{"prompt": str, "media": {"image": [base64 PNG, ...], "video":
   [{"frames": base64 raw, "shape": [F, H, W, C], "dtype": "uint8", "metadata": {"fps", "frames_indices",
   "total_num_frames", ...}}, ...], "audio": [{"array": base64 raw, "shape": [N], "dtype": "float32"},
@@ -37,6 +38,14 @@ CPU and across processes of one machine:
   the whole model (a LoRA run: merged), later ones only what training changes, with ``X-Weights-Base: B`` (the
   version they go on top of); an engine that holds another version answers ``{"refused": "base"}``.
 
+The server answers only its trainer (:mod:`.engine_http`, docs/reliability.md): every POST carries the secret
+``mmgrpo rollout-server`` made (``Authorization: Bearer``; the server reads it from ``$MMGRPO_ENGINE_SECRET`` and
+refuses to start without one), a push's version must be greater than the one the engine holds (409 otherwise), every
+pushed tensor's name, shape and dtype is checked against the served checkpoint before vLLM sees it (400), and bodies
+have bounded lengths and deadlines. When vLLM's engine process dies, ``/health`` answers 503 and the server exits
+with code 3; on any exit (a signal, a dead engine) it kills its engine processes, which also die with it when it is
+SIGKILLed (``PR_SET_PDEATHSIG``).
+
 One request runs at a time (the engine is not re-entrant from this server's threads).
 """
 
@@ -44,18 +53,24 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import ctypes
 import functools
 import io
-import json
 import os
 import signal
 import sys
 import tempfile
 import threading
-import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from http.server import ThreadingHTTPServer
 
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+try:
+    from .engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
+except ImportError:  # run as a script (and in vLLM's spawned worker, which imports this file by path)
+    from engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
 
 
 def _reload_weights_file(worker, path: str) -> int:
@@ -138,9 +153,10 @@ class EarlyBans(AdapterLogitsProcessor):
         return ban
 
 
-class Engine:
+class Engine(WeightGate):
     """The vLLM ``LLM`` and the version of its weights: served over HTTP by this script, or held by the training
-    process itself (``rollout.vllm_mode: colocate``, :mod:`.colocate`, vLLM's engine core in that process)."""
+    process itself (``rollout.vllm_mode: colocate``, :mod:`.colocate`, vLLM's engine core in that process). Pushes go
+    through :class:`~.engine_http.WeightGate`'s checks (versions forward, tensors of the served model)."""
 
     def __init__(self, args: argparse.Namespace):
         from vllm import LLM
@@ -178,6 +194,20 @@ class Engine:
             enable_sleep_mode=args.enable_sleep_mode,
             **cpu_options,
         )
+        self.spec = ModelSpec.from_checkpoint(_local_dir(args.model))
+
+    def dead(self) -> str | None:
+        """Why vLLM's engine no longer serves (its flag, or an engine process that exited), None while it does; None
+        for an engine core in this process (colocated)."""
+        resources = getattr(self.llm.llm_engine.engine_core, "resources", None)
+        if resources is None:
+            return None
+        if resources.engine_dead:
+            return "vLLM marked its engine core dead"
+        for proc in getattr(resources.engine_manager, "processes", None) or []:
+            if not proc.is_alive():
+                return f"engine process {proc.name} (pid {proc.pid}) exited with code {proc.exitcode}"
+        return None
 
     def generate(self, body: dict) -> dict:
         """A ``/generate`` body (media in their wire form, module docstring) → its answer."""
@@ -238,35 +268,28 @@ class Engine:
             outputs.append(samples)
         return {"version": version, "outputs": outputs, "prompts": prompts}
 
-    def update_weights(self, payload: bytes, version: int, base: int | None = None) -> dict:
-        """``/update_weights``: reload the payload's tensors as weights ``version``. With ``base`` they are a part of
-        the model (what training changed since version ``base``), taken only while this engine holds ``base``:
-        otherwise the answer is ``{"refused": "base"}`` and the trainer sends the whole model."""
-        if base is not None and base != self.version:
-            return {"refused": "base", "version": self.version}
+    def _load_file(self, payload: bytes | bytearray) -> int:
+        """Reload the weights from a checked safetensors ``payload`` (:meth:`WeightGate.update_weights`, lock held)."""
         with tempfile.NamedTemporaryFile(suffix=".safetensors", delete=False) as f:
             f.write(payload)
             path = f.name
         try:
-            loaded = self._reload(functools.partial(_reload_weights_file, path=path), version)
+            return self._reload(functools.partial(_reload_weights_file, path=path))
         finally:
             os.unlink(path)
-        return {"version": version, "tensors": loaded}
 
-    def load_weights(self, tensors: dict, version: int) -> int:
+    def _load_tensors(self, tensors: dict) -> int:
         """The trainer's own tensors (Hugging Face names), for an engine whose worker runs in this process
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ``collective_rpc`` calls the function directly, nothing is
-        serialised). Returns the number of tensors loaded."""
-        return self._reload(functools.partial(_reload_weights_dict, tensors=tensors), version)
+        serialised); :meth:`WeightGate.load_weights` checks them first, lock held."""
+        return self._reload(functools.partial(_reload_weights_dict, tensors=tensors))
 
-    def _reload(self, fn: functools.partial, version: int) -> int:
-        with self.lock:
-            loaded = self.llm.collective_rpc(fn)
-            # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
-            self.llm.reset_prefix_cache()
-            self.llm.llm_engine.reset_encoder_cache()
-            self.llm.reset_mm_cache()
-            self.version = version
+    def _reload(self, fn: functools.partial) -> int:
+        loaded = self.llm.collective_rpc(fn)
+        # every cache computed with the old weights: prompt K/V, vision-encoder outputs, processed media
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
         return loaded[0] if loaded else 0
 
     def sleep(self) -> None:
@@ -302,51 +325,87 @@ def _loaded(media: dict) -> dict:
     return out
 
 
-def _handler(engine: Engine):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # quiet: one line per request is noise in a training log
-            pass
+def _local_dir(model: str) -> str:
+    """The served checkpoint's folder: ``model`` itself, or a hub id's snapshot (vLLM has downloaded it by now)."""
+    if os.path.isdir(model):
+        return model
+    from huggingface_hub import snapshot_download
 
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {"ok": True, "version": engine.version, "model": engine.model})
-            else:
-                self._send(404, {"error": f"no route {self.path}"})
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            payload = self.rfile.read(length)
-            try:
-                if self.path == "/generate":
-                    self._send(200, engine.generate(json.loads(payload)))
-                elif self.path == "/update_weights":
-                    base = self.headers.get("X-Weights-Base")
-                    version = int(self.headers.get("X-Weights-Version", "0"))
-                    self._send(200, engine.update_weights(payload, version, None if base is None else int(base)))
-                else:
-                    self._send(404, {"error": f"no route {self.path}"})
-            except Exception as e:  # the trainer shows this line; the traceback stays in the server's log
-                traceback.print_exc()
-                self._send(500, {"error": f"{type(e).__name__}: {e}"})
-
-    return Handler
+    return snapshot_download(model, local_files_only=True)
 
 
-def _stop_engine_too(signum: int, frame: object) -> None:
-    """SIGTERM: vLLM's engine processes (``VLLM::EngineCore`` and its workers) do not stop when their server dies.
-    Started by ``mmgrpo rollout-server`` this server leads its own process group, engine included: kill the group.
-    Started by hand (not a group leader): exit, and vLLM's own shutdown stops the engine."""
-    if os.getpgrp() == os.getpid():
-        os.killpg(os.getpid(), signal.SIGKILL)
-    raise SystemExit(128 + signum)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``, prctl(2); Linux only): vLLM's engine
+    processes then never outlive their server, whatever stopped it (SIGKILL included; vLLM's worker ignores
+    SIGTERM). Run in every process the server forks (``os.register_at_fork``) and in vLLM's spawned worker, which
+    imports this file as ``__mp_main__``."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+if __name__ == "__mp_main__":  # vLLM's spawned worker process (its parent: the engine core)
+    _die_with_parent()
+
+
+def _engine_processes() -> list[int]:
+    """This server's descendants (vLLM's engine core, its workers, multiprocessing's helpers) and, when the server
+    leads its process group, the group's other members (orphans whose parent died first), from ``/proc``."""
+    me, group_leader = os.getpid(), os.getpgrp() == os.getpid()
+    children: dict[int, list[int]] = {}
+    in_group = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid, pgid = int(entry), int(fields[1]), int(fields[2])
+        children.setdefault(ppid, []).append(pid)
+        if group_leader and pgid == me and pid != me:
+            in_group.append(pid)
+    found, todo = [], [me]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return sorted(set(found) | set(in_group))
+
+
+def _kill_engine_processes() -> None:
+    """SIGKILL every engine process (:func:`_engine_processes`): the server is going, and nothing of vLLM's may stay
+    (an engine core left behind holds GBs of memory; its worker ignores SIGTERM)."""
+    for pid in _engine_processes():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM, SIGINT, SIGHUP: leave ``serve_forever``; :func:`main` kills the engine processes on its way out."""
+    raise _Stop(signum)
+
+
+ENGINE_DIED = 3
+"""The server's exit code when vLLM's engine died under it."""
+
+
+def _watch(engine: Engine, server: ThreadingHTTPServer, state: dict, every_s: float = 1.0) -> None:
+    """Stop the server once the engine is dead (``/health`` answers 503 meanwhile): exit code :data:`ENGINE_DIED`."""
+    while (why := engine.dead()) is None:
+        time.sleep(every_s)
+    print(f"mmgrpo rollout-server: the vLLM engine died ({why}); stopping", file=sys.stderr, flush=True)
+    state["code"] = ENGINE_DIED
+    server.shutdown()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -376,16 +435,39 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> None:
+def main() -> int:
     args = parser().parse_args()
+    secret = os.environ.pop(SECRET_ENV, "")  # not inherited by vLLM's engine processes
+    if len(secret) < 16:
+        print(
+            f"mmgrpo rollout-server: no push secret (${SECRET_ENV}, at least 16 characters): start the server with "
+            "`mmgrpo rollout-server CONFIG`, which makes one, or set it for the server and the trainer",
+            file=sys.stderr,
+        )
+        return 2
     # LLM.collective_rpc sends a function to the engine's worker process: vLLM serialises it only when allowed.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    signal.signal(signal.SIGTERM, _stop_engine_too)
-    engine = Engine(args)
-    server = ThreadingHTTPServer((args.host, args.port), _handler(engine))
-    print(f"mmgrpo rollout-server: vLLM on {args.model} at http://{args.host}:{args.port}", flush=True)
-    server.serve_forever()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, _stop)
+    os.register_at_fork(after_in_child=_die_with_parent)  # vLLM forks its engine core from this process
+    state = {"code": 0}
+    try:
+        engine = Engine(args)
+        limits = Limits(weights_bytes=engine.spec.max_bytes())
+        server = ThreadingHTTPServer((args.host, args.port), handler(engine, secret, limits))
+        server.daemon_threads = True
+        threading.Thread(target=_watch, args=(engine, server, state), daemon=True).start()
+        print(f"mmgrpo rollout-server: vLLM on {args.model} at http://{args.host}:{args.port}", flush=True)
+        server.serve_forever()
+    except _Stop as e:
+        state["code"] = 128 + e.signum
+    finally:
+        _kill_engine_processes()
+    return state["code"]
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process, which re-imports this module
-    main()
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # not vLLM's exit handlers: they wait on the engine processes just killed
