@@ -75,6 +75,10 @@ def problem(directory: Path, processes: int = 1) -> str | None:
     if (state / "optimizer.json").exists() or (state / "optimizer.safetensors").exists():
         needed += ["state/optimizer.json", "state/optimizer.safetensors"]
     missing = [n for n in needed + ["config.yaml"] if not (directory / n).is_file()]
+    saved = len(list(state.glob("rng-*.json")))  # processes that saved it
+    fewer = {f"state/rng-{r}.{ext}" for r in range(saved, processes) for ext in ("json", "safetensors")}
+    if missing and set(missing) <= fewer and saved > 0:
+        return f"it holds the RNG state of {saved} process(es), not {processes}: resume with {saved} process(es)"
     if missing:
         return f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
     return (

@@ -254,3 +254,12 @@ def test_a_damaged_checkpoint_named_explicitly_is_refused_in_one_line(run):
         f"resume={named}: the checkpoint is damaged (state/trainer.json: step -5 is not a non-negative integer); "
         "resume from another one"
     )
+
+
+def test_a_checkpoint_of_fewer_processes_says_how_many(run):
+    """Resumed by more processes than saved it: the RNG states are missing for the extra ones, said as such."""
+    from mmgrpo.resume_checks import problem
+
+    step = run / "checkpoints/step-000002"
+    assert problem(step, processes=1) is None
+    assert problem(step, processes=2) == "it holds the RNG state of 1 process(es), not 2: resume with 1 process(es)"
