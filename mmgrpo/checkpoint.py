@@ -24,7 +24,8 @@ Nothing is unpickled on resume: tensors are read with ``safetensors`` and everyt
 crafted file in a checkpoint cannot run code (unlike ``torch.load(weights_only=False)`` / ``pickle.load``).
 Each checkpoint is first written to ``.tmp-step-000010``, verified (every tensor finite, every file present),
 and renamed; old checkpoints are deleted only after the new one is in place, so a crash or a bad save never
-removes the last good checkpoint. A policy with a non-finite weight is never saved.
+removes the last good checkpoint. A policy with a non-finite weight is never saved. Resume checks a checkpoint
+again before it loads it (:mod:`mmgrpo.resume_checks`; :func:`find` passes over one that fails).
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ def load_checkpoint(cfg: TrainConfig, acc: Accelerator, adapter, optimizer, sche
     older = older[older.index(directory) + 1 :] if directory in older else []
     skipped: list[str] = []
     for candidate in [directory, *older]:
-        why = (problem(candidate, acc.num_processes) if skipped else None) or mismatch(
+        fallback = candidate != directory  # (``directory`` passed :func:`problem` in check_run_dir)
+        why = (problem(candidate, acc.num_processes) if fallback else None) or mismatch(
             candidate, model, optimizer, reference
         )
         if why is None:

@@ -263,3 +263,20 @@ def test_a_checkpoint_of_fewer_processes_says_how_many(run):
     step = run / "checkpoints/step-000002"
     assert problem(step, processes=1) is None
     assert problem(step, processes=2) == "it holds the RNG state of 1 process(es), not 2: resume with 1 process(es)"
+
+
+def test_a_fallback_at_load_time_checks_the_older_checkpoint_too(run):
+    """The newest does not fit the model (found at load time) and the older one has a NaN weight: nothing is
+    loaded, one line names both."""
+    key = _wrong_shape_weight(run / "checkpoints/step-000002/state")
+    _nan_weight(run / "checkpoints/step-000001/state")
+    trainer = _resume(run)
+    try:
+        with pytest.raises(ckpt.CheckpointError) as err:
+            trainer._maybe_resume()
+    finally:
+        trainer.close()
+    message = str(err.value)
+    assert "\n" not in message and f"step-000002: state/model.safetensors[{key}] has shape" in message
+    assert "step-000001: state/model.safetensors[" in message and "] is not finite" in message
+    assert message.startswith(f"resume=latest: no complete checkpoint under {run / 'checkpoints'} can be resumed")
