@@ -24,7 +24,8 @@ Nothing is unpickled on resume: tensors are read with ``safetensors`` and everyt
 crafted file in a checkpoint cannot run code (unlike ``torch.load(weights_only=False)`` / ``pickle.load``).
 Each checkpoint is first written to ``.tmp-step-000010``, verified (every tensor finite, every file present),
 and renamed; old checkpoints are deleted only after the new one is in place, so a crash or a bad save never
-removes the last good checkpoint. A policy with a non-finite weight is never saved.
+removes the last good checkpoint. A policy with a non-finite weight is never saved. Resume checks a checkpoint
+again before it loads it (:mod:`mmgrpo.resume_checks`; :func:`find` passes over one that fails).
 """
 
 from __future__ import annotations
@@ -42,13 +43,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from mmgrpo import sharding
+from mmgrpo.resume_checks import STEP as _STEP
+from mmgrpo.resume_checks import damage, marker_step, non_finite, problem  # damage: the demo's cheap check
 from mmgrpo.types import frozen_reference
-
-_STEP = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -76,7 +76,7 @@ class RunDirError(RuntimeError):
 def lock_path(output_dir: Path) -> Path:
     """The lock file of a run directory: ``.<name>.mmgrpo-lock`` beside it (not inside, so that moving a run aside
     with ``overwrite=true`` does not move the lock, and the run directory holds only the run's files)."""
-    out = Path(os.path.abspath(output_dir))
+    out = Path(os.path.realpath(output_dir))  # one lock per directory, whatever the path (symlinks, ``..``)
     return out.parent / f".{out.name}.mmgrpo-lock"
 
 
@@ -391,13 +391,8 @@ def verify(directory: Path, *, num_processes: int = 1) -> None:
     if missing:
         raise CheckpointError(f"checkpoint {directory} is missing {', '.join(missing)}")
     for path in state.glob("*.safetensors"):
-        if path.name.startswith("rng-"):
-            continue
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                t = f.get_tensor(key)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    raise CheckpointError(f"checkpoint {directory}: {path.name}[{key}] is not finite")
+        if not path.name.startswith("rng-") and (why := non_finite(path)):
+            raise CheckpointError(f"checkpoint {directory}: {why}")
 
 
 def _tied_names(model: torch.nn.Module) -> dict[str, str]:
@@ -550,30 +545,6 @@ def _device_name(device: torch.device | str) -> str:
     return "cpu" if device.type == "cpu" else str(device)
 
 
-def damage(directory: Path) -> str | None:
-    """Why a checkpoint marked COMPLETE cannot be loaded (a file missing, truncated or corrupt), else ``None``.
-
-    Cheap: reads each safetensors header (whose offsets must cover the file exactly, so a truncated file fails)
-    and parses each JSON file; no tensor is read."""
-    state = Path(directory) / "state"
-    if not state.is_dir():  # not this version's layout: :func:`load` says so in one line
-        return None
-    for name in ("model.safetensors", "trainer.json"):
-        if not (state / name).is_file():
-            return f"state/{name} is missing"
-    for path in sorted(state.iterdir()):
-        try:
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), framework="pt") as f:
-                    f.keys()
-            elif path.suffix == ".json":
-                json.loads(path.read_text())
-        except Exception as e:  # SafetensorError, JSONDecodeError, UnicodeDecodeError, OSError
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            return f"state/{path.name} is unreadable ({first})"
-    return None
-
-
 def _load_optimizer(state: Path) -> dict:
     meta = json.loads((state / "optimizer.json").read_text())
     entries: dict[int, dict] = {}
@@ -621,32 +592,44 @@ def saved_step(directory: Path) -> int:
     return int((Path(directory) / "COMPLETE").read_text().split()[0])
 
 
-def find(output_dir: Path, resume: str, skipped: list[str] | None = None) -> Path:
+def newest_first(output_dir: Path) -> list[Path]:
+    """The complete checkpoints under ``output_dir/checkpoints`` (``step-*`` and ``final/``), newest step first;
+    a ``final/`` whose marker holds no step sorts last (:func:`mmgrpo.resume_checks.problem` names it)."""
+    root = Path(output_dir) / "checkpoints"
+    found = _complete(root)
+    final = root / "final"
+    if (final / "COMPLETE").is_file() and (final / "state").is_dir():
+        step = marker_step(final)
+        found.append((-1 if step is None else step, final))
+    return [p for _, p in sorted(found, key=lambda t: (t[0], t[1].name != "final"), reverse=True)]
+
+
+def find(output_dir: Path, resume: str, skipped: list[str] | None = None, *, processes: int | None = None) -> Path:
     """The checkpoint to resume from: ``latest`` or an explicit path (raises ``FileNotFoundError``, one line).
 
     ``latest`` is the complete checkpoint with the highest step among ``step-*`` and ``final/`` (a run saved only
     at the end resumes from ``final/``, whose state is that of its last step, e.g. to train for more ``steps``).
-    A complete checkpoint whose files were damaged afterwards (:func:`damage`: truncated by a full disk or a
-    partial copy) is passed over for the next newest one; ``skipped`` receives ``"<name>: <why>"`` for each.
+    A complete checkpoint that cannot be used is passed over for the next newest one; ``skipped`` receives
+    ``"<name>: <why>"`` for each. With ``processes`` (the resuming run's process count) that is every check of
+    :func:`mmgrpo.resume_checks.problem` (files present, tensors finite, the step, the stored config; each tensor is
+    read once); without, only :func:`damage` (truncated or corrupt files; no tensor read).
     """
     root = Path(output_dir) / "checkpoints"
+
+    def check(path: Path) -> str | None:
+        return damage(path) if processes is None else problem(path, processes)
+
     if resume == "latest":
-        found = _complete(root)
-        final = root / "final"
-        if (final / "COMPLETE").is_file() and (final / "state").is_dir():
-            found.append((saved_step(final), final))
-        for _, path in sorted(found, key=lambda t: (t[0], t[1].name != "final"), reverse=True):
-            why = damage(path)
+        found, reasons = newest_first(output_dir), []
+        for path in found:
+            why = check(path)
             if why is None:
                 return path
+            reasons.append(f"{path.name}: {why}")
             if skipped is not None:
-                skipped.append(f"{path.name}: {why}")
+                skipped.append(reasons[-1])
         if found:
-            raise FileNotFoundError(
-                f"resume=latest: every complete checkpoint under {root} is damaged "
-                f"({'; '.join(f'{p.name}: {damage(p)}' for _, p in found)}); start a new run (drop resume; "
-                "overwrite=true moves the old one aside)"
-            )
+            raise FileNotFoundError(no_usable_checkpoint(root, reasons))
         there = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         what = f"{root} holds only {', '.join(there)} (incomplete)" if there else f"{root} does not exist"
         if not holds_a_run(output_dir) and Path(output_dir).is_dir():  # stopped before its first checkpoint
@@ -661,10 +644,18 @@ def find(output_dir: Path, resume: str, skipped: list[str] | None = None) -> Pat
     path = Path(resume)
     if not (path / "COMPLETE").is_file():
         raise FileNotFoundError(f"resume={resume}: not a complete mmgrpo checkpoint (no COMPLETE marker)")
-    why = damage(path)
+    why = check(path)
     if why is not None:
         raise FileNotFoundError(f"resume={resume}: the checkpoint is damaged ({why}); resume from another one")
     return path
+
+
+def no_usable_checkpoint(root: Path, reasons: list[str]) -> str:
+    """The one line when every complete checkpoint under ``root`` failed resume's checks (``reasons``)."""
+    return (
+        f"resume=latest: no complete checkpoint under {root} can be resumed ({'; '.join(reasons)}); restore one, "
+        "or start a new run (drop resume; overwrite=true moves the old run aside, nothing is deleted)"
+    )
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -158,7 +158,7 @@ def _resume_hint(cfg) -> str:
     from mmgrpo import checkpoint as ckpt
 
     try:
-        found = ckpt.find(cfg.output_dir, "latest")
+        found = ckpt.find(os.path.realpath(cfg.output_dir), "latest")  # the directory the run used
     except FileNotFoundError:
         return (
             f"no checkpoint was saved in {cfg.output_dir}; run the same command again to start over "

@@ -143,6 +143,8 @@ def validate(cfg: TrainConfig) -> None:
     if a.ratio_level == "chunk" and not a.chunk_sizes:
         raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
     _check_chunk_sizes(cfg, ADAPTERS.get(cfg.model.adapter))
+    if not cfg.output_dir.strip():  # (Path("") is the working directory, which no run should take over)
+        raise ConfigError("output_dir: empty; name the run's directory, e.g. output_dir=runs/my-run")
     if cfg.stop_after is not None and cfg.stop_after > cfg.steps:
         raise ConfigError(
             f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "

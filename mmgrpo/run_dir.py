@@ -1,8 +1,10 @@
 """The run directory: its lock, the checks before the model loads, resume's config comparison, and the files
 written next to the saved weights.
 
-:func:`take_run_lock` and :func:`check_run_dir` run in ``Trainer.__init__`` before the model loads, so a used,
-locked or unwritable ``output_dir`` and a resume with a changed config fail in one line.
+:func:`take_run_lock` and :func:`check_run_dir` run in ``Trainer.__init__`` before the model loads, on the path
+:func:`resolve_output_dir` gives, so a used, locked or unwritable ``output_dir`` and a resume with a changed config
+fail in one line, whatever spelling of the directory names them. :func:`load_checkpoint` loads the checkpoint
+chosen, after checking it fits the built model (:mod:`mmgrpo.resume_checks`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from mmgrpo import checkpoint as ckpt
 from mmgrpo import tracking
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, to_dict
 from mmgrpo.loader import load_config
-from mmgrpo.types import ExportInfo, SamplingSettings
+from mmgrpo.resume_checks import mismatch, problem
+from mmgrpo.types import ExportInfo, SamplingSettings, frozen_reference
 
 logger = logging.getLogger(__name__)
 RESUMABLE_CHANGES = ("steps", "resume", "stop_after", "overwrite")  # config fields a resume may change
@@ -38,6 +41,19 @@ class TrainerState:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.warmup_done = int(state["step"]), bool(state["warmup_done"])
+
+
+def resolve_output_dir(output_dir: str) -> Path:
+    """The run directory as the file system resolves it: absolute, symlinks followed, ``..`` applied after them
+    (``os.path.realpath``; a ``..`` after a folder that does not exist yet steps back over it, as ``mkdir -p`` then
+    the kernel would). Every spelling of one directory (``runs/a1``, a symlink to it, ``runs/missing/../a1``)
+    thus takes the same lock, sees the same run and is moved aside by ``overwrite=true``."""
+    if not str(output_dir).strip():
+        raise ConfigError("output_dir: empty; name the run's directory, e.g. output_dir=runs/my-run")
+    path = Path(os.path.realpath(output_dir))
+    if path.parent == path:
+        raise ConfigError(f"output_dir={output_dir} is the file-system root; name a directory for the run")
+    return path
 
 
 def take_run_lock(acc: Accelerator, out: Path) -> ckpt.RunLock | None:
@@ -89,16 +105,10 @@ def check_run_dir(cfg: TrainConfig, acc: Accelerator, out: Path) -> Path | None:
         return None
     skipped: list[str] = []
     try:
-        directory = ckpt.find(out, cfg.resume, skipped=skipped)
+        directory = ckpt.find(out, cfg.resume, skipped=skipped, processes=acc.num_processes)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    if skipped and acc.is_main_process:
-        logger.warning(
-            "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
-            cfg.resume,
-            "; ".join(skipped),
-            directory,
-        )
+    _warn_skipped(cfg, acc, skipped, directory)
     step = ckpt.saved_step(directory)
     if step > cfg.steps:
         raise ConfigError(
@@ -114,16 +124,65 @@ def check_run_dir(cfg: TrainConfig, acc: Accelerator, out: Path) -> Path | None:
         )
     if acc.is_main_process:
         check_writable(out)
-    saved = directory / "config.yaml"
-    saved = saved if saved.is_file() else out / "config.yaml"
-    if saved.is_file():
-        diffs = config_differences(load_config(saved), cfg)
-        if diffs:
-            raise ConfigError(
-                f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
-                "steps may change on resume (use the saved values, or start a new run in another output_dir)"
-            )
+    compare_config(cfg, directory)
     return directory
+
+
+def compare_config(cfg: TrainConfig, directory: Path) -> None:
+    """Refuse (one-line :class:`ConfigError`) a config that differs from the checkpoint's ``config.yaml`` except
+    in :data:`RESUMABLE_CHANGES`. The file is there: :func:`mmgrpo.resume_checks.problem` passes over a checkpoint
+    without it (only a directory of another version's layout, which loading refuses, may lack it)."""
+    saved = directory / "config.yaml"
+    if not saved.is_file():
+        return
+    diffs = config_differences(load_config(saved), cfg)
+    if diffs:
+        raise ConfigError(
+            f"resume={cfg.resume}: config differs from the saved {saved} in {'; '.join(diffs)}; only "
+            "steps may change on resume (use the saved values, or start a new run in another output_dir)"
+        )
+
+
+def _warn_skipped(cfg: TrainConfig, acc: Accelerator, skipped: list[str], directory: Path) -> None:
+    """One line for the checkpoints resume passed over, and the one it resumes from instead (main process)."""
+    if skipped and acc.is_main_process:
+        logger.warning(
+            "resume=%s: skipped damaged checkpoint(s) %s; resuming from %s, the newest complete one",
+            cfg.resume,
+            "; ".join(skipped),
+            directory,
+        )
+
+
+def load_checkpoint(cfg: TrainConfig, acc: Accelerator, adapter, optimizer, scheduler, directory: Path) -> dict:
+    """Load ``directory`` (chosen by :func:`check_run_dir`) into the built model, optimizer and scheduler once its
+    tensors fit them (:func:`mmgrpo.resume_checks.mismatch`: names and shapes, read from the headers before
+    anything is loaded); returns the saved trainer state.
+
+    With ``resume=latest`` a checkpoint that does not fit is passed over, as :func:`check_run_dir` passes over a
+    damaged one, for the previous complete checkpoint that passes every check (its config compared too); with an
+    explicit ``resume=<path>``, or none left, the error is one line (:class:`mmgrpo.checkpoint.CheckpointError`)."""
+    model, reference = acc.unwrap_model(adapter.model), frozen_reference(adapter)
+    older = ckpt.newest_first(directory.parent.parent) if cfg.resume == "latest" else []  # <out>/checkpoints/<name>
+    older = older[older.index(directory) + 1 :] if directory in older else []
+    skipped: list[str] = []
+    for candidate in [directory, *older]:
+        fallback = candidate != directory  # (``directory`` passed :func:`problem` in check_run_dir)
+        why = (problem(candidate, acc.num_processes) if fallback else None) or mismatch(
+            candidate, model, optimizer, reference
+        )
+        if why is None:
+            if skipped:
+                compare_config(cfg, candidate)
+                _warn_skipped(cfg, acc, skipped, candidate)
+            return ckpt.load(candidate, acc, adapter, optimizer=optimizer, scheduler=scheduler)
+        if cfg.resume != "latest":
+            raise ckpt.CheckpointError(
+                f"resume={cfg.resume}: {why}; resume it with the config it was trained with (model.args, "
+                "model.lora.enabled)"
+            )
+        skipped.append(f"{candidate.name}: {why}")
+    raise ckpt.CheckpointError(ckpt.no_usable_checkpoint(directory.parent, skipped))
 
 
 def check_writable(out: Path) -> None:

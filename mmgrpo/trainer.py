@@ -71,7 +71,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         fix_mmap_threshold(cfg.host_mmap_threshold_kib)  # before the model's and the step's allocations
-        self.out = Path(cfg.output_dir)
+        self.out = run_dir.resolve_output_dir(cfg.output_dir)  # one directory, one lock, whatever the path
         self.acc = make_accelerator(cfg, self.out)
         self._lock: ckpt.RunLock | None = None  # held (by process 0) until close(): run() ends, or __init__ fails
         self._lock = run_dir.take_run_lock(self.acc, self.out)
@@ -591,11 +591,11 @@ class Trainer:
             tracking.append_jsonl(self.out / "metrics.jsonl", {"step": step, **metrics})
 
     def _maybe_resume(self) -> bool:
-        """Load the checkpoint found by :func:`mmgrpo.run_dir.check_run_dir` (safetensors + JSON, no pickle) and cut
-        ``metrics.jsonl`` back to its step, so that re-run steps replace their old records."""
+        """Load the checked checkpoint (:func:`mmgrpo.run_dir.load_checkpoint`); cut ``metrics.jsonl`` to its step."""
         if self._resume_dir is None:
             return False
-        saved = ckpt.load(self._resume_dir, self.acc, self.adapter, optimizer=self.optimizer, scheduler=self.scheduler)
+        opt, sched = self.optimizer, self.scheduler
+        saved = run_dir.load_checkpoint(self.cfg, self.acc, self.adapter, opt, sched, self._resume_dir)
         self.state.load_state_dict(saved)
         if "sampler" in saved:  # variance-aware samplers' statistics
             self.sampler.load_state_dict(saved["sampler"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo.config import ConfigError
+from mmgrpo.config import ConfigError, dump_config
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
 from mmgrpo.types import DataError
@@ -183,15 +183,19 @@ def test_a_resumed_finished_run_with_fewer_steps_says_so(tmp_path, mmgrpo_cache)
 
 
 def test_a_checkpoint_of_another_model_setting_is_one_line(tmp_path, mmgrpo_cache):
-    """A LoRA checkpoint whose config.yaml was lost, resumed by a full fine-tune config: one line, not the list
-    of every missing tensor."""
+    """A LoRA checkpoint whose config.yaml was replaced by a full fine-tune's (a lost config.yaml is refused before
+    the model loads: tests/test_reliability3_rundir.py), resumed by a full fine-tune config: one line, not the list
+    of every missing tensor, before anything is loaded."""
     lora = tmp_path / "lora"
     train(_cfg(lora, "steps=1", "model.lora.enabled=true"))
-    (lora / "checkpoints/final/config.yaml").unlink()
-    (lora / "config.yaml").unlink()
-    trainer = Trainer(_cfg(tmp_path / "full", "steps=2", f"resume={lora / 'checkpoints/final'}"))
-    with pytest.raises(ckpt.CheckpointError, match=r"model.safetensors does not match the model this config builds"):
+    full = _cfg(tmp_path / "full", "steps=2", f"resume={lora / 'checkpoints/final'}")
+    (lora / "checkpoints/final/config.yaml").write_text(dump_config(full))
+    trainer = Trainer(full)
+    with pytest.raises(ckpt.CheckpointError) as err:
         trainer.run()
+    assert "\n" not in str(err.value) and str(err.value).startswith(
+        f"resume={lora / 'checkpoints/final'}: state/model.safetensors does not match the model this config builds ("
+    )
 
 
 # --------------------------------------------------------------------------------------------- training
