@@ -10,6 +10,9 @@
 - :func:`save_policy` exports a policy in Hugging Face format (a full model, or a peft adapter whose
   ``adapter_config.json`` names the base model as the config named it); :func:`export_info` describes the
   export for the model card.
+- :func:`kv_cache` / :func:`returned_cache`: the one place that names the KV-cache argument and output field of a
+  transformers forward (``past_key_values``, renamed ``cache`` in transformers 5.x, the old name to be removed in
+  5.40), so every decode loop passes and reads the cache the way the installed transformers expects.
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
@@ -32,6 +35,28 @@ from mmgrpo.config import ConfigError, LoraConfig
 from mmgrpo.plugins import BuildContext
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _cache_field() -> str:
+    """``cache`` where transformers' model outputs carry it under that name (5.x), else ``past_key_values``."""
+    from dataclasses import fields
+
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    return "cache" if "cache" in {f.name for f in fields(BaseModelOutputWithPast)} else "past_key_values"
+
+
+CACHE_FIELD = _cache_field()
+
+
+def kv_cache(cache) -> dict:
+    """The keyword argument that hands a KV cache to a transformers forward: ``model(..., **kv_cache(c))``."""
+    return {CACHE_FIELD: cache}
+
+
+def returned_cache(out):
+    """The KV cache a transformers forward returned (``use_cache=True``)."""
+    return getattr(out, CACHE_FIELD)
 
 
 @contextmanager

@@ -66,7 +66,7 @@ def elementwise_tol(*, ops: int, scale: float = 1.0, dtype: torch.dtype = torch.
 
 def logprob_scale(logp: torch.Tensor) -> float:
     """Scale of log-probabilities: at least 1 (logits of order one), else the largest finite |log p|."""
-    finite = logp[torch.isfinite(logp)]
+    finite = logp.detach()[torch.isfinite(logp.detach())]
     return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 

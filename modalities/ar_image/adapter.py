@@ -274,7 +274,7 @@ class ARImageAdapter(TokenPolicy):
                 position_ids=positions,
                 use_cache=True,
             )
-            return out.past_key_values, out.last_hidden_state[:, -1]
+            return _hf.returned_cache(out), out.last_hidden_state[:, -1]
 
         return self._run(model, run)
 
@@ -287,8 +287,8 @@ class ARImageAdapter(TokenPolicy):
                 inputs_embeds=self.family.embed_image(base, tokens),
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
+                **_hf.kv_cache(cache),
             )
             return out.last_hidden_state  # [m, t, D]
 

@@ -379,7 +379,7 @@ class _WhisperStepper:
         prefix = a.prefix.to(a.device).expand(P, -1)  # [P, Lp]
         out = self.model(encoder_outputs=(enc,), decoder_input_ids=prefix, use_cache=True)
         rows = torch.arange(P, device=a.device).repeat_interleave(group_size)  # [B]
-        self.kv = out.past_key_values
+        self.kv = _hf.returned_cache(out)
         if self.reserve:  # self-attention K/V written in place, room for the completion (decode.ReservedLayer)
             reserve_cache(self.kv, self.reserve)
         self.kv.reorder_cache(rows)  # self- and cross-attention K/V, G ways
@@ -393,7 +393,7 @@ class _WhisperStepper:
 
     def step(self, tokens: Tensor, step: int) -> Tensor:
         out = self.model(
-            encoder_outputs=(self.enc,), decoder_input_ids=tokens[:, None], past_key_values=self.kv, use_cache=True
+            encoder_outputs=(self.enc,), decoder_input_ids=tokens[:, None], use_cache=True, **_hf.kv_cache(self.kv)
         )
-        self.kv = out.past_key_values
+        self.kv = _hf.returned_cache(out)
         return out.logits[:, -1]  # [B, V]

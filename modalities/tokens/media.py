@@ -53,8 +53,22 @@ class ImageEncoder:
 
     kind = "image"
 
-    def __init__(self, min_pixels: int | None = None, max_pixels: int | None = None):
+    def __init__(self, min_pixels: int | None = None, max_pixels: int | None = None, size: dict | None = None):
+        """``size``: the image processor's default ``size``. Where it holds the pixel bounds as ``shortest_edge`` /
+        ``longest_edge`` (Qwen2-VL's processors in transformers 5.x, which deprecate ``min_pixels`` / ``max_pixels``
+        call arguments), the bounds are passed as a ``size`` of the images' kwargs; else as those arguments."""
         self.pixel_kwargs = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        size = dict(size or {})
+        if self.pixel_kwargs and {"shortest_edge", "longest_edge"} <= set(size):
+            size.update(
+                {
+                    "shortest_edge": min_pixels or size["shortest_edge"],
+                    "longest_edge": max_pixels or size["longest_edge"],
+                }
+            )
+            self.call_kwargs: dict[str, Any] = {"images_kwargs": {"size": size}}
+        else:
+            self.call_kwargs = dict(self.pixel_kwargs)
         # the vLLM engine gets the original images and resizes them with these bounds, as this processor does
         self.engine_kwargs = {"images_kwargs": dict(self.pixel_kwargs)} if self.pixel_kwargs else {}
         self._sizes: dict[int, list[tuple[int, int]]] = {}  # id(row) -> (W, H) per decoded image, this batch
@@ -66,7 +80,7 @@ class ImageEncoder:
         return images
 
     def processor_kwargs(self, media: list[Image.Image]) -> dict[str, Any]:
-        return {"images": media, **self.pixel_kwargs}
+        return {"images": media, **self.call_kwargs}
 
     def check(self, encoding: dict[str, Any], media: list[Any]) -> None:
         pass

@@ -23,8 +23,9 @@ times per prompt, when sampling and again in every training forward. This module
   K/V ; its own causal K/V]. The prompt K/V reach the completions through ``index_select``, so a prompt's hidden
   states receive the summed gradient of every completion that attends to them: the gradient of the naive path's G
   copies. verl patches the attention functions and needs FSDP without remove-padding; here the split is expressed
-  through the model's own KV-cache interface (prefill, then continue with ``past_key_values``), so the model's layers,
-  attention kernels (sdpa/eager), LoRA layers and left-padded prompt batches are used unchanged.
+  through the model's own KV-cache interface (prefill, then continue with the returned cache:
+  ``modalities/_hf.kv_cache``), so the model's layers, attention kernels (sdpa/eager), LoRA layers and left-padded
+  prompt batches are used unchanged.
 
 Positions. Qwen2/2.5-VL use 3-D mRoPE: image tokens get (t, h, w) positions, and text after the image continues
 from the rope index reached at the end of the prompt. That continuation is read from the model's
@@ -193,7 +194,7 @@ def prefill(model: torch.nn.Module, batch: dict[str, Tensor]) -> PromptPrefix:
     """Run the U prompts of ``batch`` (media included) once, keeping the KV cache (with grad if enabled)."""
     positions, next_position = prompt_positions(model, batch)
     out = model(**batch, position_ids=_position_arg(positions), use_cache=True, logits_to_keep=1)
-    return PromptPrefix(out.past_key_values, out.logits[:, -1], batch["attention_mask"], next_position)
+    return PromptPrefix(_hf.returned_cache(out), out.logits[:, -1], batch["attention_mask"], next_position)
 
 
 def continue_prefix(
@@ -213,8 +214,8 @@ def continue_prefix(
         input_ids=tokens,
         attention_mask=attention_mask,
         position_ids=_position_arg(positions),
-        past_key_values=prefix.cache,
         use_cache=True,
+        **_hf.kv_cache(prefix.cache),
     )
     return out.logits  # [n, t, V]
 

@@ -89,7 +89,8 @@ class VideoAdapter(VLMAdapter):
                 "video_processor; the video adapter needs a video-capable processor (Qwen2-VL, Qwen2.5-VL...)"
             )
         self.video = VideoEncoder(processor, args.video, args.decode_cache_mb)
-        encoders = [ImageEncoder(args.min_pixels, args.max_pixels), self.video]
+        image_size = getattr(getattr(processor, "image_processor", None), "size", None)
+        encoders = [ImageEncoder(args.min_pixels, args.max_pixels, image_size), self.video]
         super().__init__(model, processor, args, reference, encoders=encoders)
 
     def _engine_prompts(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> list[EnginePrompt]:

@@ -147,7 +147,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         eos = gen_eos if gen_eos is not None else self.tokenizer.eos_token_id
         self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
         if encoders is None:  # the media of the prompts, in the order their parts precede the text
-            encoders = [ImageEncoder(args.min_pixels, args.max_pixels)] if hasattr(processor, "image_processor") else []
+            image = getattr(processor, "image_processor", None)
+            encoders = [ImageEncoder(args.min_pixels, args.max_pixels, getattr(image, "size", None))] if image is not None else []
         self.encoders = list(encoders)
         self.is_multimodal = bool(self.encoders)  # any medium (image, video, audio): the processor renders prompts
         self.suppress_ids = self._media_token_ids()
