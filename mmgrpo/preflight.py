@@ -14,6 +14,10 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   (its ``answer_key`` option, default ``answer``; a reward declares others with a ``data_columns`` attribute, a
   tuple of its option names), for the rows its ``reward_types`` route to it. Rewards given as
   ``module:function`` are never imported or called here;
+- every registered reward's ``load_check`` passes (:func:`mmgrpo.rewards.register_reward`): model-based rewards
+  (``pickscore``, ``clip_score``) find their weights as a local path, in the Hugging Face cache, or (not
+  offline) on a hub that answers one quick request (:mod:`mmgrpo.rewards.weights`), so a missing model is one
+  line naming the reward and the option to set, before the policy loads, not minutes of hub retries after it;
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
 - with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
@@ -71,8 +75,20 @@ def preflight(cfg: TrainConfig) -> Any:
             where = row_name(cfg, rows, split, i)
             row = rows[i]  # DataError from a dataset already names its file and row
             _check_row(cfg, row, where, needs, warmup=split == "train")
+    _check_reward_loads(cfg)
     _check_engine(cfg)
     return task
+
+
+def _check_reward_loads(cfg: TrainConfig) -> None:
+    """Each registered reward's ``load_check`` (its weights can be found); :class:`ConfigError` naming it."""
+    from mmgrpo.rewards.registry import REWARDS, reward_load_check
+
+    for k, spec in enumerate(cfg.rewards):
+        if spec.name in REWARDS:
+            problem = reward_load_check(spec.name, spec.kwargs)
+            if problem is not None:
+                raise ConfigError(f"rewards[{k}] ({spec.name}): cannot load its weights: {problem}")
 
 
 def _check_engine(cfg: TrainConfig) -> None:

@@ -55,6 +55,7 @@ REWARDS: Registry = Registry("reward")
 
 ENTRY_POINT_GROUP = "mmgrpo.rewards"
 _DESCRIPTIONS: dict[str, str] = {}
+_LOAD_CHECKS: dict[str, Callable[[dict], str | None]] = {}
 
 _HOW_TO = (
     "Provide a reward in one of three ways: (1) a registry name (see `mmgrpo rewards list`, or decorate your "
@@ -129,7 +130,12 @@ def is_code_spec(spec: Any) -> bool:
 
 
 def register_reward(
-    name: str, description: str | None = None, *, unbounded: bool = False, preload: Callable[[], Any] | None = None
+    name: str,
+    description: str | None = None,
+    *,
+    unbounded: bool = False,
+    preload: Callable[[], Any] | None = None,
+    load_check: Callable[[dict], str | None] | None = None,
 ) -> Callable[[Any], Any]:
     """Decorator registering a reward function (or model-based reward class) under ``name``.
 
@@ -140,6 +146,9 @@ def register_reward(
     ``timeout_s`` can kill (sets ``obj.reward_unbounded``). ``preload`` is a function the runner calls once in its
     own process when it is built (``obj.reward_preload``): imports and caches it warms are inherited by forked
     workers instead of being redone on every call (math-verify's first parse takes about 1.3 s with imports).
+    ``load_check(kwargs)`` says, without building the reward, what would keep it from loading with those
+    ``kwargs`` (a phrase with the fix, or ``None``): the load-time check runs it before any model loads
+    (:func:`reward_load_check`; model-based rewards check that their weights can be found).
     """
 
     def deco(obj: Any) -> Any:
@@ -148,6 +157,8 @@ def register_reward(
             obj.reward_unbounded = True
         if preload is not None:
             obj.reward_preload = preload
+        if load_check is not None:
+            _LOAD_CHECKS[name] = load_check
         if not inspect.isclass(obj):  # keyword-only parameters are its options: typos in kwargs are caught
             try:
                 params = inspect.signature(obj).parameters.values()
@@ -158,6 +169,12 @@ def register_reward(
         return obj
 
     return deco
+
+
+def reward_load_check(name: str, kwargs: dict) -> str | None:
+    """What keeps the registered reward ``name`` from loading with ``kwargs`` (its ``load_check``), or ``None``."""
+    check = _LOAD_CHECKS.get(name)
+    return None if check is None else check(kwargs)
 
 
 def _first_line(obj: Any) -> str:
