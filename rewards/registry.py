@@ -50,6 +50,8 @@ from typing import Any
 from mmgrpo.config import ConfigError
 from mmgrpo.registry import Registry
 
+from .code_policy import live_factory_hint, static_factory_hint
+
 REWARDS: Registry = Registry("reward")
 """Built-in and user-registered rewards, by name (functions, or classes for model-based rewards)."""
 
@@ -421,6 +423,9 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
             _check_kwargs(name, target, kwargs)
         except TypeError as e:
             raise ValueError(f"kwargs: {e}") from None
+    hint = None if factory or base in REWARDS or inspect.isclass(obj) else live_factory_hint(name, obj, kwargs)
+    if hint is not None:
+        raise ValueError(hint)
     return None
 
 
@@ -477,6 +482,9 @@ def static_reward_check(
         node, path = detail
         if kwargs or factory:
             _check_kwargs_static(label, node, kwargs)
+        hint = None if factory else static_factory_hint(label, node, kwargs)
+        if hint is not None:
+            raise ValueError(hint)
         return (
             f"reward {label!r} is code: {node.name}() in {path} (line {node.lineno}), found without importing it; "
             "it is imported, and checked to be a plain function, when training starts"

@@ -74,3 +74,34 @@ def test_model_based_reward_weights_from_local_paths_pass(no_hub, capsys, monkey
     clip = f"rewards=[{{name: clip_score, kwargs: {{pretrained: {no_hub / 'clip.bin'}}}}}]"
     assert _run(capsys, FLOW, *base, clip)[0] == 0
     assert _run(capsys, FLOW, *base, "rewards=[{name: clip_score, kwargs: {pretrained: null}}]")[0] == 0
+
+
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+
+
+def test_a_factory_written_without_parentheses_is_named_with_its_spelling(tmp_path, capsys, monkeypatch):
+    kwargs = "kwargs: {max_completion_len: 512, soft_punish_cache: 64}"
+    base = [f"output_dir={tmp_path / 'run'}", "logging.trackers=[]"]
+    rc, err = _run(
+        capsys, QUICKSTART, *base, f"rewards=[{{name: 'trl.rewards:get_soft_overlong_punishment', {kwargs}}}]"
+    )
+    assert rc == 2 and "a factory" in _one_line(err)
+    assert "write name: 'trl.rewards:get_soft_overlong_punishment()'" in err
+    assert (
+        _run(capsys, QUICKSTART, *base, f"rewards=[{{name: 'trl.rewards:get_soft_overlong_punishment()', {kwargs}}}]")[
+            0
+        ]
+        == 0
+    )
+    (tmp_path / "own_factories.py").write_text(
+        "def make_length(scale):\n"
+        "    def length(completions, **columns):\n"
+        "        return [scale * len(c) for c in completions]\n"
+        "    return length\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, err = _run(capsys, QUICKSTART, *base, "rewards=[{name: 'own_factories:make_length', kwargs: {scale: 2}}]")
+    assert rc == 2 and "write name: 'own_factories:make_length()'" in _one_line(err)
+    assert (
+        _run(capsys, QUICKSTART, *base, "rewards=[{name: 'own_factories:make_length()', kwargs: {scale: 2}}]")[0] == 0
+    )
