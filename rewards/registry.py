@@ -661,6 +661,35 @@ def _check_kwargs_static(name: str, node: ast.FunctionDef | ast.AsyncFunctionDef
         raise ValueError(f"kwargs: reward {name!r} got unknown argument(s) {unknown}; it accepts {accepted}")
 
 
+def completions_annotation(name: str) -> str:
+    """The annotation of the ``completions`` parameter of the reward ``name`` as text (``""`` when it has none,
+    for a factory, whose reward is only known once it is called, or when it cannot be found), read without
+    importing code: live for registered rewards and modules already imported, else from the ``def`` in source.
+    TRL's conversational rewards say ``list[list[dict[str, str]]]`` (they read ``completion[0]["content"]``)."""
+    if not isinstance(name, str) or name.endswith("()"):
+        return ""
+    try:
+        if name in REWARDS or (":" in name and name.partition(":")[0] in sys.modules):
+            obj = resolve_reward(name)
+            target = obj.__call__ if inspect.isclass(obj) else obj
+            p = inspect.signature(target).parameters.get("completions")
+            if p is None or p.annotation is p.empty:
+                return ""
+            return p.annotation if isinstance(p.annotation, str) else str(p.annotation).replace("typing.", "")
+        if ":" not in name:
+            eps = _entry_points()
+            if name not in eps:
+                return ""
+            name = eps[name].value
+        kind, detail = _static_lookup(name, depth=0)
+    except Exception:  # not resolvable here: the other checks say why
+        return ""
+    node = detail[0] if kind == "function" else None
+    args = [] if node is None else node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+    ann = next((a.annotation for a in args if a.arg == "completions"), None)
+    return ast.unparse(ann) if ann is not None else ""
+
+
 def describe_reward_code(name: str, kwargs: dict | None = None) -> str | None:
     """One line for the dry-run output about a reward that is code to import (``None`` for a registry name or an
     already imported module): where it is, and that it is imported and checked when training starts."""

@@ -3,6 +3,7 @@
 (offline-aware), factories written without ``()``, the prompt shape a TRL reward reads, routing columns, reward
 name typos, and a reward module next to the config."""
 
+import json
 import time
 from pathlib import Path
 
@@ -105,3 +106,36 @@ def test_a_factory_written_without_parentheses_is_named_with_its_spelling(tmp_pa
     assert (
         _run(capsys, QUICKSTART, *base, "rewards=[{name: 'own_factories:make_length()', kwargs: {scale: 2}}]")[0] == 0
     )
+
+
+def _dataset(tmp_path, rows, *args) -> list[str]:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [
+        "model.adapter=vlm",
+        "model.args.name_or_path=/nonexistent/model",  # never loaded: the check comes first
+        "task.name=dataset",
+        f"task.args.train={data}",
+        f"task.args.eval={data}",
+        "logging.trackers=[]",
+        f"output_dir={tmp_path / 'run'}",
+        *args,
+    ]
+
+
+@pytest.fixture
+def empty(tmp_path):
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    return tmp_path / "empty.yaml"
+
+
+def test_a_trl_chat_reward_on_plain_string_prompts_is_one_line_at_load(tmp_path, capsys, empty):
+    rows = [{"prompt": "What is 1+1?", "solution": "2"}, {"prompt": "What is 2+2?", "solution": "4"}]
+    args = _dataset(tmp_path, rows, "rewards=[{name: 'trl.rewards:accuracy_reward'}]")
+    rc, err = _run(capsys, empty, *args)
+    assert rc == 2 and "reward 'trl.rewards:accuracy_reward' (rewards[0]) reads chat completions" in _one_line(err)
+    assert "line 1" in err and "task.args.system_prompt" in err
+    assert _run(capsys, empty, *args, dry_run=False) == (2, err)  # `train`: before the model loads
+    assert _run(capsys, empty, *args, "task.args.system_prompt=Answer.")[0] == 0  # chats: it works
+    assert _run(capsys, empty, *args[:-1], "rewards=[{name: 'trl.rewards:think_format_reward'}]")[0] == 2
+    assert _run(capsys, empty, *args[:-1], "rewards=[{name: accuracy, kwargs: {answer_key: solution}}]")[0] == 0
