@@ -18,6 +18,8 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   (``pickscore``, ``clip_score``) find their weights as a local path, in the Hugging Face cache, or (not
   offline) on a hub that answers one quick request (:mod:`mmgrpo.rewards.weights`), so a missing model is one
   line naming the reward and the option to set, before the policy loads, not minutes of hub retries after it;
+- routing columns: when a reward has ``reward_types``, each row has the ``reward_type`` column they route on
+  (Video-R1's type is its ``problem_type`` column: ``task.args.columns: {reward_type: problem_type}``);
 - the prompt shape a reward reads: a reward whose ``completions`` are annotated as chats (TRL's
   ``list[list[dict[str, str]]]``, e.g. ``trl.rewards:accuracy_reward``, which reads ``completion[0]["content"]``)
   gets chat completions only from conversational prompts, so a plain-string prompt routed to it is refused
@@ -80,6 +82,7 @@ def preflight(cfg: TrainConfig) -> Any:
         for i in range(min(n, len(rows))):
             where = row_name(cfg, rows, split, i)
             row = rows[i]  # DataError from a dataset already names its file and row
+            _check_routing(cfg, row, where)
             _check_row(cfg, row, where, needs, warmup=split == "train")
             _check_prompt_shape(cfg, row, where, chats)
     _check_reward_loads(cfg)
@@ -132,6 +135,23 @@ def chat_rewards(cfg: TrainConfig) -> list[tuple[int, str, str]]:
         if _CHAT_COMPLETIONS.search(ann):
             out.append((k, spec.name, ann))
     return out
+
+
+def _check_routing(cfg: TrainConfig, row: dict, where: str) -> None:
+    """Rewards with ``reward_types`` route on the row's ``reward_type`` column: the row must have it."""
+    routed = [(k, spec) for k, spec in enumerate(cfg.rewards) if spec.reward_types is not None]
+    if not routed or "reward_type" in row:
+        return
+    k, spec = routed[0]
+    types = {t for _, s in routed for t in s.reward_types}
+    guess = "problem_type" if "problem_type" in row else None  # Video-R1's name for it
+    guess = guess or next((c for c, v in row.items() if isinstance(v, str) and v in types), None)
+    mapping = f"{{reward_type: {guess or '<the column holding each row type>'}}}"
+    how = f"task.args.columns: {mapping}" if cfg.task.name == "dataset" else "a 'reward_type' column in the task's rows"
+    raise DataError(
+        f"{where}: rewards[{k}] ({spec.name}) has reward_types {spec.reward_types}, which route each row by its "
+        f"'reward_type' column, but the row has none (it has {sorted(row)}); map it with {how}, or remove reward_types"
+    )
 
 
 def _check_prompt_shape(cfg: TrainConfig, row: dict, where: str, chats: list[tuple[int, str, str]]) -> None:

@@ -139,3 +139,20 @@ def test_a_trl_chat_reward_on_plain_string_prompts_is_one_line_at_load(tmp_path,
     assert _run(capsys, empty, *args, "task.args.system_prompt=Answer.")[0] == 0  # chats: it works
     assert _run(capsys, empty, *args[:-1], "rewards=[{name: 'trl.rewards:think_format_reward'}]")[0] == 2
     assert _run(capsys, empty, *args[:-1], "rewards=[{name: accuracy, kwargs: {answer_key: solution}}]")[0] == 0
+
+
+def test_per_type_rewards_without_a_reward_type_column_name_the_mapping(tmp_path, capsys, empty):
+    rows = [  # Video-R1's rows: the type is problem_type
+        {"problem": "2+2?", "problem_type": "numerical", "solution": "<answer>4</answer>"},
+        {"problem": "Left or right?", "problem_type": "multiple choice", "solution": "<answer>A</answer>"},
+    ]
+    rewards = (
+        "rewards=[{name: numeric, reward_types: [numerical]}, {name: multiple_choice, reward_types: [multiple choice]}]"
+    )
+    args = _dataset(tmp_path, rows, "task.args.columns={prompt: problem, answer: solution}", rewards)
+    rc, err = _run(capsys, empty, *args)
+    assert rc == 2 and "rewards[0] (numeric) has reward_types ['numerical']" in _one_line(err)
+    assert "task.args.columns: {reward_type: problem_type}" in err and "line 1" in err
+    assert _run(capsys, empty, *args, dry_run=False) == (2, err)  # `train`: before the model loads
+    mapped = "task.args.columns={prompt: problem, answer: solution, reward_type: problem_type}"
+    assert _run(capsys, empty, *_dataset(tmp_path, rows, mapped, rewards))[0] == 0
