@@ -49,6 +49,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError
 from mmgrpo.registry import Registry
+from mmgrpo.suggest import did_you_mean
 
 from .code_policy import live_factory_hint, static_factory_hint
 
@@ -171,6 +172,14 @@ def register_reward(
         return obj
 
     return deco
+
+
+def unknown_reward(name: str, valid: list[str]) -> str:
+    """One line for an unknown reward name: the closest valid name (difflib) when one is close, else all names."""
+    close = did_you_mean(name, valid)
+    if close is not None:
+        return f"unknown reward {name!r}; did you mean {close!r}? (`mmgrpo rewards list` describes all {len(valid)})"
+    return f"unknown reward {name!r}; valid names: {', '.join(valid)}"
 
 
 def reward_load_check(name: str, kwargs: dict) -> str | None:
@@ -297,8 +306,7 @@ def resolve_reward(spec: str) -> Any:
                 f"reward {spec!r}: entry point {eps[spec].value!r} (group {ENTRY_POINT_GROUP!r}) failed to load: "
                 f"{type(e).__name__}: {e}"
             ) from e
-    valid = sorted(set(REWARDS.names()) | set(eps))
-    raise UnknownRewardError(f"unknown reward {spec!r}; valid names: {', '.join(valid)}. {_HOW_TO}")
+    raise UnknownRewardError(f"{unknown_reward(spec, sorted(set(REWARDS.names()) | set(eps)))}. {_HOW_TO}")
 
 
 def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
@@ -401,8 +409,7 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
     if base not in REWARDS and ":" not in base:  # an entry point (or unknown): checked on its value
         eps = _entry_points()
         if base not in eps:
-            valid = sorted(set(REWARDS.names()) | set(eps))
-            raise ValueError(f"unknown reward {base!r}; valid names: {', '.join(valid)}")
+            raise ValueError(unknown_reward(base, sorted(set(REWARDS.names()) | set(eps))))
         if eps[base].module not in sys.modules:
             return static_reward_check(eps[base].value, kwargs, factory=factory, label=name, entry_point=True)
     elif base not in REWARDS and base.partition(":")[0] not in sys.modules:
