@@ -529,7 +529,7 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
     if mspec is None:
         raise ValueError(
             f"reward {spec!r}: cannot import module {module_name!r} (no such module on sys.path; a module of "
-            "your own must be in the current directory or an installed package)"
+            "your own must be in the current directory, next to the config file, or an installed package)"
         )
     origin = mspec.origin
     if mspec.submodule_search_locations and origin in (None, "namespace"):

@@ -4,6 +4,7 @@
 name typos, and a reward module next to the config."""
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -156,3 +157,24 @@ def test_per_type_rewards_without_a_reward_type_column_name_the_mapping(tmp_path
     assert _run(capsys, empty, *args, dry_run=False) == (2, err)  # `train`: before the model loads
     mapped = "task.args.columns={prompt: problem, answer: solution, reward_type: problem_type}"
     assert _run(capsys, empty, *_dataset(tmp_path, rows, mapped, rewards))[0] == 0
+
+
+def test_a_reward_module_next_to_the_config_is_found_from_another_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "my_rewards_next_to_config", raising=False)
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "my_rewards_next_to_config.py").write_text(
+        "def brevity(completions, **columns):\n    return [1.0 / (1 + len(str(c))) for c in completions]\n"
+    )
+    config = project / "config.yaml"
+    config.write_text(Path(QUICKSTART).read_text() + "\n")
+    monkeypatch.chdir(elsewhere)
+    args = ["rewards=[{name: 'my_rewards_next_to_config:brevity'}]", f"output_dir={tmp_path / 'run'}"]
+    rc, err = _run(capsys, config, *args)
+    assert rc == 0, err
+    assert sys.path.index(str(project)) == len(sys.path) - 1  # after sys.path: it shadows nothing
+    from mmgrpo.rewards import load_reward
+
+    assert load_reward("my_rewards_next_to_config:brevity")(["ab"], prompts=["p"]) == [1.0 / 3]
