@@ -1,4 +1,4 @@
-""""Did you mean": the one-line errors for an unknown config field or reward name suggest the closest valid one.
+"""Suggestions ("did you mean"): an unknown config field or reward name gets the closest valid one.
 
 :func:`did_you_mean` is :func:`difflib.get_close_matches` with one answer; :data:`TRL_NAMES` maps the option names
 of TRL's ``GRPOConfig`` / ``TrainingArguments`` that a user coming from TRL writes to where mmgrpo keeps them

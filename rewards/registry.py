@@ -51,7 +51,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.registry import Registry
 from mmgrpo.suggest import did_you_mean
 
-from .code_policy import live_factory_hint, static_factory_hint
+from .code_policy import library_refusal, live_factory_hint, live_library_refusal, static_factory_hint
 
 REWARDS: Registry = Registry("reward")
 """Built-in and user-registered rewards, by name (functions, or classes for model-based rewards)."""
@@ -237,9 +237,11 @@ def _import_path(spec: str) -> Any:
     return obj
 
 
-def check_code_object(spec: str, obj: Any) -> None:
+def check_code_object(spec: str, obj: Any, *, library_ok: bool = False) -> None:
     """Raise :class:`RewardCodeError` unless ``obj`` (what the import path ``spec`` names) is a plain Python
-    function outside the standard library (a ``functools.partial`` of one is accepted)."""
+    function outside the standard library (a ``functools.partial`` of one is accepted), from one's own modules or
+    an allowed reward library (:func:`~mmgrpo.rewards.code_policy.library_refusal`; ``library_ok``: an entry
+    point's code, vouched for by its package)."""
     target = obj
     while isinstance(target, functools.partial):
         target = target.func
@@ -266,6 +268,9 @@ def check_code_object(spec: str, obj: Any) -> None:
         raise RewardCodeError(
             f"reward {spec!r} is {_qualname(target)} from the Python standard library, not a reward; {fix}"
         )
+    refusal = None if library_ok else live_library_refusal(spec, target)
+    if refusal is not None:
+        raise RewardCodeError(refusal)
 
 
 def _qualname(obj: Any) -> str:
@@ -475,7 +480,7 @@ def static_reward_check(
     """
     label = label or spec
     where = f" (entry point {spec!r})" if entry_point else ""
-    found = _static_lookup(spec, depth=0)
+    found = _static_lookup(spec, depth=0, trusted=entry_point)
     kind, detail = found
     if kind == "class":
         raise ValueError(
@@ -502,9 +507,10 @@ def static_reward_check(
     )
 
 
-def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
+def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, Any]:
     """``("function", (node, path))``, ``("class", qualname)``, ``("module", name)`` or ``("unknown", path)``;
-    raises ``ValueError`` for a module that is not there, the standard library, or a missing attribute."""
+    raises ``ValueError`` for a module that is not there, the standard library, a missing attribute, or (unless
+    ``trusted``: an entry point's code) an installed library the code policy does not allow."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"reward {spec!r}: an import path is 'package.module:function'")
@@ -516,7 +522,7 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
     if module_name in sys.modules:  # already imported: no code runs by looking at it
         try:
             obj = _import_path(spec)
-            check_code_object(spec, obj)
+            check_code_object(spec, obj, library_ok=trusted)
         except (UnknownRewardError, RewardCodeError) as e:
             raise ValueError(str(e).split(". Provide a reward")[0]) from None
         try:
@@ -532,6 +538,9 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
             "your own must be in the current directory, next to the config file, or an installed package)"
         )
     origin = mspec.origin
+    refusal = None if trusted else library_refusal(spec, module_name, origin)
+    if refusal is not None:
+        raise ValueError(refusal)
     if mspec.submodule_search_locations and origin in (None, "namespace"):
         raise ValueError(f"reward {spec!r}: {module_name!r} is a namespace package, which defines no functions")
     if not origin or not origin.endswith(".py") or not Path(origin).is_file():
@@ -566,7 +575,7 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
             if find_module_file(sub) is not None and not _is_stdlib(sub):
                 return "module", sub
             try:
-                return _static_lookup(f"{target}:{alias.name}", depth + 1)
+                return _static_lookup(f"{target}:{alias.name}", depth + 1, trusted)
             except ValueError as e:
                 raise ValueError(f"reward {spec!r} is imported from {target}: {e}") from None
     if isinstance(last, ast.Import) and len(bindings) == 1:

@@ -1,5 +1,5 @@
-""" "Did you mean" (issue 36): an unknown config field or reward name is one line suggesting the valid one, and
-TRL's option names are answered with where mmgrpo keeps them (docs/from_trl.md)."""
+"""Suggestions ("did you mean", issue 36): an unknown config field or reward name is one line suggesting the
+valid one, and TRL's option names are answered with where mmgrpo keeps them (docs/from_trl.md)."""
 
 import dataclasses
 from pathlib import Path
