@@ -130,3 +130,18 @@ def test_registry_wins_over_entry_point_with_same_name(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward("format") is R.format_reward
+
+
+def test_readme_counts_the_built_ins_that_mmgrpo_rewards_list_prints(tmp_path):
+    """README's "N built-ins" is what `mmgrpo rewards list` prints in a fresh process (no plug-ins installed here)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "rewards", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    claimed = re.search(r"\*\*Rewards\*\*: (\d+) built-ins", (root / "README.md").read_text())
+    assert claimed is not None and int(claimed.group(1)) == len(out.stdout.strip().splitlines())
