@@ -178,3 +178,18 @@ def test_a_reward_module_next_to_the_config_is_found_from_another_folder(tmp_pat
     from mmgrpo.rewards import load_reward
 
     assert load_reward("my_rewards_next_to_config:brevity")(["ab"], prompts=["p"]) == [1.0 / 3]
+
+
+def test_a_task_eval_reward_weights_are_found_at_load_too(no_hub, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    prompts = no_hub / "prompts.txt"
+    prompts.write_text("a red circle top left\na blue square\n")
+    args = [
+        "task.name=dataset",
+        f"task.args={{train: {prompts}, eval: {prompts}, eval_rewards: [{{name: pickscore}}]}}",
+        "model.args.name_or_path=/nonexistent/policy",
+        f"output_dir={no_hub / 'run'}",
+        "logging.trackers=[]",
+    ]
+    rc, err = _run(capsys, FLOW, *args)
+    assert rc == 2 and "task.args.eval_rewards[0] (pickscore): cannot load its weights" in _one_line(err)
