@@ -21,7 +21,11 @@ kwargs: {max_completion_len: 512, soft_punish_cache: 64}}``.
 name code that is already installed or imported. An import path names code to import, so it must resolve to
 a **plain Python function** defined outside the standard library: a class (``subprocess:Popen``), a built-in
 (``os:system``, ``builtins:eval``), a method, a callable instance or anything from the standard library
-(``subprocess:run``, ``shutil:rmtree``) is refused with :class:`RewardCodeError`. A factory ``mod:make()`` must
+(``subprocess:run``, ``shutil:rmtree``) is refused with :class:`RewardCodeError`; and it must come from one's
+own modules or an allow-listed reward library (``trl.rewards``): another installed library's function
+(``torch:load()``) is refused unless ``MMGRPO_TRUSTED_REWARD_MODULES`` names it (:mod:`.code_policy`). A
+function written without ``()`` that builds a reward (annotated ``-> Callable``, or with no parameter left for
+the completions once its kwargs are bound) is refused with the factory spelling. A factory ``mod:make()`` must
 be such a function too; what it returns must be callable and not a class (an instance with ``__call__``, e.g. a
 model-based reward it builds, is fine). Checking a config (:func:`check_reward_spec`, run by ``load_config`` and
 so by ``--dry-run``) never imports a module that is not imported yet: it finds the module's file
