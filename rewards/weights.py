@@ -52,12 +52,18 @@ def _cached(repo_id: str, cache_dir: str | None, filenames: tuple[str, ...]) -> 
 
 def _probe(repo_id: str) -> str | None:
     """``None`` when the hub answers for ``repo_id``; otherwise why not (one request, :data:`PROBE_TIMEOUT_S`)."""
+    from huggingface_hub import get_token
+
     url = f"{hf_endpoint()}/api/models/{repo_id}"
+    token = get_token()  # HF_TOKEN or the stored login: private and gated repos answer as they will to the loader
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=PROBE_TIMEOUT_S).close()
+        request = urllib.request.Request(url, method="HEAD", headers=headers)
+        urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S).close()
     except urllib.error.HTTPError as e:
-        if e.code in (401, 403, 404):
-            return f"the hub ({hf_endpoint()}) has no public model {repo_id!r} (HTTP {e.code})"
+        if e.code in (401, 404):  # the hub says 401 for a repo that does not exist too
+            login = "" if token else "; for a private repo, log in (hf auth login) or set HF_TOKEN"
+            return f"the hub ({hf_endpoint()}) has no model {repo_id!r} (HTTP {e.code}){login}"
         return None  # the hub answered; let the loader report anything else
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)

@@ -193,3 +193,36 @@ def test_a_task_eval_reward_weights_are_found_at_load_too(no_hub, capsys, monkey
     ]
     rc, err = _run(capsys, FLOW, *args)
     assert rc == 2 and "task.args.eval_rewards[0] (pickscore): cannot load its weights" in _one_line(err)
+
+
+@pytest.fixture
+def fake_hub(no_hub, monkeypatch):
+    """A local hub that knows one model, ``org/known``: ``HEAD /api/models/<id>`` answers 200 or 404."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200 if self.path == "/api/models/org/known" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield no_hub
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_hub_that_answers_is_enough_and_an_unknown_repo_is_named(fake_hub, capsys):
+    base = ["logging.trackers=[]", f"output_dir={fake_hub / 'run'}"]
+    ok = "rewards=[{name: pickscore, kwargs: {model_name: org/known, processor_name: org/known}}]"
+    assert _run(capsys, FLOW, *base, ok)[0] == 0  # not cached, but the hub has it: downloaded when loaded
+    missing = "rewards=[{name: pickscore, kwargs: {model_name: org/known, processor_name: org/typo}}]"
+    rc, err = _run(capsys, FLOW, *base, missing)
+    assert rc == 2 and "processor_name 'org/typo' is not in the Hugging Face cache" in _one_line(err)
+    assert "has no model 'org/typo' (HTTP 404)" in err and "kwargs.processor_name" in err
