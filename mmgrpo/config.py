@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from mmgrpo.suggest import unknown_field
+
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field and how to fix it."""
@@ -523,7 +525,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
         if path in MOVED_KEYS:
             raise ConfigError(f"{path} moved: write {MOVED_KEYS[path]}: {{{key}: {value}}}")
         if key not in names:
-            raise ConfigError(f"unknown field {path!r}; allowed: {', '.join(names)}")
+            raise ConfigError(unknown_field(path, key, names))
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
 
@@ -544,7 +546,7 @@ def check_kwargs(fn: Any, kwargs: dict[str, Any], where: str, skip: int = 0) -> 
     out = {}
     for key, value in (kwargs or {}).items():
         if key not in names and not takes_any:
-            raise ConfigError(f"unknown field {f'{where}.{key}'!r}; allowed: {', '.join(names) or '(none)'}")
+            raise ConfigError(unknown_field(f"{where}.{key}", key, names))
         out[key] = _coerce(value, hints.get(key, Any), f"{where}.{key}")
     return out
 

@@ -11,6 +11,7 @@ imports it, so the config ↔ plugins ↔ tasks import circle of earlier version
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,21 @@ def load_builtins() -> None:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
-    """Read ``path`` (YAML), apply ``key.sub=value`` overrides, build and validate a :class:`TrainConfig`."""
+    """Read ``path`` (YAML), apply ``key.sub=value`` overrides, build and validate a :class:`TrainConfig`.
+
+    The config's folder is appended to ``sys.path`` (after every other entry, so it shadows nothing): a reward
+    module next to the config (``my_rewards:fn``) is found from any working directory."""
+    if path is not None:
+        add_import_dir(Path(path).resolve().parent)
     cfg = read_config(path, overrides)
     validate(cfg)
     return cfg
+
+
+def add_import_dir(folder: Path) -> None:
+    """Append ``folder`` to ``sys.path`` unless an entry is that folder already (``""`` is the working directory)."""
+    if all(Path(p or ".").resolve() != folder for p in sys.path if isinstance(p, str)):
+        sys.path.append(str(folder))
 
 
 def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: Any) -> None:

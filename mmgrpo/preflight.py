@@ -14,6 +14,16 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   (its ``answer_key`` option, default ``answer``; a reward declares others with a ``data_columns`` attribute, a
   tuple of its option names), for the rows its ``reward_types`` route to it. Rewards given as
   ``module:function`` are never imported or called here;
+- every registered reward's ``load_check`` passes (:func:`mmgrpo.rewards.register_reward`): model-based rewards
+  (``pickscore``, ``clip_score``) find their weights as a local path, in the Hugging Face cache, or (not
+  offline) on a hub that answers one quick request (:mod:`mmgrpo.rewards.weights`), so a missing model is one
+  line naming the reward and the option to set, before the policy loads, not minutes of hub retries after it;
+- routing columns: when a reward has ``reward_types``, each row has the ``reward_type`` column they route on
+  (Video-R1's type is its ``problem_type`` column: ``task.args.columns: {reward_type: problem_type}``);
+- the prompt shape a reward reads: a reward whose ``completions`` are annotated as chats (TRL's
+  ``list[list[dict[str, str]]]``, e.g. ``trl.rewards:accuracy_reward``, which reads ``completion[0]["content"]``)
+  gets chat completions only from conversational prompts, so a plain-string prompt routed to it is refused
+  (read from the source, never imported: :func:`mmgrpo.rewards.registry.completions_annotation`);
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
 - with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
@@ -28,6 +38,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +70,7 @@ def preflight(cfg: TrainConfig) -> Any:
     n = cfg.task.args.get("check_rows", CHECK_ROWS) if cfg.task.name == "dataset" else CHECK_ROWS
     _check_warmup_source(cfg, task)
     needs = reward_column_needs(cfg)
+    chats = chat_rewards(cfg)
     e = cfg.eval
     if (e.before or e.after or e.every) and len(task.eval_rows()) == 0:
         logger.warning(
@@ -70,9 +82,23 @@ def preflight(cfg: TrainConfig) -> Any:
         for i in range(min(n, len(rows))):
             where = row_name(cfg, rows, split, i)
             row = rows[i]  # DataError from a dataset already names its file and row
+            _check_routing(cfg, row, where)
             _check_row(cfg, row, where, needs, warmup=split == "train")
+            _check_prompt_shape(cfg, row, where, chats)
+    _check_reward_loads(cfg)
     _check_engine(cfg)
     return task
+
+
+def _check_reward_loads(cfg: TrainConfig) -> None:
+    """Each registered reward's ``load_check`` (its weights can be found); :class:`ConfigError` naming it."""
+    from mmgrpo.rewards.registry import REWARDS, reward_load_check
+
+    for k, spec in enumerate(cfg.rewards):
+        if spec.name in REWARDS:
+            problem = reward_load_check(spec.name, spec.kwargs)
+            if problem is not None:
+                raise ConfigError(f"rewards[{k}] ({spec.name}): cannot load its weights: {problem}")
 
 
 def _check_engine(cfg: TrainConfig) -> None:
@@ -93,6 +119,55 @@ def _check_engine(cfg: TrainConfig) -> None:
     from mmgrpo.modalities.tokens.engine import VLLMClient
 
     VLLMClient(cfg.rollout.url, min(cfg.rollout.timeout_s, 30.0)).health()
+
+
+_CHAT_COMPLETIONS = re.compile(r"list\[\s*list\[\s*dict")
+
+
+def chat_rewards(cfg: TrainConfig) -> list[tuple[int, str, str]]:
+    """``(reward index, name, annotation)`` of the rewards whose ``completions`` are chats (TRL's
+    ``list[list[dict[str, str]]]``): they need conversational prompts."""
+    from mmgrpo.rewards.registry import completions_annotation
+
+    out = []
+    for k, spec in enumerate(cfg.rewards):
+        ann = completions_annotation(spec.name)
+        if _CHAT_COMPLETIONS.search(ann):
+            out.append((k, spec.name, ann))
+    return out
+
+
+def _check_routing(cfg: TrainConfig, row: dict, where: str) -> None:
+    """Rewards with ``reward_types`` route on the row's ``reward_type`` column: the row must have it."""
+    routed = [(k, spec) for k, spec in enumerate(cfg.rewards) if spec.reward_types is not None]
+    if not routed or "reward_type" in row:
+        return
+    k, spec = routed[0]
+    types = {t for _, s in routed for t in s.reward_types}
+    guess = "problem_type" if "problem_type" in row else None  # Video-R1's name for it
+    guess = guess or next((c for c, v in row.items() if isinstance(v, str) and v in types), None)
+    mapping = f"{{reward_type: {guess or '<the column holding each row type>'}}}"
+    how = f"task.args.columns: {mapping}" if cfg.task.name == "dataset" else "a 'reward_type' column in the task's rows"
+    raise DataError(
+        f"{where}: rewards[{k}] ({spec.name}) has reward_types {spec.reward_types}, which route each row by its "
+        f"'reward_type' column, but the row has none (it has {sorted(row)}); map it with {how}, or remove reward_types"
+    )
+
+
+def _check_prompt_shape(cfg: TrainConfig, row: dict, where: str, chats: list[tuple[int, str, str]]) -> None:
+    """A plain-string prompt gives string completions, which a reward reading chats cannot index."""
+    if not isinstance(row.get("prompt"), str):
+        return
+    for k, name, ann in chats:
+        spec = cfg.rewards[k]
+        if spec.reward_types is not None and row.get("reward_type") not in spec.reward_types:
+            continue
+        make_chat = "set task.args.system_prompt, or give " if cfg.task.name == "dataset" else "give "
+        raise DataError(
+            f"{where}: reward {name!r} (rewards[{k}]) reads chat completions (completions: {ann}, as "
+            "completion[0]['content']), but this row's prompt is a plain string, so its completions are strings; "
+            f"{make_chat}prompts as chats ([{{role: user, content: ...}}]), or use a reward that reads strings"
+        )
 
 
 def row_name(cfg: TrainConfig, rows: Sequence, split: str, i: int) -> str:
@@ -201,4 +276,4 @@ def _check_warmup_source(cfg: TrainConfig, task: Any) -> None:
         )
 
 
-__all__ = ["CHECK_ROWS", "preflight", "reward_column_needs", "row_name", "warmup_target"]
+__all__ = ["CHECK_ROWS", "chat_rewards", "preflight", "reward_column_needs", "row_name", "warmup_target"]

@@ -10,7 +10,10 @@ Both are small classes with the reward ``__call__``: build once (weights load in
 
 A pair with no image or no text scores ``None``. The loading paths are the real ones
 (``open_clip.create_model_and_transforms(name, pretrained=...)``, ``CLIPModel.from_pretrained(...)``); the
-hubs must be reachable or the weights cached (tests build tiny models from config instead).
+hubs must be reachable or the weights cached (tests build tiny models from config instead). Each registers a
+``load_check`` (:func:`_clip_weights`, :func:`_pickscore_weights`) that the load-time check runs before any
+model loads: weights that are neither a local path, nor in the cache, nor (not offline) on a hub that answers
+stop the run there in one line naming the option to set (:mod:`mmgrpo.rewards.weights`).
 
 Scaling used by each anchor (Flow-GRPO ``flow_grpo/pickscore_scorer.py`` and ``flow_grpo/clip_scorer.py``
 (yifan123/flow_grpo); DanceGRPO (XueZeyue/DanceGRPO)):
@@ -27,8 +30,11 @@ PickScore        ``raw`` = exp(logit_scale)·cos (default; the papers' ~21–24 
 
 from __future__ import annotations
 
+import inspect
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +42,7 @@ import torch
 from ._common import column
 from .parsing import completion_text, prompt_text
 from .registry import register_reward
+from .weights import hf_offline, hub_weights_problem
 
 _CLIP_SCALES = ("cosine", "flow_grpo", "hessel", "torchmetrics")
 _PICK_SCALES = ("raw", "flow_grpo", "cosine")
@@ -114,9 +121,59 @@ class _PairScorer:
             torch.cuda.empty_cache()
 
 
+def _defaults(cls: type, kwargs: dict) -> dict:
+    """``kwargs`` over the defaults of ``cls.__init__``."""
+    params = inspect.signature(cls.__init__).parameters
+    return {**{n: p.default for n, p in params.items() if p.default is not p.empty}, **kwargs}
+
+
+def _clip_weights(kwargs: dict) -> str | None:
+    """Can :class:`CLIPScore` find its weights with ``kwargs``? (The registered ``load_check``.)"""
+    o = _defaults(CLIPScore, kwargs)
+    model_name, pretrained, cache_dir = str(o["model_name"]), o["pretrained"], o["cache_dir"]
+    fix = "set kwargs.pretrained to a local open_clip checkpoint file, or fill the cache where the hub is reachable"
+    if model_name.startswith("hf-hub:"):
+        problem = hub_weights_problem(model_name[len("hf-hub:") :], cache_dir=cache_dir)
+        return None if problem is None else f"model_name {problem}; {fix} (`hf download {model_name[7:]}`)"
+    if not pretrained or Path(os.path.expanduser(str(pretrained))).is_file():
+        return None  # random weights (tests), or a checkpoint file
+    import open_clip
+
+    cfg = open_clip.get_pretrained_cfg(model_name, str(pretrained))
+    if not cfg:
+        return (
+            f"pretrained {pretrained!r} is neither a file nor a tag open_clip knows for model_name {model_name!r} "
+            "(open_clip.list_pretrained() lists them); set kwargs.pretrained to one of those or to a checkpoint file"
+        )
+    if cfg.get("hf_hub"):
+        repo, filename = os.path.split(cfg["hf_hub"])  # as open_clip: "org/model/" names its default file
+        names = (filename,) if filename else ("open_clip_pytorch_model.bin", "open_clip_model.safetensors")
+        problem = hub_weights_problem(repo, cache_dir=cache_dir, filenames=names)
+        return None if problem is None else f"pretrained {pretrained!r}: {problem}; {fix} (`hf download {repo}`)"
+    url = cfg.get("url", "")
+    cached = Path(os.path.expanduser(cache_dir or "~/.cache/clip")) / os.path.basename(url)
+    if url and not cached.is_file() and hf_offline():
+        return f"pretrained {pretrained!r}: {cached} is not there and HF_HUB_OFFLINE is set; {fix} ({url})"
+    return None
+
+
+def _pickscore_weights(kwargs: dict) -> str | None:
+    """Can :class:`PickScore` find its model and processor with ``kwargs``? (The registered ``load_check``.)"""
+    o = _defaults(PickScore, kwargs)
+    for option in ("model_name", "processor_name"):
+        problem = hub_weights_problem(str(o[option]))
+        if problem is not None:
+            return (
+                f"{option} {problem}; set kwargs.{option} to a local directory holding it, or fill the cache where "
+                f"the hub is reachable (`hf download {o[option]}`)"
+            )
+    return None
+
+
 @register_reward(
     "clip_score",
     "CLIP image-text similarity via open_clip (cosine by default; Flow-GRPO /30, Hessel 2.5*max(cos,0) scalings)",
+    load_check=_clip_weights,
 )
 class CLIPScore(_PairScorer):
     """CLIP score of (image, text) pairs with open_clip.
@@ -191,7 +248,9 @@ class CLIPScore(_PairScorer):
 
 
 @register_reward(
-    "pickscore", "PickScore human-preference score via transformers CLIPModel (raw exp(s)*cos ~21-24; Flow-GRPO /26)"
+    "pickscore",
+    "PickScore human-preference score via transformers CLIPModel (raw exp(s)*cos ~21-24; Flow-GRPO /26)",
+    load_check=_pickscore_weights,
 )
 class PickScore(_PairScorer):
     """PickScore of (image, prompt) pairs.

@@ -21,7 +21,11 @@ kwargs: {max_completion_len: 512, soft_punish_cache: 64}}``.
 name code that is already installed or imported. An import path names code to import, so it must resolve to
 a **plain Python function** defined outside the standard library: a class (``subprocess:Popen``), a built-in
 (``os:system``, ``builtins:eval``), a method, a callable instance or anything from the standard library
-(``subprocess:run``, ``shutil:rmtree``) is refused with :class:`RewardCodeError`. A factory ``mod:make()`` must
+(``subprocess:run``, ``shutil:rmtree``) is refused with :class:`RewardCodeError`; and it must come from one's
+own modules or an allow-listed reward library (``trl.rewards``): another installed library's function
+(``torch:load()``) is refused unless ``MMGRPO_TRUSTED_REWARD_MODULES`` names it (:mod:`.code_policy`). A
+function written without ``()`` that builds a reward (annotated ``-> Callable``, or with no parameter left for
+the completions once its kwargs are bound) is refused with the factory spelling. A factory ``mod:make()`` must
 be such a function too; what it returns must be callable and not a class (an instance with ``__call__``, e.g. a
 model-based reward it builds, is fine). Checking a config (:func:`check_reward_spec`, run by ``load_config`` and
 so by ``--dry-run``) never imports a module that is not imported yet: it finds the module's file
@@ -49,12 +53,16 @@ from typing import Any
 
 from mmgrpo.config import ConfigError
 from mmgrpo.registry import Registry
+from mmgrpo.suggest import did_you_mean
+
+from .code_policy import library_refusal, live_factory_hint, live_library_refusal, static_factory_hint
 
 REWARDS: Registry = Registry("reward")
 """Built-in and user-registered rewards, by name (functions, or classes for model-based rewards)."""
 
 ENTRY_POINT_GROUP = "mmgrpo.rewards"
 _DESCRIPTIONS: dict[str, str] = {}
+_LOAD_CHECKS: dict[str, Callable[[dict], str | None]] = {}
 
 _HOW_TO = (
     "Provide a reward in one of three ways: (1) a registry name (see `mmgrpo rewards list`, or decorate your "
@@ -129,7 +137,12 @@ def is_code_spec(spec: Any) -> bool:
 
 
 def register_reward(
-    name: str, description: str | None = None, *, unbounded: bool = False, preload: Callable[[], Any] | None = None
+    name: str,
+    description: str | None = None,
+    *,
+    unbounded: bool = False,
+    preload: Callable[[], Any] | None = None,
+    load_check: Callable[[dict], str | None] | None = None,
 ) -> Callable[[Any], Any]:
     """Decorator registering a reward function (or model-based reward class) under ``name``.
 
@@ -140,6 +153,9 @@ def register_reward(
     ``timeout_s`` can kill (sets ``obj.reward_unbounded``). ``preload`` is a function the runner calls once in its
     own process when it is built (``obj.reward_preload``): imports and caches it warms are inherited by forked
     workers instead of being redone on every call (math-verify's first parse takes about 1.3 s with imports).
+    ``load_check(kwargs)`` says, without building the reward, what would keep it from loading with those
+    ``kwargs`` (a phrase with the fix, or ``None``): the load-time check runs it before any model loads
+    (:func:`reward_load_check`; model-based rewards check that their weights can be found).
     """
 
     def deco(obj: Any) -> Any:
@@ -148,6 +164,8 @@ def register_reward(
             obj.reward_unbounded = True
         if preload is not None:
             obj.reward_preload = preload
+        if load_check is not None:
+            _LOAD_CHECKS[name] = load_check
         if not inspect.isclass(obj):  # keyword-only parameters are its options: typos in kwargs are caught
             try:
                 params = inspect.signature(obj).parameters.values()
@@ -158,6 +176,20 @@ def register_reward(
         return obj
 
     return deco
+
+
+def unknown_reward(name: str, valid: list[str]) -> str:
+    """One line for an unknown reward name: the closest valid name (difflib) when one is close, else all names."""
+    close = did_you_mean(name, valid)
+    if close is not None:
+        return f"unknown reward {name!r}; did you mean {close!r}? (`mmgrpo rewards list` describes all {len(valid)})"
+    return f"unknown reward {name!r}; valid names: {', '.join(valid)}"
+
+
+def reward_load_check(name: str, kwargs: dict) -> str | None:
+    """What keeps the registered reward ``name`` from loading with ``kwargs`` (its ``load_check``), or ``None``."""
+    check = _LOAD_CHECKS.get(name)
+    return None if check is None else check(kwargs)
 
 
 def _first_line(obj: Any) -> str:
@@ -209,9 +241,11 @@ def _import_path(spec: str) -> Any:
     return obj
 
 
-def check_code_object(spec: str, obj: Any) -> None:
+def check_code_object(spec: str, obj: Any, *, library_ok: bool = False) -> None:
     """Raise :class:`RewardCodeError` unless ``obj`` (what the import path ``spec`` names) is a plain Python
-    function outside the standard library (a ``functools.partial`` of one is accepted)."""
+    function outside the standard library (a ``functools.partial`` of one is accepted), from one's own modules or
+    an allowed reward library (:func:`~mmgrpo.rewards.code_policy.library_refusal`; ``library_ok``: an entry
+    point's code, vouched for by its package)."""
     target = obj
     while isinstance(target, functools.partial):
         target = target.func
@@ -238,6 +272,9 @@ def check_code_object(spec: str, obj: Any) -> None:
         raise RewardCodeError(
             f"reward {spec!r} is {_qualname(target)} from the Python standard library, not a reward; {fix}"
         )
+    refusal = None if library_ok else live_library_refusal(spec, target)
+    if refusal is not None:
+        raise RewardCodeError(refusal)
 
 
 def _qualname(obj: Any) -> str:
@@ -278,8 +315,7 @@ def resolve_reward(spec: str) -> Any:
                 f"reward {spec!r}: entry point {eps[spec].value!r} (group {ENTRY_POINT_GROUP!r}) failed to load: "
                 f"{type(e).__name__}: {e}"
             ) from e
-    valid = sorted(set(REWARDS.names()) | set(eps))
-    raise UnknownRewardError(f"unknown reward {spec!r}; valid names: {', '.join(valid)}. {_HOW_TO}")
+    raise UnknownRewardError(f"{unknown_reward(spec, sorted(set(REWARDS.names()) | set(eps)))}. {_HOW_TO}")
 
 
 def load_reward(spec: str | Callable, **kwargs: Any) -> Callable[..., list]:
@@ -382,8 +418,7 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
     if base not in REWARDS and ":" not in base:  # an entry point (or unknown): checked on its value
         eps = _entry_points()
         if base not in eps:
-            valid = sorted(set(REWARDS.names()) | set(eps))
-            raise ValueError(f"unknown reward {base!r}; valid names: {', '.join(valid)}")
+            raise ValueError(unknown_reward(base, sorted(set(REWARDS.names()) | set(eps))))
         if eps[base].module not in sys.modules:
             return static_reward_check(eps[base].value, kwargs, factory=factory, label=name, entry_point=True)
     elif base not in REWARDS and base.partition(":")[0] not in sys.modules:
@@ -404,6 +439,9 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
             _check_kwargs(name, target, kwargs)
         except TypeError as e:
             raise ValueError(f"kwargs: {e}") from None
+    hint = None if factory or base in REWARDS or inspect.isclass(obj) else live_factory_hint(name, obj, kwargs)
+    if hint is not None:
+        raise ValueError(hint)
     return None
 
 
@@ -446,7 +484,7 @@ def static_reward_check(
     """
     label = label or spec
     where = f" (entry point {spec!r})" if entry_point else ""
-    found = _static_lookup(spec, depth=0)
+    found = _static_lookup(spec, depth=0, trusted=entry_point)
     kind, detail = found
     if kind == "class":
         raise ValueError(
@@ -460,6 +498,9 @@ def static_reward_check(
         node, path = detail
         if kwargs or factory:
             _check_kwargs_static(label, node, kwargs)
+        hint = None if factory else static_factory_hint(label, node, kwargs)
+        if hint is not None:
+            raise ValueError(hint)
         return (
             f"reward {label!r} is code: {node.name}() in {path} (line {node.lineno}), found without importing it; "
             "it is imported, and checked to be a plain function, when training starts"
@@ -470,9 +511,10 @@ def static_reward_check(
     )
 
 
-def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
+def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, Any]:
     """``("function", (node, path))``, ``("class", qualname)``, ``("module", name)`` or ``("unknown", path)``;
-    raises ``ValueError`` for a module that is not there, the standard library, or a missing attribute."""
+    raises ``ValueError`` for a module that is not there, the standard library, a missing attribute, or (unless
+    ``trusted``: an entry point's code) an installed library the code policy does not allow."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"reward {spec!r}: an import path is 'package.module:function'")
@@ -484,7 +526,7 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
     if module_name in sys.modules:  # already imported: no code runs by looking at it
         try:
             obj = _import_path(spec)
-            check_code_object(spec, obj)
+            check_code_object(spec, obj, library_ok=trusted)
         except (UnknownRewardError, RewardCodeError) as e:
             raise ValueError(str(e).split(". Provide a reward")[0]) from None
         try:
@@ -497,9 +539,12 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
     if mspec is None:
         raise ValueError(
             f"reward {spec!r}: cannot import module {module_name!r} (no such module on sys.path; a module of "
-            "your own must be in the current directory or an installed package)"
+            "your own must be in the current directory, next to the config file, or an installed package)"
         )
     origin = mspec.origin
+    refusal = None if trusted else library_refusal(spec, module_name, origin)
+    if refusal is not None:
+        raise ValueError(refusal)
     if mspec.submodule_search_locations and origin in (None, "namespace"):
         raise ValueError(f"reward {spec!r}: {module_name!r} is a namespace package, which defines no functions")
     if not origin or not origin.endswith(".py") or not Path(origin).is_file():
@@ -534,7 +579,7 @@ def _static_lookup(spec: str, depth: int) -> tuple[str, Any]:
             if find_module_file(sub) is not None and not _is_stdlib(sub):
                 return "module", sub
             try:
-                return _static_lookup(f"{target}:{alias.name}", depth + 1)
+                return _static_lookup(f"{target}:{alias.name}", depth + 1, trusted)
             except ValueError as e:
                 raise ValueError(f"reward {spec!r} is imported from {target}: {e}") from None
     if isinstance(last, ast.Import) and len(bindings) == 1:
@@ -634,6 +679,35 @@ def _check_kwargs_static(name: str, node: ast.FunctionDef | ast.AsyncFunctionDef
     unknown = sorted(set(kwargs) - set(accepted))
     if unknown:
         raise ValueError(f"kwargs: reward {name!r} got unknown argument(s) {unknown}; it accepts {accepted}")
+
+
+def completions_annotation(name: str) -> str:
+    """The annotation of the ``completions`` parameter of the reward ``name`` as text (``""`` when it has none,
+    for a factory, whose reward is only known once it is called, or when it cannot be found), read without
+    importing code: live for registered rewards and modules already imported, else from the ``def`` in source.
+    TRL's conversational rewards say ``list[list[dict[str, str]]]`` (they read ``completion[0]["content"]``)."""
+    if not isinstance(name, str) or name.endswith("()"):
+        return ""
+    try:
+        if name in REWARDS or (":" in name and name.partition(":")[0] in sys.modules):
+            obj = resolve_reward(name)
+            target = obj.__call__ if inspect.isclass(obj) else obj
+            p = inspect.signature(target).parameters.get("completions")
+            if p is None or p.annotation is p.empty:
+                return ""
+            return p.annotation if isinstance(p.annotation, str) else str(p.annotation).replace("typing.", "")
+        if ":" not in name:
+            eps = _entry_points()
+            if name not in eps:
+                return ""
+            name = eps[name].value
+        kind, detail = _static_lookup(name, depth=0)
+    except Exception:  # not resolvable here: the other checks say why
+        return ""
+    node = detail[0] if kind == "function" else None
+    args = [] if node is None else node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+    ann = next((a.annotation for a in args if a.arg == "completions"), None)
+    return ast.unparse(ann) if ann is not None else ""
 
 
 def describe_reward_code(name: str, kwargs: dict | None = None) -> str | None:

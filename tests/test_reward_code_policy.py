@@ -7,6 +7,7 @@ config (``--dry-run``) imports none of them; ``mmgrpo demo`` loads only register
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -209,3 +210,62 @@ def test_demo_refuses_remote_code_without_trust(tmp_path, monkeypatch, capsys):
     assert main(["demo", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
     assert "--trust-run-config" in err and "\n" not in err
+
+
+# ------------------------------------------------------------------------- the policy: where reward code comes from
+
+
+class _Planted:
+    """Unpickling this creates the file ``path``: a planted pickle that shows whether anything loaded it."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+LOADERS = [  # third-party functions that load files or objects, named as reward factories
+    ("torch", "{name: 'torch:load()', kwargs: {f: '{file}', weights_only: false}}"),
+    ("pandas", "{name: 'pandas:read_pickle()', kwargs: {filepath_or_buffer: '{file}'}}"),
+    ("joblib", "{name: 'joblib:load()', kwargs: {filename: '{file}'}}"),
+]
+
+
+@pytest.mark.parametrize("library, spec", LOADERS, ids=[name for name, _ in LOADERS])
+def test_library_functions_that_load_objects_are_refused_in_one_line(library, spec, tmp_path, monkeypatch, capsys):
+    pytest.importorskip(library)
+    import pickle
+
+    monkeypatch.delenv("MMGRPO_TRUSTED_REWARD_MODULES", raising=False)
+    marker = tmp_path / "UNPICKLED"
+    (tmp_path / "planted.pkl").write_bytes(pickle.dumps(_Planted(marker)))
+    override = "rewards=[" + spec.replace("{file}", str(tmp_path / "planted.pkl")) + "]"
+    for args in (["--dry-run"], []):  # the dry-run, and `train` (which checks the config first)
+        assert main(["train", CFG, override, f"output_dir={tmp_path / 'run'}", *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mmgrpo: config error: rewards[0]") and "\n" not in err and "Traceback" not in err
+        assert f"code of the installed library {library}" in err
+        assert f"MMGRPO_TRUSTED_REWARD_MODULES={library}" in err and "docs/rewards.md#code-policy" in err
+    assert not marker.exists()
+
+
+def test_the_policy_holds_without_importing_and_through_re_exports(tmp_path):
+    """In a fresh process (the library not imported: checked from its file's place) and through an own module that
+    re-exports the library function; the documented opt-in allows it; trl.rewards and own code pass."""
+    (tmp_path / "reexport_mod.py").write_text("from joblib import load\n")
+    env = {k: v for k, v in os.environ.items() if k != "MMGRPO_TRUSTED_REWARD_MODULES"}
+
+    def dry_run(reward: str, **extra: str) -> subprocess.CompletedProcess:
+        args = [sys.executable, "-m", "mmgrpo", "train", CFG, f"rewards=[{reward}]", "--dry-run"]
+        args.append(f"output_dir={tmp_path / 'run'}")
+        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**env, **extra})
+
+    out = dry_run("{name: 'joblib:load()', kwargs: {filename: x.pkl}}")
+    assert out.returncode == 2 and "code of the installed library joblib" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = dry_run("{name: 'reexport_mod:load()', kwargs: {filename: x.pkl}}")
+    assert out.returncode == 2 and "installed library joblib" in out.stderr, out.stderr
+    out = dry_run("{name: 'joblib:load()', kwargs: {filename: x.pkl}}", MMGRPO_TRUSTED_REWARD_MODULES="joblib")
+    assert out.returncode == 0, out.stderr
+    assert "installed library" not in dry_run("{name: 'trl.rewards:think_format_reward'}").stderr  # allow-listed

@@ -14,7 +14,8 @@ CFG = "configs/quickstart.yaml"
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("rewards=[{name: acuracy}]", "rewards[0] (acuracy): unknown reward 'acuracy'; valid names:"),
+        ("rewards=[{name: acuracy}]", "rewards[0] (acuracy): unknown reward 'acuracy'; did you mean 'accuracy'?"),
+        ("rewards=[{name: zzqqxx}]", "rewards[0] (zzqqxx): unknown reward 'zzqqxx'; valid names: accuracy, "),
         ("rewards=[{name: accuracy, kwargs: {answer_kye: x}}]", "got unknown argument(s) ['answer_kye']"),
         ("rewards=[{name: no_such_module_xyz:fn}]", "cannot import module 'no_such_module_xyz'"),
         ("rewards=[{name: mmgrpo.rewards.text:nope}]", "has no attribute 'nope'"),

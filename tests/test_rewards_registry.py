@@ -43,11 +43,11 @@ def test_load_by_import_path_function_and_class():
         load_reward("no_such_pkg_xyz.mod:f")
 
 
-def test_unknown_name_lists_valid_names_and_the_three_ways():
+def test_unknown_name_suggests_the_closest_name_and_the_three_ways():
     with pytest.raises(UnknownRewardError) as info:
         load_reward("acuracy")
     msg = str(info.value)
-    assert "unknown reward 'acuracy'" in msg and "accuracy" in msg and "format" in msg
+    assert "unknown reward 'acuracy'; did you mean 'accuracy'?" in msg and "format" not in msg
     assert "registry name" in msg and "package.module:function" in msg and "mmgrpo.rewards" in msg
     assert isinstance(info.value, KeyError) and not msg.startswith("'")
 
@@ -111,8 +111,10 @@ def test_user_reward_in_another_installed_package_is_found_by_entry_point(tmp_pa
     assert "failed to load" in listed["broken"]
     with pytest.raises(UnknownRewardError, match=r"entry point 'acme_rewards:does_not_exist'.*failed to load"):
         load_reward("broken")
+    with pytest.raises(UnknownRewardError, match=r"did you mean 'shout'\?"):
+        load_reward("shoutt")
     with pytest.raises(UnknownRewardError, match=r"valid names: .*shout"):
-        load_reward("whisper")
+        load_reward("zzqqxx")
 
     rewards, metrics = RewardRunner([("shout", 1.0, {}), ("bonus", 0.1, {"value": 3.0})])(["OK", "no"], ["p", "p"], {})
     assert rewards.tolist() == [[1.0, 3.0], [0.0, 3.0]]
@@ -128,3 +130,18 @@ def test_registry_wins_over_entry_point_with_same_name(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward("format") is R.format_reward
+
+
+def test_readme_counts_the_built_ins_that_mmgrpo_rewards_list_prints(tmp_path):
+    """README's "N built-ins" is what `mmgrpo rewards list` prints in a fresh process (no plug-ins installed here)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "mmgrpo", "rewards", "list"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    claimed = re.search(r"\*\*Rewards\*\*: (\d+) built-ins", (root / "README.md").read_text())
+    assert claimed is not None and int(claimed.group(1)) == len(out.stdout.strip().splitlines())

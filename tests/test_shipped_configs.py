@@ -4,7 +4,8 @@ could fail on for a data, reward, path or option reason, the dry-run has caught 
 
 The example datasets come from ``examples/make_example_datasets.py`` and the recipes' prompt files are written
 (as a user would download them) into a working directory; the hub recipes cannot load their models offline, so
-for them only the dry-run runs, which checks everything but the model. A config naming a real model
+for them only the dry-run runs, which checks everything but the model (their model-based rewards' weights are
+found in a Hugging Face cache laid out as a download leaves it, :func:`hub_cache`). A config naming a real model
 (docs/real_models.md) trains its step once ``scripts/setup_real_models.sh`` has converted that model.
 """
 
@@ -65,6 +66,28 @@ def workdir(tmp_path_factory):
     return root
 
 
+HUB_WEIGHTS = {  # the model-based rewards' default hub ids the recipes use, and a weights file of each
+    "yuvalkirstain/PickScore_v1": "model.safetensors",
+    "laion/CLIP-ViT-H-14-laion2B-s32B-b79K": "preprocessor_config.json",
+    "timm/vit_large_patch14_clip_224.openai": "open_clip_model.safetensors",
+}
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An offline Hugging Face cache holding snapshots of :data:`HUB_WEIGHTS`, laid out as a download leaves it
+    (``models--org--name/refs/main`` naming ``snapshots/<commit>/``); the files are empty, never loaded."""
+    for repo, filename in HUB_WEIGHTS.items():
+        folder, commit = tmp_path / "hf" / "hub" / f"models--{repo.replace('/', '--')}", "0" * 40
+        (folder / "snapshots" / commit).mkdir(parents=True)
+        (folder / "snapshots" / commit / filename).write_bytes(b"")
+        (folder / "refs").mkdir()
+        (folder / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 def test_every_config_is_covered():
     assert len(CONFIGS) >= 20 and any(_hub_model(c) for c in CONFIGS) and any(not _hub_model(c) for c in CONFIGS)
     shrunk = [c.stem for c in CONFIGS if _small(c)]  # every built-in synthetic task is made small here
@@ -72,7 +95,7 @@ def test_every_config_is_covered():
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_shipped_config_passes_dry_run(config, workdir, monkeypatch, mmgrpo_cache, capsys):
+def test_shipped_config_passes_dry_run(config, workdir, monkeypatch, mmgrpo_cache, hub_cache, capsys):
     monkeypatch.chdir(workdir)
     rc = main(["train", str(config), "--dry-run", f"output_dir={workdir / 'runs' / config.stem}", *_small(config)])
     assert rc == 0, capsys.readouterr().err

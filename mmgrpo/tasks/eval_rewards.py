@@ -11,10 +11,11 @@ from mmgrpo.config import ConfigError
 class EvalRewards:
     """A task's own evaluation metrics ``[{name, kwargs}]``: checked when the task is built (registered names and
     their kwargs; no module imported, no model loaded), loaded at the first :meth:`score` (a model-based reward
-    such as PickScore loads its weights then, not at ``--dry-run``)."""
+    such as PickScore loads its weights then, not at ``--dry-run``, but its ``load_check`` finds them at build:
+    :func:`mmgrpo.rewards.registry.reward_load_check`)."""
 
     def __init__(self, specs: list[dict], where: str):
-        from mmgrpo.rewards.registry import REWARDS, check_reward_spec
+        from mmgrpo.rewards.registry import REWARDS, check_reward_spec, reward_load_check
 
         self.specs, self._runner = [], None
         for i, spec in enumerate(specs):
@@ -25,6 +26,9 @@ class EvalRewards:
                     check_reward_spec(spec["name"], spec.get("kwargs", {}))
                 except ValueError as e:
                     raise ConfigError(f"{where}[{i}] ({spec['name']}): {e}") from None
+                problem = reward_load_check(spec["name"], spec.get("kwargs") or {})
+                if problem is not None:
+                    raise ConfigError(f"{where}[{i}] ({spec['name']}): cannot load its weights: {problem}")
             self.specs.append((spec["name"], dict(spec.get("kwargs") or {})))
 
     def __bool__(self) -> bool:
