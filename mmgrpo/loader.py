@@ -25,6 +25,7 @@ from mmgrpo.config import (
 )
 from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
+from mmgrpo.sizing import check_step_fits
 from mmgrpo.types import capabilities, has_method, required_capabilities
 
 
@@ -143,6 +144,7 @@ def validate(cfg: TrainConfig) -> None:
     if a.ratio_level == "chunk" and not a.chunk_sizes:
         raise ConfigError("algorithm.chunk_sizes: ratio_level=chunk needs chunk sizes, e.g. [2, 3, 5]")
     _check_chunk_sizes(cfg, ADAPTERS.get(cfg.model.adapter))
+    check_step_fits(cfg, ADAPTERS.get(cfg.model.adapter))  # sizes no model could fit (mmgrpo/sizing.py)
     if cfg.stop_after is not None and cfg.stop_after > cfg.steps:
         raise ConfigError(
             f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "
