@@ -2,6 +2,7 @@
 the knob, a dead rank is named by its peer, and ranks stop when their launcher dies (mmgrpo/sizing.py,
 mmgrpo/faults.py)."""
 
+import contextlib
 import json
 import os
 import resource
@@ -169,16 +170,23 @@ def _ranks_after_first_step(proc: subprocess.Popen, out: Path) -> dict[int, psut
     return {int(c.environ()["RANK"]): c for c in psutil.Process(proc.pid).children()}
 
 
+def _kill(processes: list) -> None:
+    """SIGKILL what is still running of a launch (a test that failed midway leaves nothing behind)."""
+    for p in processes:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            p.kill()
+
+
 @pytest.mark.slow
 def test_a_killed_rank_is_named_in_one_line_by_its_peer(tmp_path, mmgrpo_cache):
     proc, out, log = _launch(tmp_path, steps=100)
+    ranks = {}
     try:
         ranks = _ranks_after_first_step(proc, out)
         os.kill(ranks[1].pid, signal.SIGKILL)
         proc.wait(timeout=300)
     finally:
-        for p in [proc, *ranks.values()] if "ranks" in locals() else [proc]:
-            p.kill()
+        _kill([proc, *ranks.values()])
     text = log.read_text()
     assert proc.returncode != 0
     (line,) = _errors(text)
@@ -198,9 +206,7 @@ def test_ranks_stop_with_a_checkpoint_when_their_launcher_is_killed(tmp_path, mm
         proc.wait()
         _, alive = psutil.wait_procs(list(ranks.values()), timeout=120)
     finally:
-        for p in ranks.values():
-            if p.is_running():
-                p.kill()
+        _kill(list(ranks.values()))
     text = log.read_text()
     assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher by 120 s:\n{text[-3000:]}"
     for r in (0, 1):
