@@ -23,8 +23,17 @@ _OOM_TEXTS = ("can't allocate memory", "out of memory", "cannot allocate memory"
 """Lower-case parts of torch's allocation errors: ``DefaultCPUAllocator: can't allocate memory``, ``CUDA out of
 memory`` (``torch.OutOfMemoryError``), ``Cannot allocate memory`` (errno 12)."""
 
-_PEER_TEXTS = ("connection closed by peer", "connection reset by peer", "broken pipe", "gloo", "nccl")
-"""Lower-case parts of a collective's error when another process of the group is gone (gloo's ``pair.cc``)."""
+_PEER_TEXTS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+)
+"""Lower-case parts of a collective's error when another process of the group is gone: gloo's ``pair.cc``
+(``Connection closed by peer``, ``Read error ...: Connection reset by peer``), NCCL's ``remote process exited or
+there was a network error`` and an aborted communicator. Other collective errors (a shape mismatch) keep their
+traceback."""
 
 
 def _knobs(cfg: TrainConfig, tb: Any) -> str:
@@ -98,10 +107,10 @@ def peer_line(e: BaseException) -> str | None:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world < 2 or not isinstance(e, RuntimeError):
         return None
-    import torch.distributed as dist
+    from torch.distributed import DistNetworkError
 
     text = str(e).strip()
-    if not (isinstance(e, dist.DistError) or any(s in text.lower() for s in _PEER_TEXTS)):
+    if not (isinstance(e, DistNetworkError) or any(s in text.lower() for s in _PEER_TEXTS)):
         return None
     cause = text.splitlines()[0] if text else type(e).__name__
     if "]" in cause[:200] and cause.startswith("["):  # drop gloo's "[/path/to/pair.cc:561] " source location

@@ -146,6 +146,7 @@ def test_a_collective_failing_on_a_dead_peer_is_one_line(monkeypatch):
     assert "\n" not in line
     assert faults.peer_line(ValueError(_GLOO)) is None
     assert faults.peer_line(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    assert faults.peer_line(RuntimeError("[gloo/allreduce.cc:10] Gloo allreduce: sizes do not match")) is None
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert faults.peer_line(RuntimeError(_GLOO)) is None  # one process has no peers
 
