@@ -154,8 +154,8 @@ def exit_with_launcher() -> threading.Thread | None:
             time.sleep(POLL_S)
         rank = os.environ.get("RANK", "?")
         print(
-            f"mmgrpo: rank {rank}: the launcher (pid {parent}) is gone; stopping at the end of this step with a "
-            "checkpoint (continue with resume=latest)",
+            f"mmgrpo: rank {rank}: the launcher (pid {parent}) is gone; stopping (in the training steps: at the end "
+            "of the step, with a checkpoint; continue with resume=latest)",
             file=sys.stderr,
             flush=True,
         )
