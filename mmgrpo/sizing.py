@@ -53,8 +53,9 @@ def units_per_sample(cfg: TrainConfig, adapter_builder: Any) -> tuple[int, str |
         options = adapter_builder.options(cfg.model.args)
         if adapter_builder.units_per_sample is not None:
             T = adapter_builder.units_per_sample(options)
-            if T is not None:
-                return int(T), "model.args (the family's units per sample)"
+            if T is not None:  # the key: the one integer option equal to T (the flow adapter's num_steps)
+                keys = [k for k, v in vars(options).items() if type(v) is int and v == T]
+                return int(T), f"model.args.{keys[0]}" if len(keys) == 1 else "model.args"
         T = vars(options).get("max_new_tokens")
         if isinstance(T, int) and T > 0:
             return T, "model.args.max_new_tokens"
@@ -82,7 +83,7 @@ def check_step_fits(cfg: TrainConfig, adapter_builder: Any, memory: int | None =
     fit_g = memory // (processes * a.prompts_per_step * per_sample)
     where = f" × {processes} processes on this machine" if processes > 1 else ""
     t_text = f" × {T} units ({t_key})" if t_key else ""
-    others = "algorithm.prompts_per_step" + (f" or {t_key.split(' ')[0]}" if t_key else "")
+    others = "algorithm.prompts_per_step" + (f" or {t_key}" if t_key else "")
     raise ConfigError(
         f"algorithm.group_size: {a.group_size} samples × prompts_per_step {a.prompts_per_step}{t_text}{where} "
         f"need at least {_gb(need)} for the step's log-prob, mask and advantage tensors alone, more than this "

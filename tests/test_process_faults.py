@@ -39,6 +39,8 @@ def test_step_bytes_count_the_cores_unit_tensors():
     # plus 2 rewards per sample
     assert sizing.step_bytes(cfg, 8) == 256 * 8 * 16 + 256 * 4 * 2
     assert sizing.units_per_sample(cfg, ADAPTERS.get("vlm")) == (8, "model.args.max_new_tokens")
+    flow = load_config(ROOT / "configs/flow_chunk.yaml", ["model.args.num_steps=7", "algorithm.chunk_sizes=[3, 4]"])
+    assert sizing.units_per_sample(flow, ADAPTERS.get("flow")) == (7, "model.args.num_steps")
 
 
 def test_a_step_that_cannot_fit_is_refused_naming_the_key_and_what_fits():
