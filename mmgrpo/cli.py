@@ -5,9 +5,11 @@ The same command works under ``accelerate launch`` (e.g. ``ACCELERATE_USE_CPU=1 
 configs/accelerate/cpu_2proc.yaml -m mmgrpo train configs/quickstart.yaml``; ``--cpu`` starts one process). A
 configuration mistake prints one line naming the field and exits with status 2; so does unusable data (a missing
 column or media file in the first rows of a task, a column a reward needs), naming the file, the row and the
-option to change. ``--dry-run`` runs the same load-time check as ``train`` (:func:`mmgrpo.preflight.preflight`)
-and stops before any model loads. Overrides and flags may come in any order (``mmgrpo train cfg.yaml --dry-run
-overwrite=true``).
+option to change. Running out of memory names the options that size the failing phase, and a rank whose peer died
+names that rank (:mod:`mmgrpo.faults`), each in one line with status 1; a rank whose launcher died stops at the end
+of its step with a checkpoint. ``--dry-run`` runs the same load-time check as ``train``
+(:func:`mmgrpo.preflight.preflight`) and stops before any model loads. Overrides and flags may come in any order
+(``mmgrpo train cfg.yaml --dry-run overwrite=true``).
 """
 
 from __future__ import annotations
@@ -115,10 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from safetensors import SafetensorError
 
+    from mmgrpo import faults
     from mmgrpo.checkpoint import CheckpointError, RunDirError
     from mmgrpo.trainer import train
 
     main_process = int(os.environ.get("RANK", "0")) == 0
+    faults.exit_with_launcher()  # a rank of accelerate launch stops (with a checkpoint) when its launcher dies
     try:
         summary = train(cfg)
     except ConfigError as e:  # adapter/task/reward options are validated when they are built
@@ -140,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         if main_process:
             print(f"mmgrpo: interrupted; {_resume_hint(cfg)}", file=sys.stderr)
         return 130
+    except (MemoryError, RuntimeError) as e:  # out of host/device memory, or a peer process died: one line each
+        oom = faults.memory_line(e, cfg)
+        line = oom or faults.peer_line(e)
+        if line is None:
+            raise
+        print(f"mmgrpo: error: {line}" + ("" if oom else f"; {_resume_hint(cfg)}"), file=sys.stderr)
+        return 1
     evals = {k: round(v, 4) for k, v in summary.items() if k.startswith("eval/")}
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))

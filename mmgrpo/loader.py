@@ -26,6 +26,7 @@ from mmgrpo.config import (
 )
 from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
+from mmgrpo.sizing import check_step_fits
 from mmgrpo.types import capabilities, has_method, required_capabilities
 
 
@@ -157,6 +158,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_chunk_sizes(cfg, ADAPTERS.get(cfg.model.adapter))
     if not cfg.output_dir.strip():  # (Path("") is the working directory, which no run should take over)
         raise ConfigError("output_dir: empty; name the run's directory, e.g. output_dir=runs/my-run")
+    check_step_fits(cfg, ADAPTERS.get(cfg.model.adapter))  # sizes no model could fit (mmgrpo/sizing.py)
     if cfg.stop_after is not None and cfg.stop_after > cfg.steps:
         raise ConfigError(
             f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "

@@ -148,7 +148,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         self.eos_ids = torch.tensor(eos if isinstance(eos, list) else [eos])
         if encoders is None:  # the media of the prompts, in the order their parts precede the text
             image = getattr(processor, "image_processor", None)
-            encoders = [ImageEncoder(args.min_pixels, args.max_pixels, getattr(image, "size", None))] if image is not None else []
+            size = getattr(image, "size", None)
+            encoders = [ImageEncoder(args.min_pixels, args.max_pixels, size)] if image is not None else []
         self.encoders = list(encoders)
         self.is_multimodal = bool(self.encoders)  # any medium (image, video, audio): the processor renders prompts
         self.suppress_ids = self._media_token_ids()
