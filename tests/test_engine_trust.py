@@ -34,6 +34,7 @@ from mmgrpo.modalities.tokens.engine_http import (
     handler,
     safetensors_spec,
 )
+from tests.test_engine import _gone
 
 SECRET = "s3cret-" + "x" * 36
 
@@ -278,17 +279,6 @@ def test_a_second_rollout_server_on_a_taken_address_is_refused():
         )  # fmt: skip
     assert out.returncode == 2 and "is in use" in out.stderr, out.stderr
     assert not address_taken(url)
-
-
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_sigkilled_server_takes_its_engine_processes_along(tmp_path):
