@@ -95,6 +95,24 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
         )
 
 
+def _check_engine_sampling(cfg: TrainConfig, adapter_builder: Any) -> None:
+    """Top-k / top-p with ``rollout.engine: vllm`` is refused. vLLM reports the log-probs of the distribution it
+    sampled from after truncation (its ``processed_logprobs``); the trainer scores the untruncated distribution, as
+    TRL and verl do. The importance weights π_old / π_engine (mmgrpo.importance) would then carry the truncated mass
+    of every token — log π_old − log π_engine = log(kept probability mass) < 0, a bias, not noise."""
+    if cfg.rollout.engine != "vllm" or not isinstance(adapter_builder, AdapterSpec):
+        return
+    options = adapter_builder.options(cfg.model.args)
+    for key, off in (("top_p", 1.0), ("top_k", 0)):
+        value = getattr(options, key, off)
+        if value != off:
+            raise ConfigError(
+                f"model.args.{key}: {value} with rollout.engine: vllm: the engine's log-probs are of the truncated "
+                f"distribution and the trainer's of the full one, so the importance weights would be biased; set "
+                f"model.args.{key}: {off}, or rollout.engine: native"
+            )
+
+
 def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
     """``algorithm.chunk_sizes`` must sum to the units per sample T, checked at load where the adapter builder
     declares T as a function of its ``model.args`` (``AdapterSpec.units_per_sample``, e.g. the flow adapter's
@@ -194,6 +212,7 @@ def validate(cfg: TrainConfig) -> None:
             f"rollout.engine: vllm (got {cfg.rollout.engine!r})"
         )
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
+    _check_engine_sampling(cfg, ADAPTERS.get(cfg.model.adapter))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -89,6 +90,25 @@ def test_engine_needs_an_adapter_that_can_use_one():
     load_config(ROOT / "configs/speech_whisper_asr.yaml", ["rollout.engine=vllm"])  # whisper: accepted
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm needs an adapter with use_engine"):
         load_config(ROOT / "configs/ar_image_grpo.yaml", ["rollout.engine=vllm"])
+
+
+@pytest.mark.parametrize(
+    "config, setting",
+    [("quickstart", "model.args.top_p=0.9"), ("quickstart", "model.args.top_k=20"),
+     ("speech_whisper_asr", "model.args.top_p=0.95"), ("speech_qwen2audio_qa", "model.args.top_k=5")],
+)  # fmt: skip
+def test_truncated_sampling_with_the_engine_is_refused_at_load(config, setting):
+    """vLLM's log-probs are of the top-k / top-p truncated distribution, the trainer's of the full one: the
+    importance weights would carry log(kept mass) on every token. Refused in one line; each alone is accepted."""
+    from mmgrpo.config import ConfigError
+    from mmgrpo.loader import load_config
+
+    key = re.escape(setting.split("=")[0])
+    with pytest.raises(ConfigError, match=rf"^{key}: .* with rollout\.engine: vllm: .*biased") as e:
+        load_config(ROOT / f"configs/{config}.yaml", ["rollout.engine=vllm", setting])
+    assert "\n" not in str(e.value)
+    load_config(ROOT / f"configs/{config}.yaml", [setting])  # the native engine scores what it samples from
+    load_config(ROOT / f"configs/{config}.yaml", ["rollout.engine=vllm"])
 
 
 # ---------------------------------------------------------------------------------------------- real server
