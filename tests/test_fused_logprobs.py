@@ -397,6 +397,38 @@ def test_tied_gradient_matches_autograd_with_padding_bans_temperature_and_autogr
     assert not model.emb.weight._backward_hooks  # each hook removed itself
 
 
+def test_without_the_private_graph_task_id_the_tied_gradient_is_autograds(monkeypatch):
+    """Where torch lacks ``torch._C._current_graph_task_id`` (private; forced here), ``tied_embedding_grad`` yields
+    None — the lookups and the head leave the tied gradient to plain autograd — and the gradient is the same."""
+    import mmgrpo.modalities.tokens.logprobs as logprobs
+    from mmgrpo.modalities.tokens.logprobs import linear_token_logprobs, tied_embedding_grad
+
+    monkeypatch.setattr(logprobs, "LATE_GRADIENT_MIN_BYTES", 0)
+    torch.manual_seed(0)
+    V, H = 300, 8
+    model = torch.nn.Module()
+    model.emb = torch.nn.Embedding(V, H)
+    model.get_input_embeddings = lambda: model.emb
+    head = torch.nn.Linear(H, V, bias=False)
+    head.weight = model.emb.weight
+    ids, targets = torch.randint(0, V, (21,)), torch.randint(0, V, (21,))
+
+    def grad() -> tuple[torch.Tensor, bool]:
+        model.zero_grad(set_to_none=True)
+        with tied_embedding_grad(model, head) as late:
+            x = torch.tanh(model.emb(ids))
+        linear_token_logprobs(x, head.weight, targets, chunk=64, late=late).sum().backward()
+        return model.emb.weight.grad.clone(), late is not None
+
+    with_hook, used = grad()
+    assert used and logprobs.graph_task_id() is not None
+    monkeypatch.delattr(torch._C, "_current_graph_task_id")
+    assert logprobs.graph_task_id() is None
+    plain, used = grad()
+    assert not used and not model.emb.weight._backward_hooks
+    _close_grad(plain, with_hook, Reductions(terms=V, depth=3))
+
+
 def test_untied_or_unfused_heads_keep_the_dense_lookup():
     """The in-place lookup gradient applies only to an embedding tied to a fused head: untied weights, no fused
     head, or weights without a gradient leave the embedding's forward alone."""

@@ -27,6 +27,7 @@ Shape glossary: ``n`` rows, ``T`` positions, ``V`` vocabulary; ``...`` any leadi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -36,6 +37,8 @@ from torch import Tensor
 from mmgrpo.hostmem import trim_heap
 
 from .. import _hf
+
+logger = logging.getLogger(__name__)
 
 LATE_GRADIENT_MIN_BYTES = 32 * 2**20
 """A tied head's weight gradient (fp32) at least this large is computed at the end of the backward (:class:`TiedGrad`);
@@ -381,9 +384,15 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
     made — from :data:`LATE_GRADIENT_MIN_BYTES` up at the end of the backward, when the activations are gone. Nothing
     changes when ``head`` is None (no fused head), when the weights are untied, or when no gradient is recorded
     (sampling, old log-probs).
+
+    The :class:`TiedGrad` tells backwards apart by torch's private ``torch._C._current_graph_task_id``; where a torch
+    lacks it (:func:`graph_task_id` is None), the lookups and the head leave the gradient to plain autograd — the
+    same gradient, with autograd's larger peak — and a debug line says so.
     """
     emb = None
-    if head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
+    if graph_task_id() is None:
+        logger.debug("mmgrpo: torch._C._current_graph_task_id is missing; the tied head's gradient is autograd's")
+    elif head is not None and torch.is_grad_enabled() and head.weight.requires_grad:
         get = getattr(_hf.unwrap(model, peft=True), "get_input_embeddings", None)
         emb = get() if get is not None else None
         if type(emb) is not torch.nn.Embedding or emb.weight is not head.weight or emb.sparse or emb.max_norm:
@@ -401,6 +410,12 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
             del emb.forward
         else:
             emb.forward = saved
+
+
+def graph_task_id() -> Callable[[], int] | None:
+    """torch's private ``torch._C._current_graph_task_id`` (the id of the running backward), or None where this torch
+    has none: :func:`tied_embedding_grad` then leaves the tied gradient to autograd."""
+    return getattr(torch._C, "_current_graph_task_id", None)
 
 
 class TiedGrad:
@@ -434,22 +449,23 @@ class TiedGrad:
             self.handle = self.weight.register_hook(self._assemble)
 
     def add_head(self, add: Callable[[Tensor], None]) -> None:
-        self.heads.append((torch._C._current_graph_task_id(), add))
+        self.heads.append((graph_task_id()(), add))
 
     def add_rows(self, ids: Tensor, grad: Tensor) -> None:
-        self.rows.append((torch._C._current_graph_task_id(), ids, grad))
+        self.rows.append((graph_task_id()(), ids, grad))
 
     def _assemble(self, grad: Tensor) -> Tensor:
         self.handle.remove()
         self.handle = None
-        task = torch._C._current_graph_task_id()
+        task = graph_task_id()()
         heads = [add for t, add in self.heads if t == task]
         rows = [(ids, g) for t, ids, g in self.rows if t == task]
         self.heads, self.rows = [], []
         if not heads and not rows:  # only a stale hook's entries: another TiedGrad of this backward has the head
             return grad
         if all(st == 0 for st in grad.stride()):  # the head's stand-in (zeros): the gradient is made here
-            trim_heap()
+            if grad.device.type == "cpu":  # the host heap holds CPU activations only; a GPU's memory is torch's
+                trim_heap()
             out = torch.zeros(grad.shape, dtype=torch.float32, device=grad.device)  # [V, H]
         else:  # a dense gradient made for this backward (the head's, below the threshold, or a sum): add into it
             out = grad if grad.dtype == torch.float32 else grad.float()
