@@ -23,7 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a policy from a YAML config")
     t.add_argument("config", help="YAML training config (see configs/)")
     t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x")
-    t.add_argument("--dry-run", action="store_true", help="resolve, validate and print the config; do not train")
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the load-time check (config, the first rows and their media, rewards) and print a one-line "
+        "summary; load no model, do not train",
+    )
+    t.add_argument("--print-config", action="store_true", help="with --dry-run: also print the resolved config")
     d = sub.add_parser("demo", help="serve a Gradio app comparing a run's base and trained models (needs .[demo])")
     d.add_argument("run_dir", help="run directory written by mmgrpo train (config.yaml, checkpoints/)")
     d.add_argument(
@@ -94,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from mmgrpo.preflight import preflight
         from mmgrpo.rewards.registry import describe_reward_code, reward_code_policy
+        from mmgrpo.row_check import LoadReport, reward_resolutions
 
+        report = LoadReport()
         try:
             with reward_code_policy("check"):  # import-path rewards: checked, never imported
-                preflight(cfg)  # the check `train` runs before any model loads: task, first rows, reward columns
+                preflight(cfg, report)  # the check `train` runs before any model loads: task, first rows, rewards
+                report.rewards = reward_resolutions(cfg)
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2
@@ -107,11 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         except EngineError as e:
             print(f"mmgrpo: error: {e}", file=sys.stderr)
             return 2
-        print(dump_config(cfg), end="")
+        if args.print_config:
+            print(dump_config(cfg), end="")
         for r in cfg.rewards:  # a config is code: say which rewards are, and that they were not run
             note = describe_reward_code(r.name, r.kwargs)
             if note:
                 print(f"mmgrpo: note: {note}", file=sys.stderr)
+        print(f"mmgrpo: dry run OK: {report.line()}", file=sys.stderr)  # stdout: only the --print-config YAML
         return 0
     from safetensors import SafetensorError
 

@@ -1,7 +1,9 @@
 """Media of dataset rows: opening files with one-line errors, and the chat parts that stand for them.
 
 Image files are opened with Pillow and fully read, so a truncated file fails here, naming the file, rather than
-deep inside a processor; :class:`~mmgrpo.types.DataError` carries the message.
+deep inside a processor; audio files are decoded with soundfile and videos' frames with decord
+(:func:`decode_audio`, :func:`decode_video`) for the same reason. :class:`~mmgrpo.types.DataError` carries the
+message; the dataset task prefixes the file and line, and the trainer skips and counts such a row.
 
 :func:`add_media_parts` gives a conversational prompt one ``{"type": kind}`` content part per image / video /
 audio of its row, as TRL does for its vision datasets (``trl.data_utils.prepare_multimodal_messages``, TRL 1.16):
@@ -60,6 +62,77 @@ def open_image(value: Any, what: str = "image") -> Image.Image:
         name = str(value) if isinstance(value, (str, Path)) else "bytes"
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"{what} file {name!r} cannot be read as an image ({reason})") from None
+
+
+def decode_audio(value: Any, what: str = "audio") -> int:
+    """Decode a row's audio as the speech adapters will (``soundfile``: wav, flac, ogg, mp3) and return its sample
+    count; a file path, a ``{"bytes"|"path"}`` dict or a ``{"array", "sampling_rate"}`` dict.
+
+    A missing, empty, undecodable file, a signal of 0 samples or with NaN/inf samples raises :class:`DataError`
+    naming the file (the adapters' ``silence_threshold`` is theirs to check)."""
+    import numpy as np
+
+    if isinstance(value, str) and value.startswith(("http://", "https://")):
+        return 0
+    if isinstance(value, dict) and value.get("array") is not None:
+        data = np.asarray(value["array"], dtype=np.float32)
+        name = "array"
+    else:
+        if isinstance(value, dict):
+            value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
+        if isinstance(value, (str, Path)):
+            _check_file(value, what)
+        elif not hasattr(value, "read"):
+            raise DataError(f"{what} must be a file path or an {{'array', 'sampling_rate'}} dict, got {value!r:.80}")
+        import soundfile as sf
+
+        name = str(value) if isinstance(value, (str, Path)) else "bytes"
+        try:
+            data, _ = sf.read(value, dtype="float32", always_2d=True)  # [N, channels]
+        except Exception as e:  # libsndfile's errors name no file: add it
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise DataError(f"{what} file {name!r} cannot be decoded ({reason}); use wav, flac, ogg or mp3") from None
+    if data.size == 0:
+        raise DataError(f"{what} {name!r} is empty (0 samples)")
+    if not np.isfinite(data).all():
+        raise DataError(f"{what} {name!r} has NaN or infinite samples")
+    return int(data.shape[0])
+
+
+def decode_video(value: Any, frames: int = 8, what: str = "video") -> int:
+    """Decode ``frames`` frames of a video file spread over its length, the last one included (decord, the reader
+    the video adapter's frame sampling uses), and return how many were decoded: a file that is missing, empty,
+    cannot be opened, has no frames or is cut short raises :class:`DataError` naming it. A list of frames (already
+    decoded) and URLs are returned as they are (0 decoded); ``frames=0`` checks only that the file exists."""
+    if not isinstance(value, (str, Path)) or str(value).startswith(("http://", "https://")):
+        return 0
+    _check_file(value, what)
+    if frames <= 0:
+        return 0
+    try:
+        import decord
+    except ImportError:
+        return 0
+    try:
+        reader = decord.VideoReader(str(value), num_threads=1)
+        n = len(reader)
+        if n > 0:
+            k = max(1, min(frames, n))
+            reader.get_batch([round(j * (n - 1) / max(1, k - 1)) for j in range(k)] if k > 1 else [n - 1])
+    except Exception as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise DataError(f"{what} file {str(value)!r} cannot be decoded ({reason})") from None
+    if n == 0:
+        raise DataError(f"{what} file {str(value)!r} has no frames")
+    return k
+
+
+def _check_file(value: Any, what: str) -> None:
+    path = Path(value)
+    if not path.is_file():
+        raise DataError(f"{what} file {str(path)!r} does not exist (relative paths resolve against media_root)")
+    if path.stat().st_size == 0:
+        raise DataError(f"{what} file {str(path)!r} is empty (0 bytes)")
 
 
 MEDIA_KINDS = ("image", "video", "audio")
@@ -123,4 +196,13 @@ def add_media_parts(messages: list, counts: dict[str, int]) -> list:
     return out
 
 
-__all__ = ["MEDIA_KINDS", "add_media_parts", "as_list", "count_parts", "media_counts", "open_image"]
+__all__ = [
+    "MEDIA_KINDS",
+    "add_media_parts",
+    "as_list",
+    "count_parts",
+    "decode_audio",
+    "decode_video",
+    "media_counts",
+    "open_image",
+]

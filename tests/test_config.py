@@ -87,7 +87,7 @@ def test_every_config_field_has_a_docstring():
 
 
 def test_cli_dry_run_prints_resolved_config(capsys):
-    assert main(["train", str(ROOT / "configs/quickstart.yaml"), "steps=7", "--dry-run"]) == 0
+    assert main(["train", str(ROOT / "configs/quickstart.yaml"), "steps=7", "--dry-run", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["steps"] == 7 and printed["model"]["adapter"] == "vlm"
 

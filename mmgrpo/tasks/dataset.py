@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.config import ConfigError
-from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
+from mmgrpo.media import add_media_parts, as_list, decode_audio, decode_video, media_counts, open_image
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
@@ -412,24 +412,16 @@ class RowBuilder:
                     except DataError as e:
                         raise DataError(f"{where}: column {key!r}: {e}") from None
                 row[key] = opened if isinstance(row[key], (list, tuple)) else opened[0]
-        if isinstance(row.get("video"), str):
-            row["video"] = self._resolve(row["video"], "video", where)
-            self._check_file(row["video"], "video", where)
-            if self.args.probe_videos:
-                _probe_video(row["video"], where)
-        if isinstance(row.get("audio"), str):
-            row["audio"] = self._resolve(row["audio"], "audio", where)
-            self._check_file(row["audio"], "audio", where)
-
-    @staticmethod
-    def _check_file(path: str, key: str, where: str) -> None:
-        if path.startswith(("http://", "https://")):
-            return
-        p = Path(path)
-        if not p.is_file():
-            raise DataError(f"{where}: column {key!r}: file {path!r} does not exist (set task.args.media_root?)")
-        if p.stat().st_size == 0:
-            raise DataError(f"{where}: column {key!r}: file {path!r} is empty (0 bytes)")
+        for key in ("video", "audio"):
+            if isinstance(row.get(key), str):
+                row[key] = self._resolve(row[key], key, where)
+                try:  # decoded as the adapter will, so a bad file is a skipped row (file and line), not a stop
+                    if key == "audio":
+                        decode_audio(row[key])
+                    else:  # probe_videos: the last frame decodes (a cut-short file fails); else the file exists
+                        decode_video(row[key], frames=1 if self.args.probe_videos else 0)
+                except DataError as e:
+                    raise DataError(f"{where}: column {key!r}: {e}") from None
 
     def _prompt(self, row: dict, where: str) -> Any:
         prompt = row["prompt"]
@@ -468,25 +460,6 @@ class RowBuilder:
                 parts += [{"type": kind}] * (len(value) if isinstance(value, (list, tuple)) and kind == "image" else 1)
         content: Any = [*parts, {"type": "text", "text": prompt}] if parts else prompt
         return [{"role": "system", "content": a.system_prompt}, {"role": "user", "content": content}]
-
-
-def _probe_video(path: str, where: str) -> None:
-    """Open ``path`` in decord (reads the container index, not the frames): a corrupt file is one line here."""
-    if path.startswith(("http://", "https://")):
-        return
-    try:
-        import decord
-    except ImportError:
-        return
-    try:
-        n = len(decord.VideoReader(path, num_threads=1))
-    except Exception as e:
-        text = str(e).strip().splitlines()
-        raise DataError(
-            f"{where}: column 'video': {path!r} cannot be decoded ({(text[0] if text else type(e).__name__)[:160]})"
-        ) from None
-    if n == 0:
-        raise DataError(f"{where}: column 'video': {path!r} has no frames")
 
 
 class Rows(Sequence):

@@ -35,7 +35,7 @@ from torch import Tensor
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.media import add_media_parts
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
@@ -590,4 +590,6 @@ def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
     return VLMAdapter(model, processor, a, reference)
 
 
-build_vlm_adapter = ADAPTERS.register("vlm")(AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm))
+build_vlm_adapter = ADAPTERS.register("vlm")(
+    AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm, inputs=Inputs(media=("image",)))
+)
