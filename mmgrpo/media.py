@@ -16,6 +16,7 @@ accepts the other accepts too.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -158,18 +159,79 @@ def count_parts(messages: list, kind: str) -> int:
     return n
 
 
+PLACEHOLDERS = {"<image>": "image", "<video>": "video"}
+"""Media placeholders in prompt text (EasyR1, LLaVA, Video-R1 data): each becomes that kind's part at its place."""
+
+_PLACEHOLDER = re.compile("|".join(map(re.escape, PLACEHOLDERS)))
+
+
+def placeholder_kinds(text: str) -> set[str]:
+    """Kinds whose placeholder (``<image>``, ``<video>``) appears in ``text``."""
+    return {PLACEHOLDERS[m] for m in _PLACEHOLDER.findall(text)}
+
+
+def media_content(text: str, counts: dict[str, int], placed: set[str] | None = None) -> list[dict]:
+    """The content parts of a user message whose text is ``text``: one ``{"type": kind}`` part per media item.
+
+    Each ``<image>`` / ``<video>`` placeholder of ``text`` becomes that kind's part at its place, the text around it
+    text parts (empty ones dropped), as EasyR1 builds its messages (hiyouga/EasyR1 ``verl/utils/dataset.py``,
+    ``_build_messages``: ``prompt.split("<image>")``) and TRL's vision datasets are written; the items of kinds
+    without a placeholder (in ``placed``, default the kinds placed in ``text``) come first, in
+    :data:`MEDIA_KINDS` order, as before. The caller checks that the parts and the row's items agree in number."""
+    placed = placeholder_kinds(text) if placed is None else placed
+    parts: list[dict] = [
+        {"type": kind} for kind in MEDIA_KINDS if kind not in placed for _ in range(counts.get(kind, 0))
+    ]
+    return parts + _split(text, counts)
+
+
+def _split(text: str, counts: dict[str, int]) -> list[dict]:
+    """``text`` as text parts with a media part at each placeholder of a kind the row holds (others stay text)."""
+    parts: list[dict] = []
+    pos = 0
+    for m in _PLACEHOLDER.finditer(text):
+        kind = PLACEHOLDERS[m.group()]
+        if not counts.get(kind):
+            continue  # the row holds no such item: a literal tag (the count check reports a mismatch)
+        if text[pos : m.start()]:
+            parts.append({"type": "text", "text": text[pos : m.start()]})
+        parts.append({"type": kind})
+        pos = m.end()
+    if text[pos:] or not parts:
+        parts.append({"type": "text", "text": text[pos:]})
+    return parts
+
+
+def check_media_content(text: str, counts: dict[str, int]) -> None:
+    """Raise :class:`DataError` when ``text``'s placeholders of a kind differ in number from the row's items."""
+    for tag, kind in PLACEHOLDERS.items():
+        n = text.count(tag)
+        if n and counts.get(kind) and n != counts[kind]:
+            raise DataError(
+                f"the prompt holds {n} {tag} placeholder(s) but the row has {counts[kind]} {kind}(s); give one "
+                f"{tag} per {kind}, or none (the {kind}s then come before the text)"
+            )
+
+
 def add_media_parts(messages: list, counts: dict[str, int]) -> list:
     """``messages`` with one ``{"type": kind}`` part per media item of the row (see the module docstring).
 
     Follows ``trl.data_utils.prepare_multimodal_messages``: string content is wrapped as ``{"type": "text"}``
     parts, and the first user message with string content gets the media parts (images, then video, then audio)
-    before its text. Departures: the parts carry no payload (the decoded media stay in the row's columns, where
-    the adapter's encoders and the rewards read them), and a row without media is returned unchanged (string
-    content kept), so text-only chats render as before. Raises :class:`DataError` when the parts and the row's
-    items differ in number, naming both. Returns a new list; ``messages`` is not modified.
+    before its text; an ``<image>`` / ``<video>`` placeholder in a user message's text becomes that part at its
+    place instead (:func:`media_content`, EasyR1 / LLaVA-style text). Departures: the parts carry no payload (the
+    decoded media stay in the row's columns, where the adapter's encoders and the rewards read them), and a row
+    without media is returned unchanged (string content kept), so text-only chats render as before. Raises
+    :class:`DataError` when the parts and the row's items differ in number, naming both. Returns a new list;
+    ``messages`` is not modified.
     """
     if not any(counts.values()):
         return messages
+    placed = set()
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+            check_media_content(message["content"], counts)
+            placed |= {kind for kind in placeholder_kinds(message["content"]) if counts.get(kind)}
     out, inserted = [], False
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
@@ -181,9 +243,11 @@ def add_media_parts(messages: list, counts: dict[str, int]) -> list:
         content = message.get("content")
         if isinstance(content, str):
             parts = [{"type": "text", "text": content}]
-            if message["role"] == "user" and not inserted:
-                parts = [{"type": kind} for kind in MEDIA_KINDS for _ in range(counts.get(kind, 0))] + parts
-                inserted = True
+            if message["role"] == "user":
+                parts = _split(content, counts)
+                if not inserted:
+                    parts = media_content(content, counts, placed)
+                    inserted = True
             message = {**message, "content": parts}
         out.append(message)
     for kind in MEDIA_KINDS:
@@ -198,11 +262,15 @@ def add_media_parts(messages: list, counts: dict[str, int]) -> list:
 
 __all__ = [
     "MEDIA_KINDS",
+    "PLACEHOLDERS",
     "add_media_parts",
     "as_list",
+    "check_media_content",
     "count_parts",
     "decode_audio",
     "decode_video",
+    "media_content",
     "media_counts",
     "open_image",
+    "placeholder_kinds",
 ]

@@ -54,7 +54,16 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.config import ConfigError
-from mmgrpo.media import add_media_parts, as_list, decode_audio, decode_video, media_counts, open_image
+from mmgrpo.media import (
+    add_media_parts,
+    as_list,
+    check_media_content,
+    decode_audio,
+    decode_video,
+    media_content,
+    media_counts,
+    open_image,
+)
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
@@ -360,6 +369,10 @@ class RowBuilder:
             row[key] = raw[column]
         if "prompt" not in row and isinstance(row.get("conversations"), list):
             self._from_conversations(row, where)
+        if "media" in row and row["media"] is not None:
+            self._route_media(row, where)
+        if "prompt" not in row and row.get("audio") is not None:
+            row["prompt"] = ""  # ASR data (file,text): Whisper reads no prompt; audio_llm refuses this at load
         if "prompt" not in row:
             raise DataError(
                 f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
@@ -371,8 +384,6 @@ class RowBuilder:
                 f"{where}: column {key!r} is missing, but other rows of this file have it; give the row its "
                 f'{key}, or write "{key}": null for a row without media (it is then a text-only prompt)'
             )
-        if "media" in row and row["media"] is not None:
-            self._route_media(row, where)
         self._media(row, where)
         row["prompt"] = self._prompt(row, where)
         return row
@@ -451,14 +462,14 @@ class RowBuilder:
                 raise DataError(
                     f"{where}: task.args.prompt_template uses {{{e.args[0]}}}, which the row has no column for"
                 ) from None
+        counts = media_counts(row)
+        try:  # <image> / <video> placeholders in the text: as many as the row's items (they become parts there)
+            check_media_content(prompt, counts)
+        except DataError as e:
+            raise DataError(f"{where}: column 'prompt': {e}") from None
         if not a.system_prompt:
             return prompt
-        parts = []
-        for kind, key in (("image", "images"), ("image", "image"), ("video", "video"), ("audio", "audio")):
-            value = row.get(key)
-            if value is not None:
-                parts += [{"type": kind}] * (len(value) if isinstance(value, (list, tuple)) and kind == "image" else 1)
-        content: Any = [*parts, {"type": "text", "text": prompt}] if parts else prompt
+        content: Any = media_content(prompt, counts) if any(counts.values()) else prompt
         return [{"role": "system", "content": a.system_prompt}, {"role": "user", "content": content}]
 
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.media import add_media_parts
+from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import DataError, Rollout
 
@@ -181,8 +181,11 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 return add_media_parts(prompt, counts)
             except DataError as e:
                 raise DataError(f"row 'prompt': {e}") from None
-        content: Any = [{"type": kind} for kind, n in counts.items() for _ in range(n)]
-        content += [{"type": "text", "text": str(prompt)}]
+        try:  # an <image> / <video> placeholder in the text becomes that part at its place (EasyR1, LLaVA data)
+            check_media_content(str(prompt), counts)
+        except DataError as e:
+            raise DataError(f"row 'prompt': {e}") from None
+        content: Any = media_content(str(prompt), counts)
         if not self.is_multimodal:
             content = str(prompt)
         messages = [{"role": "user", "content": content}]
