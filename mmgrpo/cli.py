@@ -20,9 +20,20 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmgrpo", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a policy from a YAML config")
+    t = sub.add_parser(
+        "train",
+        help="train a policy from a YAML config",
+        description="Train a policy from a YAML config. A used output_dir is refused: continue it with "
+        "resume=latest (the newest checkpoint; resume=PATH for another), or start over with overwrite=true (the old "
+        "run is moved to <output_dir>.old-<time>, nothing is deleted).",
+    )
     t.add_argument("config", help="YAML training config (see configs/)")
-    t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x")
+    t.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x, resume=latest (continue the run in "
+        "output_dir), overwrite=true (start over in a used output_dir)",
+    )
     t.add_argument(
         "--dry-run",
         action="store_true",

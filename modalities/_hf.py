@@ -10,6 +10,9 @@
 - :func:`save_policy` exports a policy in Hugging Face format (a full model, or a peft adapter whose
   ``adapter_config.json`` names the base model as the config named it); :func:`export_info` describes the
   export for the model card.
+- :func:`quiet_cache_rename` hides transformers 5.x's notice that ``past_key_values`` is now called ``cache``
+  (applied on import): the token adapters pass ``past_key_values``, which every supported transformers (4.57 on)
+  accepts, so the notice says nothing the user can act on.
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
@@ -18,9 +21,11 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +37,27 @@ from mmgrpo.config import ConfigError, LoraConfig
 from mmgrpo.plugins import BuildContext
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_CACHE_RENAME = ("`past_key_values` is deprecated", "`past_key_values`/`cache_params` are deprecated")
+"""The starts of transformers 5.x's two notices of the ``past_key_values`` → ``cache`` rename (a FutureWarning per
+model class, and a ``warning_once`` log line of ``transformers.utils.generic``)."""
+
+
+class _DropCacheRename(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_CACHE_RENAME)
+
+
+def quiet_cache_rename() -> None:
+    """Hide exactly the ``past_key_values`` → ``cache`` rename notices of transformers (module docstring); every
+    other warning, of transformers or anyone, still shows. Idempotent."""
+    warnings.filterwarnings("ignore", message=_CACHE_RENAME[0], category=FutureWarning, module=r"transformers\.")
+    log = logging.getLogger("transformers.utils.generic")
+    if not any(isinstance(f, _DropCacheRename) for f in log.filters):
+        log.addFilter(_DropCacheRename())
+
+
+quiet_cache_rename()
 
 
 @contextmanager
