@@ -15,6 +15,7 @@ For each of the first rows :func:`~mmgrpo.preflight.preflight` checks, :class:`R
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,7 +145,8 @@ def reward_resolutions(cfg: Any) -> list[str]:
     for spec in cfg.rewards:
         if spec.name in REWARDS:
             fn = REWARDS.get(spec.name)
-            builtin = str(getattr(fn, "__module__", "")).startswith("mmgrpo.")
+            module = inspect.getmodule(fn)
+            builtin = module is not None and module.__name__.startswith("mmgrpo.")
             out.append(f"{spec.name} ({'built-in' if builtin else 'registered'})")
         else:
             out.append(f"{spec.name} (import path, checked, not run)")

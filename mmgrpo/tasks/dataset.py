@@ -20,8 +20,11 @@ memory as PIL images. A row is the file's columns with these additions:
   ``"image": null`` for a text-only row). A conversational prompt whose first user message holds string
   content gets one ``{"type": kind}`` part per image/video/audio, as TRL adds them. ``media`` holds a path whose
   kind comes from ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension.
-  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist, be
-  non-empty and open in decord; audio paths are checked to exist (a speech adapter decodes them).
+  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist and
+  their last frame decoded in decord (``probe_videos``); audio is decoded with soundfile (a speech adapter decodes
+  it again, at its rate). ``<image>`` / ``<video>`` placeholders in the prompt text (EasyR1, LLaVA) become those
+  parts at their place (:func:`mmgrpo.media.media_content`). A row with audio and no prompt gets ``""`` (Whisper
+  ASR data, a CSV ``file,text``).
 - ``prompt_template`` wraps a text prompt: ``{prompt}`` is the prompt, ``{column}`` any other column (lists are
   joined with newlines), e.g. R1-V's ``"{prompt} Output the thinking process in <think> </think> and final
   answer in <answer> </answer> tags."``. A mapping ``{value: template}`` picks the template by
@@ -39,7 +42,7 @@ Held-out rows: ``eval`` (a file or dataset, its split ``eval_split``), else ``ev
 ``train``: a hub id or a saved DatasetDict; an error for a single file), else ``eval_fraction`` of train.
 
 Evaluation: with no ``eval_rewards`` the held-out outputs are scored by the run's configured rewards (each
-reward's mean and the combined reward, ``eval/<stage>/<name>`` and ``eval/<stage>/reward``).
+reward's mean and the combined reward, ``eval/<stage>/reward/<name>`` and ``eval/<stage>/reward``).
 """
 
 from __future__ import annotations
