@@ -6,8 +6,8 @@ configs/accelerate/cpu_2proc.yaml -m mmgrpo train configs/quickstart.yaml``; ``-
 configuration mistake prints one line naming the field and exits with status 2; so does unusable data (a missing
 column or media file in the first rows of a task, a column a reward needs), naming the file, the row and the
 option to change. ``--dry-run`` runs the same load-time check as ``train`` (:func:`mmgrpo.preflight.preflight`)
-and stops before any model loads. Overrides and flags may come in any order (``mmgrpo train cfg.yaml --dry-run
-overwrite=true``).
+and stops before any model loads, printing one summary line (``--print-config``: the resolved YAML before it).
+Overrides and flags may come in any order (``mmgrpo train cfg.yaml --dry-run overwrite=true``).
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             note = describe_reward_code(r.name, r.kwargs)
             if note:
                 print(f"mmgrpo: note: {note}", file=sys.stderr)
-        print(f"mmgrpo: dry run OK: {report.line()}", file=sys.stderr)  # stdout: only the --print-config YAML
+        comment = "# " if args.print_config else ""  # after the YAML: a comment, so stdout stays YAML
+        print(f"{comment}mmgrpo: dry run OK: {report.line()}")
         return 0
     from safetensors import SafetensorError
 

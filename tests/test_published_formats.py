@@ -99,7 +99,7 @@ def test_whisper_csv_file_text_needs_no_prompt_column(tmp_path, capsys, empty):
     args = [*BASE, "model.args.name_or_path=/nonexistent", f"task.args.train={csv}", "rewards=[{name: wer}]"]
     mapping = "task.args.columns={audio: file, answer: text}"
     assert main(["train", str(empty), "--dry-run", "model.adapter=whisper", *args, mapping]) == 0
-    assert "dry run OK" in capsys.readouterr().err
+    assert "dry run OK" in capsys.readouterr().out
     # an adapter that reads the prompt beside the audio says so, in one line
     assert main(["train", str(empty), "--dry-run", "model.adapter=audio_llm", *args, mapping]) == 2
     err = capsys.readouterr().err.strip()
