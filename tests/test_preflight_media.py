@@ -172,3 +172,41 @@ def test_dry_run_is_one_summary_line_and_no_config_dump(tmp_path):
     summary = proc.stdout.splitlines()
     assert len(summary) == 1 and summary[0].startswith("mmgrpo: dry run OK: checked 8 train + 8 eval rows")
     assert "images" in summary[0] and "reward(s)" in summary[0] and summary[0].endswith("no model loaded")
+
+
+def test_a_corrupt_wav_past_the_first_rows_is_skipped_in_a_whisper_run(tmp_path, capsys, caplog, empty, mmgrpo_cache):
+    """The issue's case end to end: Whisper on a CSV ``file,text`` with a corrupt wav past the start-up check trains
+    to the end, the row skipped and counted with its file and line (it used to stop the run at the step that drew
+    it, naming no line)."""
+    for i in range(3):
+        _wav(tmp_path / f"u{i}.wav")
+    (tmp_path / "bad.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x00" * 40)
+    csv = tmp_path / "train.csv"
+    csv.write_text("file,text\nu0.wav,one\nu1.wav,two\nu2.wav,three\nbad.wav,four\n")
+    out = tmp_path / "run"
+    args = [
+        "model.adapter=whisper",
+        "model.args.name_or_path=tiny-whisper",
+        "model.args.max_new_tokens=3",
+        "task.name=dataset",
+        f"task.args.train={csv}",
+        "task.args.columns={audio: file, answer: text}",
+        "task.args.check_rows=2",
+        "rewards=[{name: wer}]",
+        "steps=2",
+        "algorithm.group_size=2",
+        "algorithm.prompts_per_step=4",
+        "algorithm.minibatch_size=8",
+        "eval.before=false",
+        "eval.after=false",
+        "logging.trackers=[]",
+        "logging.progress=false",
+        "logging.plot=false",
+        "checkpoint.save_final=false",
+        f"output_dir={out}",
+    ]
+    assert main(["train", str(empty), *args]) == 0, capsys.readouterr().err
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[0]["data/skipped_rows"] >= 1  # 4 prompts per step over 4 rows: the bad one was drawn
+    warned = [r.getMessage() for r in caplog.records if "skipped row" in r.getMessage()]
+    assert warned and f"{csv}: row 4 (line 5): column 'audio'" in warned[0] and "bad.wav" in warned[0]
