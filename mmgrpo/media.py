@@ -67,7 +67,8 @@ def open_image(value: Any, what: str = "image") -> Image.Image:
 
 def decode_audio(value: Any, what: str = "audio") -> int:
     """Decode a row's audio as the speech adapters will (``soundfile``: wav, flac, ogg, mp3) and return its sample
-    count; a file path, a ``{"bytes"|"path"}`` dict or a ``{"array", "sampling_rate"}`` dict.
+    count; a file path, a ``{"bytes"|"path"}`` dict (the Arrow audio struct), or samples: a ``{"array",
+    "sampling_rate"}`` dict, an ``(array, rate)`` pair, an array or a CPU tensor.
 
     A missing, empty, undecodable file, a signal of 0 samples or with NaN/inf samples raises :class:`DataError`
     naming the file (the adapters' ``silence_threshold`` is theirs to check)."""
@@ -75,16 +76,25 @@ def decode_audio(value: Any, what: str = "audio") -> int:
 
     if isinstance(value, str) and value.startswith(("http://", "https://")):
         return 0
-    if isinstance(value, dict) and value.get("array") is not None:
-        data = np.asarray(value["array"], dtype=np.float32)
+    if isinstance(value, dict) and value.get("bytes") is None and value.get("array") is None:
+        value = value.get("path")  # the Arrow audio struct without its bytes
+    if value is None:
+        raise DataError(f"{what} is empty (no path, bytes or array)")
+    if isinstance(value, dict) and value.get("bytes") is not None:
+        value = io.BytesIO(value["bytes"])
+    if not isinstance(value, (str, Path, io.IOBase)):  # an array, (array, rate), {"array", "sampling_rate"}
+        array = value["array"] if isinstance(value, dict) else value[0] if isinstance(value, tuple) else value
+        try:
+            data = np.asarray(array, dtype=np.float32)  # numpy, lists, CPU tensors
+        except (TypeError, ValueError, RuntimeError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise DataError(
+                f"{what} must be a file path or an array of samples, got {type(value).__name__} ({reason})"
+            ) from None
         name = "array"
     else:
-        if isinstance(value, dict):
-            value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
         if isinstance(value, (str, Path)):
             _check_file(value, what)
-        elif not hasattr(value, "read"):
-            raise DataError(f"{what} must be a file path or an {{'array', 'sampling_rate'}} dict, got {value!r:.80}")
         import soundfile as sf
 
         name = str(value) if isinstance(value, (str, Path)) else "bytes"

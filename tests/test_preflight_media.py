@@ -210,3 +210,17 @@ def test_a_corrupt_wav_past_the_first_rows_is_skipped_in_a_whisper_run(tmp_path,
     assert steps[0]["data/skipped_rows"] >= 1  # 4 prompts per step over 4 rows: the bad one was drawn
     warned = [r.getMessage() for r in caplog.records if "skipped row" in r.getMessage()]
     assert warned and f"{csv}: row 4 (line 5): column 'audio'" in warned[0] and "bad.wav" in warned[0]
+
+
+def test_decode_audio_takes_every_form_the_speech_adapters_take():
+    import torch
+
+    from mmgrpo.media import decode_audio
+
+    assert (
+        decode_audio(np.ones(10)) == 10 and decode_audio((np.ones(5), 16000)) == 5 and decode_audio(torch.ones(7)) == 7
+    )
+    assert decode_audio({"array": [0.1, 0.2], "sampling_rate": 16000}) == 2
+    for bad, message in ((np.array([]), "empty"), (np.array([np.nan]), "NaN"), ({"path": None}, "empty")):
+        with pytest.raises(DataError, match=message):
+            decode_audio(bad)
