@@ -12,7 +12,8 @@
   export for the model card.
 - :func:`quiet_cache_rename` hides transformers 5.x's notice that ``past_key_values`` is now called ``cache``
   (applied on import): the token adapters pass ``past_key_values``, which every supported transformers (4.57 on)
-  accepts, so the notice says nothing the user can act on.
+  accepts, so the notice says nothing the user can act on. :func:`peft_lora` likewise hides, around
+  ``get_peft_model`` only, the ``is_gradient_checkpointing`` deprecation peft triggers in transformers.
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
@@ -51,7 +52,7 @@ class _DropCacheRename(logging.Filter):
 def quiet_cache_rename() -> None:
     """Hide exactly the ``past_key_values`` → ``cache`` rename notices of transformers (module docstring); every
     other warning, of transformers or anyone, still shows. Idempotent."""
-    warnings.filterwarnings("ignore", message=_CACHE_RENAME[0], category=FutureWarning, module=r"transformers\.")
+    warnings.filterwarnings("ignore", message=_CACHE_RENAME[0], category=FutureWarning)  # raised via torch's call
     log = logging.getLogger("transformers.utils.generic")
     if not any(isinstance(f, _DropCacheRename) for f in log.filters):
         log.addFilter(_DropCacheRename())
@@ -112,7 +113,9 @@ def peft_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, _peft_config(lora))
+        with warnings.catch_warnings():  # peft reads transformers' deprecated alias; nothing for the user to do
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, _peft_config(lora))
     except ValueError as e:
         raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
 

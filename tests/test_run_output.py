@@ -92,3 +92,22 @@ def test_demo_names_its_share_flag(tmp_path, capsys, monkeypatch):
 def test_speech_docs_name_the_metrics_as_logged():
     text = (ROOT / "docs" / "speech.md").read_text()
     assert "`eval/<stage>/reward/wer`" in text and "`eval/<stage>/wer`" in text
+
+
+def test_only_the_notices_we_trigger_are_hidden():
+    """transformers' past_key_values -> cache rename notices (a FutureWarning and a log line) are filtered by their
+    message; any other FutureWarning or transformers log line still shows."""
+    import logging
+    import warnings
+
+    from mmgrpo.modalities._hf import quiet_cache_rename
+
+    rename = "`past_key_values` is deprecated and will be removed in version 5.40.0 for `X.forward`. Use `cache`."
+    with warnings.catch_warnings(record=True) as seen:
+        quiet_cache_rename()
+        warnings.warn(rename, FutureWarning, stacklevel=1)
+        warnings.warn("`other_kwarg` is deprecated", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["`other_kwarg` is deprecated"]
+    log = logging.getLogger("transformers.utils.generic")
+    assert not log.filter(logging.makeLogRecord({"msg": "`past_key_values`/`cache_params` are deprecated. Use x"}))
+    assert log.filter(logging.makeLogRecord({"msg": "another transformers notice"}))
