@@ -27,7 +27,7 @@ from mmgrpo.types import DataError
 PREFLIGHT_VIDEO_FRAMES = 8
 """Frames of each checked row's video decoded at load, spread over the clip (the last one included)."""
 
-_COLUMN = {"image": "image", "video": "video", "audio": "audio"}
+_WHAT = {"image": "an image", "video": "a video", "audio": "audio"}
 _PLURAL = {"image": "images", "video": "videos", "audio": "audio files", "video frame": "video frames"}
 
 
@@ -67,8 +67,9 @@ def check_media_kinds(adapter: str, row: dict, where: str) -> None:
         if counts.get(kind) and kind not in inputs.media:
             others = readers(kind)
             use = " or ".join(f"model.adapter: {name}" for name in others) or "an adapter that reads it"
+            column = "images" if kind == "image" and row.get("images") is not None else kind
             raise DataError(
-                f"{where}: the row has {'an' if kind[0] in 'aeiou' else 'a'} {kind} (column {_COLUMN[kind]!r}), but "
+                f"{where}: the row has {_WHAT[kind]} (column {column!r}), but "
                 f"{_reads(adapter, inputs)}, so it would be ignored; use {use}, or drop the column from the data "
                 f"(rename it if only a reward reads it)"
             )

@@ -82,7 +82,7 @@ def test_audio_or_video_rows_given_to_the_vlm_adapter_are_one_line(tmp_path, cap
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "What is it?", kind: media.name}] * 2)
     rc, err = _dry(capsys, empty, *BASE, *VLM, f"task.args.train={data}")
     assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert f"{data}: line 1" in err and f"a{'n' if kind == 'audio' else ''} {kind} (column '{kind}')" in err
+    assert f"{data}: line 1" in err and f"{'audio' if kind == 'audio' else 'a video'} (column '{kind}')" in err
     assert "'vlm' adapter reads images only" in err and fix in err
     assert main(["train", str(empty), *BASE, *VLM, f"task.args.train={data}"]) == 2  # train: same line, no model
     assert capsys.readouterr().err.strip() == err
