@@ -41,7 +41,7 @@ def adapter_inputs(adapter: str) -> Inputs | None:
 
 
 def readers(kind: str) -> list[str]:
-    """Registered adapters whose prompts read ``kind`` (``video`` → ``['video']``), in registration order."""
+    """Registered adapters whose prompts read ``kind`` (``audio`` → ``["audio_llm", "whisper"]``), sorted by name."""
     out = []
     for name in ADAPTERS.names():
         inputs = adapter_inputs(name)
