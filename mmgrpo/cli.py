@@ -8,7 +8,8 @@ column or media file in the first rows of a task, a column a reward needs), nami
 option to change. Running out of memory names the options that size the failing phase, and a rank whose peer died
 names that rank (:mod:`mmgrpo.faults`), each in one line with status 1; a rank whose launcher died stops at the end
 of its step with a checkpoint. ``--dry-run`` runs the same load-time check as ``train``
-(:func:`mmgrpo.preflight.preflight`) and stops before any model loads. Overrides and flags may come in any order
+(:func:`mmgrpo.preflight.preflight`) and stops before any model loads, printing one summary line
+(``--print-config``: the resolved YAML before it). Overrides and flags may come in any order
 (``mmgrpo train cfg.yaml --dry-run overwrite=true``).
 """
 
@@ -22,10 +23,27 @@ import sys
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmgrpo", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a policy from a YAML config")
+    t = sub.add_parser(
+        "train",
+        help="train a policy from a YAML config",
+        description="Train a policy from a YAML config. A used output_dir is refused: continue it with "
+        "resume=latest (the newest checkpoint; resume=PATH for another), or start over with overwrite=true (the old "
+        "run is moved to <output_dir>.old-<time>, nothing is deleted).",
+    )
     t.add_argument("config", help="YAML training config (see configs/)")
-    t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x")
-    t.add_argument("--dry-run", action="store_true", help="resolve, validate and print the config; do not train")
+    t.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.sub=value overrides, e.g. steps=10 output_dir=runs/x, resume=latest (continue the run in "
+        "output_dir), overwrite=true (start over in a used output_dir)",
+    )
+    t.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run the load-time check (config, the first rows and their media, rewards) and print a one-line "
+        "summary; load no model, do not train",
+    )
+    t.add_argument("--print-config", action="store_true", help="with --dry-run: also print the resolved config")
     d = sub.add_parser("demo", help="serve a Gradio app comparing a run's base and trained models (needs .[demo])")
     d.add_argument("run_dir", help="run directory written by mmgrpo train (config.yaml, checkpoints/)")
     d.add_argument(
@@ -96,10 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from mmgrpo.preflight import preflight
         from mmgrpo.rewards.registry import describe_reward_code, reward_code_policy
+        from mmgrpo.row_check import LoadReport, reward_resolutions
 
+        report = LoadReport()
         try:
             with reward_code_policy("check"):  # import-path rewards: checked, never imported
-                preflight(cfg)  # the check `train` runs before any model loads: task, first rows, reward columns
+                preflight(cfg, report)  # the check `train` runs before any model loads: task, first rows, rewards
+                report.rewards = reward_resolutions(cfg)
         except ConfigError as e:
             print(f"mmgrpo: config error: {e}", file=sys.stderr)
             return 2
@@ -109,11 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         except EngineError as e:
             print(f"mmgrpo: error: {e}", file=sys.stderr)
             return 2
-        print(dump_config(cfg), end="")
+        if args.print_config:
+            print(dump_config(cfg), end="")
         for r in cfg.rewards:  # a config is code: say which rewards are, and that they were not run
             note = describe_reward_code(r.name, r.kwargs)
             if note:
                 print(f"mmgrpo: note: {note}", file=sys.stderr)
+        comment = "# " if args.print_config else ""  # after the YAML: a comment, so stdout stays YAML
+        print(f"{comment}mmgrpo: dry run OK: {report.line()}")
         return 0
     from safetensors import SafetensorError
 

@@ -7,6 +7,7 @@ The trainer evaluates before training, after the warm-up, every ``eval.every`` s
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,23 @@ def generate(acc: Accelerator, adapter, rows: list[dict], batch_size: int) -> li
     return sorted(dict(gather_object(outputs)).items())  # padding repeats the last row: kept once
 
 
+def announce(stage: str, result: dict, step: int) -> None:
+    """``mmgrpo: eval after (step 40): accuracy=0.9 format=1`` — printed when the evaluation finishes (above the
+    progress bar), not only in the run's final message."""
+    from tqdm.auto import tqdm
+
+    prefix = f"eval/{stage}/"
+    values = " ".join(f"{k.removeprefix(prefix)}={v:.4g}" for k, v in sorted(result.items()))
+    tqdm.write(f"mmgrpo: eval {stage} (step {step}): {values}", file=sys.stdout)
+    sys.stdout.flush()  # seen when it happens in a piped log too
+
+
 def record(
     acc: Accelerator, out: Path, stage: str, result: dict, rows: list[dict], outputs: list, step: int, at: int
 ) -> None:
-    """``metrics.jsonl`` (at ``step``) and the first 8 samples as files and tracker media (at ``at``; main process)."""
+    """``metrics.jsonl`` (at ``step``), the first 8 samples as files and tracker media (at ``at``), and one line on
+    stdout as soon as the evaluation finishes (:func:`announce`; main process)."""
+    announce(stage, result, step)
     tracking.append_jsonl(out / "metrics.jsonl", {"step": step, **result})
     from mmgrpo import samples as sample_files  # text inline, images/video/audio as files
 

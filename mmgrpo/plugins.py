@@ -38,6 +38,21 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """What an adapter reads of a row, declared on its :class:`AdapterSpec` and checked on the first rows at load
+    (:mod:`mmgrpo.row_check`), so a row the adapter would silently ignore part of is refused before any model
+    loads."""
+
+    media: tuple[str, ...] = ()
+    """Media kinds (``image``, ``video``, ``audio``) its prompts consume; a row holding another kind is refused,
+    naming an adapter that reads it. Empty: text prompts only."""
+    media_required: bool = False
+    """Every row must hold one of ``media`` (the speech adapters: audio)."""
+    prompt: bool = True
+    """It reads the row's ``prompt`` text (Whisper does not: its decoder prompt is fixed by the model)."""
+
+
+@dataclass(frozen=True)
 class AdapterSpec(Generic[Options]):
     """A model family, declared: ``ADAPTERS.add("vlm", AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load))``."""
 
@@ -50,6 +65,8 @@ class AdapterSpec(Generic[Options]):
     units_per_sample: Callable[[Options], int | None] | None = None
     """The units per sample T as a function of the options where they fix it (the flow adapter: one per step), so
     ``algorithm.chunk_sizes`` is checked at load."""
+    inputs: Inputs | None = None
+    """What the adapter reads of a row (media kinds, prompt); None: not declared, rows are not checked for it."""
 
     def options(self, args: dict | None) -> Options:
         return from_dict(self.args, args or {}, "model.args")

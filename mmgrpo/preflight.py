@@ -10,6 +10,8 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
 - every row builds: media files open, media inside ``media_root``, prompt templates format, conversational
   prompts get (or hold) one ``{"type": kind}`` part per image / video / audio
   (:func:`mmgrpo.media.add_media_parts`, the function the VLM adapter calls too);
+- the media kinds of every row are ones the adapter reads, a speech adapter's rows have audio, and the rows'
+  audio and video decode (:mod:`mmgrpo.row_check`);
 - the columns the built-in rewards read exist in those rows: each registered reward's ground-truth column
   (its ``answer_key`` option, default ``answer``; a reward declares others with a ``data_columns`` attribute, a
   tuple of its option names), for the rows its ``reward_types`` route to it. Rewards given as
@@ -45,6 +47,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig
 from mmgrpo.media import add_media_parts, media_counts
+from mmgrpo.row_check import LoadReport, RowMediaCheck
 from mmgrpo.types import DataError, WarmupTask
 
 logger = logging.getLogger(__name__)
@@ -58,8 +61,9 @@ DEFAULT_DATA_COLUMNS = ("answer_key",)
 _NOT_COLUMNS = {"completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
 
 
-def preflight(cfg: TrainConfig) -> Any:
-    """Build ``cfg``'s task and check its first rows, rewards' columns and warm-up (module docstring).
+def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
+    """Build ``cfg``'s task and check its first rows, rewards' columns and warm-up (module docstring); ``report``
+    (when given) counts what was checked, for ``--dry-run``'s summary line.
 
     Returns the built task. Raises :class:`ConfigError` or :class:`DataError` (one line each)."""
     from mmgrpo.loader import load_builtins
@@ -78,6 +82,7 @@ def preflight(cfg: TrainConfig) -> Any:
             "task.args.eval, task.args.eval_split or task.args.eval_fraction (or set them false)",
             cfg.task.name,
         )
+    media = RowMediaCheck(cfg.model.adapter, report)  # media kinds the adapter reads; audio and video decoded
     for split, rows in (("train", task.train_rows()), ("eval", task.eval_rows())):
         for i in range(min(n, len(rows))):
             where = row_name(cfg, rows, split, i)
@@ -85,6 +90,9 @@ def preflight(cfg: TrainConfig) -> Any:
             _check_routing(cfg, row, where)
             _check_row(cfg, row, where, needs, warmup=split == "train")
             _check_prompt_shape(cfg, row, where, chats)
+            media(row, where)
+        if report is not None:
+            report.rows[split] = min(n, len(rows))
     _check_reward_loads(cfg)
     _check_engine(cfg)
     return task

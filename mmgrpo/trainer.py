@@ -558,8 +558,8 @@ class Trainer:
         return result
 
     def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        """Mean of each configured reward over the held-out outputs (NaN = not applicable is left out), and the
-        mean of the weighted combination ``reward`` as training combines them.
+        """Mean of each configured reward over the held-out outputs as ``reward/<name>`` (NaN = not applicable is
+        left out; ``reward/wer`` is the reward 1 − WER, not the WER), and ``reward``, the weighted combination.
 
         Held-out outputs are decoded text: their ``completion_ids`` are the text re-tokenised by the adapter's
         tokenizer (without the EOS that training counts), where the adapter has one."""
@@ -570,7 +570,7 @@ class Trainer:
             extras["completion_ids"] = list(ids)
         scores, _ = score_rows(self.rewards, outputs, rows, 1, extras, trainer_state=self._trl_state(self.state.step))
         combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
-        result = {name: float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
+        result = {f"reward/{name}": float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
         result["reward"] = float(combined.nanmean())
         return result
 

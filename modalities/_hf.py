@@ -12,7 +12,9 @@
   export for the model card.
 - :func:`kv_cache` / :func:`returned_cache`: the one place that names the KV-cache argument and output field of a
   transformers forward (``past_key_values``, renamed ``cache`` in transformers 5.x, the old name to be removed in
-  5.40), so every decode loop passes and reads the cache the way the installed transformers expects.
+  5.40), so every decode loop passes and reads the cache the way the installed transformers expects and no
+  rename notice is raised. :func:`peft_lora` hides, around ``get_peft_model`` only, the
+  ``is_gradient_checkpointing`` deprecation peft triggers in transformers (nothing the user can act on).
 - :func:`cached_build` materialises a built-in tiny model under ``MMGRPO_CACHE`` once, atomically (written to
   a temporary sibling directory and renamed), so concurrent processes never read a half-written model.
 """
@@ -24,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,7 +114,9 @@ def peft_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, _peft_config(lora))
+        with warnings.catch_warnings():  # peft reads transformers' deprecated alias; nothing for the user to do
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(model, _peft_config(lora))
     except ValueError as e:
         raise ConfigError(f"model.lora.target_modules {lora.target_modules}: {e}") from None
 

@@ -87,8 +87,10 @@ def test_every_config_field_has_a_docstring():
 
 
 def test_cli_dry_run_prints_resolved_config(capsys):
-    assert main(["train", str(ROOT / "configs/quickstart.yaml"), "steps=7", "--dry-run"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
+    assert main(["train", str(ROOT / "configs/quickstart.yaml"), "steps=7", "--dry-run", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("# mmgrpo: dry run OK: checked")  # the summary, as a YAML comment
+    printed = yaml.safe_load(out)
     assert printed["steps"] == 7 and printed["model"]["adapter"] == "vlm"
 
 

@@ -85,9 +85,9 @@ def test_vlm_r1_rec_jsonl_trains_with_iou_reward(tmp_path, mmgrpo_cache):
     assert all("reward/iou" in s and s["data/skipped_rows"] == 0 for s in steps)
     # held-out scored by the configured rewards: each reward's mean and the combined reward, before and after
     for stage in ("before", "after"):
-        assert 0 <= summary[f"eval/{stage}/iou"] <= 1 and 0 <= summary[f"eval/{stage}/format"] <= 1
+        assert 0 <= summary[f"eval/{stage}/reward/iou"] <= 1 and 0 <= summary[f"eval/{stage}/reward/format"] <= 1
         assert summary[f"eval/{stage}/reward"] == pytest.approx(
-            summary[f"eval/{stage}/iou"] + 0.5 * summary[f"eval/{stage}/format"], abs=1e-6
+            summary[f"eval/{stage}/reward/iou"] + 0.5 * summary[f"eval/{stage}/reward/format"], abs=1e-6
         )
 
 
@@ -106,7 +106,7 @@ def test_video_r1_json_with_mp4_paths_trains(tmp_path, mmgrpo_cache):
     )
     steps = _steps(metrics)
     assert len(steps) == 2 and all(math.isfinite(s["loss/policy"]) for s in steps)
-    assert 0 <= summary["eval/after/multiple_choice"] <= 1
+    assert 0 <= summary["eval/after/reward/multiple_choice"] <= 1
     samples = json.loads((tmp_path / "run" / "samples_after.json").read_text())
     assert samples and all("Options:\nA. " in s["prompt"] for s in samples)  # the Video-R1 template was applied
 
@@ -115,7 +115,7 @@ def test_trl_conversational_save_to_disk_trains(tmp_path, mmgrpo_cache):
     path = EX.write_trl_conversational(tmp_path / "trl", n=8)
     summary, metrics = _run("dataset_trl_conversational.yaml", tmp_path, [*TOKEN_SMALL, f"task.args.train={path}"])
     assert len(_steps(metrics)) == 2
-    assert 0 <= summary["eval/after/accuracy"] <= 1 and "eval/after/reward" in summary
+    assert 0 <= summary["eval/after/reward/accuracy"] <= 1 and "eval/after/reward" in summary
 
 
 def test_flow_grpo_prompt_txt_trains(tmp_path, mmgrpo_cache):
@@ -130,7 +130,7 @@ def test_flow_grpo_prompt_txt_trains(tmp_path, mmgrpo_cache):
         ],
     )
     assert len(_steps(metrics)) == 2
-    assert 0 <= summary["eval/after/flow_shape_match"] <= 1
+    assert 0 <= summary["eval/after/reward/flow_shape_match"] <= 1
 
 
 # ----------------------------------------------------------------------------------------- bad data

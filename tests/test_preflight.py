@@ -146,7 +146,7 @@ def test_trl_conversational_text_dataset_and_flags_in_any_order(tmp_path, capsys
     assert task.train_rows()[2]["prompt"] == rows[2]["prompt"]  # no media: the chat is kept as written
     out = tmp_path / "run"
     args = [*BASE, f"task.args.train={data}", "rewards=[{name: 'trl.rewards:accuracy_reward'}]"]
-    assert main(["train", str(empty), "--dry-run", *args, f"output_dir={out}", "overwrite=true"]) == 0
+    assert main(["train", str(empty), "--dry-run", *args, f"output_dir={out}", "overwrite=true", "--print-config"]) == 0
     assert "overwrite: true" in capsys.readouterr().out
 
 

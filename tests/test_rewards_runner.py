@@ -365,4 +365,4 @@ def test_a_task_metric_and_the_trainer_score_the_same_rows_the_same(tmp_path):
     by_task = task.score(outputs, eval_rows)
     by_trainer = Trainer._reward_scores(trainer, outputs, eval_rows)
     assert by_task == {"accuracy": pytest.approx(2 / 3, abs=1e-7)}
-    assert by_trainer["accuracy"] == by_task["accuracy"] == by_trainer["reward"]
+    assert by_trainer["reward/accuracy"] == by_task["accuracy"] == by_trainer["reward"]

@@ -183,8 +183,8 @@ def test_a_training_step_passes_trl_keyword_arguments(tmp_path, tiny_vlm_path):
         ],
     )
     summary = train(cfg)
-    assert math.isfinite(summary["eval/after/length_cosine"])  # held-out text re-tokenised for completion_ids
-    assert math.isfinite(summary["eval/after/get_soft_overlong_punishment()"])
+    assert math.isfinite(summary["eval/after/reward/length_cosine"])  # held-out text re-tokenised for completion_ids
+    assert math.isfinite(summary["eval/after/reward/get_soft_overlong_punishment()"])
     SEEN[:] = SEEN[:2]  # the two training steps (the held-out evaluation called the reward too)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward/errors" in r]  # the training steps (not the evaluation record)

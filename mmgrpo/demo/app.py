@@ -69,9 +69,15 @@ def serve(
         server_port=port,
         share=share,
         max_file_size=MAX_FILE_SIZE,
-        prevent_thread_lock=not block,
+        prevent_thread_lock=True,  # blocked below, after our own lines
         allowed_paths=[str(run_dir_p / "samples"), str(app.scratch_dir)],
         show_error=True,
         inbrowser=False,
+        quiet=True,  # Gradio's own hint says `share=True` in `launch()`; the flag here is --share
     )
+    print(f"* Running on local URL:  {app.local_url}", flush=True)
+    if not share:
+        print("* To create a public link, run `mmgrpo demo` with --share.", flush=True)
+    if block:
+        app.block_thread()
     return app

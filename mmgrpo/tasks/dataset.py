@@ -20,8 +20,11 @@ memory as PIL images. A row is the file's columns with these additions:
   ``"image": null`` for a text-only row). A conversational prompt whose first user message holds string
   content gets one ``{"type": kind}`` part per image/video/audio, as TRL adds them. ``media`` holds a path whose
   kind comes from ``media_type_column`` (Video-R1's ``data_type``: image | video) or else the file extension.
-  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist, be
-  non-empty and open in decord; audio paths are checked to exist (a speech adapter decodes them).
+  Images are opened (and fully read, to catch truncation) when the row is built; videos are checked to exist and
+  their last frame decoded in decord (``probe_videos``); audio is decoded with soundfile (a speech adapter decodes
+  it again, at its rate). ``<image>`` / ``<video>`` placeholders in the prompt text (EasyR1, LLaVA) become those
+  parts at their place (:func:`mmgrpo.media.media_content`). A row with audio and no prompt gets ``""`` (Whisper
+  ASR data, a CSV ``file,text``).
 - ``prompt_template`` wraps a text prompt: ``{prompt}`` is the prompt, ``{column}`` any other column (lists are
   joined with newlines), e.g. R1-V's ``"{prompt} Output the thinking process in <think> </think> and final
   answer in <answer> </answer> tags."``. A mapping ``{value: template}`` picks the template by
@@ -39,7 +42,7 @@ Held-out rows: ``eval`` (a file or dataset, its split ``eval_split``), else ``ev
 ``train``: a hub id or a saved DatasetDict; an error for a single file), else ``eval_fraction`` of train.
 
 Evaluation: with no ``eval_rewards`` the held-out outputs are scored by the run's configured rewards (each
-reward's mean and the combined reward, ``eval/<stage>/<name>`` and ``eval/<stage>/reward``).
+reward's mean and the combined reward, ``eval/<stage>/reward/<name>`` and ``eval/<stage>/reward``).
 """
 
 from __future__ import annotations
@@ -54,7 +57,16 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.config import ConfigError
-from mmgrpo.media import add_media_parts, as_list, media_counts, open_image
+from mmgrpo.media import (
+    add_media_parts,
+    as_list,
+    check_media_content,
+    decode_audio,
+    decode_video,
+    media_content,
+    media_counts,
+    open_image,
+)
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.types import DataError
@@ -360,6 +372,10 @@ class RowBuilder:
             row[key] = raw[column]
         if "prompt" not in row and isinstance(row.get("conversations"), list):
             self._from_conversations(row, where)
+        if "media" in row and row["media"] is not None:
+            self._route_media(row, where)
+        if "prompt" not in row and row.get("audio") is not None:
+            row["prompt"] = ""  # ASR data (file,text): Whisper reads no prompt; audio_llm refuses this at load
         if "prompt" not in row:
             raise DataError(
                 f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
@@ -371,8 +387,6 @@ class RowBuilder:
                 f"{where}: column {key!r} is missing, but other rows of this file have it; give the row its "
                 f'{key}, or write "{key}": null for a row without media (it is then a text-only prompt)'
             )
-        if "media" in row and row["media"] is not None:
-            self._route_media(row, where)
         self._media(row, where)
         row["prompt"] = self._prompt(row, where)
         return row
@@ -412,24 +426,16 @@ class RowBuilder:
                     except DataError as e:
                         raise DataError(f"{where}: column {key!r}: {e}") from None
                 row[key] = opened if isinstance(row[key], (list, tuple)) else opened[0]
-        if isinstance(row.get("video"), str):
-            row["video"] = self._resolve(row["video"], "video", where)
-            self._check_file(row["video"], "video", where)
-            if self.args.probe_videos:
-                _probe_video(row["video"], where)
-        if isinstance(row.get("audio"), str):
-            row["audio"] = self._resolve(row["audio"], "audio", where)
-            self._check_file(row["audio"], "audio", where)
-
-    @staticmethod
-    def _check_file(path: str, key: str, where: str) -> None:
-        if path.startswith(("http://", "https://")):
-            return
-        p = Path(path)
-        if not p.is_file():
-            raise DataError(f"{where}: column {key!r}: file {path!r} does not exist (set task.args.media_root?)")
-        if p.stat().st_size == 0:
-            raise DataError(f"{where}: column {key!r}: file {path!r} is empty (0 bytes)")
+        for key in ("video", "audio"):
+            if isinstance(row.get(key), str):
+                row[key] = self._resolve(row[key], key, where)
+                try:  # decoded as the adapter will, so a bad file is a skipped row (file and line), not a stop
+                    if key == "audio":
+                        decode_audio(row[key])
+                    else:  # probe_videos: the last frame decodes (a cut-short file fails); else the file exists
+                        decode_video(row[key], frames=1 if self.args.probe_videos else 0)
+                except DataError as e:
+                    raise DataError(f"{where}: column {key!r}: {e}") from None
 
     def _prompt(self, row: dict, where: str) -> Any:
         prompt = row["prompt"]
@@ -459,34 +465,15 @@ class RowBuilder:
                 raise DataError(
                     f"{where}: task.args.prompt_template uses {{{e.args[0]}}}, which the row has no column for"
                 ) from None
+        counts = media_counts(row)
+        try:  # <image> / <video> placeholders in the text: as many as the row's items (they become parts there)
+            check_media_content(prompt, counts)
+        except DataError as e:
+            raise DataError(f"{where}: column 'prompt': {e}") from None
         if not a.system_prompt:
             return prompt
-        parts = []
-        for kind, key in (("image", "images"), ("image", "image"), ("video", "video"), ("audio", "audio")):
-            value = row.get(key)
-            if value is not None:
-                parts += [{"type": kind}] * (len(value) if isinstance(value, (list, tuple)) and kind == "image" else 1)
-        content: Any = [*parts, {"type": "text", "text": prompt}] if parts else prompt
+        content: Any = media_content(prompt, counts) if any(counts.values()) else prompt
         return [{"role": "system", "content": a.system_prompt}, {"role": "user", "content": content}]
-
-
-def _probe_video(path: str, where: str) -> None:
-    """Open ``path`` in decord (reads the container index, not the frames): a corrupt file is one line here."""
-    if path.startswith(("http://", "https://")):
-        return
-    try:
-        import decord
-    except ImportError:
-        return
-    try:
-        n = len(decord.VideoReader(path, num_threads=1))
-    except Exception as e:
-        text = str(e).strip().splitlines()
-        raise DataError(
-            f"{where}: column 'video': {path!r} cannot be decoded ({(text[0] if text else type(e).__name__)[:160]})"
-        ) from None
-    if n == 0:
-        raise DataError(f"{where}: column 'video': {path!r} has no frames")
 
 
 class Rows(Sequence):

@@ -56,7 +56,7 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
 from .. import _hf
@@ -518,5 +518,5 @@ def _load_ar_image(a: ARImageArgs, ctx: BuildContext) -> ARImageAdapter:
 
 
 build_ar_image_adapter = ADAPTERS.register("ar_image")(
-    AdapterSpec(args=ARImageArgs, cls=ARImageAdapter, load=_load_ar_image)
+    AdapterSpec(args=ARImageArgs, cls=ARImageAdapter, load=_load_ar_image, inputs=Inputs())
 )

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
@@ -817,7 +817,13 @@ def _load_flow(a: FlowArgs, ctx: BuildContext) -> FlowAdapter:
 
 
 build_flow_adapter = ADAPTERS.register("flow")(
-    AdapterSpec(args=FlowArgs, cls=FlowAdapter, load=_load_flow, units_per_sample=lambda a: a.num_steps)
+    AdapterSpec(
+        args=FlowArgs,
+        cls=FlowAdapter,
+        load=_load_flow,
+        units_per_sample=lambda a: a.num_steps,
+        inputs=Inputs(),  # text prompts: rows with media are refused at load
+    )
 )
 
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
 from .. import _hf
@@ -361,7 +361,12 @@ def _load_whisper(a: WhisperArgs, ctx: BuildContext) -> WhisperAdapter:
 
 
 build_whisper_adapter = ADAPTERS.register("whisper")(
-    AdapterSpec(args=WhisperArgs, cls=WhisperAdapter, load=_load_whisper)
+    AdapterSpec(
+        args=WhisperArgs,
+        cls=WhisperAdapter,
+        load=_load_whisper,
+        inputs=Inputs(media=("audio",), media_required=True, prompt=False),  # the decoder prompt is the model's
+    )
 )
 
 

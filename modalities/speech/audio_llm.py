@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 import torch
 
 from mmgrpo.config import ConfigError, Range, from_dict
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 
 from .. import _hf
 from ..tokens import prefix_sharing
@@ -157,5 +157,10 @@ def _load_audio_llm(a: AudioLLMArgs, ctx: BuildContext) -> AudioLLMAdapter:
 
 
 build_audio_llm_adapter = ADAPTERS.register("audio_llm")(
-    AdapterSpec(args=AudioLLMArgs, cls=AudioLLMAdapter, load=_load_audio_llm)
+    AdapterSpec(
+        args=AudioLLMArgs,
+        cls=AudioLLMAdapter,
+        load=_load_audio_llm,
+        inputs=Inputs(media=("audio",), media_required=True),
+    )
 )

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
 from ..tokens.engine import EngineError, EnginePrompt
@@ -197,7 +197,9 @@ def _load_video(a: VideoArgs, ctx: BuildContext) -> VideoAdapter:
     return VideoAdapter(base.model, base.processor, a, base.reference)
 
 
-build_video_adapter = ADAPTERS.register("video")(AdapterSpec(args=VideoArgs, cls=VideoAdapter, load=_load_video))
+build_video_adapter = ADAPTERS.register("video")(
+    AdapterSpec(args=VideoArgs, cls=VideoAdapter, load=_load_video, inputs=Inputs(media=("image", "video")))
+)
 
 __all__ = [
     "Clip",

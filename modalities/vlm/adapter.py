@@ -34,8 +34,8 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.media import add_media_parts
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext
+from mmgrpo.media import add_media_parts, check_media_content, media_content
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import DataError, Rollout
 
 from .. import _hf
@@ -183,8 +183,11 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 return add_media_parts(prompt, counts)
             except DataError as e:
                 raise DataError(f"row 'prompt': {e}") from None
-        content: Any = [{"type": kind} for kind, n in counts.items() for _ in range(n)]
-        content += [{"type": "text", "text": str(prompt)}]
+        try:  # an <image> / <video> placeholder in the text becomes that part at its place (EasyR1, LLaVA data)
+            check_media_content(str(prompt), counts)
+        except DataError as e:
+            raise DataError(f"row 'prompt': {e}") from None
+        content: Any = media_content(str(prompt), counts)
         if not self.is_multimodal:
             content = str(prompt)
         messages = [{"role": "user", "content": content}]
@@ -592,4 +595,6 @@ def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
     return VLMAdapter(model, processor, a, reference)
 
 
-build_vlm_adapter = ADAPTERS.register("vlm")(AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm))
+build_vlm_adapter = ADAPTERS.register("vlm")(
+    AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm, inputs=Inputs(media=("image",)))
+)
