@@ -104,7 +104,7 @@ def _check_engine_sampling(cfg: TrainConfig, adapter_builder: Any) -> None:
         return
     options = adapter_builder.options(cfg.model.args)
     for key, off in (("top_p", 1.0), ("top_k", 0)):
-        value = getattr(options, key, off)
+        value = vars(options).get(key, off)
         if value != off:
             raise ConfigError(
                 f"model.args.{key}: {value} with rollout.engine: vllm: the engine's log-probs are of the truncated "

@@ -47,5 +47,5 @@ def test_a_dataset_warmup_teaches_the_answer_format(tmp_path, tiny_vlm_path):
         ],
     )
     summary = train(cfg)
-    assert summary["eval/before/format"] == 0.0  # the untrained tiny model never writes <answer>…</answer>
-    assert summary["eval/warmup/format"] >= 0.75  # measured 1.0 (8 held-out rows, seed 0)
+    assert summary["eval/before/reward/format"] == 0.0  # the untrained tiny model never writes <answer>…</answer>
+    assert summary["eval/warmup/reward/format"] >= 0.75  # measured 1.0 (8 held-out rows, seed 0)

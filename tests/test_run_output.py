@@ -65,28 +65,38 @@ def test_held_out_reward_means_are_named_reward_slash_name():
     assert scores["reward/wer"] == pytest.approx((1.0 + 0.5) / 2)  # 1 - WER per row, averaged
 
 
-def test_demo_names_its_share_flag(tmp_path, capsys, monkeypatch):
-    gr = pytest.importorskip("gradio")
-    from mmgrpo.demo import app as demo_app
+_DEMO = """
+import sys
+from types import SimpleNamespace
+import gradio as gr
+from mmgrpo.demo import app as demo_app
 
-    class Tiny(gr.Blocks):
-        scratch_dir = tmp_path
+class Tiny(gr.Blocks):
+    scratch_dir = sys.argv[1]
 
-    def build(run_dir, models):
-        with Tiny() as blocks:
-            gr.Markdown("x")
-        return blocks
+def build(run_dir, models):
+    with Tiny() as blocks:
+        gr.Markdown("x")
+    return blocks
 
-    monkeypatch.setattr(demo_app, "load_run_config", lambda run_dir, trust: None)
-    monkeypatch.setattr(demo_app, "find_checkpoint", lambda run_dir, name: None)
-    monkeypatch.setattr(demo_app, "Models", lambda *a: SimpleNamespace(get=lambda: None))
-    monkeypatch.setattr(demo_app, "build_app", build)
-    app = demo_app.serve(str(tmp_path), port=None, block=False)
-    try:
-        out = capsys.readouterr().out
-        assert "--share" in out and "share=True" not in out and "Running on local URL" in out
-    finally:
-        app.close()
+demo_app.load_run_config = lambda run_dir, trust: None
+demo_app.find_checkpoint = lambda run_dir, name: None
+demo_app.Models = lambda *a: SimpleNamespace(get=lambda: None)
+demo_app.build_app = build
+demo_app.serve(sys.argv[1], port=None, block=False).close()
+"""
+
+
+def test_demo_names_its_share_flag(tmp_path):
+    """The demo's own hint names ``--share`` (the flag of ``mmgrpo demo``), not Gradio's ``share=True``. Run in a
+    subprocess: Gradio's server threads write to the streams of the process that started them."""
+    pytest.importorskip("gradio")
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEMO, str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--share" in proc.stdout and "share=True" not in proc.stdout + proc.stderr, proc.stdout
+    assert "Running on local URL" in proc.stdout, proc.stdout
 
 
 def test_speech_docs_name_the_metrics_as_logged():
