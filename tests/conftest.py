@@ -25,6 +25,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.numerics)
 
 
+_ESCAPES: list = []  # the session's file of CLI runs that ended in a traceback (mmgrpo.cli.ESCAPES_ENV)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _count_cli_tracebacks(tmp_path_factory):
+    """Every ``mmgrpo`` run of the session — in-process ``main()``, ``python -m mmgrpo`` and ``accelerate launch``
+    ranks, which inherit the environment — notes an exception that escaped it; the terminal summary counts them."""
+    from mmgrpo.cli import ESCAPES_ENV
+
+    path = tmp_path_factory.mktemp("cli") / "escaped.txt"
+    path.touch()
+    os.environ[ESCAPES_ENV] = str(path)
+    _ESCAPES.append(path)
+    yield
+    os.environ.pop(ESCAPES_ENV, None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ESCAPES or not _ESCAPES[0].is_file():
+        return
+    lines = _ESCAPES[0].read_text().splitlines()
+    terminalreporter.write_line(f"mmgrpo CLI runs that ended in a traceback: {len(lines)}")
+    for line in lines:
+        terminalreporter.write_line(f"  {line}")
+
+
 @pytest.fixture(scope="session")
 def mmgrpo_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("mmgrpo_cache")

@@ -118,3 +118,22 @@ def test_the_kv_cache_goes_by_the_installed_transformers_name():
     marker = object()
     assert _hf.kv_cache(marker) == {name: marker}
     assert _hf.returned_cache(BaseModelOutputWithPast(**{name: marker})) is marker
+
+
+def test_an_escaped_exception_is_noted_for_the_suites_count(tmp_path, monkeypatch):
+    """``main`` notes an exception that escapes it (what the user would see as a traceback) in
+    ``$MMGRPO_ESCAPED_ERRORS``, which tests/conftest.py counts over the session; one-line exits are not noted."""
+    from mmgrpo import cli
+
+    log = tmp_path / "escaped.txt"
+    monkeypatch.setenv(cli.ESCAPES_ENV, str(log))
+    assert main(["train", str(ROOT / "configs/quickstart.yaml"), "--dry-run", "algorithm.nope=1"]) == 2
+    assert not log.exists()  # a config mistake: one line, nothing escaped
+
+    def boom(argv):
+        raise ValueError("unexpected\nsecond line")
+
+    monkeypatch.setattr(cli, "_main", boom)
+    with pytest.raises(ValueError):
+        main(["train", "x.yaml"])
+    assert log.read_text().splitlines() == ["ValueError: unexpected | argv ['train', 'x.yaml']"]
