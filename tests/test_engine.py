@@ -436,34 +436,34 @@ def test_a_killed_server_is_one_error_not_a_hang(server):
     assert time.monotonic() - t < 30
 
 
-def test_stopping_the_rollout_server_stops_its_whole_process_group(tmp_path):
-    """``mmgrpo rollout-server`` forwards SIGTERM to the server's process group: a grandchild (as vLLM's engine
-    processes are) does not outlive it. Checked with a stand-in server that spawns a child and sleeps."""
-    pidfile = tmp_path / "grandchild.pid"
+def stand_in_server(tmp_path: Path, **run_server_kwargs) -> tuple[subprocess.Popen, int, int]:
+    """``run_server`` (as ``mmgrpo rollout-server`` calls it) on a stand-in server that starts a child (as vLLM's
+    engine processes are) and sleeps; returns the runner process, the server's pid and its child's."""
+    pids = tmp_path / "pids"
     server = (
-        "import subprocess, sys, time; "
+        "import os, subprocess, sys, time; "
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}'); time.sleep(120)"
     )
     runner = (
         "import sys; from mmgrpo.modalities.tokens.engine import run_server; "
-        f"sys.exit(run_server([sys.executable, '-c', {server!r}], grace_s=5))"
+        f"sys.exit(run_server([sys.executable, '-c', {server!r}], **{run_server_kwargs!r}))"
     )
     proc = subprocess.Popen([sys.executable, "-c", runner])
     deadline = time.monotonic() + 60
-    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
         time.sleep(0.1)
-    grandchild = int(pidfile.read_text())
+    server_pid, child_pid = map(int, pids.read_text().split())
+    return proc, server_pid, child_pid
+
+
+def test_stopping_the_rollout_server_stops_its_whole_process_group(tmp_path):
+    """``mmgrpo rollout-server`` forwards SIGTERM to the server's process group: a grandchild (as vLLM's engine
+    processes are) does not outlive it. Checked with a stand-in server that spawns a child and sleeps."""
+    proc, _, grandchild = stand_in_server(tmp_path, grace_s=5)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
+    if not _gone(grandchild, 10):
         os.kill(grandchild, signal.SIGKILL)
         raise AssertionError("the server's child outlived `mmgrpo rollout-server`")
 

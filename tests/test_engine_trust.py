@@ -34,7 +34,7 @@ from mmgrpo.modalities.tokens.engine_http import (
     handler,
     safetensors_spec,
 )
-from tests.test_engine import _gone
+from tests.test_engine import _gone, stand_in_server
 
 SECRET = "s3cret-" + "x" * 36
 
@@ -284,21 +284,7 @@ def test_a_second_rollout_server_on_a_taken_address_is_refused():
 def test_a_sigkilled_server_takes_its_engine_processes_along(tmp_path):
     """The server itself SIGKILLed (not ``mmgrpo rollout-server``): the engine processes it started (a stand-in
     grandchild here, as vLLM's ``VLLM::EngineCore``) are killed with it, and the command exits non-zero."""
-    pids = tmp_path / "pids"
-    server = (
-        "import os, subprocess, sys, time; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{p.pid}}'); time.sleep(120)"
-    )
-    runner = (
-        "import sys; from mmgrpo.modalities.tokens.engine import run_server; "
-        f"sys.exit(run_server([sys.executable, '-c', {server!r}]))"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", runner])
-    deadline = time.monotonic() + 60
-    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    server_pid, engine_pid = map(int, pids.read_text().split())
+    proc, server_pid, engine_pid = stand_in_server(tmp_path)
     os.kill(server_pid, signal.SIGKILL)
     assert proc.wait(timeout=30) != 0
     if not _gone(engine_pid, 10):
