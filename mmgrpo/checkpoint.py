@@ -38,6 +38,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -145,6 +146,9 @@ class RunLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(record).encode(), 0)
             self._fd = fd
+            # released by release(), or at interpreter exit while os is still whole (a __del__ there can run after
+            # the os module is torn down: "'NoneType' object has no attribute 'path'")
+            self._finalizer = weakref.finalize(self, _unlock, fd, self.path)
             return previous or None
         raise RunDirError(f"output_dir={self.output_dir}: could not take the run lock {self.path}; try again")
 
@@ -152,16 +156,18 @@ class RunLock:
         """Unlink the lock file and unlock (idempotent)."""
         if self._fd is None:
             return
-        fd, self._fd = self._fd, None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                os.unlink(self.path)
-        except OSError:
-            pass
-        os.close(fd)
+        self._fd = None
+        self._finalizer()
 
-    def __del__(self):
-        self.release()
+
+def _unlock(fd: int, path: Path) -> None:
+    """Unlink the lock file if it is still ours, and close (which unlocks) it."""
+    try:
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def _read_record(fd: int) -> dict:

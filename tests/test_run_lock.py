@@ -89,3 +89,18 @@ def test_the_lock_is_released_when_construction_fails(tmp_path, mmgrpo_cache):
     with pytest.raises(Exception, match="already holds a run"):
         Trainer(_cfg(out, "steps=1"))
     assert not ckpt.lock_path(out).exists()
+
+
+def test_a_lock_still_held_at_interpreter_exit_is_released_quietly(tmp_path):
+    """A script that builds a Trainer and never calls train() (benchmarks/real_vs_trl.py does) ends with the lock
+    held: it is unlinked at exit, with no "Exception ignored in RunLock.__del__" from a torn-down os module."""
+    code = (
+        "from mmgrpo.loader import load_config; from mmgrpo.trainer import Trainer; "
+        f"t = Trainer(load_config('configs/quickstart.yaml', ['output_dir={tmp_path / 'run'}'])); "
+        "print('locked', flush=True)"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == 0 and proc.stdout.strip() == "locked", proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not ckpt.lock_path(tmp_path / "run").exists()
