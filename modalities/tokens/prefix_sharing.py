@@ -45,12 +45,15 @@ attention mask lets each completion attend to its prompt and causally to itself 
 continue the prompt's (:func:`packed_completion_logits`; the layout of Prefix Grouper, arXiv 2506.05433, §3). One
 checkpointable forward, no cache; the vision encoder and the prompt tokens still run once per prompt.
 
-Coverage: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (mRoPE; Qwen3-VL's DeepStack features touch prompt positions only),
-text-only Qwen2 and Qwen2-Audio (1-D RoPE) — model types whose cache is a plain ``DynamicCache`` and whose
-positions are computed here; under gradient checkpointing the same families with the ``sdpa`` or ``eager``
-attention kernel (those that take a custom 4-D mask as given). Any other family, sliding-window attention, or
-checkpointing outside that set falls back to the naive path with a one-time warning that names the reason
-(:func:`unsupported_reason`).
+Coverage, written once against transformers' decoder interface (a forward taking ``position_ids`` and a KV cache,
+a plain ``DynamicCache``): every decoder-only model with 1-D positions — Llama, Mistral, Qwen2/3, Phi-3, Gemma,
+OLMo-2, Granite, SmolLM3, Qwen2-MoE, Qwen2-Audio (audio features fill <|AUDIO|> slots) — and the mRoPE families
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen3-VL's DeepStack features touch prompt positions only), whose positions come
+from their ``get_rope_index``; under gradient checkpointing the same models with the ``sdpa`` or ``eager``
+attention kernel (those that take a custom 4-D mask as given). Sliding-window attention, encoder-decoder models,
+other models with their own multimodal rope positions and checkpointing with another kernel fall back to the naive
+path with a one-time warning that names the reason (:func:`unsupported_reason`), as do media models other than
+those (Idefics3/SmolVLM, LLaVA-OneVision, InternVL...: 1-D positions, but their layouts are not tested here yet).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -59,6 +62,7 @@ of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocab
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -72,9 +76,8 @@ from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
 
 logger = logging.getLogger(__name__)
 
-MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
-TEXT_MODEL_TYPES = frozenset({"qwen2", "qwen2_audio"})  # 1-D RoPE (Qwen2-Audio: audio features fill <|AUDIO|> slots)
-PACKED_MODEL_TYPES = MROPE_MODEL_TYPES | TEXT_MODEL_TYPES  # the packed forward (checkpointing) passes a 4-D mask
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})  # positions from get_rope_index; others 1-D
+MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio"}  # media models tested here; any text decoder is covered
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 
@@ -101,25 +104,48 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """None when prompt sharing covers ``model``; otherwise why it falls back to the naive path."""
+    """None when prompt sharing covers ``model``; otherwise why it falls back to the naive path (one line).
+
+    Covered: the mRoPE families (``MROPE_MODEL_TYPES``, positions from their ``get_rope_index``) and every
+    decoder-only model with 1-D positions whose forward takes ``position_ids`` and a KV cache — the standard
+    transformers decoder interface (Llama, Mistral, Qwen2/3, Phi-3, Gemma, OLMo-2, Granite, SmolLM3 and Qwen2-MoE
+    are tested against the naive path in tests/test_prefix_sharing.py). Not covered: sliding-window attention,
+    encoder-decoder models, media models not in ``MULTIMODAL_MODEL_TYPES`` (their vision/audio layouts are not
+    tested yet), and a forward without those arguments."""
     core = core_model(model)
     config = getattr(core, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in MROPE_MODEL_TYPES | TEXT_MODEL_TYPES:
-        covered = ", ".join(sorted(MROPE_MODEL_TYPES | TEXT_MODEL_TYPES))
-        return f"model type {model_type!r} is not covered (covered: {covered})"
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return f"{type(core).__name__} is not a decoder-only model (its prompt is not a causal prefix)"
+    inner = getattr(core, "model", core)
+    if model_type in MROPE_MODEL_TYPES and not hasattr(inner, "get_rope_index"):
+        return f"{type(core).__name__} has no get_rope_index"
+    if model_type not in MROPE_MODEL_TYPES and hasattr(inner, "get_rope_index"):
+        return f"model type {model_type!r} computes its own multimodal rope positions, which are not reproduced here"
+    if model_type not in MULTIMODAL_MODEL_TYPES and any(hasattr(config, k) for k in ("vision_config", "audio_config")):
+        return f"multimodal model type {model_type!r} is not yet tested against the naive path (text decoders are)"
+    params = inspect.signature(core.forward).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):  # **kwargs passes them through
+        missing = [name for name in ("position_ids", "use_cache") if name not in params]
+        if missing or (_hf.CACHE_FIELD not in params and "past_key_values" not in params):
+            return f"{type(core).__name__}.forward takes no {' / '.join(missing) or 'KV cache'} argument"
     text = config.get_text_config()
     if getattr(text, "use_sliding_window", False) or "sliding_attention" in (getattr(text, "layer_types", None) or []):
         return "sliding-window attention layers keep a different cache"
+    window = getattr(text, "sliding_window", None)
+    if window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text):
+        return f"sliding-window attention (window {window}) keeps a different cache (sliding_window: null shares)"
     if checkpointing(model):
-        if model_type not in PACKED_MODEL_TYPES:
-            return f"gradient checkpointing drops the KV cache and {model_type!r} has no packed path"
         kernel = getattr(text, "_attn_implementation", None)
         if kernel not in PACKED_KERNELS:
             return f"gradient checkpointing needs a custom attention mask, which {kernel!r} attention does not take"
-    if model_type in MROPE_MODEL_TYPES and not hasattr(getattr(core, "model", core), "get_rope_index"):
-        return f"{type(core).__name__} has no get_rope_index"
     return None
+
+
+def _all_full(text_config) -> bool:
+    """Whether the config lists its layers and every one is full attention (Qwen3: a window size, never used)."""
+    layer_types = getattr(text_config, "layer_types", None)
+    return bool(layer_types) and all(t == "full_attention" for t in layer_types)
 
 
 def warn_fallback_once(what: str, reason: str) -> None:
@@ -168,7 +194,7 @@ def prompt_positions(model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[
     core = core_model(model)
     ids, mask = batch["input_ids"], batch["attention_mask"]  # [U, L]
     U, L = ids.shape
-    if core.config.model_type in TEXT_MODEL_TYPES:
+    if core.config.model_type not in MROPE_MODEL_TYPES:  # 1-D positions: the count of real tokens before each
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [U, L]
         return positions[None], mask.long().sum(-1)[None]  # [1, U, L], [1, U]
     mm = batch.get("mm_token_type_ids")
