@@ -6,9 +6,16 @@ really runs the suite on one thread (the summation order of torch's CPU kernels 
 Tests that compare two evaluations of one quantity with a tolerance from ``tests/numerics.py`` are marked
 ``numerics`` here (by the helpers their module uses), so ``scripts/test_numerics.sh`` can run them under other thread
 counts and SIMD widths.
+
+Parallel runs (``scripts/test.sh`` runs pytest-xdist with two workers, ``--dist loadfile``): each file runs whole on
+one worker, so module fixtures (the vLLM servers) start once; files with ``slow`` tests are handed out first, so the
+fast files fill the end of the run instead of one learning test running alone; the count of CLI tracebacks is kept
+in one file that the controller makes and every worker appends to.
 """
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,23 +30,46 @@ def pytest_collection_modifyitems(config, items):
         module = getattr(item, "module", None)
         if module is not None and any(name in vars(module) for name in _NUMERICS):
             item.add_marker(pytest.mark.numerics)
+    if config.getoption("dist", "no") != "no" or hasattr(config, "workerinput"):
+        _slow_files_first(items)
 
 
-_ESCAPES: list = []  # the session's file of CLI runs that ended in a traceback (mmgrpo.cli.ESCAPES_ENV)
+def _slow_files_first(items: list) -> None:
+    """Under xdist, reorder the files (each kept whole and in its own order) by their number of ``slow`` tests, most
+    first: ``--dist loadfile`` hands files out in collection order, and a learning test handed out last would run
+    alone on one worker while the other waits. Every worker collects the same order (the sort is stable)."""
+    slow: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _count_cli_tracebacks(tmp_path_factory):
+_ESCAPES: list[Path] = []  # the session's file of CLI runs that ended in a traceback (mmgrpo.cli.ESCAPES_ENV)
+
+
+def pytest_configure(config):
     """Every ``mmgrpo`` run of the session — in-process ``main()``, ``python -m mmgrpo`` and ``accelerate launch``
-    ranks, which inherit the environment — notes an exception that escaped it; the terminal summary counts them."""
+    ranks, which inherit the environment — notes an exception that escaped it in one file; the terminal summary
+    counts them. The file is made here in the controlling process, before xdist starts its workers, which inherit
+    the variable and append to it (one short ``O_APPEND`` write per escape)."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller's file is already in the environment
+        return
     from mmgrpo.cli import ESCAPES_ENV
 
-    path = tmp_path_factory.mktemp("cli") / "escaped.txt"
-    path.touch()
-    os.environ[ESCAPES_ENV] = str(path)
-    _ESCAPES.append(path)
-    yield
+    fd, path = tempfile.mkstemp(prefix="mmgrpo-escaped-", suffix=".txt")
+    os.close(fd)
+    os.environ[ESCAPES_ENV] = path
+    _ESCAPES.append(Path(path))
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput") or not _ESCAPES:
+        return
+    from mmgrpo.cli import ESCAPES_ENV
+
     os.environ.pop(ESCAPES_ENV, None)
+    _ESCAPES.pop().unlink(missing_ok=True)
 
 
 def pytest_terminal_summary(terminalreporter):

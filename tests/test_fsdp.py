@@ -79,6 +79,8 @@ def _launch(
         "launch",
         "--config_file",
         str(ACCEL / f"{accelerate_config}.yaml"),
+        "--main_process_port",
+        "0",  # any free rendezvous port, not 29500: launches on two test workers at once
         "-m",
         "mmgrpo",
         "train",
@@ -193,6 +195,8 @@ def test_every_family_rolls_out_and_trains_under_fsdp(tmp_path, mmgrpo_cache):
         "launch",
         "--config_file",
         str(ACCEL / "fsdp_cpu_2proc.yaml"),
+        "--main_process_port",
+        "0",  # any free rendezvous port, not 29500: launches on two test workers at once
         str(ROOT / "tests/fsdp_rollout_worker.py"),
         str(out),
         *CASES,

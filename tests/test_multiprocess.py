@@ -30,6 +30,8 @@ def test_two_processes_log_the_global_reward_mean(tmp_path, mmgrpo_cache):
         "launch",
         "--config_file",
         str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+        "--main_process_port",
+        "0",  # any free rendezvous port, not 29500: launches on two test workers at once
         "-m",
         "mmgrpo",
         "train",
@@ -72,6 +74,7 @@ def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgr
 
     accelerate = Path(sys.executable).parent / "accelerate"
     launch = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    launch += ["--main_process_port", "0"]  # any free rendezvous port, not 29500: launches on two test workers at once
     common = [*SMALL, "steps=3", "warmup.steps=0", "eval.before=false", "eval.after=false", "logging.plot=false"]
     common += ["checkpoint.every=1", "checkpoint.keep_last=5"]
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")

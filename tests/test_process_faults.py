@@ -156,6 +156,7 @@ def test_a_collective_failing_on_a_dead_peer_is_one_line(monkeypatch):
 def _launch(tmp_path: Path, steps: int) -> tuple[subprocess.Popen, Path, Path]:
     out, log = tmp_path / "run", tmp_path / "launch.log"
     cmd = [str(ACCELERATE), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    cmd += ["--main_process_port", "0"]  # any free rendezvous port, not 29500: launches on two test workers at once
     cmd += ["-m", "mmgrpo", "train", str(QUICK), *SMALL, *QUIET, f"steps={steps}", f"output_dir={out}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     with open(log, "w") as f:  # a file, not a pipe: ranks that outlive the launcher would hold a pipe open

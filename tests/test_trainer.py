@@ -148,6 +148,8 @@ def test_accelerate_launch_two_cpu_processes(tmp_path, mmgrpo_cache):
         "launch",
         "--config_file",
         str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+        "--main_process_port",
+        "0",  # any free rendezvous port, not 29500: launches on two test workers at once
         "-m",
         "mmgrpo",
         "train",

@@ -105,7 +105,9 @@ def _launch(tmp_path: Path, out: Path, config: list[str], world: int, prompts: i
         cmd = [sys.executable, *cmd]
     else:
         accelerate = Path(sys.executable).parent / "accelerate"
-        cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"), *cmd]
+        launch = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+        # any free rendezvous port, not 29500: launches on two test workers at once
+        cmd = [*launch, "--main_process_port", "0", *cmd]
     pythonpath = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath, **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
