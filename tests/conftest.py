@@ -8,9 +8,9 @@ Tests that compare two evaluations of one quantity with a tolerance from ``tests
 counts and SIMD widths.
 
 Parallel runs (``scripts/test.sh`` runs pytest-xdist with two workers, ``--dist loadfile``): each file runs whole on
-one worker, so module fixtures (the vLLM servers) start once; files with ``slow`` tests are handed out first, so the
-fast files fill the end of the run instead of one learning test running alone; the count of CLI tracebacks is kept
-in one file that the controller makes and every worker appends to.
+one worker, so module fixtures (the vLLM servers) start once; the longest files are handed out first
+(``HEAVY_FILES``), so the fast files fill the end of the run instead of one learning test running alone; the count of
+CLI tracebacks is kept in one file that the controller makes and every worker appends to.
 """
 
 import os
@@ -31,18 +31,42 @@ def pytest_collection_modifyitems(config, items):
         if module is not None and any(name in vars(module) for name in _NUMERICS):
             item.add_marker(pytest.mark.numerics)
     if config.getoption("dist", "no") != "no" or hasattr(config, "workerinput"):
-        _slow_files_first(items)
+        _longest_files_first(items)
 
 
-def _slow_files_first(items: list) -> None:
-    """Under xdist, reorder the files (each kept whole and in its own order) by their number of ``slow`` tests, most
-    first: ``--dist loadfile`` hands files out in collection order, and a learning test handed out last would run
-    alone on one worker while the other waits. Every worker collects the same order (the sort is stable)."""
-    slow: dict[str, int] = {}
+# Seconds each of the heaviest files took in a one-thread run (`--durations=60` of `bash scripts/test.sh`, summed per
+# file; 2026-11-26, on the 2-core machine with another job on it). Only their order matters: under xdist the files
+# are handed out longest first (the LPT rule), so the last files to start are short ones and no learning test runs
+# alone at the end. A file not listed weighs half a second per test. Re-measure when a file's tests change much.
+HEAVY_FILES = {
+    "tests/test_trainer.py": 323,  # test_quickstart_learns alone: 143-256 s
+    "tests/test_fsdp.py": 298,
+    "tests/test_world_size.py": 229,
+    "tests/test_engine.py": 176,
+    "tests/test_speech_learning.py": 121,
+    "tests/test_real_models.py": 98,
+    "tests/test_flow_learning.py": 98,
+    "tests/test_colocate.py": 79,
+    "tests/test_multiprocess.py": 75,
+    "tests/test_process_faults.py": 69,
+    "tests/test_video_learning.py": 58,
+    "tests/test_demo.py": 46,
+}
+
+
+def _longest_files_first(items: list) -> None:
+    """Under xdist, reorder the files (each kept whole and in its own order) by their expected time, longest first
+    (``HEAVY_FILES``): ``--dist loadfile`` hands files out in collection order, and a long file handed out last would
+    run alone on one worker while the other waits. Every worker collects the same order (the sort is stable)."""
+    count: dict[str, int] = {}
     for item in items:
         path = item.nodeid.split("::")[0]
-        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+        count[path] = count.get(path, 0) + 1
+
+    def weight(path: str) -> float:
+        return HEAVY_FILES.get(path, 0.5 * count[path])
+
+    items.sort(key=lambda item: -weight(item.nodeid.split("::")[0]))
 
 
 _ESCAPES: list[Path] = []  # the session's file of CLI runs that ended in a traceback (mmgrpo.cli.ESCAPES_ENV)
