@@ -67,6 +67,9 @@ class AdapterSpec(Generic[Options]):
     ``algorithm.chunk_sizes`` is checked at load."""
     inputs: Inputs | None = None
     """What the adapter reads of a row (media kinds, prompt); None: not declared, rows are not checked for it."""
+    load_check: Callable[[Options], str | None] | None = None
+    """What ``load`` would hit first, checked without loading anything (a named real model not set up): a one-line
+    problem or None. The load-time check (``mmgrpo.preflight``, ``--dry-run``) raises it as a ``ConfigError``."""
 
     def options(self, args: dict | None) -> Options:
         return from_dict(self.args, args or {}, "model.args")

@@ -94,8 +94,18 @@ def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
         if report is not None:
             report.rows[split] = min(n, len(rows))
     _check_reward_loads(cfg)
+    _check_adapter_loads(cfg)
     _check_engine(cfg)
     return task
+
+
+def _check_adapter_loads(cfg: TrainConfig) -> None:
+    """The adapter's own ``load_check`` (``AdapterSpec.load_check``: a named model it can find); one line."""
+    from mmgrpo.plugins import ADAPTERS
+
+    spec = ADAPTERS.get(cfg.model.adapter)
+    if spec.load_check is not None and (problem := spec.load_check(spec.options(cfg.model.args))) is not None:
+        raise ConfigError(problem)
 
 
 def _check_reward_loads(cfg: TrainConfig) -> None:

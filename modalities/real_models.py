@@ -163,6 +163,19 @@ def resolve(name: str, adapter: str) -> str | None:
     return str(directory)
 
 
+def load_problem(name: object, adapter: str) -> str | None:
+    """What :func:`resolve` would raise when an adapter of family ``adapter`` loads ``name`` (a real model that is
+    not set up, or one of another family), as one line; None otherwise. The adapters' ``load_check``
+    (``AdapterSpec.load_check``) calls it, so ``--dry-run`` and the load-time check say it before any model loads."""
+    if not isinstance(name, str):
+        return None
+    try:
+        resolve(name, adapter)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- setup
 
 

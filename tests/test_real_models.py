@@ -217,11 +217,19 @@ def test_a_name_not_set_up_says_run_the_setup_script(tmp_path, monkeypatch):
     assert vlm_path("some/hub-id") == "some/hub-id" and speech_path("/a/path") == "/a/path"  # others pass through
 
 
-def test_cli_before_setup_prints_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "config,extra",
+    [
+        ("quickstart.yaml", ["model.args.name_or_path=smollm2-135m-instruct"]),
+        ("real_smollm2_arithmetic.yaml", ["--dry-run"]),  # the load-time check says it (AdapterSpec.load_check)
+        ("real_whisper_tiny_wer.yaml", ["--dry-run"]),
+    ],
+)
+def test_cli_before_setup_prints_one_line(tmp_path, config, extra):
     env = {**os.environ, "MMGRPO_REAL_MODELS": str(tmp_path / "real"), "MMGRPO_CACHE": str(tmp_path / "cache")}
     env["HF_HUB_OFFLINE"] = "1"
-    cmd = [sys.executable, "-m", "mmgrpo", "train", str(ROOT / "configs/quickstart.yaml")]
-    cmd += [f"output_dir={tmp_path / 'run'}", "model.args.name_or_path=smollm2-135m-instruct", "logging.trackers=[]"]
+    cmd = [sys.executable, "-m", "mmgrpo", "train", str(ROOT / "configs" / config)]
+    cmd += [f"output_dir={tmp_path / 'run'}", "logging.trackers=[]", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]

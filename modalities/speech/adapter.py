@@ -49,7 +49,7 @@ from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
-from .. import _hf
+from .. import _hf, real_models
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.engine import EnginePrompt, EngineSampling
@@ -366,6 +366,7 @@ build_whisper_adapter = ADAPTERS.register("whisper")(
         cls=WhisperAdapter,
         load=_load_whisper,
         inputs=Inputs(media=("audio",), media_required=True, prompt=False),  # the decoder prompt is the model's
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),
     )
 )
 

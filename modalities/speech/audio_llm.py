@@ -37,7 +37,7 @@ import torch
 from mmgrpo.config import ConfigError, Range, from_dict
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 
-from .. import _hf
+from .. import _hf, real_models
 from ..tokens import prefix_sharing
 from ..vlm.adapter import VLMAdapter, VLMArgs
 from .audio import AudioEncoder
@@ -162,5 +162,6 @@ build_audio_llm_adapter = ADAPTERS.register("audio_llm")(
         cls=AudioLLMAdapter,
         load=_load_audio_llm,
         inputs=Inputs(media=("audio",), media_required=True),
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),  # resolve_model_path's family
     )
 )

@@ -43,6 +43,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
+from .. import real_models
 from ..tokens.engine import EngineError, EnginePrompt
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
@@ -198,7 +199,13 @@ def _load_video(a: VideoArgs, ctx: BuildContext) -> VideoAdapter:
 
 
 build_video_adapter = ADAPTERS.register("video")(
-    AdapterSpec(args=VideoArgs, cls=VideoAdapter, load=_load_video, inputs=Inputs(media=("image", "video")))
+    AdapterSpec(
+        args=VideoArgs,
+        cls=VideoAdapter,
+        load=_load_video,
+        inputs=Inputs(media=("image", "video")),
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # loads through the vlm family
+    )
 )
 
 __all__ = [

@@ -38,7 +38,7 @@ from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import DataError, Rollout
 
-from .. import _hf
+from .. import _hf, real_models
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
 from ..tokens.engine import EnginePrompt, EngineSampling
@@ -596,5 +596,11 @@ def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
 
 
 build_vlm_adapter = ADAPTERS.register("vlm")(
-    AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load_vlm, inputs=Inputs(media=("image",)))
+    AdapterSpec(
+        args=VLMArgs,
+        cls=VLMAdapter,
+        load=_load_vlm,
+        inputs=Inputs(media=("image",)),
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # resolve_model_path's family
+    )
 )
