@@ -36,8 +36,11 @@ from pathlib import Path
 from mmgrpo.cache import publish_dir
 from mmgrpo.config import ConfigError
 
-FORMAT = 1
-"""Bumped when a conversion changes: a directory made by another format is converted again by the script."""
+FORMAT = 2
+"""Bumped when a conversion changes: a directory made by another format is converted again by the script (2: the
+GGUF tokenizer's special tokens pinned, ``RealModel.special_tokens``)."""
+SOURCES_FORMAT = 1
+"""Bumped when the extracted sources (``sources/<name>/``) change: they are downloaded again."""
 SETUP_HINT = "run `bash scripts/setup_real_models.sh` first"
 
 
@@ -74,6 +77,9 @@ class RealModel:
     """Licence of the weights."""
     origin: str
     """The upstream model the weights are."""
+    special_tokens: tuple[tuple[str, str], ...] = ()
+    """(attribute, token) pairs the converted tokenizer, config and generation config are pinned to, as the upstream
+    tokenizer_config.json has them: the GGUF metadata leaves them to the transformers version that reads it."""
 
 
 _CT2 = {"model/tokenizer.json": "tokenizer.json", "model/config.json": "config.json"}
@@ -91,6 +97,9 @@ MODELS: dict[str, RealModel] = {
         kind="gguf",
         licence="Apache-2.0",
         origin="HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)",
+        # HuggingFaceTB/SmolLM2-135M-Instruct tokenizer_config.json. transformers 5.17 read the GGUF to no pad token
+        # and an end token of id 1 (<|im_start|>; seen on a GPU machine), 5.24 to these.
+        special_tokens=(("bos_token", "<|im_start|>"), ("eos_token", "<|im_end|>"), ("pad_token", "<|im_end|>")),
     ),
     "whisper-tiny.en": RealModel(
         adapter="whisper",
@@ -144,9 +153,9 @@ def source_dir(name: str) -> Path:
     return root() / "sources" / name
 
 
-def _complete(directory: Path) -> bool:
+def _complete(directory: Path, fmt: int = FORMAT) -> bool:
     marker = directory / "complete.json"
-    return marker.is_file() and json.loads(marker.read_text()).get("format") == FORMAT
+    return marker.is_file() and json.loads(marker.read_text()).get("format") == fmt
 
 
 def resolve(name: str, adapter: str) -> str | None:
@@ -218,9 +227,10 @@ def _extract(model: RealModel, downloads: Path, directory: Path) -> None:
                     shutil.copyfileobj(src, dst, 1 << 24)
 
 
-def convert_gguf(gguf_file: Path, directory: Path) -> None:
+def convert_gguf(gguf_file: Path, directory: Path, special_tokens: tuple[tuple[str, str], ...] = ()) -> None:
     """A GGUF causal LM dequantised to fp32 by transformers and saved as safetensors with its tokenizer (chat
-    template included, left padding)."""
+    template included, left padding), its special tokens pinned to ``special_tokens`` in the tokenizer, the config
+    and the generation config."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -233,6 +243,13 @@ def convert_gguf(gguf_file: Path, directory: Path) -> None:
     model.hf_quantizer = None  # the weights are plain fp32 now; save_pretrained refuses a "gguf-quantized" model
     del model.config.quantization_config
     tokenizer.padding_side = "left"
+    for attribute, token in special_tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise SetupError(f"{gguf_file}: the vocabulary has no {token!r} for its {attribute}")
+        setattr(tokenizer, attribute, token)
+        for config in (model.config, model.generation_config):
+            setattr(config, attribute + "_id", token_id)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
@@ -250,18 +267,19 @@ def _publish(target: Path, write, made: dict) -> None:
 def setup_model(name: str, log=print) -> bool:
     """Download, verify, extract and convert ``name`` unless its directory is complete; True when it did work."""
     model, target, sources = MODELS[name], root() / name, source_dir(name)
-    if _complete(target) and _complete(sources):
+    if _complete(target) and _complete(sources, SOURCES_FORMAT):
         return False
     t0 = time.perf_counter()
     made = {"format": FORMAT, "packages": [f"{p.name}=={p.version} sha256:{p.sha256}" for p in model.packages]}
-    if not _complete(sources):
+    if not _complete(sources, SOURCES_FORMAT):
         shutil.rmtree(sources, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=root()) as downloads:
-            _publish(sources, lambda d: _extract(model, Path(downloads), d), made)
+            _publish(sources, lambda d: _extract(model, Path(downloads), d), made | {"format": SOURCES_FORMAT})
     if not _complete(target):
         shutil.rmtree(target, ignore_errors=True)
         if model.kind == "gguf":
-            _publish(target, lambda d: convert_gguf(sources / "model.gguf", d), made | {"licence": model.licence})
+            convert = lambda d: convert_gguf(sources / "model.gguf", d, model.special_tokens)
+            _publish(target, convert, made | {"licence": model.licence})
         else:
             from .speech.ct2_convert import convert_whisper
 

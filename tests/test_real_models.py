@@ -349,6 +349,15 @@ def test_converted_smollm2_matches_the_gguf_model():
         assert torch.equal(a, b), key
     assert torch.equal(got, want), f"max |Δlogit| {(got - want).abs().max():.2e}"
     assert "quantization_config" not in json.loads((Path(directory) / "config.json").read_text())
+    # the special tokens of the upstream tokenizer_config.json, in the tokenizer, the config and the generation
+    # config alike, whatever the transformers version read from the GGUF metadata
+    pinned = dict(real_models.MODELS["smollm2-135m-instruct"].special_tokens)
+    assert pinned == {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
+    generation = json.loads((Path(directory) / "generation_config.json").read_text())
+    for attribute, token in pinned.items():
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        assert getattr(tokenizer, attribute) == token
+        assert getattr(model.config, attribute + "_id") == token_id == generation[attribute + "_id"]
 
 
 # ---------------------------------------------------------------------------------------------- GRPO steps
