@@ -8,7 +8,8 @@ built-in ``arithmetic`` task exactly as ``configs/real_smollm2_arithmetic.yaml``
 problems (each toolkit draws its own order from the run seed), the same reward (mmgrpo's ``last_number``, called
 through the same scoring path in both), G = 8, 2 prompts per step (B = 16; TRL ``per_device_train_batch_size = 16``,
 ``num_generations = 8``), 32 new tokens at temperature 0.7, no top-k / top-p, β = 0, μ = 1, clip ε = 0.2, group std
-scaling (ε 1e-4) and token-mean aggregation (TRL's default ``loss_type="dapo"``), fp32, the same AdamW (fused,
+scaling (ε 1e-4) and token-mean aggregation (TRL's default ``loss_type="dapo"``), fp32, TRL's lm_head on its
+GPU rule (completion positions only; on a CPU run it is switched to it, as in ``vs_trl.py``), the same AdamW (fused,
 betas 0.9/0.999, no weight decay, gradient norm clipped to 1) and the same learning-rate schedule (lr 2e-5, the
 config's 2 warm-up steps; TRL gets the schedule through ``optimizers=``, since its ``constant_with_warmup`` starts
 at lr 0). Gradient checkpointing is off in both (TRL's default is on; it would only slow TRL down). TRL skips the
@@ -171,6 +172,13 @@ def run_trl(cfg, task, device: str, every: int, meter: Meter, out: Path) -> dict
     from mmgrpo.modalities.real_models import resolve
     from mmgrpo.tasks.eval_rewards import EvalRewards
 
+    if device == "cpu":
+        # TRL's fused lm_head (add_fused_lm_head, trl/trainer/utils.py) scores only the completion positions on
+        # CUDA/XPU and every position on CPU: on a CPU run, follow the GPU rule, what every TRL user on a GPU gets
+        # (benchmarks/vs_trl.py --trl-fused-head compact does the same).
+        import trl.trainer.utils as trl_utils
+
+        trl_utils._use_triton = lambda device: True
     model_dir = resolve(cfg.model.args["name_or_path"], "vlm")
     if model_dir is None:
         raise SystemExit(f"{cfg.model.args['name_or_path']} is not set up: bash scripts/setup_real_models.sh")

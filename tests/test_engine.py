@@ -695,3 +695,56 @@ def test_later_pushes_send_only_what_training_changes(mmgrpo_cache):
     layers = [n for n, m in lora.model.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)]
     assert len(merged) == len(layers) > 0 and set(merged) < set(engine_weights(lora.model))
     assert all(k.endswith(".weight") and "lora_" not in k and "base_layer" not in k for k in merged)
+
+
+# ---------------------------------------------------------------------------------------------- a Llama on the engine
+
+
+def _tiny_llama(directory: Path) -> Path:
+    """A tiny random ``LlamaForCausalLM`` (SmolLM2's architecture; head_dim 64 as vLLM's CPU kernels take) with the
+    tiny VLM's tokenizer and chat template, saved as a Hugging Face directory both the trainer and vLLM load."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mmgrpo.modalities.vlm.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory, mmgrpo_cache):
+    """``mmgrpo rollout-server`` on a tiny Llama (the text-only vlm adapter; configs/real_smollm2_arithmetic.yaml)."""
+    model = _tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    for served in _serve(tmp_path_factory, "configs/real_smollm2_arithmetic.yaml", str(model)):
+        yield (*served, model)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_llama_greedy_and_logprobs_equal_native_after_a_weight_push(llama_server):
+    """A Llama (issue 38's architecture table): the engine's prompt ids, greedy completions after a push and
+    log-probs of its own samples equal the native path's, which shares the prompt (no naive-path fallback)."""
+    from mmgrpo.modalities.tokens import prefix_sharing
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    url, _, model = llama_server
+    adapter = build_vlm_adapter({"name_or_path": str(model), "max_new_tokens": 8, "temperature": 1.0}, seed=0)
+    assert prefix_sharing.unsupported_reason(adapter.model) is None
+    _connect(adapter, url)
+    rows = [{"prompt": p} for p in ("What colour is the shape?", "Which way does the object move?", "Count them.")]
+    _assert_engine_matches_native(adapter, rows, seed=1, version=1)
