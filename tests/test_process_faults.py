@@ -213,8 +213,10 @@ def test_ranks_stop_with_a_checkpoint_when_their_launcher_is_killed(tmp_path, mm
         _kill(list(ranks.values()))
     text = log.read_text()
     assert not alive, f"ranks {[p.pid for p in alive]} outlived their launcher by 120 s:\n{text[-3000:]}"
-    for r in (0, 1):
-        assert f"mmgrpo: rank {r}: the launcher (pid {proc.pid}) is gone" in text, text[-3000:]
+    # The rank whose watcher polls first says so and stops at the end of the step; the stop is collective, so the
+    # other rank may end with it before its own watcher looks (seen under load): one line at least, both ranks gone.
+    noticed = [r for r in (0, 1) if f"mmgrpo: rank {r}: the launcher (pid {proc.pid}) is gone" in text]
+    assert noticed, text[-3000:]
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert saved, text[-3000:]  # the stop at the end of the step saved the run
     last = max(json.loads(s)["step"] for s in (out / "metrics.jsonl").read_text().splitlines() if '"step"' in s)
