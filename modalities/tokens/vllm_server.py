@@ -68,27 +68,11 @@ from http.server import ThreadingHTTPServer
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 try:
-    from .engine_http import (
-        ANY_VLLM_ENV,
-        SECRET_ENV,
-        Limits,
-        ModelSpec,
-        UnsupportedVLLM,
-        WeightGate,
-        handler,
-        vllm_version_problem,
-    )
+    from . import engine_http
+    from .engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
 except ImportError:  # run as a script (and in vLLM's spawned worker, which imports this file by path)
-    from engine_http import (
-        ANY_VLLM_ENV,
-        SECRET_ENV,
-        Limits,
-        ModelSpec,
-        UnsupportedVLLM,
-        WeightGate,
-        handler,
-        vllm_version_problem,
-    )
+    import engine_http
+    from engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
 
 
 def _reload_weights_file(worker, path: str) -> int:
@@ -180,9 +164,9 @@ class Engine(WeightGate):
         import vllm
         from vllm import LLM
 
-        problem = vllm_version_problem(vllm.__version__)
-        if problem is not None and os.environ.get(ANY_VLLM_ENV) != "1":
-            raise UnsupportedVLLM(problem)
+        problem = engine_http.vllm_version_problem(vllm.__version__)
+        if problem is not None and os.environ.get(engine_http.ANY_VLLM_ENV) != "1":
+            raise engine_http.UnsupportedVLLM(problem)
         self.model = args.model
         self.version = 0
         self.lock = threading.Lock()
@@ -483,7 +467,7 @@ def main() -> int:
         server.serve_forever()
     except _Stop as e:
         state["code"] = 128 + e.signum
-    except UnsupportedVLLM as e:
+    except engine_http.UnsupportedVLLM as e:
         print(f"mmgrpo rollout-server: {e}", file=sys.stderr)
         state["code"] = 2
     finally:
