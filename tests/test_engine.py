@@ -701,27 +701,20 @@ def test_later_pushes_send_only_what_training_changes(mmgrpo_cache):
 
 
 def _tiny_llama(directory: Path) -> Path:
-    """A tiny random ``LlamaForCausalLM`` (SmolLM2's architecture; head_dim 64 as vLLM's CPU kernels take) with the
-    tiny VLM's tokenizer and chat template, saved as a Hugging Face directory both the trainer and vLLM load."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A tiny random ``LlamaForCausalLM`` (SmolLM2's architecture, tests/test_prefix_sharing.py's builder) with head_dim
+    64 as vLLM's CPU kernels take, saved with the tiny VLM's tokenizer and chat template for the trainer and vLLM."""
+    from tests.test_prefix_sharing import text_model
 
-    from mmgrpo.modalities.vlm.tiny import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    model, tokenizer = text_model(
+        "llama",
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=512,
         tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
     )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(directory)
+    model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 

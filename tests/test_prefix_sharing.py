@@ -132,27 +132,30 @@ def test_ratio_is_one_with_sampler_logprobs(tiny_vlm_path):
     model_reductions(adapter._unwrapped()).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])
 
 
-def _text_adapter(model_type: str, **config_kwargs):
-    """A tiny text-only causal LM of ``model_type`` with the tiny VLM's tokenizer (no processor)."""
+def text_model(model_type: str, **config_kwargs):
+    """A tiny random text-only causal LM of ``model_type`` (fp32, sdpa, train mode) and the tiny VLM's tokenizer;
+    ``config_kwargs`` replace the sizes (the engine test's Llama: head_dim 64, as vLLM's CPU kernels take)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from mmgrpo.modalities.vlm.tiny import build_tokenizer
 
     tok = build_tokenizer()
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    sizes["num_key_value_heads"] = 2
     config = AutoConfig.for_model(
         model_type,
         vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
-        **config_kwargs,
+        **{**sizes, **config_kwargs},
     )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train(), tok
+
+
+def _text_adapter(model_type: str, **config_kwargs):
+    """:func:`text_model` behind the VLM adapter's text-only path (no processor)."""
+    model, tok = text_model(model_type, **config_kwargs)
     return VLMAdapter(model, tok, VLMArgs(max_new_tokens=5), reference=None)
 
 
