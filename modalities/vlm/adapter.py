@@ -48,6 +48,7 @@ from ..tokens.logprobs import (
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy
+from . import smolvlm
 from .tiny import resolve_model_path
 
 
@@ -601,6 +602,7 @@ build_vlm_adapter = ADAPTERS.register("vlm")(
         cls=VLMAdapter,
         load=_load_vlm,
         inputs=Inputs(media=("image",)),
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # resolve_model_path's family
+        # resolve_model_path's real models: not set up (or of another family) is one line before any model loads
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm") or smolvlm.load_problem(a.name_or_path),
     )
 )
