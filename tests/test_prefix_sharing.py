@@ -14,7 +14,7 @@ from mmgrpo import noise
 from mmgrpo.modalities.tokens import decode, prefix_sharing
 from mmgrpo.modalities.vlm.adapter import PromptCache, VLMAdapter, VLMArgs, VLMState, build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
-from tests.numerics import Reductions, model_reductions
+from tests.numerics import Reductions, gradient_scales, model_reductions
 
 
 def _rows():
@@ -58,11 +58,9 @@ def _assert_same(adapter, state, index):
     budget = model_reductions(adapter._unwrapped())
     budget.assert_logprobs_close(logp_shared, logp_naive)
     assert g_naive.keys() == g_shared.keys() and len(g_naive) > 0
+    scales = gradient_scales(g_naive)  # a key bias's gradient is 0 up to rounding: its query bias's scale
     for name in g_naive:
-        # A key bias adds q·b to every score of a query, which softmax ignores: its gradient is 0 up to rounding
-        # (~1e-11 here), so it is compared on the scale of the same layer's query-bias gradient.
-        scale = g_naive[name.replace("k_proj.bias", "q_proj.bias")].abs().max() if "k_proj.bias" in name else None
-        budget.backward().assert_close(g_shared[name], g_naive[name], scale=scale, msg=name)
+        budget.backward().assert_close(g_shared[name], g_naive[name], scale=scales[name], msg=name)
     return logp_naive
 
 
@@ -574,3 +572,14 @@ def test_every_decoder_architecture_fuses_its_head_like_the_logits_path(model_ty
         return
     assert fusable_head(adapter.model) is not None
     _parity(monkeypatch, policy, adapter, _state(adapter, TEXT_ROWS, G=2, T=5), torch.arange(4))
+
+
+def test_idefics3_fuses_its_head_like_the_logits_path(monkeypatch):
+    """SmolVLM's lm_head (a plain linear layer) is fused, with the logits path's log-probs and gradients."""
+    import mmgrpo.modalities.tokens.policy as policy
+    from mmgrpo.modalities.tokens.logprobs import fusable_head
+    from tests.test_fused_logprobs import _parity
+
+    adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 5})
+    assert fusable_head(adapter.model) is not None
+    _parity(monkeypatch, policy, adapter, _state(adapter, _rows(), G=2, T=5), torch.arange(4))
