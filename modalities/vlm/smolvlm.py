@@ -2,25 +2,28 @@
 
 No vision-language weights ship in a package registry (docs/real_models.md), but the language model of
 HuggingFaceTB's SmolVLM-256M/500M is SmolLM2, and the SmolLM2-135M-Instruct weights do ship
-(``smollm2-135m-instruct``, :mod:`mmgrpo.modalities.real_models`). ``smolvlm-smollm2-135m`` is therefore the SmolVLM
+(``smollm2-135m-instruct``, :mod:`mmgrpo.modalities.real_models`). ``smolvlm-smollm2-135m`` is the SmolVLM
 architecture (Marafioti et al. 2025, "SmolVLM: Redefining small and efficient multimodal models", arXiv 2504.05299,
-§2: a SigLIP vision encoder, pixel shuffle, a linear connector into a SmolLM2 decoder; ``Idefics3ForConditionalGeneration``
-in transformers) with:
+§2: a SigLIP vision encoder, pixel shuffle, a linear connector into a SmolLM2 decoder;
+``Idefics3ForConditionalGeneration`` in transformers) with:
 
-- the **real** SmolLM2-135M-Instruct decoder, embeddings and head (copied exactly; three image tokens added to its
-  tokenizer — ``<fake_token_around_image>``, ``<image>``, ``<global-img>`` — whose new embedding rows start at the
-  mean embedding, transformers' ``resize_token_embeddings`` default);
-- a **fresh** (randomly initialised from the run's seed) SigLIP-style vision tower and connector, smaller than
-  SmolVLM's (the sizes below): no trained vision weights exist here, and a 2-core CPU trains this one in minutes.
-  A supervised warm-up (``warmup.*``) teaches it the task before GRPO (``configs/real_smolvlm_shapes.yaml``).
+- the **real** SmolLM2-135M-Instruct decoder, embeddings and head, copied exactly (the text-only logits are
+  bit-equal, tests/test_real_models.py). Three image tokens are added to its tokenizer — ``<fake_token_around_image>``,
+  ``<image>``, ``<global-img>`` — and their embedding rows are drawn by transformers' ``resize_token_embeddings``
+  (a normal with the old rows' mean and covariance);
+- a **fresh** SigLIP-style vision tower and connector, initialised from the run's seed and far smaller than SmolVLM's
+  (:class:`VisionSizes`): no trained vision weights exist here, and a 2-core CPU trains this one in minutes. A
+  supervised warm-up of the tower and connector alone (``warmup.trainable``, LLaVA's first stage) teaches it the task
+  before GRPO (``configs/real_smolvlm_shapes.yaml``).
 
-Images are not split into tiles (``do_image_splitting=False``): each image is resized to ``IMAGE_SIZE`` pixels and
-becomes ``<fake_token_around_image><global-img>`` + ``IMAGE_SEQ_LEN`` × ``<image>`` + ``<fake_token_around_image>``.
-The chat template is SmolLM2-Instruct's own ChatML (with its default system prompt), where an image part renders as
+Images are not split into tiles (``do_image_splitting=False``): each image is resized to ``image_size`` pixels and
+becomes ``<fake_token_around_image><global-img>`` + ``image_seq_len`` × ``<image>`` + ``<fake_token_around_image>``.
+The chat template is SmolLM2-Instruct's own ChatML (with its default system message), where an image part renders as
 ``<image>`` before the text, as SmolVLM's template places it.
 
-``resolve_model_path`` builds the directory once per seed into the model cache (``MMGRPO_CACHE``), atomically; it
-needs ``bash scripts/setup_real_models.sh smollm2-135m-instruct`` first and says so in one line otherwise.
+``resolve`` builds the directory once per seed into the model cache (``MMGRPO_CACHE``), atomically; it needs
+``bash scripts/setup_real_models.sh smollm2-135m-instruct`` first and says so in one line otherwise. ``tiny-smolvlm``
+is the same assembly over a tiny random Llama decoder, for the adapter contract and the prompt-sharing tests.
 """
 
 from __future__ import annotations
@@ -75,9 +78,7 @@ def chat_template(default_system: str | None) -> str:
         else ""
     )
     return (
-        "{% for message in messages %}"
-        + system
-        + "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% for message in messages %}" + system + "{{ '<|im_start|>' + message['role'] + '\\n' }}"
         "{% if message['content'] is string %}{{ message['content'] }}"
         "{% else %}{% for part in message['content'] %}"
         "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
@@ -167,7 +168,9 @@ def resolve(name: str, seed: int = 0) -> str | None:
         return None
     text_dir = real_models.resolve(TEXT_MODEL, "vlm")  # the one-line setup error when SmolLM2 is not converted
     marker = "model.safetensors"
-    return str(cached_build(f"{NAME}-f{real_models.FORMAT}-seed{seed}", marker, lambda d: build_smolvlm(d, text_dir, seed)))
+    return str(
+        cached_build(f"{NAME}-f{real_models.FORMAT}-seed{seed}", marker, lambda d: build_smolvlm(d, text_dir, seed))
+    )
 
 
 def load_problem(name: object) -> str | None:

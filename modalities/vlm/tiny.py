@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import real_models
-from . import smolvlm
 from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save
+from . import smolvlm
 
 TINY_NAME = "tiny-qwen2.5-vl"
 
