@@ -275,6 +275,11 @@ class OptimConfig:
     """AdamW's fused kernel (one pass over each tensor, no temporaries of the weights' size), as TRL's default
     ``optim: adamw_torch_fused``. None: fused where torch has the kernel for the weights' device (CPU, CUDA) and the
     weights are not FSDP shards; false: torch's per-tensor AdamW (TRL's ``optim: adamw_torch``)."""
+    lr_multipliers: dict[str, Annotated[float, Range(gt=0)]] = field(default_factory=dict)
+    """Per-module learning rates: a parameter whose name contains a key trains at ``lr`` × its value (the first
+    matching key), the others at ``lr``; e.g. ``{vision_model: 100, connector: 100}`` for a fresh vision tower under a
+    pretrained language model (LLaVA-NeXT's ``mm_vision_tower_lr``, Qwen2.5-VL's ``mm_projector_lr``). The schedule
+    scales every group alike. A key that matches no trainable parameter is an error."""
     max_skipped_steps: Annotated[int, Range(ge=1)] = 3
     """Optimizer updates whose gradients hold NaN/inf are skipped (counted in ``optim/skipped_steps``); stop with
     an error once this many in a row were skipped (the weights are never updated with non-finite gradients)."""

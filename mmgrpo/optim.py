@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mmgrpo.config import OptimConfig
+from mmgrpo.config import ConfigError, OptimConfig
 
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
 """Devices whose fused AdamW kernel torch ships (``torch.optim.AdamW(fused=True)``)."""
@@ -20,8 +20,26 @@ def fused_adamw_fits(params: list[torch.nn.Parameter]) -> bool:
     )
 
 
-def build_adamw(params: list[torch.nn.Parameter], o: OptimConfig, fsdp: bool) -> torch.optim.AdamW:
+def build_adamw(params: list[torch.nn.Parameter], o: OptimConfig, fsdp: bool, names: dict[int, str] | None = None):
     """AdamW over ``params``: fused as TRL's default ``adamw_torch_fused`` where it fits and the weights are not FSDP
-    shards (``o.fused`` null), or as ``o.fused`` says."""
+    shards (``o.fused`` null), or as ``o.fused`` says; one parameter group per ``o.lr_multipliers`` key that names a
+    parameter (``names``: ``id(parameter)`` → its name in the model), then one for the rest."""
     fused = o.fused if o.fused is not None else not fsdp and fused_adamw_fits(params)
-    return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
+    groups = lr_groups(params, o, names or {})
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None)
+
+
+def lr_groups(params: list[torch.nn.Parameter], o: OptimConfig, names: dict[int, str]) -> list[dict]:
+    """AdamW parameter groups of ``o.lr_multipliers``: a parameter joins the group of the first key its name contains
+    (lr × multiplier), else the base group (lr); empty groups are left out."""
+    keys = list(o.lr_multipliers)
+    members: dict[str | None, list] = {k: [] for k in [*keys, None]}
+    for p in params:
+        name = names.get(id(p), "")
+        members[next((k for k in keys if k in name), None)].append(p)
+    unmatched = [k for k in keys if not members[k]]
+    if unmatched:
+        parts = sorted({part for p in params for part in names.get(id(p), "").split(".")[:3]} - {"", "model", "module"})
+        raise ConfigError(f"optim.lr_multipliers: {unmatched} match no trainable parameter name; names contain {parts}")
+    groups = [{"params": members[k], "lr": o.lr * o.lr_multipliers[k], "name": k} for k in keys]
+    return groups + ([{"params": members[None], "lr": o.lr, "name": "base"}] if members[None] else [])

@@ -114,7 +114,8 @@ class Trainer:
             raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
         o = cfg.optim
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
-        self.optimizer = build_adamw(self.adapter.trainable_parameters(), o, fsdp=fsdp is not None)
+        names = {id(p): n for n, p in self.adapter.model.named_parameters()}  # optim.lr_multipliers reads them
+        self.optimizer = build_adamw(list(self.adapter.trainable_parameters()), o, fsdp is not None, names)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
         )

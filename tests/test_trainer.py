@@ -213,3 +213,32 @@ def test_adamw_is_fused_by_default_as_trls_and_optional(tmp_path, mmgrpo_cache):
         torch.testing.assert_close(a, b, rtol=0, atol=elementwise_tol(ops=12, scale=float(b.abs().max()) + lr))
     ints = torch.nn.Parameter(torch.zeros(2, dtype=torch.int32), requires_grad=False)
     assert not fused_adamw_fits([]) and not fused_adamw_fits([ints])
+
+
+def test_lr_multipliers_give_named_modules_their_own_learning_rate(tmp_path, mmgrpo_cache):
+    """``optim.lr_multipliers: {vision_model: 100, connector: 100}`` on the SmolVLM: one AdamW group per key at
+    lr × multiplier, the rest at lr; AdamW's first step moves a weight by lr·g/(|g| + ε) (bias-corrected moments),
+    so with equal gradients the vision tower moves 100 times as far as the language model; the schedule scales both;
+    a key matching nothing is one ConfigError listing what names contain."""
+    from mmgrpo.config import ConfigError
+    from mmgrpo.trainer import Trainer
+
+    over = ["model.args.name_or_path=tiny-smolvlm", "optim.fused=false", "optim.warmup_steps=0"]
+    cfg = load_config(
+        QUICK, SMALL + over + [f"output_dir={tmp_path / 'a'}", "optim.lr_multipliers={vision_model: 100}"]
+    )
+    t = Trainer(cfg)
+    opt = getattr(t.optimizer, "optimizer", t.optimizer)
+    assert [(g["name"], g["lr"]) for g in opt.param_groups] == [("vision_model", 0.1), ("base", 1e-3)]
+    named = [(n, p) for n, p in t.adapter.model.named_parameters() if p.requires_grad]
+    before = {n: p.detach().clone() for n, p in named}
+    for _, p in named:
+        p.grad = torch.full_like(p, 1e-2)
+    opt.step()
+    for n, p in named:
+        step = float((before[n] - p.detach()).abs().max())  # |Δw| = lr · 1e-2 / (1e-2 + 1e-8)
+        want = 0.1 if "vision_model" in n else 1e-3
+        assert math.isclose(step, want * 1e-2 / (1e-2 + 1e-8), rel_tol=1e-3), (n, step)
+    bad = load_config(QUICK, SMALL + over + [f"output_dir={tmp_path / 'b'}", "optim.lr_multipliers={visual: 10}"])
+    with pytest.raises(ConfigError, match=r"optim\.lr_multipliers: \['visual'\] match no trainable parameter name"):
+        Trainer(bad)
