@@ -437,3 +437,52 @@ def test_grpo_steps_on_whisper_tiny_en(tmp_path):
     assert all(
         0 <= s["reward/wer"] <= 1 for s in _train(tmp_path, ROOT / "configs/speech_whisper_asr.yaml", *overrides)
     )
+
+
+# ---------------------------------------------------------------------------------------------- SmolVLM
+
+
+def test_smolvlm_carries_the_real_smollm2_exactly(mmgrpo_cache):
+    """``smolvlm-smollm2-135m`` (modalities/vlm/smolvlm.py): an Idefics3 whose language model is the converted
+    SmolLM2, copied exactly — text-only logits bit-equal over SmolLM2's vocabulary — with the three image tokens added
+    and an image of any size encoded as the tower's 16 ``<image>`` slots between its wrapper tokens."""
+    from PIL import Image
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+    from mmgrpo.modalities.vlm import smolvlm
+
+    text_dir = _set_up("smollm2-135m-instruct")
+    path = smolvlm.resolve(smolvlm.NAME, seed=0)
+    vlm = AutoModelForImageTextToText.from_pretrained(path)
+    text = AutoModelForCausalLM.from_pretrained(text_dir)
+    processor = AutoProcessor.from_pretrained(path)
+    assert vlm.config.model_type == "idefics3" and type(processor).__name__ == "Idefics3Processor"
+    ids = processor.tokenizer("Tom had 8 cookies and lost 2 of them.", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        got, want = vlm(input_ids=ids).logits, text(input_ids=ids).logits  # [1, L, V + 3], [1, L, V]
+    V = want.shape[-1]
+    assert got.shape[-1] == V + len(smolvlm.IMAGE_TOKENS) and torch.equal(got[..., :V], want)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert prompt.startswith("<|im_start|>system\n" + smolvlm.SYSTEM_PROMPT)  # SmolLM2-Instruct's own default
+    enc = processor(text=[prompt], images=[Image.new("RGB", (56, 40), (200, 30, 30))], return_tensors="pt")
+    tokens = processor.tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
+    start = tokens.index("<fake_token_around_image>")
+    assert tokens[start : start + 19] == [
+        "<fake_token_around_image>",
+        "<global-img>",
+        *["<image>"] * smolvlm.SIZES.image_seq_len,
+        "<fake_token_around_image>",
+    ]
+    assert smolvlm.SIZES.image_seq_len == 16 and tuple(enc["pixel_values"].shape[-2:]) == (64, 64)
+
+
+def test_smolvlm_before_smollm2_is_set_up_says_so_in_one_line(tmp_path, monkeypatch):
+    from mmgrpo.modalities.vlm import smolvlm
+
+    monkeypatch.setenv("MMGRPO_REAL_MODELS", str(tmp_path / "none"))
+    problem = smolvlm.load_problem(smolvlm.NAME)
+    assert problem is not None and "smollm2-135m-instruct" in problem and SETUP in problem
+    with pytest.raises(ConfigError, match="bash scripts/setup_real_models.sh"):
+        smolvlm.resolve(smolvlm.NAME)
+    assert smolvlm.load_problem("tiny-smolvlm") is None
