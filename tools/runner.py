@@ -14,6 +14,7 @@ process; the built-in tools bound their own work (box sizes, frame counts) so th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import queue
@@ -58,7 +59,8 @@ def run_tool_call(
         max_images: most images returned (later ones dropped, the text says so).
         max_frames: most video frames returned (uniformly thinned, times kept aligned).
         max_pixels: largest image area returned; larger images are downscaled, aspect kept.
-        error_reward: ``Observation.reward`` of an error observation (verl's ``ImageZoomInTool``: −0.05).
+        error_reward: ``Observation.reward`` of an error observation, the runner's or a tool's own error that
+            carries no reward of its own (verl's ``ImageZoomInTool``: −0.05).
 
     Returns:
         The tool's observation, bounded; or an error observation (``error`` set) saying what was wrong.
@@ -95,6 +97,8 @@ def run_tool_call(
             return fail(f"{call.name} returned a {type(value).__name__}, not an Observation (a bug in the tool)")
         if not math.isfinite(float(value.reward)):
             return fail(f"{call.name} returned a non-finite reward {value.reward!r} (a bug in the tool)")
+        if value.invalid and value.reward == 0.0:  # the tool's own error (a bad box): the same penalty
+            value = dataclasses.replace(value, reward=error_reward)
         return bound(value, **limits)
     except Exception as e:  # a bug here must not end the rollout either
         return Observation(text=f"Error: internal tool runner error ({type(e).__name__})", error=str(e)[:200])
