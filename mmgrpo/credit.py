@@ -60,6 +60,22 @@ GIGPO_MODES = ("mean_norm", "mean_std_norm")
 MT_GRPO_ESTIMATORS = ("aae", "cae")
 
 
+def pad_turns(rows: Sequence[Sequence[float]], *, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Per-turn values of B trajectories of different lengths as a padded tensor and its turn mask.
+
+    Shape:
+        rows: B lists (turn s of trajectory b at rows[b][s])
+        returns: ([B, S] float32 values, 0 in the padding; [B, S] float32 mask), S = the longest trajectory (≥ 1)
+    """
+    B, S = len(rows), max([len(r) for r in rows] + [1])
+    values = torch.zeros(B, S, dtype=torch.float32)  # [B, S]
+    mask = torch.zeros(B, S, dtype=torch.float32)  # [B, S]
+    for b, row in enumerate(rows):
+        values[b, : len(row)] = torch.tensor([float(v) for v in row], dtype=torch.float32)
+        mask[b, : len(row)] = 1.0
+    return values.to(device), mask.to(device)
+
+
 def trajectory_turn_advantages(advantages: Tensor, turn_mask: Tensor) -> Tensor:
     """Trajectory-level GRPO: each trajectory's advantage on every one of its turns.
 

@@ -13,6 +13,7 @@ from mmgrpo.credit import (
     gigpo_advantages,
     grouped_normalize,
     mt_grpo_advantages,
+    pad_turns,
     step_discounted_returns,
     trajectory_turn_advantages,
     turn_to_token_advantages,
@@ -28,6 +29,12 @@ def close(actual: torch.Tensor, expected: list) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- building blocks
+
+
+def test_pad_turns():
+    values, mask = pad_turns([[1, 2, 3], [4], []])
+    close(values, [[1, 2, 3], [4, 0, 0], [0, 0, 0]])
+    close(mask, [[1, 1, 1], [1, 0, 0], [0, 0, 0]])
 
 
 def test_trajectory_advantage_is_broadcast_to_the_turns():
