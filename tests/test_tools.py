@@ -531,3 +531,14 @@ def test_equal_states_give_equal_anchors_across_episodes():
     assert state_anchor(moved) != state_anchor(rb)  # another state
     invalid, _, _ = b.step("nothing")  # an invalid action: same state and anchor, other text
     assert invalid.text != rb.text and state_anchor(invalid) == state_anchor(rb)
+
+
+def test_sokoban_text_mode():
+    env = Sokoban(size=5, visual=False)
+    env.reset({"seed": 0})
+    _set(env, (1, 1), {(2, 2)}, {(3, 3), (2, 2)})
+    obs = env.observe()
+    assert obs.images == [] and obs.text.startswith("#####\n#P__#\n#_√_#\n#__O#\n#####\n(# wall")
+    assert state_anchor(obs) == obs.text
+    env.player = (3, 3)
+    assert env.render_text().splitlines()[3] == "#__S#"

@@ -15,6 +15,7 @@ process; the built-in tools bound their own work (box sizes, frame counts) so th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import queue
@@ -26,12 +27,6 @@ from PIL import Image
 
 from .base import Observation, Tool, ToolCall, ToolContext, _unknown
 from .parsing import parse_tool_calls
-
-LIMITS = dict(
-    timeout_s=10.0, max_argument_chars=10_000, max_observation_chars=4_000, max_images=4, max_frames=16,
-    max_pixels=2_000_000, error_reward=0.0,
-)  # fmt: skip
-"""The defaults of :func:`run_tool_call`'s limits (``max_pixels``: Mini-o3's crop ceiling)."""
 
 
 def run_tool_call(
@@ -102,6 +97,12 @@ def run_tool_call(
         return bound(value, **limits)
     except Exception as e:  # a bug here must not end the rollout either
         return Observation(text=f"Error: internal tool runner error ({type(e).__name__})", error=str(e)[:200])
+
+
+LIMITS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(run_tool_call).parameters.items() if p.kind is p.KEYWORD_ONLY
+}
+"""The limits :func:`run_tool_call` takes and their defaults (``max_pixels``: Mini-o3's crop ceiling)."""
 
 
 def run_tool_calls(
