@@ -238,3 +238,96 @@ def test_deepeyes_format():
     assert deepeyes_format("<think>a</think><answer>b</answer>") == (0.0, False)
     assert deepeyes_format("<think>a</think><answer>b") == (-1.0, False)  # unclosed answer after </think>
     assert deepeyes_format("<think>a</think><tool_call>x<answer>b</answer>") == (-1.0, False)
+
+
+# ------------------------------------------------------------------------------- parity with the step-row form
+
+
+def _gigpo_step_rows(rewards, mask, anchors, groups, invalid, gamma, w, mode, c, eps):
+    """verl-agent's algorithm on one row per step, written the way ``core_gigpo.py`` loops (dicts of lists)."""
+    rows = []  # (group, traj, anchor, r, invalid)
+    for b in range(len(anchors)):
+        for s in range(mask.shape[1]):
+            if mask[b, s]:
+                rows.append((int(groups[b]), b, anchors[b][s], float(rewards[b, s]), float(invalid[b, s])))
+    returns = [0.0] * len(rows)  # compute_step_discounted_returns, then apply_invalid_action_penalty
+    for b in {row[1] for row in rows}:
+        idx = [i for i, row in enumerate(rows) if row[1] == b]
+        running = 0.0
+        for i in reversed(idx):
+            running = rows[i][3] + gamma * running
+            returns[i] = running
+    episode = {b: sum(row[3] for row in rows if row[1] == b) for b in {row[1] for row in rows}}
+    scores = [episode[row[1]] - c * row[4] for row in rows]
+    returns = [g - c * row[4] for g, row in zip(returns, rows)]
+
+    def norm(values, keys, singleton_mean_zero):
+        by = {}
+        for v, k in zip(values, keys):
+            by.setdefault(k, []).append(v)
+        out = []
+        for v, k in zip(values, keys):
+            vals = torch.tensor(by[k], dtype=torch.float64)
+            if len(vals) == 1:
+                mean, std = (0.0 if singleton_mean_zero else float(vals[0])), 1.0
+            else:
+                mean, std = float(vals.mean()), float(vals.std())
+            out.append(v - mean if mode == "mean_norm" else (v - mean) / (std + eps))
+        return out
+
+    a_e = norm(scores, [row[0] for row in rows], True)  # episode_norm_reward
+    a_s = norm(returns, [(row[0], row[2]) for row in rows], False)  # build_step_group + step_norm_reward
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    i = 0
+    for b in range(len(anchors)):
+        for s in range(mask.shape[1]):
+            if mask[b, s]:
+                out[b, s] = a_e[i] + w * a_s[i]
+                i += 1
+    return out.float()
+
+
+@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+@pytest.mark.parametrize("seed", range(5))
+def test_gigpo_matches_the_step_row_form(mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    P, G, S = 3, 4, 5
+    B = P * G
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    mask = (torch.arange(S)[None, :] < lengths[:, None]).float()  # [B, S]
+    rewards = torch.randint(-2, 3, (B, S), generator=g).float() * 0.5  # [B, S]
+    invalid = (torch.rand(B, S, generator=g) < 0.2).float()  # [B, S]
+    anchors = [[int(x) for x in torch.randint(0, 3, (S,), generator=g)] for _ in range(B)]  # few states: clusters
+    groups = torch.arange(B) // G
+    expected = _gigpo_step_rows(rewards, mask, anchors, groups, invalid, 0.9, 0.7, mode, 0.1, 1e-6)
+    adv, _ = gigpo_advantages(
+        rewards, mask, anchors, groups, invalid=invalid, gamma=0.9, step_advantage_w=0.7, mode=mode,
+        invalid_penalty=0.1,
+    )  # fmt: skip
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mt_grpo_matches_the_source_form(seed):
+    """The source's ``rewards.view(-1, G)`` normalisation and its token split, on random groups of G = 4."""
+    g = torch.Generator().manual_seed(seed)
+    P, G, S = 3, 4, 3
+    ro, rt = torch.randint(0, 3, (P * G,), generator=g).float(), torch.randint(0, 2, (P * G,), generator=g).float()
+    first = torch.randint(-1, S, (P * G,), generator=g)
+    mask = torch.ones(P * G, S)
+
+    def norm(r):  # grpo_env_trainer._compute_normalized_advantages
+        mean = r.view(-1, G).mean(1).repeat_interleave(G)
+        std = r.view(-1, G).std(1).repeat_interleave(G)
+        return (r - mean) / (std + 1e-4)
+
+    a_o, a_t, a_ot = norm(ro), norm(rt), norm(ro + rt)
+    expected = torch.zeros(P * G, S)
+    for b in range(P * G):
+        for s in range(S):
+            if first[b] >= 0:  # a result exists: split at it
+                expected[b, s] = a_o[b] + (0.8 * a_t[b] if s < first[b] else 0.0)
+            else:
+                expected[b, s] = a_ot[b]
+    adv, _ = mt_grpo_advantages(ro, rt, first, mask, torch.arange(P * G) // G, turn_advantage_coef=0.8)
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-5)
