@@ -189,6 +189,9 @@ def test_tool_exceptions_and_bad_returns_become_errors(image_ctx):
         (ZeroDivisionError("division by zero"), "boom failed (ZeroDivisionError: division by zero)"),
         ("a string", "returned a str, not an Observation"),
         (Observation(text="ok", reward=float("nan")), "non-finite reward"),
+        (Observation(images=["not an image"]), "images that are not a list of PIL images"),
+        (Observation(frames=[Image.new("RGB", (2, 2))]), "0 frame_times for 1 frames"),
+        (Observation(text=b"bytes"), "text of type bytes"),
     ):
         obs = run_tool_call(ToolCall("boom", {}, ""), [Boom(value)], image_ctx)
         assert obs.invalid and expected in obs.text, obs.text
@@ -542,3 +545,13 @@ def test_sokoban_text_mode():
     assert state_anchor(obs) == obs.text
     env.player = (3, 3)
     assert env.render_text().splitlines()[3] == "#__S#"
+
+
+def test_parsing_hostile_tag_floods_is_linear_and_reports_few_errors():
+    for text in ("<tool_call>" * 200_000, "</tool_call>" * 200_000, "<tool_call>x</tool_call>" * 100_000):
+        t0 = time.perf_counter()
+        calls, errors = parse_tool_calls(text)
+        assert time.perf_counter() - t0 < 2.0
+        assert calls == [] and 1 <= len(errors) <= 9
+    _, errors = parse_tool_calls("</tool_call>" * 20)
+    assert len(errors) == 9 and errors[-1] == "… and 12 more malformed tool calls"

@@ -90,6 +90,9 @@ def run_tool_call(
             return fail(f"{call.name} failed ({type(value).__name__}: {reason})")
         if not isinstance(value, Observation):
             return fail(f"{call.name} returned a {type(value).__name__}, not an Observation (a bug in the tool)")
+        problem = _malformed(value)
+        if problem is not None:
+            return fail(f"{call.name} returned {problem} (a bug in the tool)")
         if not math.isfinite(float(value.reward)):
             return fail(f"{call.name} returned a non-finite reward {value.reward!r} (a bug in the tool)")
         if value.invalid and value.reward == 0.0:  # the tool's own error (a bad box): the same penalty
@@ -129,6 +132,20 @@ def run_tool_calls(
         msg = f"only {max_calls} tool call(s) per turn run; the other {skipped} were skipped"
         out.append(Observation(text=f"Error: {msg}", error=msg, reward=error_reward))
     return out
+
+
+def _malformed(obs: Observation) -> str | None:
+    """What makes a tool's observation unusable (a field of the wrong type), or ``None``."""
+    if not isinstance(obs.text, str):
+        return f"text of type {type(obs.text).__name__}, not str"
+    for field, items in (("images", obs.images), ("frames", obs.frames)):
+        if not isinstance(items, list) or not all(isinstance(im, Image.Image) for im in items):
+            return f"{field} that are not a list of PIL images"
+    if not isinstance(obs.frame_times, list) or len(obs.frame_times) != len(obs.frames):
+        return f"{len(obs.frame_times)} frame_times for {len(obs.frames)} frames"
+    if not isinstance(obs.reward, (int, float)) or isinstance(obs.reward, bool):
+        return f"a reward of type {type(obs.reward).__name__}"
+    return None
 
 
 def check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
