@@ -499,6 +499,10 @@ def test_parse_action_takes_the_last_tag():
     assert parse_action("<action>up</action> no, <action> Left </action>", ("up", "left")) == ("left", "")
     action, reason = parse_action("left", ("up", "left"))
     assert action is None and "no <action>" in reason and "<action>one of up, left</action>" in reason
+    assert parse_action("<action>up</action><action>down", ("up", "down")) == ("up", "")  # the last closed one
+    t0 = time.perf_counter()
+    assert parse_action("<action>" * 200_000, ("up",))[0] is None
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_sokoban_rendering_is_deterministic_and_shows_the_state():
