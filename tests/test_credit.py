@@ -79,6 +79,19 @@ def test_anchor_clusters_stay_inside_their_episode_group():
         anchor_clusters([["a"]], T([0]), T([[1, 1]]))
 
 
+def test_anchor_clusters_by_text_similarity():
+    open_, opened = "You are in the kitchen. A red door is open.", "You are in the kitchen. A red door is opened."
+    corridor = "A long corridor with no doors at all, dark."  # ratio to open_: 0.40; open_ ~ opened: 0.98
+    keys = [[open_, corridor], [opened], [opened]]
+    ids = anchor_clusters(keys, T([0, 0, 1]), T([[1, 1], [1, 0], [1, 0]]), similarity_thresh=0.9)
+    assert ids.tolist() == [[0, 1], [0, -1], [2, -1]]  # sample 2 is in another episode group
+    assert anchor_clusters(keys, T([0, 0, 1]), T([[1, 1], [1, 0], [1, 0]])).tolist() == [[0, 1], [2, -1], [3, -1]]
+    with pytest.raises(ValueError, match="compares text anchors"):
+        anchor_clusters([[("image", 1)]], T([0]), T([[1]]), similarity_thresh=0.9)
+    with pytest.raises(ValueError, match="must be in \\(0, 1\\)"):
+        anchor_clusters(keys, T([0, 0, 1]), T([[1, 1], [1, 0], [1, 0]]), similarity_thresh=1.0)
+
+
 # ---------------------------------------------------------------------------------------------------- GiGPO
 
 # One episode group of three trajectories, one group of one trajectory; γ = 0.5, c = 0.1, ω = 1.
