@@ -109,11 +109,11 @@ def test_nested_tags_give_an_error_and_no_call():
 
 def test_a_10_mb_argument_is_parsed_then_refused_by_the_runner(image_ctx):
     text = call("crop", bbox_2d=[0, 0, 50, 50], label="x" * 10_000_000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: bounded work, whatever else the machine runs
     calls, errors = parse_tool_calls(text)
     assert errors == [] and len(calls[0].raw) > 10_000_000
     obs = run_tool_call(calls[0], BUILTINS, image_ctx, max_argument_chars=10_000)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.process_time() - t0 < 5.0
     assert obs.invalid and "10000" in obs.text and "characters" in obs.text and obs.images == []
     assert len(obs.text) < 1000
 
@@ -166,7 +166,7 @@ def test_a_slow_tool_is_abandoned_at_the_time_out(image_ctx):
     tool = FunctionTool(slow)
     t0 = time.perf_counter()
     obs = run_tool_call(ToolCall("slow", {"seconds": 3.0}, ""), [tool], image_ctx, timeout_s=0.2)
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 2.5  # well before the tool's 3 s, even on a loaded machine
     assert obs.invalid and "did not finish within 0.2 s" in obs.text
     fast = run_tool_call(ToolCall("slow", {"seconds": 0.0}, ""), [tool], image_ctx, timeout_s=5.0)
     assert fast.text == "woke up" and not fast.invalid
@@ -500,9 +500,9 @@ def test_parse_action_takes_the_last_tag():
     action, reason = parse_action("left", ("up", "left"))
     assert action is None and "no <action>" in reason and "<action>one of up, left</action>" in reason
     assert parse_action("<action>up</action><action>down", ("up", "down")) == ("up", "")  # the last closed one
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     assert parse_action("<action>" * 200_000, ("up",))[0] is None
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - t0 < 1.0
 
 
 def test_sokoban_rendering_is_deterministic_and_shows_the_state():
@@ -553,9 +553,9 @@ def test_sokoban_text_mode():
 
 def test_parsing_hostile_tag_floods_is_linear_and_reports_few_errors():
     for text in ("<tool_call>" * 200_000, "</tool_call>" * 200_000, "<tool_call>x</tool_call>" * 100_000):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: the suite's other worker does not count (a quadratic scan takes minutes)
         calls, errors = parse_tool_calls(text)
-        assert time.perf_counter() - t0 < 2.0
+        assert time.process_time() - t0 < 2.0
         assert calls == [] and 1 <= len(errors) <= 9
     _, errors = parse_tool_calls("</tool_call>" * 20)
     assert len(errors) == 9 and errors[-1] == "… and 12 more malformed tool calls"

@@ -170,6 +170,8 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
         return real
     if (smol := smolvlm.resolve(name, seed)) is not None:
         return smol
+    if name == SMOLVLM_NAME:
+        return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: build_tiny_smolvlm(d, seed)))
     if name not in BUILT_IN:
         return name
     sizes = BUILT_IN[name]
@@ -217,3 +219,18 @@ def build_tiny_causal_lm(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     tokenizer = build_tokenizer(s.bpe_vocab)
     config = Qwen2Config(**qwen2_decoder_config(s, tokenizer))
     return save(directory, init_model(Qwen2ForCausalLM, config, seed, tokenizer), tokenizer)
+
+
+SMOLVLM_NAME = "tiny-smolvlm"
+SMOLVLM_SIZES = smolvlm.VisionSizes(image_size=32, patch_size=8, hidden=32, depth=1, heads=2, intermediate=64)
+
+
+def build_tiny_smolvlm(directory: str | os.PathLike, seed: int = 0) -> Path:
+    """A tiny SmolVLM (:func:`.smolvlm.assemble`) over a randomly initialised tiny Llama decoder with the tiny
+    Qwen2.5-VL's local tokenizer: the Idefics3 architecture for the adapter contract and prompt-sharing tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    s = TinySizes()
+    tokenizer = build_tokenizer(s.bpe_vocab)
+    text = init_model(LlamaForCausalLM, LlamaConfig(**qwen2_decoder_config(s, tokenizer)), seed, tokenizer)
+    return save(directory, *smolvlm.assemble(text, tokenizer, seed, SMOLVLM_SIZES, smolvlm.chat_template(None)))
