@@ -134,8 +134,9 @@ def test_ratio_is_one_with_sampler_logprobs(tiny_vlm_path):
 
 
 def text_model(model_type: str, **config_kwargs):
-    """A tiny random text-only causal LM of ``model_type`` (fp32, sdpa, train mode) and the tiny VLM's tokenizer;
-    ``config_kwargs`` replace the sizes (the engine test's Llama: head_dim 64, as vLLM's CPU kernels take)."""
+    """A tiny random text-only causal LM of ``model_type`` (fp32, train mode) and the tiny VLM's tokenizer;
+    ``config_kwargs`` replace the sizes (the engine test's Llama: head_dim 64, as vLLM's CPU kernels take) and may
+    name the attention kernel (``attn_implementation``, default sdpa)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from mmgrpo.modalities.vlm.tiny import build_tokenizer
@@ -143,6 +144,7 @@ def text_model(model_type: str, **config_kwargs):
     tok = build_tokenizer()
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
     sizes["num_key_value_heads"] = 2
+    attn = config_kwargs.pop("attn_implementation", "sdpa")
     config = AutoConfig.for_model(
         model_type,
         vocab_size=len(tok),
@@ -151,7 +153,7 @@ def text_model(model_type: str, **config_kwargs):
         **{**sizes, **config_kwargs},
     )
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train(), tok
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).train(), tok
 
 
 def _text_adapter(model_type: str, **config_kwargs):
@@ -162,7 +164,10 @@ def _text_adapter(model_type: str, **config_kwargs):
 
 # The decoder architectures the shared path is tested on (docs/architecture.md, "Architectures and the fast path"):
 # tiny random models of each built from config, each with its own transformers implementation. Mistral with
-# sliding_window null, as Mistral-7B-v0.3 ships (a window keeps the naive path: test below).
+# sliding_window null, as Mistral-7B-v0.3 ships (a window keeps the naive path: test below). Gemma 2 and 3 with their
+# sliding-window and global layers, the window (4 tokens) shorter than every prompt, so it hides prompt keys from
+# the completions in the sliding layers; Gemma 2 with eager attention, the only kernel transformers gives it.
+SLIDING_LAYERS = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
 TEXT_ARCHITECTURES = {
     "llama": {},  # SmolLM2, Llama 3.x
     "mistral": {"sliding_window": None},
@@ -173,7 +178,10 @@ TEXT_ARCHITECTURES = {
     "olmo2": {},
     "granite": {"logits_scaling": 8.0},  # as Granite 3 ships: its head is not fused
     "smollm3": {},
+    "gemma2": {**SLIDING_LAYERS, "attn_implementation": "eager"},  # final_logit_softcapping 30: not fused
+    "gemma3_text": SLIDING_LAYERS,  # Gemma 3 (1B is text-only: Gemma3ForCausalLM)
 }
+SCALED_HEADS = {"granite", "gemma2"}  # a config rescales their logits after the head (logits_scaling, soft-capping)
 TEXT_ROWS = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Why?"}]
 
 
@@ -214,11 +222,18 @@ def test_every_decoder_architecture_samples_like_generate_and_keyed_is_batch_fre
 
 
 def test_a_sliding_window_keeps_the_naive_path_with_its_reason():
+    """Mistral's one window over every layer, and sliding layers of a family other than Gemma 2/3 (Qwen2 with
+    ``use_sliding_window``: layers from ``max_window_layers`` on slide), keep the naive path; Gemma 3's are covered."""
     assert "sliding-window attention (window 4096)" in prefix_sharing.unsupported_reason(
         _text_adapter("mistral", sliding_window=4096).model
     )
-    reason = prefix_sharing.unsupported_reason(_text_adapter("gemma3_text").model)  # sliding and global layers
-    assert reason == "sliding-window attention layers keep a different cache"
+    qwen2 = _text_adapter("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1).model
+    assert qwen2.config.layer_types == ["full_attention", "sliding_attention"]
+    assert prefix_sharing.unsupported_reason(qwen2) == (
+        "sliding-window attention layers of model type 'qwen2' are not yet tested against the naive path "
+        "(those of gemma2, gemma3_text are)"
+    )
+    assert prefix_sharing.unsupported_reason(_text_adapter("gemma3_text").model) is None  # its default layers
 
 
 def test_text_only_qwen2_is_covered():
@@ -229,7 +244,7 @@ def test_text_only_qwen2_is_covered():
 
 
 def test_uncovered_family_falls_back_with_one_warning(caplog):
-    adapter = _text_adapter("gemma3_text")  # sliding-window and global layers
+    adapter = _text_adapter("mistral", sliding_window=4096)  # one window over every layer
     assert "sliding-window" in prefix_sharing.unsupported_reason(adapter.model)
     rows = [{"prompt": "What colour is the shape?"}, {"prompt": "Which way does the object move?"}]
     prefix_sharing._warned.clear()
@@ -561,13 +576,13 @@ def test_an_untested_media_model_keeps_the_naive_path_with_its_reason():
 @pytest.mark.parametrize("model_type", list(TEXT_ARCHITECTURES))
 def test_every_decoder_architecture_fuses_its_head_like_the_logits_path(model_type, monkeypatch):
     """The fused lm_head log-probs and gradients (shared forward) equal the logits path's; a head whose logits the
-    config rescales (Granite's ``logits_scaling``) is not fused."""
+    config rescales (Granite's ``logits_scaling``, Gemma 2's soft-capping) is not fused."""
     import mmgrpo.modalities.tokens.policy as policy
     from mmgrpo.modalities.tokens.logprobs import fusable_head
     from tests.test_fused_logprobs import _parity
 
     adapter = _text_adapter(model_type, **TEXT_ARCHITECTURES[model_type])
-    if model_type == "granite":
+    if model_type in SCALED_HEADS:
         assert fusable_head(adapter.model) is None
         return
     assert fusable_head(adapter.model) is not None

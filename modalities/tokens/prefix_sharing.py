@@ -77,7 +77,10 @@ from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
 logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})  # positions from get_rope_index; others 1-D
-MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio", "idefics3"}  # media models tested here; any text decoder too
+# Media models tested here (any text decoder is covered too).
+MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio", "idefics3"}
+# Text model types with sliding-window and global layers whose decoder takes one mask per layer type (tested here).
+SLIDING_MODEL_TYPES = frozenset({"gemma2", "gemma3_text"})
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 
@@ -130,10 +133,17 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         if missing or (_hf.CACHE_FIELD not in params and "past_key_values" not in params):
             return f"{type(core).__name__}.forward takes no {' / '.join(missing) or 'KV cache'} argument"
     text = config.get_text_config()
-    if getattr(text, "use_sliding_window", False) or "sliding_attention" in (getattr(text, "layer_types", None) or []):
-        return "sliding-window attention layers keep a different cache"
+    if getattr(text, "use_bidirectional_attention", False):
+        return f"model type {text.model_type!r} attends bidirectionally (its prompt is not a causal prefix)"
+    sliding_layers = "sliding_attention" in (getattr(text, "layer_types", None) or [])
+    if sliding_layers and text.model_type not in SLIDING_MODEL_TYPES:
+        return (
+            f"sliding-window attention layers of model type {text.model_type!r} are not yet tested against the naive "
+            f"path (those of {', '.join(sorted(SLIDING_MODEL_TYPES))} are)"
+        )
     window = getattr(text, "sliding_window", None)
-    if window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text):
+    one_window = window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text)
+    if not sliding_layers and (one_window or getattr(text, "use_sliding_window", False)):  # Mistral with a window
         return f"sliding-window attention (window {window}) keeps a different cache (sliding_window: null shares)"
     if checkpointing(model):
         kernel = getattr(text, "_attn_implementation", None)
@@ -313,15 +323,13 @@ def packed_completion_logits(
     keys = torch.cat([prompt_mask.bool(), valid.view(U, K * t)], dim=1)  # [U, S]
     allowed = (pattern & keys[:, None]) | torch.eye(S, dtype=torch.bool, device=ids.device)  # [U, S, S]
     # A query always sees itself, so a padding row is never all masked (NaN); no real query sees a padding key.
-    dtype = next(model.parameters()).dtype
-    mask = allowed[:, None]  # [U, 1, S, S] True = attend (sdpa)
-    if core_model(model).config.get_text_config()._attn_implementation == "eager":  # eager adds the mask
-        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
-    packed = dict(batch, input_ids=torch.cat([ids, tokens.view(U, K * t)], dim=1), attention_mask=mask)  # [U, S]
+    all_positions = torch.cat([positions, slot_positions], dim=-1)  # [R, U, S]
+    packed = dict(batch, input_ids=torch.cat([ids, tokens.view(U, K * t)], dim=1))  # [U, S]
+    packed["attention_mask"] = _packed_mask(model, allowed, all_positions[0])
     for key, value in batch.items():  # other sequence-aligned keys (mm_token_type_ids): text in the slots
         if key not in ("input_ids", "attention_mask") and value.dim() == 2 and value.shape == (U, L):
             packed[key] = torch.cat([value, value.new_zeros((U, K * t))], dim=1)
-    position_ids = _position_arg(torch.cat([positions, slot_positions], dim=-1))  # [R, U, S] or [U, S]
+    position_ids = _position_arg(all_positions)  # [R, U, S] or [U, S]
     logits = model(**packed, position_ids=position_ids, use_cache=False, logits_to_keep=S - L + 1).logits
     logits = logits[:, logits.shape[1] - (S - L + 1) :]  # (Qwen2-Audio ignores logits_to_keep)
     # logits [U, 1 + K·t, V]: index 0 is the last prompt position, 1 + k·t + a completion token a of slot k
@@ -330,6 +338,35 @@ def packed_completion_logits(
         return first
     rest = logits[rows[:, None], 1 + slot[:, None] * t + steps]  # [n, t, V]
     return torch.cat([first, rest], dim=1)  # [n, T, V]
+
+
+def _packed_mask(model: torch.nn.Module, allowed: Tensor, positions: Tensor) -> Tensor | dict[str, Tensor]:
+    """The packed forward's 4-D attention mask in the form the model's kernel takes: boolean for ``sdpa`` (True =
+    attend), additive for ``eager``. A decoder with sliding-window layers (``SLIDING_MODEL_TYPES``) gets one mask per
+    layer type, as its forward takes them (``causal_mask_mapping`` in transformers' ``modeling_gemma3.py``): the
+    sliding layers' also hide keys ``window`` or more positions behind the query. Packed positions are the naive
+    row's, and in a left-padded naive row the index distance between two real tokens is their position distance,
+    so this is transformers' ``sliding_window_overlay`` (``kv_idx > q_idx - window``) of the naive forward.
+
+    Shape:
+        allowed: [U, S, S] True where a query may attend a key; positions: [U, S] 1-D rope positions
+        returns [U, 1, S, S], or {"full_attention": [U, 1, S, S], "sliding_attention": [U, 1, S, S]}
+    """
+    text = core_model(model).config.get_text_config()
+    dtype = next(model.parameters()).dtype
+
+    def kernel_form(mask: Tensor) -> Tensor:  # [U, S, S] → [U, 1, S, S]
+        if text._attn_implementation == "eager":  # eager adds the mask
+            return torch.zeros(mask[:, None].shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask[:, None], torch.finfo(dtype).min
+            )
+        return mask[:, None]
+
+    if "sliding_attention" not in (getattr(text, "layer_types", None) or []):
+        return kernel_form(allowed)
+    near = positions[:, :, None] - positions[:, None, :] < text.sliding_window  # [U, S, S] query − key < window
+    diagonal = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)  # [S, S]
+    return {"full_attention": kernel_form(allowed), "sliding_attention": kernel_form((allowed & near) | diagonal)}
 
 
 # ---------------------------------------------------------------------------------------------- sampling
