@@ -465,14 +465,36 @@ def test_qwen3_vl_shared_forward_equals_naive(tmp_path, checkpointed, caplog):
     model_reductions(adapter._unwrapped()).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])
 
 
+# The media models with 1-D positions under the shared paths, built-in tiny models of the real architectures
+# (modalities/vlm/smolvlm.py, modalities/vlm/architectures.py): name → (model type, the attribute of its vision tower).
+MEDIA_MODELS = {
+    "tiny-smolvlm": ("idefics3", "vision_model"),  # SigLIP, pixel shuffle, Llama decoder
+    "tiny-llava": ("llava", "vision_tower"),  # CLIP at layer -2, MLP projector, Llama decoder
+    "tiny-llava-onevision": ("llava_onevision", "vision_tower"),  # anyres tiles, unpadding, newline features, Qwen2
+    "tiny-internvl": ("internvl", "vision_tower"),  # dynamic tiles + thumbnail, pixel shuffle, Qwen2
+    "tiny-gemma3": ("gemma3", "vision_tower"),  # SigLIP, pooled soft tokens seen both ways, sliding + global layers
+}
+
+
+def _media_rows():
+    """:func:`_rows` with the second image cut to 84 × 42 pixels: another aspect ratio, so the tiling models give the
+    two prompts different tile counts (LLaVA-OneVision 5 and 7, InternVL 1 and 3 tiles)."""
+    rows = _rows()
+    image = rows[1]["image"]
+    return [rows[0], dict(rows[1], image=image.crop((0, 0, image.size[0], image.size[1] // 2)))]
+
+
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["cache", "checkpointed"])
-def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
-    """SmolVLM (transformers' Idefics3: SigLIP tower, pixel shuffle, Llama decoder; ``tiny-smolvlm``): the shared
-    forward and, under gradient checkpointing, the packed one give the naive forward's log-probs and gradients
-    without a fallback, and the KV-expanded sampler's log-probs are the training forward's."""
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_share_the_prompt_exactly(name, checkpointed, caplog):
+    """SmolVLM (Idefics3), LLaVA, LLaVA-OneVision, InternVL and Gemma 3: the shared forward and, under gradient
+    checkpointing, the packed one give the naive forward's log-probs and gradients without a fallback, on two prompts
+    whose images differ in tile count (Gemma 3: its image tokens attend to each other both ways, and its sliding
+    layers' window, 4, is shorter than the prompts), and the KV-expanded sampler (one prefill, one vision-tower call)
+    gives the training forward's log-probs."""
     adapter = build_vlm_adapter(
         {
-            "name_or_path": "tiny-smolvlm",
+            "name_or_path": name,
             "max_new_tokens": 6,
             "temperature": 0.8,
             "gradient_checkpointing": checkpointed,
@@ -480,15 +502,16 @@ def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
         }
     )
     model = adapter._unwrapped()
-    assert model.config.model_type == "idefics3" and prefix_sharing.unsupported_reason(model) is None
-    state = _state(adapter, _rows(), G=3, T=6)
+    model_type, tower = MEDIA_MODELS[name]
+    assert model.config.model_type == model_type and prefix_sharing.unsupported_reason(model) is None
+    state = _state(adapter, _media_rows(), G=3, T=6)
     prefix_sharing._warned.clear()
     with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
         _assert_same(adapter, state, torch.arange(6))
         _assert_same(adapter, state, torch.tensor([5, 0, 3]))
         calls = []
-        model.model.vision_model.register_forward_hook(lambda m, a, out: calls.append(1))
-        rollout = adapter.rollout(_rows(), group_size=3)
+        getattr(model.model, tower).register_forward_hook(lambda m, a, out: calls.append(1))
+        rollout = adapter.rollout(_media_rows(), group_size=3)
     assert not [r for r in caplog.records if r.name == prefix_sharing.__name__]  # no fallback
     assert len(calls) == 1  # one prefill for both prompts: the KV-expanded sampler ran
     logp = adapter.logprobs(rollout, torch.arange(6))
@@ -496,10 +519,23 @@ def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
     model_reductions(model).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])
 
 
-def test_idefics3_kv_expanded_rollout_draws_the_same_tokens_as_generate():
-    """Same seed → the SmolVLM's KV-expanded sampler draws generate(num_return_sequences=G)'s tokens."""
-    rows, G = _rows(), 4
-    args = {"name_or_path": "tiny-smolvlm", "max_new_tokens": 6, "min_new_tokens": 2, "temperature": 0.7}
+def test_llava_onevision_batches_prompts_of_different_tile_counts():
+    """LLaVA-OneVision's ``pixel_values`` [images, tiles, C, H, W]: the two prompts' images have 5 and 7 tiles, and
+    their batch pads the first with zero tiles, which the model never reads (``image_sizes`` gives each count)."""
+    adapter = build_vlm_adapter({"name_or_path": "tiny-llava-onevision", "max_new_tokens": 4})
+    encodings = [adapter._encode_prompt(row) for row in _media_rows()]
+    assert [e["pixel_values"].shape[1] for e in encodings] == [5, 7]
+    pixels = adapter._collate(encodings)["pixel_values"]  # [2, 7, 3, 28, 28]
+    assert pixels.shape == (2, 7, 3, 28, 28) and torch.equal(pixels[1], encodings[1]["pixel_values"][0])
+    assert torch.equal(pixels[0, :5], encodings[0]["pixel_values"][0]) and not pixels[0, 5:].any()
+
+
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_kv_expanded_rollout_draws_the_same_tokens_as_generate(name):
+    """Same seed → the KV-expanded sampler draws generate(num_return_sequences=G)'s tokens, with the naive forward's
+    log-probs; greedy evaluation agrees."""
+    rows, G = _media_rows(), 4
+    args = {"name_or_path": name, "max_new_tokens": 6, "min_new_tokens": 2, "temperature": 0.7}
     naive = build_vlm_adapter({**args, "kv_expand_rollout": False, "prefix_sharing": False})
     shared = build_vlm_adapter({**args, "old_logprobs": "sampler", "sample_draw": "multinomial"})
     torch.manual_seed(3)
@@ -561,16 +597,19 @@ def test_kv_expanded_sampler_reserves_the_cache_and_keeps_its_draws(tiny_vlm_pat
 
 
 def test_an_untested_media_model_keeps_the_naive_path_with_its_reason():
-    """LLaVA's positions are 1-D, but its image layout is not under the contract yet: naive path, one-line reason."""
-    from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
+    """LLaVA-NeXT's positions are 1-D, but its image layout is not under these tests (LLaVA-OneVision's, from which
+    it differs, is): naive path, one-line reason."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 
     text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
-    vision = SiglipVisionConfig(
+    vision = CLIPVisionConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
     )
-    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=63))
-    reason = prefix_sharing.unsupported_reason(model)
-    assert reason == "multimodal model type 'llava' is not yet tested against the naive path (text decoders are)"
+    config = LlavaNextConfig(
+        text_config=text, vision_config=vision, image_token_index=63, image_grid_pinpoints=[[28, 28], [28, 56]]
+    )
+    reason = prefix_sharing.unsupported_reason(LlavaNextForConditionalGeneration(config))
+    assert reason == "multimodal model type 'llava_next' is not yet tested against the naive path (text decoders are)"
 
 
 @pytest.mark.parametrize("model_type", list(TEXT_ARCHITECTURES))
@@ -589,12 +628,13 @@ def test_every_decoder_architecture_fuses_its_head_like_the_logits_path(model_ty
     _parity(monkeypatch, policy, adapter, _state(adapter, TEXT_ROWS, G=2, T=5), torch.arange(4))
 
 
-def test_idefics3_fuses_its_head_like_the_logits_path(monkeypatch):
-    """SmolVLM's lm_head (a plain linear layer) is fused, with the logits path's log-probs and gradients."""
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_fuse_their_head_like_the_logits_path(name, monkeypatch):
+    """The media models' lm_head (a plain linear layer) is fused, with the logits path's log-probs and gradients."""
     import mmgrpo.modalities.tokens.policy as policy
     from mmgrpo.modalities.tokens.logprobs import fusable_head
     from tests.test_fused_logprobs import _parity
 
-    adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 5})
+    adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": 5})
     assert fusable_head(adapter.model) is not None
-    _parity(monkeypatch, policy, adapter, _state(adapter, _rows(), G=2, T=5), torch.arange(4))
+    _parity(monkeypatch, policy, adapter, _state(adapter, _media_rows(), G=2, T=5), torch.arange(4))

@@ -164,14 +164,19 @@ BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES}
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
     """The directory for built-in tiny model names (built on first use, atomically), the real models of
-    :mod:`mmgrpo.modalities.real_models` (``smollm2-135m-instruct``) and the SmolVLMs of :mod:`.smolvlm`
-    (``smolvlm-smollm2-135m``, ``tiny-smolvlm``); other names pass through."""
+    :mod:`mmgrpo.modalities.real_models` (``smollm2-135m-instruct``), the SmolVLMs of :mod:`.smolvlm`
+    (``smolvlm-smollm2-135m``, ``tiny-smolvlm``) and the other architectures of :mod:`.architectures`
+    (``tiny-llava``, ``tiny-llava-onevision``, ``tiny-internvl``, ``tiny-gemma3``); other names pass through."""
+    from . import architectures  # it builds on this module's tokenizer
+
     if (real := real_models.resolve(name, "vlm")) is not None:
         return real
     if (smol := smolvlm.resolve(name, seed)) is not None:
         return smol
     if name == SMOLVLM_NAME:
         return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: build_tiny_smolvlm(d, seed)))
+    if (other := architectures.resolve(name, seed)) is not None:
+        return other
     if name not in BUILT_IN:
         return name
     sizes = BUILT_IN[name]
