@@ -234,6 +234,10 @@ def test_a_sliding_window_keeps_the_naive_path_with_its_reason():
         "(those of gemma2, gemma3_text are)"
     )
     assert prefix_sharing.unsupported_reason(_text_adapter("gemma3_text").model) is None  # its default layers
+    bidirectional = _text_adapter("gemma3_text", use_bidirectional_attention=True).model  # EmbeddingGemma's
+    assert prefix_sharing.unsupported_reason(bidirectional) == (
+        "model type 'gemma3_text' attends bidirectionally (its prompt is not a causal prefix)"
+    )
 
 
 def test_text_only_qwen2_is_covered():
