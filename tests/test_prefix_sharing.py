@@ -470,7 +470,7 @@ def test_qwen3_vl_shared_forward_equals_naive(tmp_path, checkpointed, caplog):
 
 
 # The media models with 1-D positions under the shared paths, built-in tiny models of the real architectures
-# (modalities/vlm/smolvlm.py, modalities/vlm/architectures.py): name → (model type, the attribute of its vision tower).
+# (modalities/vlm/tiny.py): name → (model type, the attribute of its vision tower).
 MEDIA_MODELS = {
     "tiny-smolvlm": ("idefics3", "vision_model"),  # SigLIP, pixel shuffle, Llama decoder
     "tiny-llava": ("llava", "vision_tower"),  # CLIP at layer -2, MLP projector, Llama decoder
