@@ -121,6 +121,8 @@ class Trainer:
         )
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
+        if fsdp is not None and fsdp.transformer_cls_names_to_wrap is None:  # not named in the accelerate config
+            fsdp.transformer_cls_names_to_wrap = sharding.block_classes(self.adapter.model)
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         if cfg.rollout.engine != "native":  # vLLM: reachable (or started here) now, weights pushed before each rollout
             if fsdp is not None:

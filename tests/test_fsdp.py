@@ -259,3 +259,14 @@ def test_deepspeed_launch_is_refused_before_loading(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"DeepSpeed launches are not supported.*fsdp\.yaml"):
         Trainer(load_config(QUICK, [f"output_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_wraps_the_listed_blocks_the_model_contains(mmgrpo_cache):
+    """LLaVA's ``_no_split_modules`` names CLIP's text embeddings, which its vision tower does not hold (accelerate's
+    wrap policy raised on it); ``sharding.block_classes`` keeps the listed classes the model contains."""
+    from mmgrpo import sharding
+    from tests.adapter_cases import build
+
+    model = build("vlm_llava", lora=False).model
+    assert "CLIPTextEmbeddings" in model._no_split_modules
+    assert sharding.block_classes(model) == ["CLIPEncoderLayer", "CLIPVisionEmbeddings", "LlamaDecoderLayer"]

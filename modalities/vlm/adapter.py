@@ -1,7 +1,9 @@
 """Vision-language (and text-only) policies: image + text → text, the action units are generated tokens.
 
-Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL and any ``AutoModelForImageTextToText`` whose processor takes
-``text=`` and ``images=``, plus text-only ``AutoModelForCausalLM`` models (rows without images).
+Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM (Idefics3), LLaVA, LLaVA-OneVision, InternVL, Gemma 3 and any
+``AutoModelForImageTextToText`` whose processor takes ``text=`` and ``images=``, plus text-only
+``AutoModelForCausalLM`` models (rows without images); the prompt-sharing paths cover the architectures of
+``docs/architecture.md`` ("Architectures and the fast path"), the others keep the naive path with a logged reason.
 
 What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - Media are decoded and run through the processor once per prompt; the G samples of a prompt reuse that
@@ -168,7 +170,9 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         those of the sampling distribution.
         """
         names = ["image_token", "video_token", "vision_start_token", "vision_end_token", "audio_token", "boi_token"]
-        tokens = {getattr(self.processor, n, None) or getattr(self.tokenizer, n, None) for n in names}
+        names += ["start_image_token", "end_image_token", "eoi_token"]  # <img> ... </img> (InternVL), Gemma 3's
+        # Both objects' (Gemma 3's processor names its <start_of_image> image_token, its tokenizer <image_soft_token>).
+        tokens = {getattr(holder, n, None) for holder in (self.processor, self.tokenizer) for n in names}
         tokens |= {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"}
         vocab = self.tokenizer.get_vocab()
         return sorted(vocab[t] for t in tokens if isinstance(t, str) and t in vocab)
@@ -269,7 +273,9 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
 
         Sequence-aligned keys (shape [1, Lp]) are padded (input_ids with pad, others with 0) and extended
-        with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0.
+        with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0, zero-padded
+        first where the prompts' shapes differ past it (LLaVA-OneVision's ``pixel_values`` [images, tiles, C, H, W],
+        a tile count per image: the model reads each image's first tiles, as ``image_sizes`` gives their number).
         """
         lengths = [e["input_ids"].shape[1] for e in encodings]
         L = max(lengths)
@@ -281,7 +287,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                     fill = self.pad_id if key == "input_ids" else 0
                     value = torch.cat([value.new_full((1, L - n), fill), value], dim=1)
                 batch.setdefault(key, []).append(value)
-        out = {k: torch.cat(v, dim=0) for k, v in batch.items()}
+        out = {k: torch.cat(_pad_to_largest(v), dim=0) for k, v in batch.items()}
         if completions is not None:
             comp_mask = self._completion_mask(completions)
             out["input_ids"] = torch.cat([out["input_ids"], completions], dim=1)
@@ -561,6 +567,20 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
         targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
         return self._teacher_forced_loss(targets, PromptCache(encodings))
+
+
+def _pad_to_largest(values: list[Tensor]) -> list[Tensor]:
+    """``values`` zero-padded at the end of every dimension past the first to the largest shape among them (the
+    padding a processor applies when it batches images of different tile counts, LLaVA-NeXT's
+    ``_pad_for_batching``); unchanged when their shapes agree past dim 0."""
+    if len({v.shape[1:] for v in values}) <= 1:
+        return values
+    largest = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
+    out = []
+    for v in values:
+        pad = [p for d in reversed(range(1, v.dim())) for p in (0, largest[d - 1] - v.shape[d])]
+        out.append(torch.nn.functional.pad(v, pad))
+    return out
 
 
 def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):

@@ -68,9 +68,9 @@ SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging
 """SmolLM2-Instruct's default system message (its chat template adds it when a chat has none)."""
 
 
-def chat_template(default_system: str | None) -> str:
+def chat_template(default_system: str | None, image: str = "<image>") -> str:
     """ChatML as SmolLM2-Instruct's template writes it (with its default system message, when given); list content
-    renders an image part as ``<image>`` and a text part as its text, in order (SmolVLM's placement)."""
+    renders an image part as ``image`` (``<image>``) and a text part as its text, in order (SmolVLM's placement)."""
     system = (
         "{% if loop.first and messages[0]['role'] != 'system' %}"
         f"{{{{ '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}"
@@ -82,7 +82,9 @@ def chat_template(default_system: str | None) -> str:
         "{% for message in messages %}" + system + "{{ '<|im_start|>' + message['role'] + '\\n' }}"
         "{% if message['content'] is string %}{{ message['content'] }}"
         "{% else %}{% for part in message['content'] %}"
-        "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% if part['type'] == 'image' %}{{ '"
+        + image
+        + "' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
         "{% endfor %}{% endif %}"
         "{{ '<|im_end|>\\n' }}"
         "{% endfor %}"
