@@ -113,7 +113,7 @@ def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_p
     for b in range(2):
         ids, Lp, want = _teacher_forced(adapter, row, ex["messages"][b])
         n = int(state.valid[b].sum())
-        got_ids = torch.cat([state.cache.encodings[0]["input_ids"][0], state.completion_ids[b, :n]])
+        got_ids = torch.cat([state.encodings[0]["input_ids"][0], state.completion_ids[b, :n]])
         assert ids[: Lp + n].tolist() == got_ids.tolist()  # token-in/token-out equals the rendered conversation
         act = state.action[b, :n].bool()
         torch.testing.assert_close(logp[b, :n][act], want[Lp : Lp + n][act], rtol=0, atol=1e-5)
@@ -235,7 +235,7 @@ def test_environment_turns_step_the_game_and_key_anchors_by_its_images(tiny_vlm_
     ex = rollout.extras
     assert ex["num_turns"] == [3, 3] and ex["turn_invalid"][0][1] and not ex["turn_invalid"][0][0]
     assert all(math.isclose(r, -0.1) for r in ex["turn_rewards"][0][1:2])
-    assert len(rollout.state.cache.encodings[0]["image_grid_thw"]) == 1  # the level's first image, in the prompt
+    assert len(rollout.state.encodings[0]["image_grid_thw"]) == 1  # the level's first image, in the prompt
     assert ex["anchors"][0] == ex["anchors"][1]  # same level, same moves
     assert ex["anchors"][0][1] == ex["anchors"][0][2]  # an invalid move leaves the state as it was
     assert rollout.state.media[0]["image_grid_thw"].shape[0] == 2  # the states after turns 0 and 1
@@ -282,7 +282,7 @@ def test_one_grpo_step_with_tools_is_finite_and_changes_parameters(tmp_path, mmg
         3: ["<answer>none</answer>"],
     }
     script(trainer.adapter, turns)
-    params = [p for p in trainer.adapter.trainable_parameters()]
+    params = list(trainer.adapter.trainable_parameters())
     before = [p.detach().clone() for p in params]
     metrics = trainer.train_step(0)
     assert all(math.isfinite(v) for v in metrics.values()), metrics
@@ -295,7 +295,7 @@ def test_one_grpo_step_with_tools_is_finite_and_changes_parameters(tmp_path, mmg
 
 
 def test_config_checks_name_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="rollout.tools"):
+    with pytest.raises(ConfigError, match=r"rollout\.tools"):
         load_config(None, [f"output_dir={tmp_path}", "rewards=[{name: accuracy}]", "algorithm.credit=gigpo"])
     with pytest.raises(ConfigError, match="did you mean 'crop'"):
         _cfg(tmp_path, "rollout.tools=[crpo]")
@@ -305,13 +305,13 @@ def test_config_checks_name_the_fix(tmp_path):
             [f"output_dir={tmp_path}", "rewards=[{name: accuracy}]", "model.adapter=flow", "task.name=flow_shapes",
              "rollout.tools=[crop]"],
         )  # fmt: skip
-    with pytest.raises(ConfigError, match="algorithm.shaping: none"):
+    with pytest.raises(ConfigError, match=r"algorithm\.shaping: none"):
         _cfg(tmp_path, "algorithm.credit=gigpo", "algorithm.shaping=temporal")
-    with pytest.raises(ConfigError, match="algorithm.credit_args.gama"):
+    with pytest.raises(ConfigError, match=r"algorithm\.credit_args\.gama"):
         _cfg(tmp_path, "algorithm.credit=gigpo", "algorithm.credit_args={gama: 0.9}")
     with pytest.raises(ConfigError, match="choose one"):
         _cfg(tmp_path, "rollout.environment=sokoban")
-    with pytest.raises(ConfigError, match="rollout.tool_limits.timeout"):
+    with pytest.raises(ConfigError, match=r"rollout\.tool_limits\.timeout"):
         _cfg(tmp_path, "rollout.tool_limits={timeout: 1}")
     with pytest.raises(ConfigError, match="min_new_tokens"):
         _cfg(tmp_path, "model.args.min_new_tokens=2")
