@@ -21,6 +21,7 @@ The per-turn advantages ``[B, S]`` reach the tokens through :func:`mmgrpo.credit
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -63,7 +64,7 @@ def check_config(cfg: TrainConfig) -> None:
     from mmgrpo.tools import ENVIRONMENTS, load_tools, run_tool_call  # deferred: loads the built-in tools
 
     try:
-        load_tools(r.tools)
+        load_tools(tool_specs(r.tools))
     except (KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"rollout.tools: {str(e).strip(chr(39))}") from None
     check_kwargs(run_tool_call, r.tool_limits, "rollout.tool_limits", skip=3)
@@ -92,6 +93,27 @@ def check_config(cfg: TrainConfig) -> None:
             "model.args.min_new_tokens > 0 with rollout.tools: the EOS ban would apply per turn when sampling but once "
             "per trajectory in the log-probs; set it to 0"
         )
+
+
+def tool_specs(names: list[str]) -> list[Any]:
+    """``rollout.tools`` for :func:`mmgrpo.tools.load_tools`: registry names as they are, ``package.module:function``
+    imported (a typed function with a Google docstring is a tool: TRL's ``tools=``; the config's folder is on the
+    Python path, :func:`mmgrpo.loader.load_config`)."""
+    out: list[Any] = []
+    for name in names:
+        if ":" not in name:
+            out.append(name)
+            continue
+        module, _, attr = name.partition(":")
+        try:
+            fn = vars(importlib.import_module(module))[attr]
+        except (ImportError, KeyError) as e:
+            raise ConfigError(
+                f"rollout.tools: cannot import {name!r} ({type(e).__name__}: {e}); give package.module:function of a "
+                "module on the Python path (the config's folder is on it)"
+            ) from None
+        out.append(fn)
+    return out
 
 
 def use_turns(adapter: Any, settings: Any) -> None:

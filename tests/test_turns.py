@@ -109,7 +109,7 @@ def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_p
     logp = adapter.logprobs(rollout, torch.arange(2)).detach()  # [2, T]
     tools = [m for m in ex["messages"][0] if m["role"] == "tool"]
     crop = tools[0]["content"][0]["image"]
-    assert crop.size == (40, 40) and list(crop.getdata()) == list(row["image"].crop((0, 0, 40, 40)).getdata())
+    assert crop.size == (40, 40) and crop.tobytes() == row["image"].crop((0, 0, 40, 40)).tobytes()
     for b in range(2):
         ids, Lp, want = _teacher_forced(adapter, row, ex["messages"][b])
         n = int(state.valid[b].sum())
@@ -118,6 +118,8 @@ def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_p
         act = state.action[b, :n].bool()
         torch.testing.assert_close(logp[b, :n][act], want[Lp : Lp + n][act], rtol=0, atol=1e-5)
         assert (logp[b, :n][~act] == 0).all()
+    alone = adapter.logprobs(rollout, torch.tensor([1])).detach()  # no observation media: the prompt-sharing forward
+    adapter_reductions(adapter).assert_logprobs_close(alone[0], logp[1])
     m = rollout.mask.bool()
     adapter_reductions(adapter).assert_logprobs_close(logp[m], rollout.old_logprobs[m])  # ratio 1 before an update
 
@@ -206,6 +208,8 @@ def test_max_turns_token_budget_and_image_budget_end_trajectories(tiny_vlm_path)
     rollout = adapter.rollout(_rows(1), group_size=2)
     assert rollout.extras["num_turns"] == [3, 3] and rollout.extras["tool_calls"] == [2, 2]
     assert rollout.truncated.all()
+    script(adapter, always)
+    assert adapter.evaluate(_rows(1)) == ["\n".join([CROP] * 3)]  # held-out: the same loop, one trajectory per row
     obs_len = int(((rollout.state.valid == 1) & (rollout.state.action == 0))[0].sum()) // 2  # one observation
 
     turn_len = len(adapter.tokenizer.encode(CROP)) + 1
@@ -317,3 +321,66 @@ def test_config_checks_name_the_fix(tmp_path):
         _cfg(tmp_path, "model.args.min_new_tokens=2")
     cfg = _cfg(tmp_path, "algorithm.credit=gigpo", "algorithm.credit_args={gamma: 0.9, step_advantage_w: 0.5}")
     assert cfg.algorithm.credit_args == {"gamma": 0.9, "step_advantage_w": 0.5}
+
+
+def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(tiny_vlm_path, mmgrpo_cache):
+    """The video adapter on the same loop: select_frames returns frames of the row's clip, inserted as images after
+    the prompt's video; turn 1 is sampled over [video prompt ; call ; frames] and its log-probs equal the training
+    forward's (mRoPE over the video, the frames and the text)."""
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    rows = VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=2, eval_size=1)).train_rows()
+    sampling = {"fps": 3.0, "min_frames": 4, "max_frames": 8, "min_pixels": 3136, "max_pixels": 3136}
+    adapter = build_video_adapter(
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "video": sampling, "old_logprobs": "sampler"}
+    )
+    adapter.use_turns(RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300))
+    call = '<tool_call>{"name": "select_frames", "arguments": {"start": 0, "end": 1, "num_frames": 2}}</tool_call>'
+    script(adapter, {b: [call] for b in range(4)}, real_after=1)
+    torch.manual_seed(0)
+    rollout = adapter.rollout(rows, group_size=2)
+    assert rollout.extras["tool_calls"] == [1] * 4 and rollout.extras["tool_errors"] == [0] * 4
+    assert all(m["image_grid_thw"].shape[0] == 2 for m in rollout.state.media)  # the two frames, as images
+    assert "video_grid_thw" in rollout.state.encodings[0]
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert m.any(dim=1).all()
+    logp = adapter.logprobs(rollout, torch.arange(4)).detach()
+    adapter_reductions(adapter).assert_logprobs_close(logp[m], rollout.old_logprobs[m])
+
+
+def lookup(word: str) -> str:
+    """Look a word up in the tiny dictionary.
+
+    Args:
+        word: The word to look up.
+    """
+    return {"seven": "7", "two": "2"}.get(word.strip().lower(), f"{word!r} is not in the dictionary")
+
+
+def test_audio_llm_turns_with_a_plain_function_tool(mmgrpo_cache):
+    """The audio LLM (Qwen2-Audio) on the same loop, with a plain Python function named by import path (TRL's
+    tools=): text observations, the prompt-sharing log-prob forward, ratio 1 and sampler agreement on turn 1."""
+    import shutil
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no speech to synthesise")
+    from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
+    from mmgrpo.modalities.speech.tiny import resolve_model_path
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=2, eval_size=1)).train_rows()
+    path = resolve_model_path("tiny-qwen2-audio")
+    adapter = build_audio_llm_adapter({"name_or_path": path, "max_new_tokens": 6, "old_logprobs": "sampler"})
+    adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
+    call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
+    script(adapter, {b: [call] for b in range(4)}, real_after=1)
+    torch.manual_seed(0)
+    rollout = adapter.rollout(rows, group_size=2)
+    tools = [m for m in rollout.extras["messages"][0] if m["role"] == "tool"]
+    assert tools[0]["content"][-1]["text"] == "7" and rollout.extras["tool_errors"] == [0] * 4
+    assert not any(rollout.state.media)
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert m.any(dim=1).all()
+    logp = adapter.logprobs(rollout, torch.arange(4)).detach()
+    adapter_reductions(adapter).assert_logprobs_close(logp[m], rollout.old_logprobs[m])

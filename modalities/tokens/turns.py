@@ -64,6 +64,7 @@ from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
+from mmgrpo.multiturn import tool_specs
 from mmgrpo.types import Rollout
 
 from . import prefix_sharing
@@ -80,10 +81,13 @@ _MEDIA = (
     "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif part['type'] == 'video' or 'video' in part %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif part['type'] == 'audio' or 'audio' in part or 'audio_url' in part %}"
+    "{% set audio_count.value = audio_count.value + 1 %}"
+    "Audio {{ audio_count.value }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
     "{% elif 'text' in part %}{{ part['text'] }}{% endif %}"
 )
 QWEN25_VL_TOOL_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n"
+    "{% set audio_count = namespace(value=0) %}{% if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{% if messages[0]['content'] is string %}{{ messages[0]['content'] }}"
     "{% else %}{% for part in messages[0]['content'] %}" + _MEDIA + "{% endfor %}{% endif %}"
     "{% else %}You are a helpful assistant.{% endif %}"
@@ -115,7 +119,8 @@ QWEN25_VL_TOOL_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """Qwen2.5-VL's chat format with Qwen2.5-Instruct's tool section (module docstring); media parts as the stock
-Qwen2.5-VL template renders them. Tool messages become a user turn ``<tool_response>…</tool_response>``."""
+Qwen2.5-VL template renders images and videos (and Qwen2-Audio's template audio: ``Audio k: <|audio_bos|><|AUDIO|>
+<|audio_eos|>``). Tool messages become a user turn ``<tool_response>…</tool_response>``."""
 
 TEMPLATES = {"qwen2.5_vl_tools": QWEN25_VL_TOOL_TEMPLATE}
 """Shipped tool-capable templates by ``rollout.chat_template`` name."""
@@ -225,7 +230,7 @@ class TurnRunner:
 
         self.adapter = adapter
         self.settings = settings
-        self.tools = load_tools(settings.tools)
+        self.tools = load_tools(tool_specs(settings.tools))
         self.schemas = render_tool_schemas(self.tools)
         self.limits = {**LIMITS, **check_kwargs(run_tool_call, settings.tool_limits, "rollout.tool_limits", skip=3)}
         tok = adapter.tokenizer
