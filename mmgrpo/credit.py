@@ -40,8 +40,8 @@ Where this departs from the sources. verl-agent trains one row per step; here a 
 so "the rows of a group" are the valid ``(b, s)`` turns of its trajectories — the same numbers, as the hand-worked
 tests check. The episode score R_b defaults to the sum of the turn rewards (verl-agent's ``episode_rewards``);
 pass ``episode_rewards`` to use an outcome reward instead. MT-GRPO's group of one has torch's NaN std; here its
-advantage is 0. verl-agent's optional text-similarity clustering (``enable_similarity``) is not implemented: anchors
-match exactly (images by their pixels).
+advantage is 0. Anchors match exactly (images by their pixels) unless ``similarity_thresh`` turns on verl-agent's
+greedy text-similarity clustering (``enable_similarity``).
 
 Everything is fp32 tensor math without ``.item()``; only :func:`anchor_clusters` walks Python keys (on the host,
 once per rollout).
@@ -50,6 +50,7 @@ once per rollout).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from difflib import SequenceMatcher
 
 import torch
 from torch import Tensor
@@ -58,6 +59,22 @@ CREDIT_MODES = ("trajectory", "gigpo", "mt_grpo")
 """The ``credit`` options: trajectory-level GRPO (default), GiGPO, MT-GRPO."""
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 MT_GRPO_ESTIMATORS = ("aae", "cae")
+
+
+def pad_turns(rows: Sequence[Sequence[float]], *, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Per-turn values of B trajectories of different lengths as a padded tensor and its turn mask.
+
+    Shape:
+        rows: B lists (turn s of trajectory b at rows[b][s])
+        returns: ([B, S] float32 values, 0 in the padding; [B, S] float32 mask), S = the longest trajectory (≥ 1)
+    """
+    B, S = len(rows), max([len(r) for r in rows] + [1])
+    values = torch.zeros(B, S, dtype=torch.float32)  # [B, S]
+    mask = torch.zeros(B, S, dtype=torch.float32)  # [B, S]
+    for b, row in enumerate(rows):
+        values[b, : len(row)] = torch.tensor([float(v) for v in row], dtype=torch.float32)
+        mask[b, : len(row)] = 1.0
+    return values.to(device), mask.to(device)
 
 
 def trajectory_turn_advantages(advantages: Tensor, turn_mask: Tensor) -> Tensor:
@@ -110,9 +127,18 @@ def step_discounted_returns(turn_rewards: Tensor, turn_mask: Tensor, gamma: floa
     return out
 
 
-def anchor_clusters(anchor_keys: Sequence[Sequence[Hashable]], group_index: Tensor, turn_mask: Tensor) -> Tensor:
-    """GiGPO's anchor-state groups (``build_step_group`` without similarity): turns of the same episode group
-    whose anchor keys are equal share a cluster id; ids are 0..C−1 in order of first appearance, −1 where masked.
+def anchor_clusters(
+    anchor_keys: Sequence[Sequence[Hashable]],
+    group_index: Tensor,
+    turn_mask: Tensor,
+    *,
+    similarity_thresh: float | None = None,
+) -> Tensor:
+    """GiGPO's anchor-state groups (``build_step_group``): turns of the same episode group whose anchor keys are
+    equal share a cluster id; ids are 0..C−1 in order of first appearance (sample-major, as verl-agent's rows), −1
+    where masked. ``similarity_thresh`` (verl-agent's ``enable_similarity``, text anchors only): a turn joins the
+    first cluster of its group whose first text has ``difflib.SequenceMatcher(None, text, first).ratio() >=
+    similarity_thresh``, else starts a new one.
 
     Shape:
         anchor_keys: B lists, each with at least as many keys as ``b`` has valid turns (key s for turn s)
@@ -126,9 +152,12 @@ def anchor_clusters(anchor_keys: Sequence[Sequence[Hashable]], group_index: Tens
             f"anchor_keys needs B = {B} lists (got {len(anchor_keys)}) and group_index shape [{B}] "
             f"(got {tuple(group_index.shape)})"
         )
+    if similarity_thresh is not None and not 0.0 < similarity_thresh < 1.0:
+        raise ValueError(f"similarity_thresh must be in (0, 1) (None: exact matches), got {similarity_thresh}")
     valid = turn_mask.bool().tolist()
     groups = group_index.tolist()
-    ids: dict[tuple[int, Hashable], int] = {}
+    ids: dict[tuple[int, Hashable], int] = {}  # exact: (group, key) → id
+    firsts: dict[int, list[tuple[str, int]]] = {}  # similarity: group → [(first text of a cluster, id)]
     out = [[-1] * S for _ in range(B)]
     for b in range(B):
         for s in range(S):
@@ -136,7 +165,24 @@ def anchor_clusters(anchor_keys: Sequence[Sequence[Hashable]], group_index: Tens
                 continue
             if s >= len(anchor_keys[b]):
                 raise ValueError(f"anchor_keys[{b}] has {len(anchor_keys[b])} keys but turn {s} of sample {b} is valid")
-            out[b][s] = ids.setdefault((groups[b], anchor_keys[b][s]), len(ids))
+            key = anchor_keys[b][s]
+            if similarity_thresh is None:
+                out[b][s] = ids.setdefault((groups[b], key), len(ids))
+                continue
+            if not isinstance(key, str):
+                raise ValueError(
+                    f"similarity clustering compares text anchors; anchor_keys[{b}][{s}] is a {type(key).__name__} "
+                    "(set similarity_thresh to None for exact matches of image anchors)"
+                )
+            clusters = firsts.setdefault(groups[b], [])
+            match = next(
+                (i for first, i in clusters if SequenceMatcher(None, key, first).ratio() >= similarity_thresh), None
+            )
+            if match is None:
+                match = len(ids)
+                ids[(groups[b], key)] = match
+                clusters.append((key, match))
+            out[b][s] = match
     return torch.tensor(out, dtype=torch.long, device=turn_mask.device).reshape(B, S)
 
 
@@ -189,6 +235,7 @@ def gigpo_advantages(
     mode: str = "mean_norm",
     invalid_penalty: float = 0.1,
     eps: float = 1e-6,
+    similarity_thresh: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GiGPO's per-turn advantages A = A^E + ω·A^S (module docstring; verl-agent ``core_gigpo.py``).
 
@@ -204,6 +251,8 @@ def gigpo_advantages(
         mode: ``mean_norm`` (no std division) or ``mean_std_norm``.
         invalid_penalty: c, subtracted from the episode score and the step return of an invalid turn.
         eps: added to the std in ``mean_std_norm``.
+        similarity_thresh: None = anchors match exactly (verl-agent's default); a ratio in (0, 1) clusters text
+            anchors by similarity (its ``enable_similarity``; its search script uses 0.9).
 
     Returns:
         ``(advantages [B, S] (0 where masked), metrics)``; metrics (detached scalars): ``credit/episode_adv_abs``,
@@ -230,7 +279,7 @@ def gigpo_advantages(
     episode = R[:, None] - invalid_penalty * bad  # [B, S]
     groups = group_index.long()[:, None].expand_as(valid)[valid]  # [N] episode group of each valid turn
     _, groups = torch.unique(groups, return_inverse=True)  # [N] ids 0..g−1
-    clusters = anchor_clusters(anchor_keys, group_index, turn_mask)[valid]  # [N]
+    clusters = anchor_clusters(anchor_keys, group_index, turn_mask, similarity_thresh=similarity_thresh)[valid]  # [N]
     use_std = mode == "mean_std_norm"
     a_episode, _ = grouped_normalize(episode[valid], groups, std=use_std, eps=eps)  # [N]
     a_step, size = grouped_normalize(returns[valid], clusters, std=use_std, eps=eps, singleton="self")  # [N]

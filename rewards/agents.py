@@ -52,6 +52,9 @@ def deepeyes(
     ``accuracy_reward`` (a reward name or spec, built with ``accuracy_kwargs``) scores acc on the same batch and
     columns; a sample it scores ``None`` (no ground truth) is ``None`` here. ``tool_calls_key`` names the column
     with each sample's number of tool calls (filled by the multi-turn rollout).
+
+    Source: DeepEyes (arXiv 2505.14362), ``Visual-Agent/DeepEyes`` ``verl/utils/reward_score/vl_agent.py``
+    ``compute_score``; acc from our accuracy rewards instead of its LLM judge.
     """
     if tool_calls_key not in columns:
         raise KeyError(

@@ -14,7 +14,6 @@ the rollout builds one instance per sample with :func:`make_environment`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,17 +54,16 @@ def make_environment(name: str, **options: Any) -> Environment:
         raise TypeError(f"environment {name!r}: cannot build it with options {sorted(options)}: {e}") from None
 
 
-_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
-
-
 def parse_action(text: str, allowed: tuple[str, ...]) -> tuple[str | None, str]:
-    """The action in ``<action>…</action>`` (verl-agent's format; the last such tag counts, case and surrounding
-    space ignored) if it is one of ``allowed``; else ``None`` and a one-line reason naming the fix."""
-    found = _ACTION.findall(text)
+    """The action in the last ``<action>…</action>`` of ``text`` (verl-agent's format; surrounding space and the
+    case of the action ignored, the tags case-sensitive) if it is one of ``allowed``; else ``None`` and a one-line
+    reason naming the fix. Linear in the text (``str.rfind``; no backtracking regex on model output)."""
     fix = f"end the turn with <action>one of {', '.join(allowed)}</action>"
-    if not found:
+    close = text.rfind("</action>")
+    start = text.rfind("<action>", 0, close) if close != -1 else -1
+    if start == -1:
         return None, f"no <action>...</action> in the reply; {fix}"
-    action = found[-1].strip().lower()
+    action = text[start + len("<action>") : close].strip().lower()
     if action not in allowed:
         shown = action if len(action) <= 40 else action[:39] + "…"
         return None, f"{shown!r} is not an action; {fix}"

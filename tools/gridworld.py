@@ -18,6 +18,8 @@ the rules, not ported, to stay small and dependency-free:
 - **Observation**: the rendered room (``cell`` pixels per cell: dark grey walls, light floor, red targets, brown
   boxes, green boxes on targets, a blue player) and a fixed instruction text (no step counter, so equal states
   give equal observations). The image is the GiGPO anchor state: :func:`~mmgrpo.tools.state_anchor`.
+  ``visual=False`` gives the room as text instead (gym_sokoban's symbols, verl-agent's text mode), for text-only
+  policies; the text is then the anchor.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ COLORS = dict(
     wall=(64, 64, 64), floor=(232, 232, 232), target=(220, 40, 40), box=(150, 95, 40), box_on_target=(40, 160, 70),
     player=(40, 80, 210),
 )  # fmt: skip
+TEXT_LEGEND = "(# wall, _ floor, O target, X box, √ box on target, P you, S you on a target)"
 INSTRUCTION = (
     "Push every brown box onto a red target. You are the blue square; green boxes are on targets. Reply with "
     "your move as <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
@@ -54,6 +57,7 @@ class Sokoban:
         pulls: int | None = None,
         max_steps: int = 15,
         cell: int = 16,
+        visual: bool = True,
         step_reward: float = -0.1,
         box_on_target_reward: float = 1.0,
         box_off_target_reward: float = -1.0,
@@ -63,7 +67,7 @@ class Sokoban:
             raise ValueError(f"size must be >= 4 (a wall border around at least 2x2 floor), got {size}")
         if not 1 <= boxes <= (size - 2) ** 2 // 3:
             raise ValueError(f"boxes must be from 1 to {(size - 2) ** 2 // 3} for size {size}, got {boxes}")
-        self.size, self.n_boxes, self.max_steps, self.cell = size, boxes, max_steps, cell
+        self.size, self.n_boxes, self.max_steps, self.cell, self.visual = size, boxes, max_steps, cell, visual
         self.pulls = pulls if pulls is not None else 3 * size
         self.rewards = dict(step=step_reward, on=box_on_target_reward, off=box_off_target_reward, solved=solved_reward)
         self.player: tuple[int, int] = (0, 0)
@@ -105,9 +109,31 @@ class Sokoban:
     # ----------------------------------------------------------------------------------------------- internals
 
     def observe(self, error: str | None = None) -> Observation:
-        """The current state as an observation (the rendered room and the instruction)."""
+        """The current state as an observation: the rendered room and the instruction (``visual=False``: the
+        room as text, :meth:`render_text`, and the instruction)."""
         text = INSTRUCTION if error is None else f"Invalid action ({error}); the board is unchanged. {INSTRUCTION}"
+        if not self.visual:
+            return Observation(text=f"{self.render_text()}\n{TEXT_LEGEND} {text}", error=error)
         return Observation(text=text, images=[self.render()], error=error)
+
+    def render_text(self) -> str:
+        """The room as rows of gym_sokoban's symbols: ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``√`` box on
+        a target, ``P`` player, ``S`` player on a target."""
+        rows = []
+        for r in range(self.size):
+            line = ""
+            for q in range(self.size):
+                cell, target = (r, q), (r, q) in self.targets
+                if self._wall(cell):
+                    line += "#"
+                elif cell == self.player:
+                    line += "S" if target else "P"
+                elif cell in self.boxes:
+                    line += "√" if target else "X"
+                else:
+                    line += "O" if target else "_"
+            rows.append(line)
+        return "\n".join(rows)
 
     def render(self) -> Image.Image:
         """The room as an RGB image of ``size·cell`` pixels a side (deterministic)."""

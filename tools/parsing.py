@@ -1,24 +1,24 @@
 """Tool calls out of generated text: Qwen / Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
-The format of Qwen2.5 / Qwen3 / Qwen3-VL chat templates and of verl's ``HermesToolParser``
+The format of Qwen2.5 / Qwen3 / Qwen3-VL chat templates, of verl's ``HermesToolParser``
 (``verl/experimental/agent_loop/tool_parser.py``: regex ``<tool_call>(.*?)</tool_call>``, JSON with ``name`` and
-``arguments``) and TRL's ``qwen3_schema``. verl drops a call whose JSON does not parse; here every malformed call
-becomes an error string that names the fix, so the rollout can answer it as an observation (and penalise it).
-Nothing here raises on model output.
+``arguments``; the same pairing here, by a linear scan) and of TRL's ``qwen3_schema``. verl drops a call whose JSON
+does not parse; here every malformed call becomes an error string that names the fix, so the rollout can answer it
+as an observation (and penalise it). Nothing here raises on model output.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from .base import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FORMAT = '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>'
 _SHOW = 80  # characters of a bad call quoted in its error
+MAX_ERRORS = 8
+"""Malformed calls reported one by one; the rest are counted in one more line."""
 
 
 def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
@@ -27,26 +27,35 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     A call is the JSON object between ``<tool_call>`` and the next ``</tool_call>``: ``name`` a non-empty string,
     ``arguments`` an object (or a JSON string holding one, OpenAI's form; absent = ``{}``). Errors: JSON that does
     not parse (or uses NaN/Infinity), not an object, no name, arguments not an object, a ``<tool_call>`` nested in
-    another, an unclosed ``<tool_call>`` (a generation cut off mid-call), a stray ``</tool_call>``. Text outside the
-    tags is ignored. Never raises on a ``str``.
+    another, an unclosed ``<tool_call>`` (a generation cut off mid-call), a stray ``</tool_call>``; after
+    ``MAX_ERRORS`` of them one more line counts the rest. Text outside the tags is ignored. Never raises on a
+    ``str``, and takes time linear in its length (a scan with ``str.find``, not a backtracking regex: thousands of
+    unclosed tags cost one pass).
     """
     calls: list[ToolCall] = []
     errors: list[str] = []
-    end = 0
-    for number, match in enumerate(_CALL.finditer(text), 1):
-        if CLOSE in text[end : match.start()]:
+    pos, opening, closing = 0, text.find(OPEN), text.find(CLOSE)
+    while opening != -1 or closing != -1:
+        if closing != -1 and (opening == -1 or closing < opening):
             errors.append(f"a stray {CLOSE} without {OPEN} before it; write {_FORMAT}")
-        end = match.end()
-        call, error = _parse_one(match.group(1), number)
-        if call is not None:
-            calls.append(call)
+            pos = closing + len(CLOSE)
+        elif closing == -1:
+            errors.append(f"a {OPEN} is never closed (the turn ended inside it); close every call with {CLOSE}")
+            break
         else:
-            errors.append(error)
-    rest = text[end:]
-    if OPEN in rest:
-        errors.append(f"a {OPEN} is never closed (the turn ended inside it); close every call with {CLOSE}")
-    elif CLOSE in rest:
-        errors.append(f"a stray {CLOSE} without {OPEN} before it; write {_FORMAT}")
+            raw = text[opening + len(OPEN) : closing]
+            call, error = _parse_one(raw, len(calls) + len(errors) + 1)
+            if call is not None:
+                calls.append(call)
+            else:
+                errors.append(error)
+            pos = closing + len(CLOSE)
+        if opening != -1 and opening < pos:
+            opening = text.find(OPEN, pos)
+        if closing < pos:
+            closing = text.find(CLOSE, pos)
+    if len(errors) > MAX_ERRORS:
+        errors = errors[:MAX_ERRORS] + [f"… and {len(errors) - MAX_ERRORS} more malformed tool calls"]
     return calls, errors
 
 

@@ -14,6 +14,8 @@ process; the built-in tools bound their own work (box sizes, frame counts) so th
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import queue
@@ -25,12 +27,6 @@ from PIL import Image
 
 from .base import Observation, Tool, ToolCall, ToolContext, _unknown
 from .parsing import parse_tool_calls
-
-LIMITS = dict(
-    timeout_s=10.0, max_argument_chars=10_000, max_observation_chars=4_000, max_images=4, max_frames=16,
-    max_pixels=2_000_000, error_reward=0.0,
-)  # fmt: skip
-"""The defaults of :func:`run_tool_call`'s limits (``max_pixels``: Mini-o3's crop ceiling)."""
 
 
 def run_tool_call(
@@ -58,7 +54,8 @@ def run_tool_call(
         max_images: most images returned (later ones dropped, the text says so).
         max_frames: most video frames returned (uniformly thinned, times kept aligned).
         max_pixels: largest image area returned; larger images are downscaled, aspect kept.
-        error_reward: ``Observation.reward`` of an error observation (verl's ``ImageZoomInTool``: −0.05).
+        error_reward: ``Observation.reward`` of an error observation, the runner's or a tool's own error that
+            carries no reward of its own (verl's ``ImageZoomInTool``: −0.05).
 
     Returns:
         The tool's observation, bounded; or an error observation (``error`` set) saying what was wrong.
@@ -93,11 +90,22 @@ def run_tool_call(
             return fail(f"{call.name} failed ({type(value).__name__}: {reason})")
         if not isinstance(value, Observation):
             return fail(f"{call.name} returned a {type(value).__name__}, not an Observation (a bug in the tool)")
+        problem = _malformed(value)
+        if problem is not None:
+            return fail(f"{call.name} returned {problem} (a bug in the tool)")
         if not math.isfinite(float(value.reward)):
             return fail(f"{call.name} returned a non-finite reward {value.reward!r} (a bug in the tool)")
+        if value.invalid and value.reward == 0.0:  # the tool's own error (a bad box): the same penalty
+            value = dataclasses.replace(value, reward=error_reward)
         return bound(value, **limits)
     except Exception as e:  # a bug here must not end the rollout either
         return Observation(text=f"Error: internal tool runner error ({type(e).__name__})", error=str(e)[:200])
+
+
+LIMITS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(run_tool_call).parameters.items() if p.kind is p.KEYWORD_ONLY
+}
+"""The limits :func:`run_tool_call` takes and their defaults (``max_pixels``: Mini-o3's crop ceiling)."""
 
 
 def run_tool_calls(
@@ -124,6 +132,20 @@ def run_tool_calls(
         msg = f"only {max_calls} tool call(s) per turn run; the other {skipped} were skipped"
         out.append(Observation(text=f"Error: {msg}", error=msg, reward=error_reward))
     return out
+
+
+def _malformed(obs: Observation) -> str | None:
+    """What makes a tool's observation unusable (a field of the wrong type), or ``None``."""
+    if not isinstance(obs.text, str):
+        return f"text of type {type(obs.text).__name__}, not str"
+    for field, items in (("images", obs.images), ("frames", obs.frames)):
+        if not isinstance(items, list) or not all(isinstance(im, Image.Image) for im in items):
+            return f"{field} that are not a list of PIL images"
+    if not isinstance(obs.frame_times, list) or len(obs.frame_times) != len(obs.frames):
+        return f"{len(obs.frame_times)} frame_times for {len(obs.frames)} frames"
+    if not isinstance(obs.reward, (int, float)) or isinstance(obs.reward, bool):
+        return f"a reward of type {type(obs.reward).__name__}"
+    return None
 
 
 def check_arguments(schema: dict[str, Any], arguments: Any) -> str | None:
