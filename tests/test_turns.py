@@ -384,3 +384,28 @@ def test_audio_llm_turns_with_a_plain_function_tool(mmgrpo_cache):
     assert m.any(dim=1).all()
     logp = adapter.logprobs(rollout, torch.arange(4)).detach()
     adapter_reductions(adapter).assert_logprobs_close(logp[m], rollout.old_logprobs[m])
+
+
+def test_multi_turn_warmup_loss_is_the_teacher_forced_conversation_loss(tiny_vlm_path):
+    """A warm-up target that is a list of turns (a crop call, then an answer) is teacher-forced with the real crop
+    between them: its loss is the mean cross-entropy of the assistant tokens of the rendered conversation, and
+    supervised steps on it lower it."""
+    adapter = _adapter(tiny_vlm_path)
+    row = dict(_rows(1)[0], target=[CROP, "<answer>red</answer>"])
+    loss = adapter.supervised_loss([row])
+    script(adapter, {0: row["target"]})
+    rollout = adapter.rollout([row], group_size=1)
+    assistant = [m["content"] for m in rollout.extras["messages"][0] if m["role"] == "assistant"]
+    assert assistant == row["target"] and rollout.extras["tool_calls"] == [1]
+    state = rollout.state
+    n = int(state.valid[0].sum())
+    act = state.action[0, :n].bool()
+    _, Lp, want = _teacher_forced(adapter, row, rollout.extras["messages"][0])
+    torch.testing.assert_close(loss.detach(), -want[Lp : Lp + n][act].mean(), rtol=1e-5, atol=1e-6)
+    opt = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-3)
+    for _ in range(3):
+        step = adapter.supervised_loss([row])
+        step.backward()
+        opt.step()
+        opt.zero_grad()
+    assert float(adapter.supervised_loss([row]).detach()) < float(loss.detach()) - 0.1

@@ -391,12 +391,29 @@ class TurnRunner:
         they were drawn with. The one place the policy acts (the tests script it here)."""
         return self.adapter._sample(encodings, n, greedy, keys)
 
+    def _scripted(self, script: list[list[str]], rows: list[int], turn: int) -> tuple[Tensor, None]:
+        """Token ids [len(rows), t] of turn ``turn`` of each row's script (its text + the end token, pad after)."""
+        eos = int(self.adapter.eos_ids[0])
+        seqs = [self.adapter.tokenizer.encode(script[b][turn], add_special_tokens=False) + [eos] for b in rows]
+        ids = torch.full((len(rows), max(map(len, seqs))), self.adapter.pad_id, dtype=torch.long)
+        for i, seq in enumerate(seqs):
+            ids[i, : len(seq)] = torch.tensor(seq)
+        return ids, None
+
     @torch.no_grad()
     def rollout(
-        self, prompts: list[dict], encodings: list[dict], group_size: int, keys, envs: list, greedy: bool = False
+        self,
+        prompts: list[dict],
+        encodings: list[dict],
+        group_size: int,
+        keys,
+        envs: list,
+        greedy: bool = False,
+        script: list[list[str]] | None = None,
     ) -> tuple[TurnState, list[_Trajectory]]:
         """B = P·G trajectories of ``prompts`` (encoded: ``encodings``; ``envs``: B environments or Nones); their
-        :class:`TurnState` and per-trajectory records."""
+        :class:`TurnState` and per-trajectory records. ``script`` (B lists of assistant turns) teacher-forces the
+        policy's turns (the tools and environments still answer): a trajectory ends after its script's last turn."""
         from mmgrpo.tools import Observation, state_anchor
 
         a, s, G = self.adapter, self.settings, group_size
@@ -410,7 +427,9 @@ class TurnRunner:
         eos = set(a.eos_ids.tolist())
         active = list(range(B))
         for turn in range(s.max_turns):
-            if turn == 0:  # the P prompts prefilled once, their cache expanded G ways
+            if script is not None:
+                ids, logps = self._scripted(script, active, turn)  # [len(active), t]
+            elif turn == 0:  # the P prompts prefilled once, their cache expanded G ways
                 ids, logps = self.sample_turn(encodings, G, greedy, keys, active, turn)  # [B, T1] each
             else:
                 batch = self._continuations(encodings, trajs, active, G)
@@ -434,6 +453,9 @@ class TurnRunner:
                 t.turn_invalid.append(False)
                 if end is None or cut:  # cut by max_new_tokens or the trajectory budget
                     t.done = t.truncated = True
+                    continue
+                if script is not None and turn + 1 >= len(script[b]):  # the script's last turn
+                    t.done = True
                     continue
                 if self._respond(text, turn, t, contexts[b], envs[b], encodings[b // G]):
                     still.append(b)
@@ -582,6 +604,22 @@ def turn_rollout(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict], g
     ]
     rollout.validate()
     return rollout
+
+
+def supervised_turn_loss(adapter: VLMAdapter, runner: TurnRunner, rows: list[dict]) -> Tensor:
+    """Mean token cross-entropy of multi-turn targets (the warm-up's loss that teaches the tool-call format):
+    ``row["target"]`` is a list of assistant turns (a string: one turn), teacher-forced; the tools (or the
+    environment) answer each turn for real and their observations are context (mask 0), as in a rollout.
+
+    Shape: P rows → [] (over every target token, end tokens included)."""
+    script = [[row["target"]] if isinstance(row["target"], str) else list(row["target"]) for row in rows]
+    with adapter._media_scope():
+        prompts, envs = runner.environments(rows, 1)
+        encodings = [adapter._encode_prompt(row) for row in prompts]
+        state, _ = runner.rollout(prompts, encodings, 1, None, envs, script=script)
+    logp = adapter._token_logprobs(adapter.model, state, torch.arange(len(rows)))  # [P, T]
+    action = state.action.to(logp.device).float()  # [P, T]
+    return -(logp * action).sum() / action.sum().clamp_min(1.0)
 
 
 @torch.no_grad()

@@ -48,7 +48,14 @@ from ..tokens.logprobs import (
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy
-from ..tokens.turns import TurnRunner, TurnState, evaluate_turns, trajectory_logits, turn_rollout
+from ..tokens.turns import (
+    TurnRunner,
+    TurnState,
+    evaluate_turns,
+    supervised_turn_loss,
+    trajectory_logits,
+    turn_rollout,
+)
 from .tiny import resolve_model_path
 
 
@@ -573,7 +580,10 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         self.processor.save_pretrained(directory)
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
-        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
+        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up; with tools,
+        a list of assistant turns whose tool calls run between them (:func:`..tokens.turns.supervised_turn_loss`)."""
+        if self.turns is not None:
+            return supervised_turn_loss(self, self.turns, rows)
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
