@@ -74,10 +74,10 @@ def check_config(cfg: TrainConfig) -> None:
         if r.environment not in ENVIRONMENTS:
             raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
         check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
-    if r.engine != "native":
+    if r.engine != "native" and cfg.model.adapter != "vlm":
         raise ConfigError(
-            "rollout.tools / rollout.environment with rollout.engine: vllm is not wired yet (the native loop runs the "
-            "turns); set rollout.engine: native"
+            f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm (images), "
+            f"not {cfg.model.adapter!r} yet; set rollout.engine: native"
         )
     unsupported = {
         "algorithm.gt_injection.enabled": a.gt_injection.enabled,
@@ -187,7 +187,8 @@ def unit_advantages(
 
 def turn_metrics(rollout: Rollout) -> dict[str, float]:
     """``turns/*`` and ``tools/*`` of a multi-turn rollout (empty for a single-turn one): mean assistant turns, tool
-    calls run per trajectory, share of trajectories with a call, error observations per call."""
+    calls run per trajectory, share of trajectories with a call, error observations per trajectory (malformed or
+    failed calls, invalid environment actions)."""
     ex = rollout.extras
     if "num_turns" not in ex:
         return {}
@@ -198,5 +199,5 @@ def turn_metrics(rollout: Rollout) -> dict[str, float]:
         "turns/mean": float(turns.mean()),
         "tools/calls_mean": float(calls.mean()),
         "tools/call_fraction": float((calls > 0).float().mean()),
-        "tools/error_frequency": float(errors.sum() / calls.sum().clamp(min=1.0)),
+        "tools/errors_mean": float(errors.mean()),
     }

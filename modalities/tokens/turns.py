@@ -190,6 +190,7 @@ class _Trajectory:
     turn_invalid: list[bool] = field(default_factory=list)
     anchors: list[Any] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
+    shown: list[Image.Image] = field(default_factory=list)  # the observation images inserted, in order
     observations: list[Any] = field(default_factory=list)
     tool_calls: int = 0
     tool_errors: int = 0
@@ -387,9 +388,31 @@ class TurnRunner:
         self, encodings: list[dict], n: int, greedy: bool, keys, rows: list[int], turn: int
     ) -> tuple[Tensor, Tensor | None]:
         """The policy's turn ``turn`` of trajectories ``rows``: ``n`` samples of each of ``encodings`` through the
-        adapter's sampler (:mod:`.decode`); token ids [len(rows), T1] (pad after the end token) and the log-probs
-        they were drawn with. The one place the policy acts (the tests script it here)."""
-        return self.adapter._sample(encodings, n, greedy, keys)
+        adapter's sampler (:mod:`.decode`) or its rollout engine (vLLM); token ids [len(rows), T1] (pad after the end
+        token) and the log-probs they were drawn with. The one place the policy acts (the tests script it here)."""
+        a = self.adapter
+        if a.engine is None:
+            return a._sample(encodings, n, greedy, keys)
+        return a._engine_sample(self._engine_requests(encodings, rows, turn), n, keys, greedy)
+
+    def _engine_requests(self, encodings: list[dict], rows: list[int], turn: int) -> list:
+        """The engine's requests of a turn: turn 0 the prompts as text (the single-turn requests); later turns each
+        trajectory token-in — its ids with one placeholder per image (vLLM expands them, verl's
+        ``_qwen2_5_vl_dedup_image_tokens``) and its images in order: the prompt's, then every observation's."""
+        from .engine import EnginePrompt
+
+        a, rows_of = self.adapter, self._rows
+        if turn == 0:
+            return a._engine_prompts(rows_of, encodings)
+        pads = set(media_pad_ids(a)) - {-1}
+        out = []
+        for enc, b in zip(encodings, rows):
+            media = {e.kind: list(e.load(rows_of[b // self._G])) for e in a.encoders}
+            media["image"] = media.get("image", []) + self._trajs[b].shown
+            ids = enc["input_ids"][0].tolist()
+            one = [x for i, x in enumerate(ids) if not (x in pads and i > 0 and ids[i - 1] == x)]
+            out.append(EnginePrompt("", media, ids, prompt_ids=one))
+        return out
 
     def _scripted(self, script: list[list[str]], rows: list[int], turn: int) -> tuple[Tensor, None]:
         """Token ids [len(rows), t] of turn ``turn`` of each row's script (its text + the end token, pad after)."""
@@ -419,6 +442,7 @@ class TurnRunner:
         a, s, G = self.adapter, self.settings, group_size
         B, T = len(prompts) * G, s.max_total_tokens
         trajs = [_Trajectory() for _ in range(B)]
+        self._rows, self._trajs, self._G = prompts, trajs, G  # what the engine's requests are built from
         contexts = [self.context(prompts[b // G]) for b in range(B)]
         for b, t in enumerate(trajs):
             t.anchors.append(
@@ -502,6 +526,7 @@ class TurnRunner:
         if media:
             t.media.append(media)
             t.images += int(media["image_grid_thw"].shape[0])
+            t.shown += [p["image"] for m in messages for p in m["content"] if p.get("image") is not None]
         t.messages += messages
         seen = Observation(
             text="\n".join(o.text for o in observations),
@@ -592,7 +617,10 @@ def turn_rollout(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict], g
         state=state,
         turn_of_token=state.turn_of_token.clone(),
     )
-    if adapter.args.old_logprobs == "sampler":  # as drawn by the decode loop: no extra forward
+    if adapter.engine is not None:  # sampled by vLLM: its log-probs for the importance correction, ours as old
+        rollout.engine_logprobs = runner.sampler_logprobs(trajs) * mask  # [B, T]
+        rollout.old_logprobs = adapter._batched_no_grad(rollout, adapter.model) * mask  # [B, T]
+    elif adapter.args.old_logprobs == "sampler":  # as drawn by the decode loop: no extra forward
         rollout.old_logprobs = runner.sampler_logprobs(trajs) * mask  # [B, T]
     else:
         rollout.old_logprobs = adapter._batched_no_grad(rollout, adapter.model) * mask  # [B, T]
@@ -638,10 +666,14 @@ def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict])
 def media_token_types(adapter: VLMAdapter, ids: Tensor) -> Tensor:
     """``mm_token_type_ids`` of ``ids``: 1 at image pads, 2 at video pads, 0 elsewhere (what Qwen2.5-VL's
     ``get_rope_index`` reads to place the media). Shape: [n, L] → [n, L]."""
-    config = adapter._unwrapped().config
-    image = getattr(config, "image_token_id", -1)
-    video = getattr(config, "video_token_id", -1)
+    image, video = media_pad_ids(adapter)
     return (ids == image).long() + 2 * (ids == video).long()
+
+
+def media_pad_ids(adapter: VLMAdapter) -> tuple[int, int]:
+    """The model's image and video pad token ids (−1 where it has none)."""
+    config = adapter._unwrapped().config
+    return getattr(config, "image_token_id", -1), getattr(config, "video_token_id", -1)
 
 
 def trajectory_logits(
