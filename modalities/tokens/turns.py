@@ -62,7 +62,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mmgrpo import noise
+from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
 from mmgrpo.multiturn import tool_specs
 from mmgrpo.types import Rollout
@@ -237,6 +237,11 @@ class TurnRunner:
         tok = adapter.tokenizer
         model_template = getattr(adapter.processor, "chat_template", None) or getattr(tok, "chat_template", None)
         self.template = resolve_template(settings.chat_template, model_template, tok)
+        if sharding.is_sharded(adapter._unwrapped()):
+            raise ConfigError(
+                "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
+                "forward of sharded weights is a collective; train with DDP processes (or one process)"
+            )
         if adapter.args.min_new_tokens:
             raise ConfigError(
                 "model.args.min_new_tokens > 0 is not supported with rollout.tools (the EOS ban would apply per turn "
