@@ -409,3 +409,18 @@ def test_multi_turn_warmup_loss_is_the_teacher_forced_conversation_loss(tiny_vlm
         opt.step()
         opt.zero_grad()
     assert float(adapter.supervised_loss([row]).detach()) < float(loss.detach()) - 0.1
+
+
+def test_deepeyes_reward_reads_the_rollouts_tool_calls(tiny_vlm_path):
+    """The DeepEyes reward on a multi-turn rollout: 0.8·acc + 1.2 for a right answer reached through a tool call,
+    0.8 for a right answer without one, 0 for a wrong one (its format term is 0 for balanced tags)."""
+    from mmgrpo.rewards import RewardRunner, score_rows
+
+    adapter = _adapter(tiny_vlm_path)
+    row = _rows(1)[0]
+    right = f"<answer>{row['answer']}</answer>"
+    script(adapter, {0: [CROP, right], 1: [right], 2: [CROP, "<answer>none</answer>"]})
+    rollout = adapter.rollout([row], group_size=3)
+    runner = RewardRunner([("deepeyes", 1.0, {})], isolation="thread")
+    scores, _ = score_rows(runner, rollout.outputs, [row], 3, rollout.extras)
+    torch.testing.assert_close(scores[:, 0], torch.tensor([2.0, 0.8, 0.0]))
