@@ -304,6 +304,10 @@ class WarmupConfig:
     ``{column}`` another one, e.g. ``"<think>{reasoning}</think><answer>{target}</answer>"``."""
     thought_dropout: Annotated[float, Range(ge=0, le=1)] = 0.0
     """TON thought dropout: share of warm-up targets whose <think>…</think> is emptied (mmgrpo/thoughts.py)."""
+    trainable: list[str] = field(default_factory=list)
+    """Train only the parameters whose name contains one of these strings during the warm-up (the others keep their
+    weights), e.g. ``[vision_model, connector]`` for a fresh vision tower under a pretrained language model (LLaVA's
+    first stage, which trains the projector alone); empty: every trainable parameter. GRPO trains them all again."""
 
 
 @dataclass

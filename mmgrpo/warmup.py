@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from accelerate import Accelerator
 
 from mmgrpo import thoughts, tracking
-from mmgrpo.config import TrainConfig
+from mmgrpo.config import ConfigError, TrainConfig
 from mmgrpo.preflight import row_name, warmup_target
 from mmgrpo.types import DataError, SupervisedLoss
 
@@ -23,10 +25,41 @@ MAX_CONSECUTIVE_BAD_ROWS = 100  # unreadable rows in a row before the run stops 
 
 
 def supervised_warmup(cfg: TrainConfig, acc: Accelerator, adapter: SupervisedLoss, rows) -> int:
-    """``warmup.steps`` supervised steps with a fresh AdamW; returns the number of unreadable rows skipped."""
+    """``warmup.steps`` supervised steps with a fresh AdamW over the trainable parameters (those ``warmup.trainable``
+    names, when given); returns the number of unreadable rows skipped."""
+    if not cfg.warmup.trainable:
+        return _supervised_steps(cfg, acc, adapter, rows, list(adapter.trainable_parameters()))
+    with only_trainable(adapter.model, cfg.warmup.trainable, freeze=acc.num_processes == 1) as params:
+        return _supervised_steps(cfg, acc, adapter, rows, params)
+
+
+@contextmanager
+def only_trainable(model: torch.nn.Module, patterns: list[str], freeze: bool = True) -> Iterator[list]:
+    """The trainable parameters of ``model`` whose name contains one of ``patterns``; inside, the other trainable
+    parameters are ``requires_grad=False`` (restored after), so the backward computes no gradient for them.
+    ``freeze=False`` (several processes: DDP expects every gradient it was built with) leaves them as they are; they
+    are still not in the list, so the warm-up does not move them either."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    unmatched = [k for k in patterns if not any(k in n for n, _ in named)]
+    if unmatched:
+        parts = sorted({part for n, _ in named for part in n.split(".")[:3] if part not in ("model", "module")})
+        raise ConfigError(f"warmup.trainable: {unmatched} match no trainable parameter name; names contain {parts}")
+    chosen = [p for n, p in named if any(k in n for k in patterns)]
+    others = [p for n, p in named if not any(k in n for k in patterns)]
+    for p in others if freeze else []:
+        p.requires_grad_(False)
+    try:
+        yield chosen
+    finally:
+        for p in others:
+            p.requires_grad_(True)
+            p.grad = None  # without freeze they accumulated the warm-up's gradients: GRPO must not see them
+
+
+def _supervised_steps(cfg: TrainConfig, acc: Accelerator, adapter: SupervisedLoss, rows, params: list) -> int:
     w = cfg.warmup
     rng = random.Random(cfg.seed * 7 + acc.process_index)
-    opt = torch.optim.AdamW(adapter.trainable_parameters(), lr=w.lr)
+    opt = torch.optim.AdamW(params, lr=w.lr)
     bar = tracking.progress_bar(cfg, acc, total=w.steps, desc="warm-up")
     skipped = 0
     for i in range(w.steps):
@@ -35,7 +68,7 @@ def supervised_warmup(cfg: TrainConfig, acc: Accelerator, adapter: SupervisedLos
         batch = thoughts.drop_thoughts(batch, w.thought_dropout, cfg.seed * 100_003 + i)  # TON (0: as is)
         loss = adapter.supervised_loss(batch)
         acc.backward(loss)
-        acc.clip_grad_norm_(adapter.trainable_parameters(), 1.0)
+        acc.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         bar.update(1)

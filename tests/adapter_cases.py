@@ -3,7 +3,9 @@
 test (``tests/test_fsdp.py``) all take their families from.
 
 Adding a model family = one entry in ``CASES`` (tiny ``model.args``, two prompt rows, LoRA targets, the state field
-holding what a rollout drew); a registered adapter without an entry fails the contract's first test.
+holding what a rollout drew); a registered adapter without an entry fails the contract's first test. A second
+architecture of a family is one more entry naming its ``adapter`` (``vlm_idefics3``: SmolVLM under the ``vlm``
+adapter).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Case:
     """The field of the rollout's state that holds what was drawn (tokens, image tokens, latents)."""
     batch_invariant: dict = field(default_factory=dict)
     """Extra ``model.args`` under which a prompt's keyed rollout does not depend on the prompts batched with it."""
+    adapter: str = ""
+    """The ``model.adapter`` this case builds; empty: the case's own name."""
 
 
 def _shapes_rows() -> list[dict]:
@@ -76,6 +80,7 @@ VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 31
 
 CASES: dict[str, Case] = {
     "vlm": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4}, _shapes_rows),
+    "vlm_idefics3": Case({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"),
     "video": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4, "video": VIDEO_SAMPLING}, _video_rows),
     "flow": Case(
         {"name_or_path": "tiny-sd3", "num_steps": 3, "eval_num_steps": 2, "resolution": 32, "device": "cpu"},
@@ -101,4 +106,9 @@ def build(name: str, *, lora: bool, **over):
     load_builtins()
     case = CASES[name]
     cfg = LoraConfig(enabled=lora, r=4, alpha=8, target_modules=case.lora_targets)
-    return ADAPTERS.get(name)({**case.args, **over}, seed=0, lora=cfg)
+    return ADAPTERS.get(adapter_of(name))({**case.args, **over}, seed=0, lora=cfg)
+
+
+def adapter_of(name: str) -> str:
+    """The ``model.adapter`` of contract case ``name``."""
+    return CASES[name].adapter or name

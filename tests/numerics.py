@@ -64,6 +64,19 @@ def elementwise_tol(*, ops: int, scale: float = 1.0, dtype: torch.dtype = torch.
     return 2.0 * ops * u / (1 - ops * u) * scale
 
 
+def gradient_scales(grads: Mapping[str, torch.Tensor | None]) -> dict[str, float]:
+    """The scale each named gradient is compared on: its largest entry, except for an attention key bias (SigLIP's
+    ``k_proj.bias``), which adds q·b to every score of a query — a shift softmax ignores — so its gradient is 0 up to
+    rounding (~1e-11) and is compared on the scale of the same layer's query-bias gradient."""
+    out = {}
+    for name, g in grads.items():
+        if g is None:
+            continue
+        partner = grads.get(name.replace("k_proj.bias", "q_proj.bias")) if "k_proj.bias" in name else None
+        out[name] = float((partner if partner is not None else g).abs().max())
+    return out
+
+
 def logprob_scale(logp: torch.Tensor) -> float:
     """Scale of log-probabilities: at least 1 (logits of order one), else the largest finite |log p|."""
     finite = logp.detach()[torch.isfinite(logp.detach())]

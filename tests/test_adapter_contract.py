@@ -16,7 +16,7 @@ import torch
 from mmgrpo.loader import load_builtins
 from mmgrpo.plugins import ADAPTERS, AdapterSpec
 from mmgrpo.types import PolicyAdapter, Rollout, capabilities
-from tests.adapter_cases import CASES, build
+from tests.adapter_cases import CASES, adapter_of, build
 from tests.numerics import adapter_reductions
 
 G = 2  # samples per prompt
@@ -24,7 +24,7 @@ G = 2  # samples per prompt
 
 def test_every_registered_adapter_has_a_contract_case():
     load_builtins()
-    missing = set(ADAPTERS.names()) - set(CASES)
+    missing = set(ADAPTERS.names()) - {adapter_of(n) for n in CASES}
     assert not missing, f"add a Case for {sorted(missing)} to CASES in tests/adapter_cases.py"
 
 
@@ -44,7 +44,7 @@ def _images_or_text(outputs: list) -> list:
 
 def test_builder_declares_its_class_and_capabilities(lora_run):
     name, adapter, _, _ = lora_run
-    build = ADAPTERS.get(name)
+    build = ADAPTERS.get(adapter_of(name))
     assert isinstance(adapter, PolicyAdapter)
     assert isinstance(build, AdapterSpec) and isinstance(adapter, build.cls) and dataclasses.is_dataclass(build.args)
     assert capabilities(type(adapter)) == capabilities(build.cls)  # the load-time check sees the truth
@@ -125,7 +125,7 @@ def _token_families() -> list[str]:
 
 
 def test_the_token_families_are_the_contract_cases_without_flow():
-    assert sorted(_token_families()) == sorted(n for n in CASES if n != "flow")
+    assert set(_token_families()) == {adapter_of(n) for n in CASES if n != "flow"}
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n != "flow"])

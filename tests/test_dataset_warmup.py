@@ -2,10 +2,13 @@
 gets past the answer format before GRPO (held-out format reward 0 before the warm-up, 1 after)."""
 
 import json
+from pathlib import Path
 
 from PIL import Image
 
 from mmgrpo.loader import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (235, 215, 40)}
 
@@ -49,3 +52,33 @@ def test_a_dataset_warmup_teaches_the_answer_format(tmp_path, tiny_vlm_path):
     summary = train(cfg)
     assert summary["eval/before/reward/format"] == 0.0  # the untrained tiny model never writes <answer>…</answer>
     assert summary["eval/warmup/reward/format"] >= 0.75  # measured 1.0 (8 held-out rows, seed 0)
+
+
+def test_warmup_trainable_moves_only_the_named_parameters(mmgrpo_cache):
+    """``warmup.trainable: [vision_model, connector]`` (LLaVA's first stage): a warm-up step moves the SmolVLM's
+    vision tower and connector, leaves the language model bit-equal, and afterwards every parameter trains again with
+    no gradient left over; a name that matches nothing is one ConfigError listing what names contain."""
+    import pytest
+    import torch
+    from accelerate import Accelerator
+
+    from mmgrpo import warmup
+    from mmgrpo.config import ConfigError
+    from tests.adapter_cases import CASES, build
+
+    adapter = build("vlm_idefics3", lora=False)
+    rows = [dict(r, target="<answer>red</answer>") for r in CASES["vlm_idefics3"].rows()]
+    cfg = load_config(
+        ROOT / "configs/quickstart.yaml",
+        ["warmup.batch_size=2", "warmup.steps=2", "warmup.trainable=[vision_model, connector]"],
+    )
+    before = {n: p.detach().clone() for n, p in adapter.model.named_parameters()}
+    warmup.supervised_warmup(cfg, Accelerator(cpu=True), adapter, rows)
+    moved = {n for n, p in adapter.model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("vision_model" in n or "connector" in n for n in moved), sorted(moved)
+    assert any("connector" in n for n in moved) and any("vision_model" in n for n in moved)
+    assert all(p.requires_grad and p.grad is None for p in adapter.model.parameters())
+    bad = load_config(ROOT / "configs/quickstart.yaml", ["warmup.steps=1", "warmup.trainable=[visual]"])
+    with pytest.raises(ConfigError, match=r"warmup\.trainable: \['visual'\] match no trainable parameter name.*"):
+        warmup.supervised_warmup(bad, Accelerator(cpu=True), adapter, rows)
+    assert all(p.requires_grad for p in adapter.model.parameters())

@@ -47,13 +47,13 @@ checkpointable forward, no cache; the vision encoder and the prompt tokens still
 
 Coverage, written once against transformers' decoder interface (a forward taking ``position_ids`` and a KV cache,
 a plain ``DynamicCache``): every decoder-only model with 1-D positions — Llama, Mistral, Qwen2/3, Phi-3, Gemma,
-OLMo-2, Granite, SmolLM3, Qwen2-MoE, Qwen2-Audio (audio features fill <|AUDIO|> slots) — and the mRoPE families
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen3-VL's DeepStack features touch prompt positions only), whose positions come
-from their ``get_rope_index``; under gradient checkpointing the same models with the ``sdpa`` or ``eager``
+OLMo-2, Granite, SmolLM3, Qwen2-MoE, Qwen2-Audio (audio features fill <|AUDIO|> slots), SmolVLM / Idefics3 (image
+features fill <image> slots) — and the mRoPE families Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen3-VL's DeepStack features
+touch prompt positions only), whose positions come from their ``get_rope_index``; under gradient checkpointing the same models with the ``sdpa`` or ``eager``
 attention kernel (those that take a custom 4-D mask as given). Sliding-window attention, encoder-decoder models,
 other models with their own multimodal rope positions and checkpointing with another kernel fall back to the naive
 path with a one-time warning that names the reason (:func:`unsupported_reason`), as do media models other than
-those (Idefics3/SmolVLM, LLaVA-OneVision, InternVL...: 1-D positions, but their layouts are not tested here yet).
+those (LLaVA, LLaVA-OneVision, InternVL...: 1-D positions, but their layouts are not tested here yet).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -77,7 +77,7 @@ from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
 logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})  # positions from get_rope_index; others 1-D
-MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio"}  # media models tested here; any text decoder is covered
+MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio", "idefics3"}  # media models tested here; any text decoder too
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 

@@ -126,17 +126,19 @@ TEMPLATES = {"qwen2.5_vl_tools": QWEN25_VL_TOOL_TEMPLATE}
 """Shipped tool-capable templates by ``rollout.chat_template`` name."""
 
 
-def resolve_template(choice: str, model_template: str | None, tokenizer: Any) -> str | None:
+def resolve_template(choice: str, model_template: str | None, qwen_style: bool) -> str | None:
     """The chat template of tool-using rollouts: ``None`` = the model's own (``model``, or ``auto`` when it renders
-    tool messages), a shipped one by name, or the text of a Jinja file."""
+    tool messages), a shipped one by name, or the text of a Jinja file. ``qwen_style``: the model's own template
+    renders Qwen's turns and media placeholders (``auto`` may then use :data:`QWEN25_VL_TOOL_TEMPLATE`)."""
     if choice == "model" or (choice == "auto" and model_template and "'tool'" in model_template.replace('"', "'")):
         return None
     if choice == "auto":
-        if "<|im_start|>" not in tokenizer.get_vocab():
+        if not qwen_style:
             raise ConfigError(
-                "rollout.chat_template: auto: the model's chat template has no tool role and its tokenizer is not "
-                "Qwen-style (no <|im_start|>), so no shipped template fits; give a Jinja file that renders "
-                "'tool' messages (rollout.chat_template: path/to/template.jinja)"
+                "rollout.chat_template: auto: the model's chat template has no tool role and does not render Qwen's "
+                "turns and media placeholders (<|im_start|>, <|vision_start|><|image_pad|><|vision_end|>), so no "
+                "shipped template fits; give a Jinja file that renders 'tool' messages (rollout.chat_template: "
+                "path/to/template.jinja)"
             )
         return QWEN25_VL_TOOL_TEMPLATE
     if choice in TEMPLATES:
@@ -236,7 +238,7 @@ class TurnRunner:
         self.limits = {**LIMITS, **check_kwargs(run_tool_call, settings.tool_limits, "rollout.tool_limits", skip=3)}
         tok = adapter.tokenizer
         model_template = getattr(adapter.processor, "chat_template", None) or getattr(tok, "chat_template", None)
-        self.template = resolve_template(settings.chat_template, model_template, tok)
+        self.template = resolve_template(settings.chat_template, model_template, self._qwen_style(model_template))
         if sharding.is_sharded(adapter._unwrapped()):
             raise ConfigError(
                 "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
@@ -252,6 +254,28 @@ class TurnRunner:
         self._check_template()
 
     # -------------------------------------------------------------------------------- chat rendering
+
+    def _qwen_style(self, model_template: str | None) -> bool:
+        """Whether the model's own template renders a user turn (with a part per medium the model takes) as Qwen's
+        does, so that :data:`QWEN25_VL_TOOL_TEMPLATE` renders its prompts the same way (a default system message, as
+        Qwen2.5-VL-Instruct's template adds, aside)."""
+        if not model_template:
+            return False
+        a = self.adapter
+        messages = [
+            {"role": "user", "content": [*({"type": e.kind} for e in a.encoders), {"type": "text", "text": "x"}]}
+        ]
+        processor = a.processor if a.is_multimodal else a.tokenizer
+        rendered = []
+        for template in (None, QWEN25_VL_TOOL_TEMPLATE):
+            try:
+                text = processor.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, chat_template=template
+                )
+            except Exception:  # a template that cannot render this message: not Qwen's
+                return False
+            rendered.append(text[text.rfind("<|im_start|>user") :] if "<|im_start|>user" in text else text)
+        return rendered[0] == rendered[1]
 
     def template_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``apply_chat_template`` for prompts: the tool template (if not the model's) and the

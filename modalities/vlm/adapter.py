@@ -56,6 +56,7 @@ from ..tokens.turns import (
     trajectory_logits,
     turn_rollout,
 )
+from . import smolvlm
 from .tiny import resolve_model_path
 
 
@@ -630,6 +631,7 @@ build_vlm_adapter = ADAPTERS.register("vlm")(
         cls=VLMAdapter,
         load=_load_vlm,
         inputs=Inputs(media=("image",)),
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # resolve_model_path's family
+        # resolve_model_path's real models: not set up (or of another family) is one line before any model loads
+        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm") or smolvlm.load_problem(a.name_or_path),
     )
 )

@@ -19,6 +19,7 @@ from pathlib import Path
 from .. import real_models
 from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save
+from . import smolvlm
 
 TINY_NAME = "tiny-qwen2.5-vl"
 
@@ -184,10 +185,13 @@ BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES, TOOLS_NAME: TinyS
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
-    """The directory for built-in tiny model names (built on first use, atomically) and the real models of
-    :mod:`mmgrpo.modalities.real_models` (``smollm2-135m-instruct``); other names pass through."""
+    """The directory for built-in tiny model names (built on first use, atomically), the real models of
+    :mod:`mmgrpo.modalities.real_models` (``smollm2-135m-instruct``) and the SmolVLMs of :mod:`.smolvlm`
+    (``smolvlm-smollm2-135m``, ``tiny-smolvlm``); other names pass through."""
     if (real := real_models.resolve(name, "vlm")) is not None:
         return real
+    if (smol := smolvlm.resolve(name, seed)) is not None:
+        return smol
     if name not in BUILT_IN:
         return name
     sizes = BUILT_IN[name]
