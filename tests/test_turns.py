@@ -424,3 +424,11 @@ def test_deepeyes_reward_reads_the_rollouts_tool_calls(tiny_vlm_path):
     runner = RewardRunner([("deepeyes", 1.0, {})], isolation="thread")
     scores, _ = score_rows(runner, rollout.outputs, [row], 3, rollout.extras)
     torch.testing.assert_close(scores[:, 0], torch.tensor([2.0, 0.8, 0.0]))
+
+
+def test_auto_template_refuses_a_model_whose_template_is_not_qwens(mmgrpo_cache):
+    """SmolVLM's template renders images as <image> and has no tool role: our Qwen tool template would change its
+    prompts, so rollout.chat_template: auto refuses it and names the fix (a template file)."""
+    adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4})
+    with pytest.raises(ConfigError, match=r"rollout\.chat_template: auto: .*Jinja file"):
+        adapter.use_turns(RolloutConfig(tools=["crop"]))
