@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmgrpo import advantages, losses, sampling, schedules, shaping
+from mmgrpo import advantages, losses, multiturn, sampling, schedules, shaping
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -66,6 +66,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
             ratio_norm=cfg.algorithm.ratio_norm,
             warmup_steps=cfg.warmup.steps,
             engine=cfg.rollout.engine,
+            tools=cfg.rollout.multi_turn,
         )
         for name, why in need.items():
             if name not in have:
@@ -212,6 +213,7 @@ def validate(cfg: TrainConfig) -> None:
             f"rollout.engine: vllm (got {cfg.rollout.engine!r})"
         )
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
+    multiturn.check_config(cfg)  # rollout.tools and algorithm.credit (docs/agents.md)
     _check_engine_sampling(cfg, ADAPTERS.get(cfg.model.adapter))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:

@@ -35,6 +35,7 @@ from mmgrpo import (
     importance,
     injection,
     losses,
+    multiturn,
     noise,
     run_dir,
     sampling,
@@ -124,6 +125,7 @@ class Trainer:
         if fsdp is not None and fsdp.transformer_cls_names_to_wrap is None:  # not named in the accelerate config
             fsdp.transformer_cls_names_to_wrap = sharding.block_classes(self.adapter.model)
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
+        multiturn.use_turns(self.adapter, cfg.rollout)  # rollout.tools: multi-turn, tool-using rollouts (agents.md)
         if cfg.rollout.engine != "native":  # vLLM: reachable (or started here) now, weights pushed before each rollout
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
@@ -286,7 +288,7 @@ class Trainer:
             mask = mask * keep.repeat_interleave(a.group_size)[:, None].float()
             adv_metrics["advantage/kept_group_fraction"] = keep.float().mean()
         inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
-        unit_adv = shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
+        unit_adv = multiturn.unit_advantages(a, advantages, inputs, rollout, adv_metrics)  # [B, T]
         if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
             weights = shaping.rollout_tw_grpo_weights(self.adapter, rollout, a.token_weighting_args)  # [B, T]
             unit_adv = unit_adv * weights  # [B, T]

@@ -290,6 +290,46 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
 
 
+@pytest.mark.slow
+@needs_vllm
+def test_engine_two_turn_image_trajectory_equals_native_after_a_weight_push(server):
+    """Multi-turn (rollout.tools): turn 0 crops (scripted), turn 1 is the policy's. The engine gets each trajectory
+    token-in — one pad per image, the prompt's image and the crop — expands it to the trainer's very ids (checked in
+    _engine_sample) and answers greedily with the native loop's tokens; its sampled log-probs agree with the
+    trainer's recomputation over both images."""
+    from mmgrpo import noise
+    from mmgrpo.config import RolloutConfig
+    from mmgrpo.modalities.tokens.turns import TurnState
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+    from tests.test_turns import CROP, script
+
+    url, _ = server
+    adapter = _adapter(url)
+    adapter.use_turns(RolloutConfig(tools=["crop"], max_turns=2, max_total_tokens=300))
+    rows = ShapesTask(ShapesArgs(train_size=3, eval_size=1, image_size=112)).train_rows()
+    _perturb_and_push(adapter, seed=11, version=adapter.engine.version + 1)
+    calls = script(adapter, {b: [CROP] for b in range(6)}, real_after=1)
+
+    def greedy() -> TurnState:
+        runner = adapter.turns
+        with adapter._media_scope():
+            encodings = [adapter._encode_prompt(r) for r in rows]
+            state, _ = runner.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+        return state
+
+    engine_state = greedy()
+    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
+    engine, adapter.engine = adapter.engine, None
+    native_state = greedy()
+    adapter.engine = engine
+    assert (native_state.turn_of_token == 1).any(dim=1).all()
+    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
+    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
+    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
+
+
 def _video_adapter(url: str, side: int = 112):
     """The video adapter on the engine-sized model, video_motion's sampling (4 frames at 2 fps) with ``side``-pixel
     frames."""

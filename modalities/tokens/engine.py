@@ -69,6 +69,9 @@ class EnginePrompt:
     media: dict[str, list[Any]]
     token_ids: list[int]
     encoder_decoder: bool = False
+    prompt_ids: list[int] | None = None
+    """The prompt sent as token ids instead of ``text`` (one placeholder per media item, which the engine expands):
+    a multi-turn continuation (``modalities/tokens/turns.py``), whose sampled tokens must not be tokenized again."""
 
 
 class VLLMClient:
@@ -156,6 +159,8 @@ class VLLMClient:
             }
             if p.encoder_decoder:  # the decoder prompt as token ids: the engine does not tokenize it again
                 req["decoder_prompt_token_ids"] = list(p.token_ids)
+            elif p.prompt_ids is not None:  # token-in (multi-turn): the engine expands the media placeholders only
+                req["prompt_token_ids"] = list(p.prompt_ids)
             requests.append({**req, "seed": s})
         early_ids, early_steps = early_bans
         body = {
@@ -439,6 +444,8 @@ def engine_args(cfg: Any) -> list[str]:
     args = ["--model", model, "--dtype", dtype, "--seed", str(cfg.seed)]
     args += ["--max-videos", "1" if cfg.model.adapter == "video" else "0"]  # the video adapter's rows: one video
     args += ["--max-audios", "1" if audio else "0"]  # the audio LLM's (Whisper's): one audio clip
+    if cfg.rollout.multi_turn:  # a trajectory's prompt images and its observations' (rollout.max_images)
+        args += ["--max-images", str(max(4, 1 + cfg.rollout.max_images))]
     if cfg.rollout.vllm_gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(cfg.rollout.vllm_gpu_memory_utilization)]
     return args

@@ -24,7 +24,9 @@ CPU and across processes of one machine:
   vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
   banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain;
   ``"early_banned_token_ids"`` and ``"early_banned_steps"``: −inf at the first steps only (:class:`EarlyBans`,
-  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, and an encoder-decoder model's (Whisper's)
+  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, a ``"prompt_token_ids"`` list that replaces
+  ``"prompt"`` (a multi-turn continuation, token-in: one placeholder per media item, which vLLM expands, as verl's
+  agent loop sends Qwen2.5-VL prompts), and an encoder-decoder model's (Whisper's)
   its ``"decoder_prompt_token_ids"``: the request is then vLLM's ``{"encoder_prompt": {prompt, media},
   "decoder_prompt": {"prompt_token_ids": ...}}``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs":
   [...]}, ... G], ... P], "prompts": [{"prompt_token_ids": [...]}, ... P]}`` (an encoder-decoder request's: the
@@ -227,7 +229,12 @@ class Engine(WeightGate):
 
         inputs = []
         for req in body["requests"]:
-            item = {"prompt": req["prompt"]}
+            # token-in (multi-turn continuations): the ids as sent, one placeholder per media item for vLLM to expand
+            item = (
+                {"prompt_token_ids": req["prompt_token_ids"]}
+                if "prompt_token_ids" in req
+                else {"prompt": req["prompt"]}
+            )
             data = {
                 kind: items if len(items) > 1 else items[0] for kind, items in req.get("media", {}).items() if items
             }

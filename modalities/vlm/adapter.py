@@ -50,6 +50,14 @@ from ..tokens.logprobs import (
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy
+from ..tokens.turns import (
+    TurnRunner,
+    TurnState,
+    evaluate_turns,
+    supervised_turn_loss,
+    trajectory_logits,
+    turn_rollout,
+)
 from . import smolvlm
 from .tiny import resolve_model_path
 
@@ -161,6 +169,11 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
+        self.turns: TurnRunner | None = None  # multi-turn tool use (use_turns, modalities/tokens/turns.py)
+
+    def use_turns(self, settings: Any) -> None:
+        """Roll out multi-turn, tool-using trajectories (``rollout.tools``; :mod:`..tokens.turns`)."""
+        self.turns = TurnRunner(self, settings)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -238,7 +251,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         """The prompt as text (chat template applied, one placeholder per medium, not yet expanded)."""
         messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
         if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
-            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            kwargs = self.turns.template_kwargs() if self.turns is not None else {}  # the tools' template, schemas
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return row["prompt"] if isinstance(row["prompt"], str) else str(messages)
 
     def _fit_context(self, enc: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -269,8 +283,14 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             )
         return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
-    def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
-        """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
+    def _collate(
+        self,
+        encodings: list[dict[str, Tensor]],
+        completions: Tensor | None = None,
+        completion_mask: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given, attended
+        where ``completion_mask`` [n, T] is 1 (default: up to the first EOS).
 
         Sequence-aligned keys (shape [1, Lp]) are padded (input_ids with pad, others with 0) and extended
         with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0, zero-padded
@@ -289,7 +309,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 batch.setdefault(key, []).append(value)
         out = {k: torch.cat(_pad_to_largest(v), dim=0) for k, v in batch.items()}
         if completions is not None:
-            comp_mask = self._completion_mask(completions)
+            comp_mask = self._completion_mask(completions) if completion_mask is None else completion_mask
             out["input_ids"] = torch.cat([out["input_ids"], completions], dim=1)
             for key in list(out):
                 if key != "input_ids" and out[key].dim() == 2 and out[key].shape[1] == L:
@@ -413,6 +433,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         return out
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
+        if self.turns is not None:  # tools: multi-turn trajectories (modalities/tokens/turns.py)
+            return turn_rollout(self, self.turns, prompts, group_size, keys)
         engine_logprobs = sampler_logprobs = None
         with self._media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
             encodings = [self._encode_prompt(row) for row in prompts]
@@ -518,6 +540,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
+        if self.turns is not None:
+            return evaluate_turns(self, self.turns, prompts)
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in prompts]
         return self._decode(self._sample(encodings, 1, greedy=True)[0])
@@ -536,6 +560,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
     ) -> tuple[Tensor, Tensor]:
         """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``; with
         ``head`` (the model's fusable lm_head) the hidden states [n, T, H] it would project instead."""
+        if isinstance(state, TurnState):  # multi-turn: targets are the policy's tokens, observations in the context
+            return trajectory_logits(self, model, state, index, head)
         comp = state.completion_ids[index]  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
@@ -561,7 +587,10 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         self.processor.save_pretrained(directory)
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
-        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
+        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up; with tools,
+        a list of assistant turns whose tool calls run between them (:func:`..tokens.turns.supervised_turn_loss`)."""
+        if self.turns is not None:
+            return supervised_turn_loss(self, self.turns, rows)
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))

@@ -63,6 +63,9 @@ SPECIAL_TOKENS = [
 ]
 # Tags the tasks' answers use: single tokens, decoded verbatim (not special, so they survive decoding).
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+# Tool-call tags of the tiny-qwen2.5-vl-tools model: single tokens, as in Qwen2.5's own tokenizer (ids 151657/151658
+# there), so a call costs what it costs a real Qwen policy rather than ~80 byte-level tokens.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 # Qwen2-VL-style chat template: images/videos become <|vision_start|><|image_pad|><|vision_end|>.
 CHAT_TEMPLATE = (
@@ -90,6 +93,15 @@ user assistant system You are a helpful assistant. Look at the image and answer 
 """
 
 
+# What tool-using rollouts write and read (modalities/tokens/turns.py's template, mmgrpo.tools' crop): the BPE of
+# the tiny-qwen2.5-vl-tools model also learns merges on it.
+_TOOL_CORPUS = """
+{"name": "crop", "arguments": {"bbox_2d": [0, 112, 224, 336]}} {"name": "zoom", "arguments": {"bbox_2d": [112, 224,
+336, 448]}} {"name": "select_frames", "arguments": {"start": 0, "end": 1}} Zoomed in on the image to the region
+# Tools You may call one or more functions to assist with the user query. function name arguments json object
+"""
+
+
 @dataclass
 class TinySizes(TinyDecoderSizes):
     """Sizes of the tiny model (the architecture is the real Qwen2.5-VL): the decoder's, then the vision tower's."""
@@ -99,16 +111,23 @@ class TinySizes(TinyDecoderSizes):
     vision_heads: int = 2
     vision_intermediate: int = 64
     bpe_vocab: int = 512
+    tool_vocabulary: bool = False
+    """The tokenizer also learns merges on tool-call text and has TOOL_TOKENS as single tokens (tiny-qwen2.5-vl-tools);
+    false leaves the tokenizer (and so the model) exactly as before."""
 
 
-def build_tokenizer(vocab_size: int = 512):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen's special tokens, trained on a fixed corpus."""
+def build_tokenizer(vocab_size: int = 512, tool_vocabulary: bool = False):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with Qwen's special tokens, trained on a fixed corpus (with
+    ``tool_vocabulary``: plus tool-call text, and the tool tags as single tokens)."""
     media_tokens = {
         "image_token": "<|image_pad|>",
         "video_token": "<|video_pad|>",
         "vision_bos_token": "<|vision_start|>",
         "vision_eos_token": "<|vision_end|>",
     }
+    if tool_vocabulary:
+        corpus, tags = _CORPUS + _TOOL_CORPUS, TAG_TOKENS + TOOL_TOKENS
+        return qwen_tokenizer(corpus, vocab_size, SPECIAL_TOKENS, media_tokens, tags, CHAT_TEMPLATE)
     return qwen_tokenizer(_CORPUS, vocab_size, SPECIAL_TOKENS, media_tokens, TAG_TOKENS, CHAT_TEMPLATE)
 
 
@@ -160,7 +179,7 @@ def build_tiny_qwen25_vl(directory: str | os.PathLike, seed: int = 0, sizes: Tin
     )
 
     s = sizes or TinySizes()
-    tokenizer = build_tokenizer(s.bpe_vocab)
+    tokenizer = build_tokenizer(s.bpe_vocab, s.tool_vocabulary)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope_section(s)}
     config = Qwen2_5_VLConfig(
@@ -188,7 +207,10 @@ ENGINE_NAME = "tiny-qwen2.5-vl-engine"
 """The tiny Qwen2.5-VL at a size vLLM's CPU attention takes (head_dim 64: vLLM refuses head_dim 16; the mRoPE
 sections sum to head_dim / 2), for the rollout-engine tests and the vLLM quickstart (docs/scale.md)."""
 ENGINE_SIZES = TinySizes(text_hidden=128, text_heads=2, text_kv_heads=1, text_intermediate=256)
-BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES}
+TOOLS_NAME = "tiny-qwen2.5-vl-tools"
+"""The tiny Qwen2.5-VL with a tokenizer that knows tool calls (``TinySizes.tool_vocabulary``), for the multi-turn
+tasks (configs/zoom_tools.yaml): a crop call is ~20 tokens instead of ~80."""
+BUILT_IN = {TINY_NAME: TinySizes(), ENGINE_NAME: ENGINE_SIZES, TOOLS_NAME: TinySizes(tool_vocabulary=True)}
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
