@@ -51,7 +51,7 @@ from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.hostmem import fix_mmap_threshold
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.loader import load_builtins
-from mmgrpo.optim import build_adamw
+from mmgrpo.optim import build_optimizer
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
 from mmgrpo.rewards import RewardRunner, score_rows
@@ -113,13 +113,8 @@ class Trainer:
         missing = missing_method(self.adapter, {**need, **variant_methods(a)})  # + docs/variants.md hooks
         if missing is not None:
             raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
-        o = cfg.optim
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
-        names = {id(p): n for n, p in self.adapter.model.named_parameters()}  # optim.lr_multipliers reads them
-        self.optimizer = build_adamw(list(self.adapter.trainable_parameters()), o, fsdp is not None, names)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.adapter, cfg, fsdp=fsdp is not None)
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
         if fsdp is not None and fsdp.transformer_cls_names_to_wrap is None:  # not named in the accelerate config
