@@ -52,6 +52,8 @@ HEAVY_FILES = {
     "tests/test_video_learning.py": 58,
     "tests/test_demo.py": 46,
     "tests/test_two_nodes.py": 57,  # measured alone, with the CI run on the other core
+    "tests/test_prefix_sharing.py": 62,  # 89 tests: every text and media architecture (wt/38's one-thread run)
+    "tests/test_turns.py": 20,
 }
 
 
