@@ -625,6 +625,7 @@ class Trainer:
             },
             config_text=dump_config(cfg),
             model_files=run_dir.model_files(cfg, self.adapter, step),
+            sharded=cfg.checkpoint.sharded,
         )
 
     def _finish(self) -> None:

@@ -275,11 +275,8 @@ def test_the_nccl_channels_buckets_arrive_bit_exact_over_a_gloo_group(tmp_path):
     script.write_text(GLOO)
     init = f"file://{tmp_path / 'rendezvous'}"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), init], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)  # fmt: skip
-        for r in (0, 1)
-    ]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), init], **pipes) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert "bit-exact" in outs[1][0]

@@ -126,8 +126,8 @@ def entries_from_json(rows: list[dict]) -> list[Entry]:
     """Inverse of :func:`entries_json`, checking that the spans tile ``[0, size)`` in order and fit their dtype."""
     out, offset = [], 0
     for row in rows:
-        e = Entry(str(row["name"]), str(row["dtype"]), tuple(int(s) for s in row["shape"]), int(row["start"]),
-                  int(row["end"]))  # fmt: skip
+        shape = tuple(int(s) for s in row["shape"])
+        e = Entry(str(row["name"]), str(row["dtype"]), shape, int(row["start"]), int(row["end"]))
         if e.dtype not in ITEMSIZE or e.start != offset or e.end - e.start != math.prod(e.shape) * ITEMSIZE[e.dtype]:
             raise ValueError(f"bucket entry {e.name!r}: span {e.start}..{e.end} is not {e.dtype} {list(e.shape)}")
         out.append(e)
