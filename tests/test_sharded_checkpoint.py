@@ -18,6 +18,7 @@ import torch
 from mmgrpo import sharded_checkpoint as sc
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
+from tests.test_reliability import TINY
 from tests.test_trainer import QUICK
 
 
@@ -98,21 +99,7 @@ def test_a_crafted_or_damaged_index_is_refused_in_one_line_without_running_code(
     assert "not a sharded checkpoint index" in sc.problem(tmp_path)
 
 
-FAST = [
-    "algorithm.prompts_per_step=2",
-    "algorithm.group_size=2",
-    "algorithm.minibatch_size=4",
-    "model.args.max_new_tokens=4",
-    "task.args.train_size=16",
-    "task.args.eval_size=4",
-    "warmup.steps=0",
-    "eval.before=false",
-    "eval.after=false",
-    "logging.trackers=[]",
-    "logging.progress=false",
-    "checkpoint.every=1",
-    "checkpoint.sharded=true",
-]
+FAST = [*TINY, "checkpoint.every=1", "checkpoint.sharded=true"]
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ def test_plan_keeps_buckets_bounded_and_every_tensor_aligned_in_model_order():
     for bucket in buckets:
         entries = [e for _, e in bucket]
         total = wb.data_bytes(entries)
-        assert total <= size or len(entries) == 1, (names, total)  # only a tensor larger than a bucket goes over
+        groups = {wb.group_of(e.name) for e in entries}
+        assert total <= size or len(groups) == 1, (names, total)  # only a layer larger than a bucket goes over
         assert [e.start for e in entries] == [0] + [e.end for e in entries[:-1]]  # back to back, no gap
         for e in entries:
             assert e.start % wb.ITEMSIZE[e.dtype] == 0, e  # viewable in place as its dtype
@@ -70,6 +71,20 @@ def test_plan_keeps_buckets_bounded_and_every_tensor_aligned_in_model_order():
     runs = [sorted(order.index(n) for n in b) for b in names]
     assert [i for r in runs for i in r] == list(range(len(order)))
     assert wb.plan(items, size) == buckets  # deterministic
+    assert [n for n in names if "layer.1.weight" in n] == [["layer.1.bias", "layer.1.weight"]]  # one layer, F64 first
+
+
+def test_a_bucket_never_splits_a_layer_that_vllm_reloads_as_one():
+    """vLLM fuses q/k/v (and gate/up, a MoE layer's experts) and reloads a fused layer only from one call: the
+    tensors of one block go in one bucket, even where the block is larger than a bucket."""
+    assert wb.group_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
+    assert wb.group_of("model.layers.3.mlp.experts.7.up_proj.weight") == "model.layers.3"
+    assert wb.group_of("visual.blocks.0.attn.qkv.bias") == "visual.blocks.0"
+    assert wb.group_of("model.norm.weight") == "model.norm" and wb.group_of("lm_head.weight") == "lm_head"
+    names = [f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(3) for p in "qkvo"]
+    items = weight_sync.lazy({n: torch.zeros(16, 16) for n in names})  # 1 kB each, 4 kB a layer
+    buckets = wb.plan(items, 2 << 10)  # smaller than a layer
+    assert [[e.name for _, e in b] for b in buckets] == [names[0:4], names[4:8], names[8:12]]
 
 
 def test_a_bucket_is_a_safetensors_file_and_unpacks_in_place_bit_exact():
@@ -121,7 +136,7 @@ def test_a_push_larger_than_one_bucket_arrives_bit_exact_bucket_by_bucket(receiv
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k  # bit-exact, every dtype
     for bucket in engine.loaded:
         size = sum(t.numel() * t.element_size() for t in bucket.values())
-        assert size <= client.bucket_bytes or len(bucket) == 1
+        assert size <= client.bucket_bytes or len({wb.group_of(k) for k in bucket}) == 1
 
 
 def test_a_partial_push_on_torn_weights_is_refused_and_the_whole_model_mends_them(receiver):
@@ -163,7 +178,7 @@ PEAK = textwrap.dedent(
         peak[0] = max(peak[0], rss())
         return t
 
-    items = [wb.Lazy(f"w{i}", "F32", tuple(w.shape), lambda w=w: made(w)) for i, w in enumerate(weights)]
+    items = [wb.Lazy(f"layers.{i}.weight", "F32", tuple(w.shape), lambda w=w: made(w)) for i, w in enumerate(weights)]
     client = VLLMClient("http://unused", secret="x" * 20)
     client.bucket_bytes = int(bucket_mb * (1 << 20))
     sent = []

@@ -1,9 +1,10 @@
 """The layout of a streamed weight push, shared by both ends and both channels (HTTP and NCCL).
 
-A push is the policy's tensors in model order, cut into **buckets** of at most ``bucket_bytes`` (a tensor larger
-than a bucket goes alone in its own). Inside a bucket the tensors lie back to back in one flat byte buffer, widest
-dtype first so that every tensor starts at a multiple of its own item size (a flat buffer can then be viewed as
-each tensor in place, on any device), at the offsets :func:`plan` gives. The two channels carry that same buffer:
+A push is the policy's tensors in model order, cut into **buckets** of at most ``bucket_bytes``, a decoder layer (or
+vision block) never split over two (:func:`group_of`: vLLM reloads a fused layer only from one call; a layer larger than
+a bucket goes alone in its own). Inside a bucket the tensors lie back to back in one flat byte buffer, widest dtype
+first so that every tensor starts at a multiple of its own item size (a flat buffer can then be viewed as each tensor in
+place, on any device), at the offsets :func:`plan` gives. The two channels carry that same buffer:
 
 * **HTTP** (:mod:`.engine`, :mod:`.vllm_server`): a bucket is a safetensors file, i.e. an 8-byte header length,
   the JSON header (:func:`safetensors_header`: each tensor's dtype, shape and ``data_offsets``) and the flat
@@ -11,7 +12,8 @@ each tensor in place, on any device), at the offsets :func:`plan` gives. The two
 * **NCCL** (:mod:`.weight_sync`): the header goes as JSON over HTTP and the flat buffer is broadcast from the
   trainer's GPU to the engine's, which views it as the tensors (:func:`unpack`).
 
-So the sender never holds more than one bucket plus the tensor being copied into it (:func:`pack`), and the engine
+So the sender never holds more than one bucket plus the tensor being copied into it (:func:`pack`) — two buckets,
+or one layer and one tensor where a layer is larger than a bucket — and the engine
 loads bucket by bucket (vLLM's ``load_weights`` / ``reload_weights`` take an iterable of ``(name, tensor)``).
 
 Sources: TRL ``trl/extras/vllm_client.py`` (``VLLMClient.update_named_param``: one metadata request per tensor,
@@ -76,21 +78,41 @@ class Lazy:
         return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
 
+def group_of(name: str) -> str:
+    """The load group of a tensor: its name up to its first all-digit component (a decoder layer, a vision block:
+    ``model.layers.3.self_attn.q_proj.weight`` → ``model.layers.3``), else its module (``model.norm.weight`` →
+    ``model.norm``). A bucket never splits a group.
+
+    vLLM's in-place reload (``vllm/model_executor/model_loader/reload/layerwise.py``) processes a layer once all of
+    its weights arrived within one ``reload_weights`` call, and materialises a partly loaded one from what it got:
+    a fused ``qkv_proj`` whose q, k and v came in two buckets served garbage (seen on the CPU engine: greedy
+    completions of token 0 after a push in 64 kB buckets). vLLM fuses within a block (q/k/v, gate/up, a MoE layer's
+    experts), never across blocks, so a block is the unit."""
+    parts = name.split(".")
+    cut = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    return ".".join(parts[: cut + 1] if cut is not None else parts[:-1])
+
+
 def plan(items: Iterable[Lazy], bucket_bytes: int) -> list[list[tuple[Lazy, Entry]]]:
-    """Cut ``items`` (model order) into buckets of at most ``bucket_bytes`` data bytes, a tensor larger than that
-    alone in its own; inside each bucket the tensors sorted widest dtype first (stable), each at its byte span.
+    """Cut ``items`` (model order) into buckets of at most ``bucket_bytes`` data bytes, whole load groups
+    (:func:`group_of`) at a time — a group larger than that alone in its own bucket; inside each bucket the tensors
+    sorted widest dtype first (stable), each at its byte span.
 
     Deterministic: the same items and size give the same buckets, on the trainer and in the tests."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    groups: dict[str, list[Lazy]] = {}
+    for item in items:
+        groups.setdefault(group_of(item.name), []).append(item)
     buckets: list[list[Lazy]] = [[]]
     used = 0
-    for item in items:
-        if buckets[-1] and used + item.nbytes > bucket_bytes:
+    for members in groups.values():
+        size = sum(m.nbytes for m in members)
+        if buckets[-1] and used + size > bucket_bytes:
             buckets.append([])
             used = 0
-        buckets[-1].append(item)
-        used += item.nbytes
+        buckets[-1].extend(members)
+        used += size
     out = []
     for bucket in buckets:
         if not bucket:

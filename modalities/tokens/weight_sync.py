@@ -1,11 +1,12 @@
 """The trainer's side of a streamed weight push: buckets of ``rollout.push_bucket_mb``, over HTTP or NCCL.
 
-Every push (:meth:`.engine.VLLMClient.push`) plans its buckets once (:func:`.weight_buckets.plan`: model order,
-at most ``push_bucket_mb`` each, a larger tensor alone) and sends them one after the other; the engine loads each as
-it arrives and takes the new version only with the last one (:class:`.engine_http.WeightGate`). The trainer's extra
-host memory for a push is therefore one bucket being sent plus the tensor being copied into it — at most two buckets
-whatever the model's size (``tests/test_weight_sync.py`` measures it) — where it used to be a second copy of the
-whole model plus its serialised file.
+Every push (:meth:`.engine.VLLMClient.push`) plans its buckets once (:func:`.weight_buckets.plan`: model order, at most
+``push_bucket_mb`` each, whole decoder layers, a larger layer alone) and sends them one after the other; the engine
+loads each as it arrives and takes the new version only with the last one (:class:`.engine_http.WeightGate`). The
+trainer's extra host memory for a push is therefore one bucket being sent plus the tensor being copied into it — at most
+two buckets whatever the model's size (where one decoder layer is larger than a bucket: that layer plus one tensor)
+(``tests/test_weight_sync.py`` measures it) — where it used to be a second copy of the whole model plus its serialised
+file.
 
 Two channels carry a bucket (``rollout.weight_sync``):
 
