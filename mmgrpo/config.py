@@ -375,8 +375,9 @@ class RolloutConfig:
     """Seconds one engine call (generate, weight push) may take before the run stops with one line."""
     push_bucket_mb: Annotated[float, Range(gt=0)] = 256.0
     """Largest bucket of a weight push, in MiB: the policy's tensors go to the engine in buckets of at most this many
-    bytes (a larger tensor alone), loaded as they arrive, so a push holds at most about two buckets of extra host
-    memory whatever the model's size (modalities/tokens/weight_sync.py; docs/scale.md, "Weight pushes")."""
+    bytes, whole decoder layers at a time (a larger layer alone), loaded as they arrive, so a push holds at most about
+    two buckets of extra host memory whatever the model's size (modalities/tokens/weight_sync.py; docs/scale.md,
+    "Weight pushes")."""
     weight_sync: Literal["http", "nccl"] = "http"
     """How pushes reach a vLLM server: http (the buckets as safetensors bodies; any machine) | nccl (each bucket
     broadcast from the trainer's GPU to the engine's, TRL's approach; needs CUDA and vllm in the training environment,
