@@ -343,9 +343,9 @@ class CheckpointConfig:
     """Save the final model in Hugging Face format under checkpoints/final."""
     sharded: bool | None = None
     """Step checkpoints in the sharded layout (``torch.distributed.checkpoint``: each process writes its own shards
-    of the weights and optimizer state, nothing is gathered on one process; resumable on any number of processes;
+    of the weights and optimizer state, nothing is gathered on one process; resumable on as many processes or fewer;
     no Hugging Face export in step checkpoints). None (default): sharded exactly when the policy is FSDP-sharded;
-    false: always gathered on process 0 (the layout before); true: sharded under DDP too. ``final/`` is always
+    false: always gathered on process 0 (the layout before); true: sharded without FSDP too. ``final/`` is always
     gathered, with the Hugging Face export. docs/scale.md, "Sharded checkpoints"."""
 
 

@@ -1,5 +1,6 @@
 """Sharded checkpoints: each process writes its own shards of the policy and its optimizer state
-(``torch.distributed.checkpoint``, DCP), and any number of processes reads them back (resume across world sizes).
+(``torch.distributed.checkpoint``, DCP), and another number of processes reads them back (resume across world
+sizes: as many or fewer, since each process also needs the RNG state it saved, :mod:`mmgrpo.checkpoint`).
 
 Under FSDP a gathered checkpoint (:mod:`mmgrpo.checkpoint`'s default layout) first assembles every weight and
 optimizer tensor whole on process 0: its host memory grows with the model (weights + two AdamW moments), on one
@@ -156,7 +157,8 @@ def save(state: Path, model: torch.nn.Module, optimizer, world_size: int, main: 
 
 def load(state: Path, model: torch.nn.Module, optimizer) -> None:
     """Load a sharded checkpoint into ``model`` and ``optimizer``, on any number of processes, sharded (FSDP) or
-    not: each process reads the parts of the saved shards that its own tensors cover (DCP resharding)."""
+    not: each process reads the parts of the saved shards that its own tensors cover (DCP resharding). A collective
+    under a process group: every process calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
