@@ -36,7 +36,14 @@ CPU and across processes of one machine:
   in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``, then
   :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer's first push is
   the whole model (a LoRA run: merged), later ones only what training changes, with ``X-Weights-Base: B`` (the
-  version they go on top of); an engine that holds another version answers ``{"refused": "base"}``.
+  version they go on top of); an engine that holds another version answers ``{"refused": "base"}``. A push comes
+  in buckets (``X-Weights-Bucket: i/n``, :mod:`.weight_buckets`: whole decoder layers, at most
+  ``rollout.push_bucket_mb`` each), each reloaded as it arrives; the engine holds ``V`` after bucket n−1 and refuses
+  to generate in between (:class:`~.engine_http.WeightGate`).
+* ``POST /init_communicator`` ``{"host", "port"}`` and ``POST /update_weights_nccl`` ``{"version", "base", "bucket":
+  [i, n], "entries": [...]}`` (``rollout.weight_sync: nccl``, CUDA only, not run without GPUs): the workers join an
+  NCCL group with the trainer (TRL's ``trl/scripts/vllm_serve.py`` ``WeightSyncWorkerExtension``) and receive each
+  bucket's flat buffer by broadcast (:func:`_nccl_receive`).
 
 The server answers only its trainer (:mod:`.engine_http`, docs/reliability.md): every POST carries the secret
 ``mmgrpo rollout-server`` made (``Authorization: Bearer``; the server reads it from ``$MMGRPO_ENGINE_SECRET`` and
