@@ -349,6 +349,12 @@ class CheckpointConfig:
     """Step checkpoints to keep, >= 1 (older ones are deleted after a new one is complete; final/ is kept apart)."""
     save_final: bool = True
     """Save the final model in Hugging Face format under checkpoints/final."""
+    sharded: bool | None = None
+    """Step checkpoints in the sharded layout (``torch.distributed.checkpoint``: each process writes its own shards
+    of the weights and optimizer state, nothing is gathered on one process; resumable on as many processes or fewer;
+    no Hugging Face export in step checkpoints). None (default): sharded exactly when the policy is FSDP-sharded;
+    false: always gathered on process 0 (the layout before); true: sharded without FSDP too. ``final/`` is always
+    gathered, with the Hugging Face export. docs/scale.md, "Sharded checkpoints"."""
 
 
 @dataclass
@@ -375,6 +381,18 @@ class RolloutConfig:
     """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it); unused by colocate mode."""
     timeout_s: Annotated[float, Range(gt=0)] = 600.0
     """Seconds one engine call (generate, weight push) may take before the run stops with one line."""
+    push_bucket_mb: Annotated[float, Range(gt=0)] = 256.0
+    """Largest bucket of a weight push, in MiB: the policy's tensors go to the engine in buckets of at most this many
+    bytes, whole decoder layers at a time (a larger layer alone), loaded as they arrive, so a push holds at most about
+    two buckets of extra host memory whatever the model's size (modalities/tokens/weight_sync.py; docs/scale.md,
+    "Weight pushes")."""
+    weight_sync: Literal["http", "nccl"] = "http"
+    """How pushes reach a vLLM server: http (the buckets as safetensors bodies; any machine) | nccl (each bucket
+    broadcast from the trainer's GPU to the engine's, TRL's approach; needs CUDA and vllm in the training environment,
+    refused at load otherwise). A colocated engine takes the tensors in-process (http, the default, there)."""
+    nccl_port: Annotated[int, Range(ge=1, le=65535)] = 51216
+    """Port of the NCCL weight-sync group's rendezvous on the server's host (``weight_sync: nccl``; TRL's
+    ``group_port`` default)."""
     is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = "token_truncate"
     """Importance-sampling correction of π_old / π_engine (mmgrpo/importance.py; TRL's
     ``vllm_importance_sampling_mode``): truncate (TIS) or mask, per token or per sequence; none: no correction."""

@@ -125,6 +125,7 @@ class Trainer:
             if fsdp is not None:
                 raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
             self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, self._colocated_engine())
+            self.adapter.engine.configure_push(cfg.rollout, sender=self.acc.is_main_process)  # buckets, channel
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
@@ -623,6 +624,7 @@ class Trainer:
             },
             config_text=dump_config(cfg),
             model_files=run_dir.model_files(cfg, self.adapter, step),
+            sharded=cfg.checkpoint.sharded,
         )
 
     def _finish(self) -> None:
