@@ -28,26 +28,29 @@ def test_answers_are_the_arithmetic_of_the_numbers_in_the_question():
     assert {r["question_type"] for r in task.eval_rows()} == {"+", "-", "*"}
 
 
+class _Queued(random.Random):
+    """randint returns its queued values, choice the first option."""
+
+    def __init__(self, values):
+        super().__init__(0)
+        self.values = list(values)
+
+    def randint(self, a, b):
+        return self.values.pop(0)
+
+    def choice(self, seq):
+        return seq[0]
+
+
 def test_a_problem_worked_by_hand():
-    class Fixed(random.Random):  # randint returns its queued values, choice the first option
-        def __init__(self, values):
-            super().__init__(0)
-            self.values = list(values)
-
-        def randint(self, a, b):
-            return self.values.pop(0)
-
-        def choice(self, seq):
-            return seq[0]
-
     args = ArithmeticArgs(instruction="Answer with a number.")
-    assert make_problem(Fixed([8, 5]), "+", args) == (
+    assert make_problem(_Queued([8, 5]), "+", args) == (
         "Tom has 8 apples. Tom gets 5 more apples. How many apples does Tom have now? Answer with a number.",
         13,
     )
-    assert make_problem(Fixed([5, 8]), "-", args)[1] == 3  # the larger number comes first
-    assert make_problem(Fixed([7, 7]), "-", args)[0].startswith("Tom has 8 apples. Tom gives away 7 apples.")
-    assert make_problem(Fixed([3, 4]), "*", ArithmeticArgs()) == (
+    assert make_problem(_Queued([5, 8]), "-", args)[1] == 3  # the larger number comes first
+    assert make_problem(_Queued([7, 7]), "-", args)[0].startswith("Tom has 8 apples. Tom gives away 7 apples.")
+    assert make_problem(_Queued([3, 4]), "*", ArithmeticArgs()) == (
         "Tom has 3 bags with 4 apples in each bag. How many apples does Tom have?",
         12,
     )
@@ -78,20 +81,6 @@ def test_bad_ranges_fail_in_one_line():
 
 
 # --- worked solutions: chains, key steps, warm-up targets (StepGRPO, TON; docs/variants.md) -----------------------
-
-
-class _Queued(random.Random):
-    """randint returns its queued values, choice the first option."""
-
-    def __init__(self, values):
-        super().__init__(0)
-        self.values = list(values)
-
-    def randint(self, a, b):
-        return self.values.pop(0)
-
-    def choice(self, seq):
-        return seq[0]
 
 
 def test_a_chain_worked_by_hand():
