@@ -33,7 +33,8 @@ Studies:
   answer only, parsed as StepRAR parses it), with StepRAR alone, and as shipped (StepRAR + StepRVR, R1-VL's sum).
 - ``thought_dropout`` (the same chains with ``<think>`` warm-up targets, 200 steps):
   ``configs/variant_thought_dropout.yaml`` with ``warmup.thought_dropout: 0`` and as shipped (0.5, TON). Also
-  reported: the held-out reply length in characters and the share of replies with a non-empty think block. And
+  reported: the held-out reply length in characters and the share of replies with a non-empty think block (greedy),
+  and the sampled completion length in tokens over the last 50 training steps. And
   CrowdVLM-R1's fuzzy count reward (``count_fuzzy``: partial credit for an answer within 50 % of the number) in
   place of the accuracy reward, next to ``no_dropout`` (the same config with the exact accuracy reward).
 
@@ -142,8 +143,9 @@ def train(config: str, out: Path, seed: int, overrides: list[str], fresh: bool) 
 
 def read_run(out: Path, metric: str, extra: list[str] = ()) -> dict:
     """Held-out ``metric`` at each evaluation (in order), the mean zero-variance fraction, the final value, and the
-    final value of each ``extra`` held-out metric at the warm-up and after training."""
-    evals, zero = [], []
+    final value of each ``extra`` held-out metric at the warm-up and after training (with ``extra``, also the mean
+    sampled completion length of the last 50 training steps)."""
+    evals, zero, units = [], [], []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         for key, value in record.items():
@@ -151,13 +153,18 @@ def read_run(out: Path, metric: str, extra: list[str] = ()) -> dict:
                 evals.append((key.split("/")[1], record.get("step"), value))
         if record.get("advantage/zero_std_fraction") is not None:
             zero.append(record["advantage/zero_std_fraction"])
+        if record.get("completion/units_mean") is not None:
+            units.append(record["completion/units_mean"])  # sampled completion length in tokens (with EOS)
     summary = json.loads((out / "summary.json").read_text())
     return {
         "evals": evals,
         "after": summary.get(f"eval/after/{metric}"),
         "zero_std_fraction": statistics.fmean(zero) if zero else None,
         "train_wall_s": summary.get("train/wall_s"),
-        "extra": {f"{stage}/{k}": summary.get(f"eval/{stage}/{k}") for k in extra for stage in ("warmup", "after")},
+        "extra": {
+            **{f"{stage}/{k}": summary.get(f"eval/{stage}/{k}") for k in extra for stage in ("warmup", "after")},
+            **({"train units, last 50 steps": statistics.fmean(units[-50:])} if extra and units else {}),
+        },
     }
 
 
