@@ -12,7 +12,9 @@ again, so every held-out question is unseen in training.
 
 Worked solutions (``reasoning``, for the step-wise variants of docs/variants.md). With ``terms: 3`` (or 4) a problem
 is a chain of + / - changes to a running count ("Tom has 3 apples. Tom gets 4 more apples. Tom gives away 2
-apples. How many apples does Tom have now?"), one intermediate result per change. With ``reasoning`` other than
+apples. How many apples does Tom have now?"), one intermediate result per change; ``phrasing: symbols`` writes it
+"What is 3 + 4 - 2?" (the built-in tiny model did not learn to find the numbers in the word problems within a
+warm-up of 200 steps; it does in symbols). With ``reasoning`` other than
 ``none`` every row carries its key steps (column ``key_steps``: ``["3 + 4 = 7", "7 - 2 = 5"]``, the form the
 ``step_rar`` reward matches) and the task has warm-up rows: the first ``warmup_size`` train rows with their worked
 solution as the target, in one of two formats:
@@ -24,7 +26,10 @@ solution as the target, in one of two formats:
   empties (``warmup.thought_dropout``, mmgrpo/thoughts.py; arXiv 2505.16854 §3.1).
 
 The warm-up teaches the format and, from ``warmup_size`` worked problems, some of the arithmetic; GRPO trains on
-the whole train split, and held-out problems are never in it.
+the whole train split, and held-out problems are never in it (with small ranges there are few distinct chains: 1-5
+and two changes give about 290, so the held-out problems are the combinations that training never shows). The
+``steps`` format's fixed headers cost about 60 of its ~88 tokens with the tiny model's tokenizer, which spells them
+nearly letter by letter.
 """
 
 from __future__ import annotations
