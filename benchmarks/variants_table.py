@@ -6,6 +6,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study published --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -37,6 +38,9 @@ Studies:
   and the sampled completion length in tokens over the last 50 training steps. And
   CrowdVLM-R1's fuzzy count reward (``count_fuzzy``: partial credit for an answer within 50 % of the number) in
   place of the accuracy reward, next to ``no_dropout`` (the same config with the exact accuracy reward).
+- ``multichoice`` (the shapes task's multi-answer ``colours`` question, held-out exact-set accuracy):
+  ``configs/variant_multichoice.yaml`` with the exact-match ``accuracy`` reward and as shipped (TW-GRPO's
+  ``multiple_choice_partial``). Also reported: the held-out mean partial reward at the warm-up and after training.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -125,6 +129,17 @@ STUDIES: dict[str, dict] = {
                     "rewards=[{name: count_fuzzy, weight: 1.0}, {name: format, weight: 0.2, kwargs: {think: true}}]",
                 ],
             ),
+        },
+    },
+    "multichoice": {
+        "metric": "set_accuracy",
+        "extra": ["partial"],
+        "runs": {
+            "exact_match": (
+                "configs/variant_multichoice.yaml",
+                ["rewards=[{name: accuracy, weight: 1.0}, {name: format, weight: 0.2, kwargs: {think: false}}]"],
+            ),
+            "partial": ("configs/variant_multichoice.yaml", []),
         },
     },
 }

@@ -8,10 +8,17 @@ Answers are one word inside ``<answer></answer>`` tags. ``warmup_rows`` gives fo
 answer word is drawn uniformly from the question's answer set, *independent of the image*, so a supervised
 warm-up teaches the output format and vocabulary but not the visual skill — accuracy after warm-up stays at
 chance, and any gain beyond that comes from GRPO.
+
+The ``colours`` question is multi-answer multiple choice (for TW-GRPO's ``multiple_choice_partial`` reward): 2 or
+3 shapes of distinct colours, options A, B, … naming ``task.args.colours`` in order, the answer the sorted letters
+of the colours present joined by ``", "`` (``"A, C"``). Its answer set is every such letter set (35 for six
+colours), its warm-up targets one of them at random, and ``score`` adds ``set_accuracy`` (the exact set, the
+partial reward equal to 1) and ``partial`` (the reward's mean) over the ``colours`` rows.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
@@ -37,6 +44,8 @@ QUESTIONS = {
     "colour": "What colour is the shape? Answer with <answer>colour</answer>.",
     "shape": "What shape is it? Answer with <answer>shape</answer>.",
     "count": "How many shapes are there? Answer with <answer>number</answer>.",
+    "colours": "Which colours are in the image? {options}. Answer with the letters of all that apply, "
+    "e.g. <answer>A, C</answer>.",
 }
 ANSWERS = {"colour": list(COLOURS), "shape": SHAPES, "count": COUNT_WORDS}
 
@@ -46,7 +55,7 @@ class ShapesArgs:
     """Options under ``task.args`` for ``task.name: shapes``."""
 
     questions: Annotated[list[Literal[tuple(QUESTIONS)]], Range(ge=1)] = field(default_factory=lambda: ["colour"])
-    """Question types to mix: colour | shape | count."""
+    """Question types to mix: colour | shape | count | colours (which colours are present, several letters)."""
     colours: list[str] = field(default_factory=lambda: list(COLOURS))
     """Colours drawn (and the answer set of colour questions), a subset of: red, green, blue, yellow, purple, orange."""
     image_size: int = 56
@@ -71,6 +80,13 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, 
 
 def render(rng: random.Random, size: int, n_shapes: int, kind: str, colour: str) -> Image.Image:
     """One image with ``n_shapes`` shapes of one kind and colour on a dark noisy background."""
+    return render_shapes(rng, size, [(kind, colour)] * n_shapes)
+
+
+def render_shapes(rng: random.Random, size: int, shapes: list[tuple[str, str]]) -> Image.Image:
+    """One image with one shape per ``(kind, colour)`` (at most 4, one per quadrant) on a dark noisy background;
+    the same random draws as :func:`render` for the same number of shapes."""
+    n_shapes = len(shapes)
     base = rng.randint(15, 60)
     img = Image.new("RGB", (size, size), (base, base, base))
     draw = ImageDraw.Draw(img)
@@ -79,7 +95,7 @@ def render(rng: random.Random, size: int, n_shapes: int, kind: str, colour: str)
         draw.point((x, y), fill=(v, v, v))
     cells = size // 2 if n_shapes > 1 else size
     slots = [(0, 0), (1, 0), (0, 1), (1, 1)] if n_shapes > 1 else [(0, 0)]
-    for cx, cy in rng.sample(slots, n_shapes):
+    for (cx, cy), (kind, colour) in zip(rng.sample(slots, n_shapes), shapes):
         side = rng.randint(int(cells * 0.5), int(cells * 0.85))
         x0 = cx * cells + rng.randint(0, cells - side)
         y0 = cy * cells + rng.randint(0, cells - side)
@@ -99,6 +115,11 @@ class ShapesTask:
         if args.image_size < 28:
             raise ConfigError(f"task.args.image_size: must be >= 28, got {args.image_size}")
         self.args = args
+        letters = "ABCDEFGH"[: len(args.colours)]
+        self._options = ", ".join(f"{letter} {c}" for letter, c in zip(letters, args.colours))
+        sets = [s for k in (2, 3) for s in itertools.combinations(letters, k)]
+        self._colour_sets = [", ".join(s) for s in sorted(sets)]  # the colours question's answer set
+        self._sets = EvalRewards([{"name": "multiple_choice_partial"}], "shapes")
         self._train = self._make(args.train_size, args.seed * 2 + 1)
         self._eval = self._make(args.eval_size, args.seed * 2 + 2)
 
@@ -107,12 +128,23 @@ class ShapesTask:
         rows = []
         for i in range(n):
             q = self.args.questions[i % len(self.args.questions)]
+            if q == "colours":
+                rows.append(self._colours_row(rng))
+                continue
             count = rng.randint(1, 4) if q == "count" else 1
             kind, colour = rng.choice(SHAPES), rng.choice(self.args.colours)
             image = render(rng, self.args.image_size, count, kind, colour)
             answer = {"colour": colour, "shape": kind, "count": COUNT_WORDS[count - 1]}[q]
             rows.append({"prompt": QUESTIONS[q], "image": image, "answer": answer, "question_type": q})
         return rows
+
+    def _colours_row(self, rng: random.Random) -> dict:
+        """2 or 3 shapes (random kinds) of distinct colours; the answer is their sorted option letters."""
+        colours = rng.sample(self.args.colours, rng.randint(2, min(3, len(self.args.colours))))
+        image = render_shapes(rng, self.args.image_size, [(rng.choice(SHAPES), c) for c in colours])
+        answer = ", ".join(sorted("ABCDEFGH"[self.args.colours.index(c)] for c in colours))
+        prompt = QUESTIONS["colours"].format(options=self._options)
+        return {"prompt": prompt, "image": image, "answer": answer, "question_type": "colours"}
 
     def train_rows(self) -> list[dict]:
         return self._train
@@ -122,6 +154,8 @@ class ShapesTask:
 
     def answers(self, question_type: str) -> list[str]:
         """The answer set of a question type."""
+        if question_type == "colours":
+            return self._colour_sets
         return self.args.colours if question_type == "colour" else ANSWERS[question_type]
 
     def warmup_rows(self, seed: int) -> list[dict]:
@@ -133,9 +167,16 @@ class ShapesTask:
         ]
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
-        """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix."""
+        """accuracy (the ``accuracy`` reward, last <answer>), format rate, and the chance level of the mix; with
+        ``colours`` rows also ``set_accuracy`` (the exact letter set, in any order) and ``partial`` (the mean
+        ``multiple_choice_partial`` reward) over those rows."""
         chance = sum(1 / len(self.answers(r["question_type"])) for r in rows) / len(rows)
-        return {**self._metrics.score(outputs, rows), "chance": chance}
+        metrics = {**self._metrics.score(outputs, rows), "chance": chance}
+        picked = [i for i, r in enumerate(rows) if r["question_type"] == "colours"]
+        if picked:
+            partial = self._sets.scores([outputs[i] for i in picked], [rows[i] for i in picked])[:, 0]  # [n]
+            metrics.update(set_accuracy=float((partial == 1.0).float().mean()), partial=float(partial.mean()))
+        return metrics
 
 
 build_shapes_task = TASKS.register("shapes")(
