@@ -19,8 +19,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   echo "test_floor: installing the floors:" $(cat /tmp/mmgrpo-floor-reqs.$$) >&2
-  # the floors exactly (their own dependencies resolved by pip), then mmgrpo itself without re-resolving them
-  "$VENV/bin/python" -m pip install --quiet -r /tmp/mmgrpo-floor-reqs.$$
+  # the floors exactly (their own dependencies resolved by pip), from the package index alone: a local wheel
+  # folder (pip's find-links) may hold another build of the same version (torch 2.13.0+cpu), which pip prefers and
+  # whose companions (torchvision's compiled ops) do not load against it; then mmgrpo itself, not re-resolving them
+  PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null "$VENV/bin/python" -m pip install --quiet -r /tmp/mmgrpo-floor-reqs.$$
   "$VENV/bin/python" -m pip install --quiet --no-deps -e .
   # test tools at current versions (not the library floors under test); trl/math-verify for the reward tests
   "$VENV/bin/python" -m pip install --quiet "pytest>=8.0" "pytest-timeout>=2.3" "psutil>=5.9"
