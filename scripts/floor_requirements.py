@@ -1,5 +1,6 @@
 """The floor-version requirements of pyproject.toml: ``name==minimum`` for every ``[project].dependencies`` entry
-with a ``>=`` bound (scripts/test_floor.sh installs them). Standard library only (tomllib: Python >= 3.11).
+with a ``>=`` bound (scripts/test_floor.sh installs them). Standard library only on Python >= 3.11 (tomllib;
+tomli on 3.10).
 
     python scripts/floor_requirements.py            # one requirement a line
     python scripts/floor_requirements.py --check    # and exit 1 if a dependency has no >= bound (no floor to test)
@@ -9,8 +10,12 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the same parser as a package
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")

@@ -118,3 +118,18 @@ def test_the_completeness_check_finds_an_unlisted_touchpoint():
     code = "from diffusers.pipelines.x import _y\n\ndef f(pipe):\n    return pipe._unpack(1) + pipe._pack_latents\n"
     tree = ast.parse(code)
     assert sorted(unlisted({"m.py": tree}, {"_pack_latents"})) == ["m.py: _unpack", "m.py: diffusers.pipelines.x._y"]
+
+
+def test_every_dependency_declares_the_floor_the_floor_job_installs(tmp_path):
+    """scripts/test_floor.sh installs ``name==floor`` for every dependency (scripts/floor_requirements.py); one
+    without a ``>=`` bound has no floor to test and is reported."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("floor_requirements", ROOT / "scripts" / "floor_requirements.py")
+    module = iu.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reqs, missing = module.floors()
+    assert missing == [] and "torch==2.13" in reqs and all("==" in r for r in reqs)
+    toy = tmp_path / "pyproject.toml"
+    toy.write_text('[project]\ndependencies = ["a>=1.2,<2", "b", "c-d>=0.3  "]\n')
+    assert module.floors(toy) == (["a==1.2", "c-d==0.3"], ["b"])
