@@ -4,6 +4,8 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study reg_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tempsamp --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study published --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -26,6 +28,15 @@ Studies:
 - ``tempsamp`` (video_motion, "when" grounding, held-out temporal IoU, 200 steps): ``configs/variant_tempsamp.yaml``
   without injection and with the plain ``temporal_iou`` reward (GRPO), with the soft shaping only, and as shipped
   (shaping + ground-truth injection).
+- ``step_grpo`` (the arithmetic task's two-change chains with R1-VL's ``### Step n:`` warm-up, 200 steps):
+  ``configs/variant_step_grpo.yaml`` with the accuracy reward alone (``step_rar`` with ``step_weight: 0``: the final
+  answer only, parsed as StepRAR parses it), with StepRAR alone, and as shipped (StepRAR + StepRVR, R1-VL's sum).
+- ``thought_dropout`` (the same chains with ``<think>`` warm-up targets, 200 steps):
+  ``configs/variant_thought_dropout.yaml`` with ``warmup.thought_dropout: 0`` and as shipped (0.5, TON). Also
+  reported: the held-out reply length in characters and the share of replies with a non-empty think block (greedy),
+  and the sampled completion length in tokens over the last 50 training steps. And
+  CrowdVLM-R1's fuzzy count reward (``count_fuzzy``: partial credit for an answer within 50 % of the number) in
+  place of the accuracy reward, next to ``no_dropout`` (the same config with the exact accuracy reward).
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -90,6 +101,32 @@ STUDIES: dict[str, dict] = {
         },
         "overrides": ["steps=200", "eval.every=50"],
     },
+    "step_grpo": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": (
+                "configs/variant_step_grpo.yaml",
+                ["rewards=[{name: step_rar, weight: 1.0, kwargs: {step_weight: 0.0}}]"],
+            ),
+            "step_rar": ("configs/variant_step_grpo.yaml", ["rewards=[{name: step_rar, weight: 1.0}]"]),
+            "step_grpo": ("configs/variant_step_grpo.yaml", []),
+        },
+    },
+    "thought_dropout": {
+        "metric": "accuracy",
+        "extra": ["reply_chars", "thought_share"],
+        "runs": {
+            "no_dropout": ("configs/variant_thought_dropout.yaml", ["warmup.thought_dropout=0.0"]),
+            "thought_dropout": ("configs/variant_thought_dropout.yaml", []),
+            "count_fuzzy": (
+                "configs/variant_thought_dropout.yaml",
+                [
+                    "warmup.thought_dropout=0.0",
+                    "rewards=[{name: count_fuzzy, weight: 1.0}, {name: format, weight: 0.2, kwargs: {think: true}}]",
+                ],
+            ),
+        },
+    },
 }
 
 
@@ -104,9 +141,11 @@ def train(config: str, out: Path, seed: int, overrides: list[str], fresh: bool) 
     return time.perf_counter() - t0
 
 
-def read_run(out: Path, metric: str) -> dict:
-    """Held-out ``metric`` at each evaluation (in order), the mean zero-variance fraction, and the final value."""
-    evals, zero = [], []
+def read_run(out: Path, metric: str, extra: list[str] = ()) -> dict:
+    """Held-out ``metric`` at each evaluation (in order), the mean zero-variance fraction, the final value, and the
+    final value of each ``extra`` held-out metric at the warm-up and after training (with ``extra``, also the mean
+    sampled completion length of the last 50 training steps)."""
+    evals, zero, units = [], [], []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         for key, value in record.items():
@@ -114,30 +153,51 @@ def read_run(out: Path, metric: str) -> dict:
                 evals.append((key.split("/")[1], record.get("step"), value))
         if record.get("advantage/zero_std_fraction") is not None:
             zero.append(record["advantage/zero_std_fraction"])
+        if record.get("completion/units_mean") is not None:
+            units.append(record["completion/units_mean"])  # sampled completion length in tokens (with EOS)
     summary = json.loads((out / "summary.json").read_text())
     return {
         "evals": evals,
         "after": summary.get(f"eval/after/{metric}"),
         "zero_std_fraction": statistics.fmean(zero) if zero else None,
         "train_wall_s": summary.get("train/wall_s"),
+        "extra": {
+            **{f"{stage}/{k}": summary.get(f"eval/{stage}/{k}") for k in extra for stage in ("warmup", "after")},
+            **({"train units, last 50 steps": statistics.fmean(units[-50:])} if extra and units else {}),
+        },
     }
 
 
 def table(results: dict[str, dict[int, dict]]) -> str:
+    extra = next((list(r.get("extra", {})) for runs in results.values() for r in runs.values()), [])
     lines = [
-        "| run | seed | held-out metric at each evaluation | **after** | mean zero_std_fraction | train s |",
-        "|---|---|---|---|---|---|",
+        "| run | seed | held-out metric at each evaluation | **after** | mean zero_std_fraction | train s |"
+        + "".join(f" {k} |" for k in extra),
+        "|---|---|---|---|---|---|" + "---|" * len(extra),
     ]
     for name, runs in results.items():
         for seed, r in sorted(runs.items()):
             curve = " ".join(f"{v:.2f}" for _, _, v in r["evals"])
             zero = "–" if r["zero_std_fraction"] is None else f"{r['zero_std_fraction']:.3f}"
-            lines.append(f"| `{name}` | {seed} | {curve} | **{r['after']:.3f}** | {zero} | {r['train_wall_s']:.0f} |")
+            cells = "".join(f" {_fmt(r['extra'].get(k))} |" for k in extra)
+            lines.append(
+                f"| `{name}` | {seed} | {curve} | **{r['after']:.3f}** | {zero} | {r['train_wall_s']:.0f} |{cells}"
+            )
         afters = [r["after"] for r in runs.values()]
         zeros = [r["zero_std_fraction"] for r in runs.values() if r["zero_std_fraction"] is not None]
         zero = f"{statistics.fmean(zeros):.3f}" if zeros else "–"
-        lines.append(f"| `{name}` | mean | | **{statistics.fmean(afters):.3f}** | {zero} | |")
+        means = "".join(f" {_fmt(_mean([r['extra'].get(k) for r in runs.values()]))} |" for k in extra)
+        lines.append(f"| `{name}` | mean | | **{statistics.fmean(afters):.3f}** | {zero} | |{means}")
     return "\n".join(lines)
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
 
 
 def main() -> None:
@@ -157,7 +217,7 @@ def main() -> None:
         for seed in args.seeds:
             out = base / f"{name}_seed{seed}"
             seconds = train(config, out, seed, [*study.get("overrides", []), *overrides], args.fresh)
-            results.setdefault(name, {})[seed] = read_run(out, study["metric"])
+            results.setdefault(name, {})[seed] = read_run(out, study["metric"], study.get("extra", []))
             print(f"{name} seed {seed}: after {results[name][seed]['after']} ({seconds:.0f} s)", flush=True)
     (base / "results.json").write_text(json.dumps(results, indent=2))
     text = table(results)

@@ -7,7 +7,9 @@
    LENS's negative groups), with ``advantage_transform_args[name]``;
 2. ``algorithm.filter_zero_variance``: groups whose rewards are all equal leave the update (their mask rows are
    zeroed; DAPO's dynamic-sampling filter without resampling, arXiv 2503.14476 §3.2);
-3. the shaper ``algorithm.shaping`` (``SHAPERS``, [P, G] → [B, T]; ``none`` broadcasts), with ``shaping_args``;
+3. the shaper ``algorithm.shaping`` (``SHAPERS``, [P, G] → [B, T]; ``none`` broadcasts), with ``shaping_args``, or,
+   for multi-turn rollouts with ``algorithm.credit`` other than ``trajectory``, its per-turn credit
+   (:func:`mmgrpo.multiturn.unit_advantages`: GiGPO, MT-GRPO);
 4. ``algorithm.token_weighting`` (``TOKEN_WEIGHTINGS``: TW-GRPO's per-position weights, arXiv 2505.24718) times
    the per-unit advantages, with ``token_weighting_args``.
 
@@ -25,7 +27,7 @@ from typing import Any
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import shaping
+from mmgrpo import multiturn, shaping
 from mmgrpo.options import as_kwargs, resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
@@ -94,6 +96,16 @@ def _shape(state: AdvantageState, step: Step) -> None:
     state.unit = shaping.shape_advantages(step.name, state.advantages, inputs, as_kwargs(step.options))  # [B, T]
 
 
+@STEP_KINDS.register("credit")
+def _credit(state: AdvantageState, step: Step) -> None:
+    """[P, G] → [B, T] by a multi-turn credit assignment (``algorithm.credit``,
+    :func:`mmgrpo.multiturn.unit_advantages`; its options are the algorithm section, which holds ``credit_args``),
+    in place of the shaper."""
+    r = state.rollout
+    inputs = shaping.ShapingInputs(state.mask, state.combined, r.unit_sigmas, r.unit_values)
+    state.unit = multiturn.unit_advantages(step.options, state.advantages, inputs, r, state.metrics)  # [B, T]
+
+
 @STEP_KINDS.register("token_weighting")
 def _token_weights(state: AdvantageState, step: Step) -> None:
     """Per-unit advantages times the per-position weights; logs their mean over the rollout's units."""
@@ -121,9 +133,11 @@ def build(a: Any) -> list[Step]:
     ]
     if a.filter_zero_variance:
         steps.append(Step("filter_zero_variance", "zero_variance", NoOptions()))
-    steps.append(
-        Step("shaping", a.shaping, resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args"))
-    )
+    if a.credit != "trajectory":  # multi-turn credit (GiGPO, MT-GRPO) replaces the per-sample shaper
+        steps.append(Step("credit", a.credit, a))
+    else:
+        shaper = resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
+        steps.append(Step("shaping", a.shaping, shaper))
     if a.token_weighting != "none":
         where = "algorithm.token_weighting_args"
         steps.append(

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from mmgrpo import sharding
+from mmgrpo import sharded_checkpoint, sharding
 from mmgrpo.resume_checks import STEP as _STEP
 from mmgrpo.resume_checks import damage, marker_step, non_finite, problem  # damage: the demo's cheap check
 from mmgrpo.types import frozen_reference
@@ -170,8 +170,13 @@ def save(
     trainer_state: dict | None = None,
     config_text: str | None = None,
     model_files: dict[str, str] | None = None,
+    sharded: bool | None = None,
 ) -> Path:
     """Save a resumable checkpoint of ``step`` (all processes must call this).
+
+    ``sharded`` (``checkpoint.sharded``): a step checkpoint in the sharded layout (:mod:`mmgrpo.sharded_checkpoint`:
+    every process writes its own shards, nothing gathered) — None: when the policy is FSDP-sharded. ``final/`` is
+    always gathered: the run's Hugging Face export and a single-file state.
 
     Raises :class:`CheckpointError` (on every process, before anything is written) when a weight is non-finite.
     """
@@ -179,8 +184,9 @@ def save(
     name = "final" if final else f"step-{step:06d}"
     target, tmp = root / name, root / f".tmp-{name}"
     model = accelerator.unwrap_model(adapter.model)
-    sharded = sharding.is_sharded(model)
-    bad = _non_finite_anywhere(accelerator, model) if sharded else non_finite_parameters(model)
+    fsdp = sharding.is_sharded(model)
+    layout = (fsdp if sharded is None else sharded) and not final  # the sharded layout (DCP)
+    bad = _non_finite_anywhere(accelerator, model) if fsdp else non_finite_parameters(model)
     if bad:
         raise CheckpointError(
             f"refusing to save {name}: {len(bad)} non-finite weight tensor(s) (first: {bad[0]}); "
@@ -195,14 +201,24 @@ def save(
     state = tmp / "state"
     with _writing(name, root, tmp):
         _save_rng(state, accelerator.process_index)
+    if layout:
+        with _writing(name, root, tmp):  # every process its shards; the main process the rest (no model/ export)
+            sharded_checkpoint.save(state, model, optimizer, accelerator.num_processes, accelerator.is_main_process)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            with _writing(name, root, tmp):
+                _write_main(tmp, adapter, model, None, scheduler, (trainer_state, config_text, None), None, None, False)
+                _publish(tmp, target, root, name, step, final, keep_last, accelerator.num_processes)
+        accelerator.wait_for_everyone()
+        return target
     whole = optim_state = None
-    if sharded:  # collectives: every process takes part, process 0 gets the tensors
+    if fsdp:  # collectives: every process takes part, process 0 gets the tensors
         whole = sharding.full_state_dict(model, main_only=True)
         optim_state = None if optimizer is None else _full_optimizer_state(model, optimizer)
     if accelerator.is_main_process:
         with _writing(name, root, tmp):
             files = (trainer_state, config_text, model_files)
-            _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state)
+            _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state, True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         with _writing(name, root, tmp):
@@ -211,26 +227,28 @@ def save(
     return target
 
 
-def _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state) -> None:
+def _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_state, weights: bool) -> None:
     """The files process 0 writes into ``tmp``; ``files``: (trainer state, config text, model files);
-    ``whole``/``optim_state``: the gathered FSDP state, else None."""
+    ``whole``/``optim_state``: the gathered FSDP state, else None; ``weights``: the policy's weights, optimizer and
+    Hugging Face export too (False: the sharded layout wrote them, :mod:`mmgrpo.sharded_checkpoint`)."""
     trainer_state, config_text, model_files = files
     sharded = whole is not None
     state = tmp / "state"
-    if sharded:
+    if sharded and weights:
         tied = _tied_names(model)
         save_file({k: v.contiguous() for k, v in whole.items() if k not in tied}, str(state / "model.safetensors"))
-    else:
+    elif weights:
         save_model(model, str(state / "model.safetensors"))
     reference = frozen_reference(adapter)
     if reference is not None:
         save_model(reference, str(state / "reference.safetensors"))
-    if optimizer is not None:
+    if optimizer is not None and weights:
         _save_optimizer(state, optim_state if sharded else optimizer.state_dict())
     sched = None if scheduler is None else {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     atomic_write_text(state / "trainer.json", json.dumps({"trainer": trainer_state or {}, "scheduler": sched}))
-    with _whole_weights(model, whole) if sharded else nullcontext():
-        adapter.save_pretrained(str(tmp / "model"))
+    if weights:
+        with _whole_weights(model, whole) if sharded else nullcontext():
+            adapter.save_pretrained(str(tmp / "model"))
     for file_name, text in (model_files or {}).items():  # model card, sampling settings
         atomic_write_text(tmp / "model" / file_name, text)
     if config_text is not None:
@@ -281,13 +299,16 @@ def _writing(name: str, root: Path, tmp: Path):
 def verify(directory: Path, *, num_processes: int = 1) -> None:
     """Check a written checkpoint before it is published: files present, every saved tensor finite."""
     state = Path(directory) / "state"
-    needed = ["model.safetensors", "trainer.json"] + [f"rng-{r}.json" for r in range(num_processes)]
+    weights = sharded_checkpoint.INDEX if sharded_checkpoint.is_sharded(state) else "model.safetensors"
+    needed = [weights, "trainer.json"] + [f"rng-{r}.json" for r in range(num_processes)]
     missing = [n for n in needed if not (state / n).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {directory} is missing {', '.join(missing)}")
     for path in state.glob("*.safetensors"):
         if not path.name.startswith("rng-") and (why := non_finite(path)):
             raise CheckpointError(f"checkpoint {directory}: {why}")
+    if sharded_checkpoint.is_sharded(state) and (why := sharded_checkpoint.problem(state)):
+        raise CheckpointError(f"checkpoint {directory}: {why}")
 
 
 def _tied_names(model: torch.nn.Module) -> dict[str, str]:
@@ -386,13 +407,16 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
     Only ``safetensors`` and JSON are read; any ``*.pkl`` / ``*.bin`` in the directory is ignored.
     """
     state = Path(directory) / "state"
-    if not (state / "model.safetensors").is_file():
+    layered = sharded_checkpoint.is_sharded(state)
+    if not layered and not (state / "model.safetensors").is_file():
         raise CheckpointError(
             f"{directory} has no state/model.safetensors (written by an older mmgrpo or not a checkpoint); "
             "start a new run or resume from a checkpoint written by this version"
         )
     model = accelerator.unwrap_model(adapter.model)
-    if sharding.is_sharded(model):  # every process reads the whole tensors and keeps its shards
+    if layered:  # any world size, sharded or not: DCP reads each process's part of the saved shards
+        sharded_checkpoint.load(state, model, optimizer)
+    elif sharding.is_sharded(model):  # every process reads the whole tensors and keeps its shards
         whole = load_file(str(state / "model.safetensors"))
         whole.update({alias: whole[kept] for alias, kept in _tied_names(model).items() if kept in whole})
         sharding.load_full_state_dict(model, whole)
@@ -402,7 +426,7 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
     if reference is not None and (state / "reference.safetensors").is_file():
         device = _device_name(next(reference.parameters()).device)
         _load_strict(reference, state / "reference.safetensors", device, directory)
-    if (state / "optimizer.json").is_file():
+    if (state / "optimizer.json").is_file() and not layered:
         if sharding.is_sharded(model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

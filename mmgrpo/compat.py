@@ -98,6 +98,12 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "transformers",
+        "transformers.models.gemma3.modeling_gemma3:get_block_sequence_ids_for_mask",
+        "modalities/tokens/prefix_sharing.py",
+        "Gemma 3's image-block ids for its bidirectional image attention (deep module path)",
+    ),
+    Touchpoint(
+        "transformers",
         "transformers.models.qwen3_vl.video_processing_qwen3_vl:Qwen3VLVideoProcessor",
         "modalities/vlm/tiny.py",
         "the tiny Qwen3-VL's video processor (a module path below transformers' public namespace)",
@@ -229,6 +235,24 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         parameter="level",
     ),
     Touchpoint("vllm", "vllm:LLM.wake_up", "modalities/tokens/vllm_server.py", "the engine back before a push"),
+    Touchpoint(
+        "vllm",
+        "vllm.distributed.utils:StatelessProcessGroup.create",
+        "modalities/tokens/weight_sync.py, vllm_server.py (rollout.weight_sync: nccl)",
+        "the trainer-engine process group of NCCL weight pushes (TRL's weight-sync extension does the same)",
+    ),
+    Touchpoint(
+        "vllm",
+        "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator.broadcast",
+        "modalities/tokens/weight_sync.py, vllm_server.py (rollout.weight_sync: nccl)",
+        "the NCCL broadcast of each pushed bucket",
+    ),
+    Touchpoint(
+        "vllm",
+        "vllm.distributed.parallel_state:get_world_group",
+        "modalities/tokens/vllm_server.py (the engine worker's device for NCCL pushes)",
+        "the worker's world group (its device) when the NCCL channel opens",
+    ),
     Touchpoint(
         "vllm",
         "vllm.engine.arg_utils:EngineArgs",

@@ -254,6 +254,14 @@ class AlgorithmConfig:
     difficulty_augmentation: DifficultyAugmentationConfig = field(default_factory=DifficultyAugmentationConfig)
     """DeepVideo-R1 difficulty-aware augmentation: hints for hard groups, noisier video for easy ones, resampled
     (docs/variants.md; video adapter)."""
+    credit: Literal["trajectory", "gigpo", "mt_grpo"] = "trajectory"
+    """Credit across the turns of multi-turn rollouts (rollout.tools; mmgrpo/credit.py, docs/agents.md): trajectory
+    (one advantage per trajectory, every turn's tokens get it: GRPO) | gigpo (episode advantage + ω · step advantage
+    within anchor-state groups, arXiv 2505.10978) | mt_grpo (turn-level advantage from per-turn rewards,
+    arXiv 2505.11821)."""
+    credit_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the credit assignment, checked against its function in mmgrpo/credit.py: gigpo {gamma,
+    step_advantage_w (ω), mode} | mt_grpo {turn_advantage_coef}."""
 
 
 @dataclass
@@ -341,6 +349,12 @@ class CheckpointConfig:
     """Step checkpoints to keep, >= 1 (older ones are deleted after a new one is complete; final/ is kept apart)."""
     save_final: bool = True
     """Save the final model in Hugging Face format under checkpoints/final."""
+    sharded: bool | None = None
+    """Step checkpoints in the sharded layout (``torch.distributed.checkpoint``: each process writes its own shards
+    of the weights and optimizer state, nothing is gathered on one process; resumable on as many processes or fewer;
+    no Hugging Face export in step checkpoints). None (default): sharded exactly when the policy is FSDP-sharded;
+    false: always gathered on process 0 (the layout before); true: sharded without FSDP too. ``final/`` is always
+    gathered, with the Hugging Face export. docs/scale.md, "Sharded checkpoints"."""
 
 
 @dataclass
@@ -367,6 +381,18 @@ class RolloutConfig:
     """Address of the vLLM rollout server (``mmgrpo rollout-server`` prints it); unused by colocate mode."""
     timeout_s: Annotated[float, Range(gt=0)] = 600.0
     """Seconds one engine call (generate, weight push) may take before the run stops with one line."""
+    push_bucket_mb: Annotated[float, Range(gt=0)] = 256.0
+    """Largest bucket of a weight push, in MiB: the policy's tensors go to the engine in buckets of at most this many
+    bytes, whole decoder layers at a time (a larger layer alone), loaded as they arrive, so a push holds at most about
+    two buckets of extra host memory whatever the model's size (modalities/tokens/weight_sync.py; docs/scale.md,
+    "Weight pushes")."""
+    weight_sync: Literal["http", "nccl"] = "http"
+    """How pushes reach a vLLM server: http (the buckets as safetensors bodies; any machine) | nccl (each bucket
+    broadcast from the trainer's GPU to the engine's, TRL's approach; needs CUDA and vllm in the training environment,
+    refused at load otherwise). A colocated engine takes the tensors in-process (http, the default, there)."""
+    nccl_port: Annotated[int, Range(ge=1, le=65535)] = 51216
+    """Port of the NCCL weight-sync group's rendezvous on the server's host (``weight_sync: nccl``; TRL's
+    ``group_port`` default)."""
     is_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = "token_truncate"
     """Importance-sampling correction of π_old / π_engine (mmgrpo/importance.py; TRL's
     ``vllm_importance_sampling_mode``): truncate (TIS) or mask, per token or per sequence; none: no correction."""
@@ -374,6 +400,42 @@ class RolloutConfig:
     """C_max: truncation bound (``*_truncate``) or upper mask bound (``*_mask``); TRL's default 3.0."""
     is_clip_min: Annotated[float, Range(ge=0)] | None = None
     """C_min: lower bound (masks ratios below it; lower-clamps the truncating modes)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call, by registry name (mmgrpo.tools.TOOLS: crop, zoom, select_frames) or
+    ``package.module:function``; non-empty makes rollouts multi-turn (token families vlm and video): the policy's
+    ``<tool_call>`` JSON is parsed, the tool run bounded, its observation (text, images) appended as the template's
+    tool message with mask 0, until no call, ``max_turns`` or ``max_total_tokens``. docs/agents.md."""
+    tool_limits: dict[str, Any] = field(default_factory=dict)
+    """Bounds of each tool call (mmgrpo.tools.run_tool_call's keywords): timeout_s, max_argument_chars,
+    max_observation_chars, max_images, max_frames, max_pixels, error_reward (verl's zoom tool: -0.05)."""
+    max_turns: Annotated[int, Range(ge=1)] = 5
+    """Assistant turns per trajectory at most (DeepEyes 5, Mini-o3 6); a tool call in the last turn is not run."""
+    max_calls_per_turn: Annotated[int, Range(ge=1)] = 1
+    """Tool calls run per assistant turn (verl's max_parallel_calls); further calls of the turn are answered with an
+    error observation."""
+    max_tool_calls: Annotated[int, Range(ge=1)] | None = None
+    """Tool calls per trajectory at most (None: max_turns - 1 bounds them); past it a call gets an error observation."""
+    max_total_tokens: Annotated[int, Range(ge=1)] = 1024
+    """T of a multi-turn rollout: assistant and observation tokens after the prompt. Each turn samples at most
+    model.args.max_new_tokens; a trajectory stops when its next observation and one more token would not fit."""
+    max_images: Annotated[int, Range(ge=0)] = 8
+    """Observation images (and video frames) per trajectory at most; further ones are left out and the
+    observation's text says so."""
+    chat_template: str = "auto"
+    """Chat template of tool-using rollouts: auto (the model's when it renders 'tool' messages, else
+    qwen2.5_vl_tools) | model | qwen2.5_vl_tools (ours: Qwen2.5-VL + Qwen2.5's tool section, tool replies as a user
+    turn <tool_response>...</tool_response>, modalities/tokens/turns.py) | a path to a Jinja file."""
+    environment: str | None = None
+    """A multi-step game the policy plays (registry name in mmgrpo.tools.ENVIRONMENTS, e.g. sokoban): one instance
+    per trajectory, reset from its row (its first observation joins the prompt); each assistant turn is its action
+    (env.step), its observation the next user turn (mask 0), its reward the turn's reward, until done or max_turns."""
+    environment_args: dict[str, Any] = field(default_factory=dict)
+    """Options of the environment's factory (e.g. sokoban {size: 6, boxes: 1, max_steps: 15})."""
+
+    @property
+    def multi_turn(self) -> bool:
+        """Rollouts are multi-turn: tools or an environment answer the policy's turns."""
+        return bool(self.tools or self.environment)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmgrpo import advantages, losses, options, sampling, schedules, shaping
+from mmgrpo import advantages, losses, multiturn, options, sampling, schedules, shaping
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -101,6 +101,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
             ratio_norm=cfg.algorithm.ratio_norm,
             warmup_steps=cfg.warmup.steps,
             engine=cfg.rollout.engine,
+            tools=cfg.rollout.multi_turn,
         )
         for name, why in need.items():
             if name not in have:
@@ -146,6 +147,28 @@ def _check_engine_sampling(cfg: TrainConfig, adapter_builder: Any) -> None:
                 f"distribution and the trainer's of the full one, so the importance weights would be biased; set "
                 f"model.args.{key}: {off}, or rollout.engine: native"
             )
+
+
+def _check_weight_sync(r: Any) -> None:
+    """``rollout.weight_sync: nccl`` (modalities/tokens/weight_sync.py) needs a vLLM server, CUDA here and vllm in
+    this environment (TRL's client makes the same ``StatelessProcessGroup`` + ``PyNcclCommunicator``): asked for
+    without them, one line with the fix — never a silent fall back to HTTP."""
+    if r.weight_sync == "http" or r.engine != "vllm":
+        return
+    import torch
+
+    why = None
+    if r.vllm_mode == "colocate":
+        why = "a colocated engine takes the trainer's tensors in-process; use rollout.weight_sync: http there"
+    elif not torch.cuda.is_available():
+        why = "it broadcasts from the trainer's GPU to the engine's, and this machine has no CUDA; use http"
+    elif importlib.util.find_spec("vllm") is None:
+        why = (
+            "it needs vllm in the training environment (its StatelessProcessGroup and PyNcclCommunicator): run the "
+            "trainer from .venv-colocate (bash scripts/setup_colocate.sh), or use rollout.weight_sync: http"
+        )
+    if why is not None:
+        raise ConfigError(f"rollout.weight_sync: nccl: {why}")
 
 
 def _check_chunk_sizes(cfg: TrainConfig, adapter_builder: Any) -> None:
@@ -246,7 +269,9 @@ def validate(cfg: TrainConfig) -> None:
             "rollout.vllm_mode: colocate places the vLLM rollout engine in the training process; it needs "
             f"rollout.engine: vllm (got {cfg.rollout.engine!r})"
         )
+    _check_weight_sync(cfg.rollout)
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
+    multiturn.check_config(cfg)  # rollout.tools and algorithm.credit (docs/agents.md)
     _check_engine_sampling(cfg, ADAPTERS.get(cfg.model.adapter))
     _check_trackers(cfg.logging.trackers)
     if len(cfg.optim.betas) != 2:

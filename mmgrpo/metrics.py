@@ -16,6 +16,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
+from mmgrpo.multiturn import turn_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def completion_summary(rollout, mask: Tensor) -> dict[str, float]:
         "completion/units_mean": float(lengths.mean()),
         "completion/truncated_fraction": float(rollout.truncated.float().mean()),
         "completion/trained_fraction": float((mask.sum(1) > 0).float().mean()),
+        **turn_metrics(rollout),  # turns/*, tools/* of multi-turn rollouts
     }
 
 

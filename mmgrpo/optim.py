@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
-from mmgrpo.config import ConfigError, OptimConfig
+from mmgrpo import schedules
+from mmgrpo.config import ConfigError, OptimConfig, TrainConfig
 
 FUSED_ADAMW_DEVICES = frozenset({"cpu", "cuda"})
 """Devices whose fused AdamW kernel torch ships (``torch.optim.AdamW(fused=True)``)."""
@@ -18,6 +20,16 @@ def fused_adamw_fits(params: list[torch.nn.Parameter]) -> bool:
     return bool(params) and all(
         type(p) is torch.nn.Parameter and p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params
     )
+
+
+def build_optimizer(adapter, cfg: TrainConfig, fsdp: bool) -> tuple[torch.optim.AdamW, LambdaLR]:
+    """The run's AdamW over the adapter's trainable parameters (:func:`build_adamw`; their names in ``adapter.model``
+    for ``optim.lr_multipliers``) and its learning-rate schedule (``optim.warmup_steps``, ``optim.schedule``)."""
+    o = cfg.optim
+    names = {id(p): n for n, p in adapter.model.named_parameters()}
+    optimizer = build_adamw(list(adapter.trainable_parameters()), o, fsdp, names)
+    schedule = LambdaLR(optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule))
+    return optimizer, schedule
 
 
 def build_adamw(params: list[torch.nn.Parameter], o: OptimConfig, fsdp: bool, names: dict[int, str] | None = None):

@@ -13,7 +13,9 @@ Two stages, each returning one line saying why a checkpoint cannot be used, or `
 
 ``resume=latest`` passes over a checkpoint that fails either stage for the previous complete one, with one line
 saying why; a checkpoint named explicitly (``resume=<path>``) is refused in one line instead. Nothing here imports
-the rest of mmgrpo (:mod:`mmgrpo.checkpoint` imports this module).
+the rest of mmgrpo but :mod:`mmgrpo.sharded_checkpoint` (torch only; :mod:`mmgrpo.checkpoint` imports this module).
+A sharded checkpoint (:mod:`mmgrpo.sharded_checkpoint`) is checked on its index and the sizes of its shard files;
+its tensors are not read here (that would hold the whole model on one process).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from mmgrpo import sharded_checkpoint
 
 STEP = re.compile(r"^step-(\d+)$")
 _OPTIMIZER_KEY = re.compile(r"^state\.(\d+)\.(\w+)$")
@@ -37,7 +41,7 @@ def damage(directory: Path) -> str | None:
     state = Path(directory) / "state"
     if not state.is_dir():  # not this version's layout: :func:`mmgrpo.checkpoint.load` says so in one line
         return None
-    for name in ("model.safetensors", "trainer.json"):
+    for name in (_weights_file(state), "trainer.json"):
         if not (state / name).is_file():
             return f"state/{name} is missing"
     for path in sorted(state.iterdir()):
@@ -51,6 +55,11 @@ def damage(directory: Path) -> str | None:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             return f"state/{path.name} is unreadable ({first})"
     return None
+
+
+def _weights_file(state: Path) -> str:
+    """The file that holds (or, sharded, indexes) the policy's weights: ``model.safetensors`` or ``sharded.json``."""
+    return sharded_checkpoint.INDEX if sharded_checkpoint.is_sharded(state) else "model.safetensors"
 
 
 def marker_step(directory: Path) -> int | None:
@@ -70,7 +79,7 @@ def problem(directory: Path, processes: int = 1) -> str | None:
     state = directory / "state"
     if not state.is_dir():
         return None
-    needed = [f"state/{n}" for n in ("model.safetensors", "trainer.json")]
+    needed = [f"state/{n}" for n in (_weights_file(state), "trainer.json")]
     needed += [f"state/rng-{r}.{ext}" for r in range(processes) for ext in ("json", "safetensors")]
     if (state / "optimizer.json").exists() or (state / "optimizer.safetensors").exists():
         needed += ["state/optimizer.json", "state/optimizer.safetensors"]
@@ -88,6 +97,7 @@ def problem(directory: Path, processes: int = 1) -> str | None:
         or _rng_problem(state, processes)
         or _optimizer_problem(state)
         or _tensor_problem(state)
+        or (sharded_checkpoint.problem(state) if sharded_checkpoint.is_sharded(state) else None)
     )
 
 
@@ -194,6 +204,11 @@ def mismatch(directory: Path, model: torch.nn.Module, optimizer=None, reference=
     ``None``; only the safetensors headers are read, nothing is loaded. Under FSDP the shapes compared are the
     whole (unsharded) ones, as the files hold."""
     state = Path(directory) / "state"
+    if sharded_checkpoint.is_sharded(state):
+        why = sharded_checkpoint.mismatch(state, model, optimizer)
+        if why is None and reference is not None and (state / "reference.safetensors").is_file():
+            why = _module_mismatch(state / "reference.safetensors", reference)
+        return why
     if not (state / "model.safetensors").is_file():  # another version's layout: loading refuses it in one line
         return None
     why = _module_mismatch(state / "model.safetensors", model)

@@ -14,6 +14,8 @@ one shard, and the whole tensor exists only inside the model's forward/backward 
   a method that calls sub-modules directly, as transformers' ``generate`` does, must run as a forward
   (:func:`as_forward`).
 
+The blocks wrapped separately are the model's ``_no_split_modules`` that it contains (:func:`block_classes`).
+
 See the PyTorch FSDP2 notes (``torch/distributed/fsdp/_fully_shard/_fully_shard.py``, ``fully_shard`` docstring)
 and ``torch/distributed/checkpoint/state_dict.py``.
 """
@@ -94,6 +96,15 @@ def call_as_forward(module: torch.nn.Module, fn, *args):
         module._mmgrpo_call = lambda f, *a: f(*a)
         register_fsdp_forward_method(module, "_mmgrpo_call")
     return module._mmgrpo_call(fn, *args)
+
+
+def block_classes(module: torch.nn.Module) -> list[str]:
+    """The class names of ``module``'s ``_no_split_modules`` that occur in it: the blocks FSDP's transformer-based
+    wrap policy shards separately. transformers lists the blocks of every sub-model a composite may hold (LLaVA's
+    CLIP tower names ``CLIPTextEmbeddings``, SigLIP's its text embeddings and pooling head), and accelerate's
+    ``FullyShardedDataParallelPlugin.set_auto_wrap_policy`` raises on a listed class the model does not contain."""
+    present = {type(m).__name__ for m in module.modules()}
+    return sorted(name for name in getattr(module, "_no_split_modules", None) or [] if name in present)
 
 
 def local(t: Tensor) -> Tensor:

@@ -44,10 +44,18 @@ TRL_NAMES = {
     "eval_steps": "eval.every",
     "peft_config": "model.lora",
     "gradient_checkpointing": "model.args.gradient_checkpointing",
+    "tools": "rollout.tools",
+    "max_tool_calling_iterations": "rollout.max_turns",
+    "environment_factory": "rollout.environment",
 }
 """TRL option name → the mmgrpo config path that holds it (``docs/from_trl.md``)."""
 
-_TRL_VALUES = {"use_vllm": "rollout.engine: vllm", "loss_type": "algorithm.aggregation (per loss_type)"}
+_TRL_VALUES = {
+    "use_vllm": "rollout.engine: vllm",
+    "loss_type": "algorithm.aggregation (per loss_type)",
+    "max_tool_calling_iterations": "rollout.max_turns (= iterations + 1: assistant turns)",
+    "tools": "rollout.tools (registry names or package.module:function)",
+}
 """Where a TRL flag becomes a value rather than a field of the same meaning."""
 
 

@@ -7,6 +7,8 @@ target that holds a ``<think>…</think>`` block is, with probability ``rate``, 
 ``<think>\\n\\n</think>`` (TON's empty thought); targets without a think block are unchanged. The draw is seeded, so
 the same rows are dropped on every process and on resume. Departure: TON rewrites its SFT data files offline; this
 applies the same rewrite to the warm-up rows in memory.
+TON's rate is 0.5 as a secondary summary of the paper reports it (the shipped
+``configs/variant_thought_dropout.yaml``); the paper's own text was not read here.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from mmgrpo import (
     importance,
     injection,
     losses,
+    multiturn,
     noise,
     run_dir,
     sampling,
@@ -50,7 +51,7 @@ from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.hostmem import fix_mmap_threshold
 from mmgrpo.launch import StopSignal, make_accelerator
 from mmgrpo.loader import load_builtins, load_engine
-from mmgrpo.optim import build_adamw
+from mmgrpo.optim import build_optimizer
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
 from mmgrpo.rewards import RewardRunner, score_rows
@@ -113,19 +114,18 @@ class Trainer:
         missing = missing_method(self.adapter, {**need, **variant_methods(a)})  # + docs/variants.md hooks
         if missing is not None:
             raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
-        o = cfg.optim
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
-        names = {id(p): n for n, p in self.adapter.model.named_parameters()}  # optim.lr_multipliers reads them
-        self.optimizer = build_adamw(list(self.adapter.trainable_parameters()), o, fsdp is not None, names)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
-        )
+        self.optimizer, self.scheduler = build_optimizer(self.adapter, cfg, fsdp=fsdp is not None)
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
             sharding.broadcast_from_main(self.adapter.model)  # as DDP does on wrapping; fully_shard keeps local values
+        if fsdp is not None and fsdp.transformer_cls_names_to_wrap is None:  # not named in the accelerate config
+            fsdp.transformer_cls_names_to_wrap = sharding.block_classes(self.adapter.model)
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
+        multiturn.use_turns(self.adapter, cfg.rollout)  # rollout.tools: multi-turn, tool-using rollouts (agents.md)
         self.engine = self._load_engine(fsdp is not None)  # vLLM: reachable (or started here) now, pushed each step
         if self.engine is not None:
             self.adapter.use_engine(self.engine)
+            self.engine.configure_push(cfg.rollout, sender=self.acc.is_main_process)  # buckets, channel
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
         self.advantage_steps = advantage_steps.build(a)  # after the estimator: one declared list of steps
         self.sampler = sampling.build_sampler(
@@ -614,6 +614,7 @@ class Trainer:
             },
             config_text=dump_config(cfg),
             model_files=run_dir.model_files(cfg, self.adapter, step),
+            sharded=cfg.checkpoint.sharded,
         )
 
     def _finish(self) -> None:

@@ -37,6 +37,8 @@ class Rollout:
         unit_values: [B, T] or None, dense per-unit value estimates (value-anchored shaping)
         engine_logprobs: [B, T] or None, log-probs under the inference engine that sampled the units (vLLM), for the
             importance-sampling correction of the engine/trainer mismatch (mmgrpo.importance)
+        turn_of_token: [B, T] long or None, multi-turn trajectories (``rollout.tools``): the assistant turn of each
+            unit the policy generated, −1 on observation tokens and padding (per-turn credit, mmgrpo.credit)
     """
 
     outputs: list[Any]  # B decoded outputs: str for LMs, PIL images for generators
@@ -49,6 +51,7 @@ class Rollout:
     unit_sigmas: Tensor | None = None  # [B, T]
     unit_values: Tensor | None = None  # [B, T]
     engine_logprobs: Tensor | None = None  # [B, T] log-probs of the inference engine that sampled (rollout.engine)
+    turn_of_token: Tensor | None = None  # [B, T] assistant turn of each generated unit, −1 elsewhere (rollout.tools)
     extras: dict[str, list[Any]] = field(default_factory=dict)  # extra reward columns, each B long
 
     def __post_init__(self) -> None:
@@ -77,7 +80,7 @@ class Rollout:
                 f"Rollout.prompt_index must be group-major (sample b belongs to prompt b // G={G}), "
                 f"got {self.prompt_index.tolist()[:16]}"
             )
-        for name in ("unit_sigmas", "unit_values", "engine_logprobs"):
+        for name in ("unit_sigmas", "unit_values", "engine_logprobs", "turn_of_token"):
             t = getattr(self, name)
             if t is not None and t.shape != self.mask.shape:
                 raise ValueError(f"Rollout.{name} {tuple(t.shape)} must match mask {tuple(self.mask.shape)}")
@@ -220,13 +223,16 @@ class EngineRollout(Protocol):
     vLLM in this process), handed to the adapter (:class:`UsesEngine`), which supplies its prompts and media, and
     closed when training ends.
 
-    ``version`` is the weights version every answer must carry: process 0 pushes (``push_model``), the other
-    processes set it to the version pushed. ``name`` is the engine in error messages."""
+    ``version`` is the weights version every answer must carry: process 0 pushes (``push_model``, in buckets and
+    over the channel ``configure_push`` set from the ``rollout`` section), the other processes set it to the version
+    pushed. ``name`` is the engine in error messages."""
 
     name: str
     version: int
 
     def health(self) -> dict: ...
+
+    def configure_push(self, rollout: Any, sender: bool = True) -> None: ...
 
     def push_model(self, model: torch.nn.Module, version: int) -> None: ...
 
@@ -241,8 +247,19 @@ class UsesEngine(Protocol):
     def use_engine(self, engine: EngineRollout) -> None: ...
 
 
+@runtime_checkable
+class MultiTurn(Protocol):
+    """Multi-turn, tool-using rollouts (``rollout.tools``): the adapter parses tool calls in its chat template's
+    format, runs the tools and appends their observations (mask 0) until the trajectory ends (docs/agents.md)."""
+
+    def use_turns(self, settings: Any) -> None:
+        """Roll out multi-turn trajectories from now on, as ``settings`` (the ``rollout`` config section) says."""
+        ...
+
+
 ADAPTER_CAPABILITIES: dict[str, type] = {
     "use_engine": UsesEngine,
+    "use_turns": MultiTurn,
     "exact_kl": ExactKL,
     "ratio_norm_inputs": RatioNormInputs,
     "supervised_loss": SupervisedLoss,
@@ -256,9 +273,13 @@ def capabilities(cls: type) -> frozenset[str]:
     return frozenset(name for name in ADAPTER_CAPABILITIES if callable(getattr(cls, name, None)))
 
 
-def required_capabilities(*, kl: str, ratio_norm: bool, warmup_steps: int, engine: str = "native") -> dict[str, str]:
+def required_capabilities(
+    *, kl: str, ratio_norm: bool, warmup_steps: int, engine: str = "native", tools: bool = False
+) -> dict[str, str]:
     """Adapter capabilities a configuration needs, each with the config field that needs it."""
     need = {}
+    if tools:
+        need["use_turns"] = "rollout.tools"
     if engine != "native":
         need["use_engine"] = f"rollout.engine: {engine}"
     if kl == "gaussian_exact":

@@ -13,6 +13,7 @@ Public API:
 """
 
 from . import parsing
+from .agents import deepeyes  # noqa: F401  (docs/agents.md)
 from .model_based import CLIPScore, PickScore
 from .registry import (
     ENTRY_POINT_GROUP,

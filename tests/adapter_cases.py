@@ -5,7 +5,7 @@ test (``tests/test_fsdp.py``) all take their families from.
 Adding a model family = one entry in ``CASES`` (tiny ``model.args``, two prompt rows, LoRA targets, the state field
 holding what a rollout drew); a registered adapter without an entry fails the contract's first test. A second
 architecture of a family is one more entry naming its ``adapter`` (``vlm_idefics3``: SmolVLM under the ``vlm``
-adapter).
+adapter; ``vlm_llava``, ``vlm_llava_onevision``, ``vlm_internvl``, ``vlm_gemma3``).
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ VIDEO_SAMPLING = {"fps": 3.0, "min_frames": 4, "max_frames": 4, "min_pixels": 31
 CASES: dict[str, Case] = {
     "vlm": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4}, _shapes_rows),
     "vlm_idefics3": Case({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"),
+    "vlm_llava": Case({"name_or_path": "tiny-llava", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"),
+    "vlm_llava_onevision": Case(
+        {"name_or_path": "tiny-llava-onevision", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"
+    ),
+    "vlm_internvl": Case({"name_or_path": "tiny-internvl", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"),
+    "vlm_gemma3": Case({"name_or_path": "tiny-gemma3", "max_new_tokens": 4}, _shapes_rows, adapter="vlm"),
     "video": Case({"name_or_path": "tiny-qwen2.5-vl", "max_new_tokens": 4, "video": VIDEO_SAMPLING}, _video_rows),
     "flow": Case(
         {"name_or_path": "tiny-sd3", "num_steps": 3, "eval_num_steps": 2, "resolution": 32, "device": "cpu"},

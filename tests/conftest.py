@@ -44,7 +44,7 @@ HEAVY_FILES = {
     "tests/test_world_size.py": 229,
     "tests/test_engine.py": 176,
     "tests/test_speech_learning.py": 121,
-    "tests/test_real_models.py": 98,
+    "tests/test_real_models.py": 160,  # + the SmolVLM warm-up and GRPO steps (about 60 s)
     "tests/test_flow_learning.py": 98,
     "tests/test_colocate.py": 79,
     "tests/test_multiprocess.py": 75,
@@ -52,6 +52,8 @@ HEAVY_FILES = {
     "tests/test_video_learning.py": 58,
     "tests/test_demo.py": 46,
     "tests/test_two_nodes.py": 57,  # measured alone, with the CI run on the other core
+    "tests/test_prefix_sharing.py": 62,  # 89 tests: every text and media architecture (wt/38's one-thread run)
+    "tests/test_turns.py": 20,
 }
 
 

@@ -51,7 +51,7 @@ def main(out: Path, names: list[str]) -> None:
             adapter = build(name, lora=False)
             rows = case.rows()[rank : rank + 1]
         sharding.broadcast_from_main(adapter.model)
-        acc.state.fsdp_plugin.transformer_cls_names_to_wrap = None  # accelerate keeps the first model's block classes
+        acc.state.fsdp_plugin.transformer_cls_names_to_wrap = sharding.block_classes(adapter.model)  # as the trainer
         optimizer = torch.optim.AdamW(adapter.trainable_parameters(), lr=1e-3)
         adapter.model, optimizer = acc.prepare(adapter.model, optimizer)
         draws[0] = 0

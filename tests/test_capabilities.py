@@ -17,9 +17,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_declared_capabilities_of_the_builtin_adapters():
-    assert capabilities(VLMAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: text + images
-    assert capabilities(VideoAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: + videos
-    assert capabilities(AudioLLMAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: + audio
+    assert capabilities(VLMAdapter) == {
+        "supervised_loss",
+        "sync_reference",
+        "use_engine",
+        "use_turns",
+    }  # vLLM: text + images
+    assert capabilities(VideoAdapter) == {
+        "supervised_loss",
+        "sync_reference",
+        "use_engine",
+        "use_turns",
+    }  # vLLM: + videos
+    assert capabilities(AudioLLMAdapter) == {
+        "supervised_loss",
+        "sync_reference",
+        "use_engine",
+        "use_turns",
+    }  # vLLM: + audio
     assert capabilities(WhisperAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: enc-dec
     assert capabilities(FlowAdapter) == {"exact_kl", "ratio_norm_inputs"}
     assert issubclass(FlowAdapter, ExactKL) and issubclass(FlowAdapter, RatioNormInputs)

@@ -275,6 +275,51 @@ def test_partial_pushes_after_the_first_and_the_whole_model_to_a_restarted_engin
 
 @pytest.mark.slow
 @needs_vllm
+def test_a_push_in_many_buckets_serves_exactly_what_a_one_bucket_push_serves(server):
+    """Issue 35: the whole model pushed in 64 kB buckets (whole layers, each loaded by vLLM as it arrives) after other
+    weights were pushed in one: the engine's greedy completions and their log-probs equal, bit for bit, those it
+    served after a one-bucket push of the same weights, and the native loop's completions."""
+    from mmgrpo.modalities.tokens import weight_buckets as wb
+    from mmgrpo.modalities.tokens import weight_sync
+    from mmgrpo.modalities.tokens.engine import engine_weights
+
+    url, _ = server
+    adapter = _adapter(url)
+    rows = _rows(3)
+    first = {k: v.clone() for k, v in adapter.model.state_dict().items()}
+    v = adapter.engine.version
+    _perturb_and_push(adapter, seed=11, version=v + 1)  # one bucket: the default 256 MiB holds the tiny model
+    one = _greedy_logprobs(adapter, rows)
+    weights = {k: t.clone() for k, t in adapter.model.state_dict().items()}
+    adapter.model.load_state_dict(first)
+    adapter.engine.push(engine_weights(adapter.model), v + 2)  # other weights in between
+    assert not torch.equal(_greedy_logprobs(adapter, rows)[1], one[1])
+    adapter.model.load_state_dict(weights)
+    calls = []
+    call = adapter.engine._call
+    adapter.engine._call = lambda path, *a: (calls.append(path), call(path, *a))[1]
+    adapter.engine.bucket_bytes = 64 << 10
+    adapter.engine.push(engine_weights(adapter.model), v + 3)
+    planned = wb.plan(weight_sync.lazy(engine_weights(adapter.model)), 64 << 10)  # whole layers: 9 buckets
+    assert calls.count("/update_weights") == len(planned) > 5, len(calls)
+    many = _greedy_logprobs(adapter, rows)
+    assert torch.equal(many[0], one[0]) and torch.equal(many[1], one[1])  # bit-exact: the same weights served
+    assert torch.equal(many[0], _greedy(adapter, rows, engine=False))
+
+
+def _greedy_logprobs(adapter, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's greedy completions [P, T] and their log-probs [P, T]."""
+    with adapter._media_scope():
+        encodings = [adapter._encode_prompt(r) for r in rows]
+    requests = adapter._engine_prompts(rows, encodings)
+    spec = adapter._sampling_spec(greedy=True)
+    ids, logprobs, _ = adapter.engine.generate(requests, 1, spec, [0] * len(rows), adapter._engine_processor_kwargs())
+    mask = adapter._completion_mask(ids)
+    return torch.where(mask.bool(), ids, torch.full_like(ids, adapter.pad_id)), logprobs * mask
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     """The engine's log-probs of its own samples vs the trainer's recomputation (fp32 both): the mismatch TIS
     corrects is small on the same weights: within the model's rounding budget (tests/numerics.py). Measured on CPU:
@@ -290,6 +335,46 @@ def test_engine_sampled_logprobs_agree_with_the_trainers(server):
     adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
     again = adapter.rollout(_rows(2), 4, noise.NoiseKeys(0, 0, (0, 1), 4))
     assert again.outputs == rollout.outputs  # keyed seeds: the same samples from the same engine
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_two_turn_image_trajectory_equals_native_after_a_weight_push(server):
+    """Multi-turn (rollout.tools): turn 0 crops (scripted), turn 1 is the policy's. The engine gets each trajectory
+    token-in — one pad per image, the prompt's image and the crop — expands it to the trainer's very ids (checked in
+    _engine_sample) and answers greedily with the native loop's tokens; its sampled log-probs agree with the
+    trainer's recomputation over both images."""
+    from mmgrpo import noise
+    from mmgrpo.config import RolloutConfig
+    from mmgrpo.modalities.tokens.turns import TurnState
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+    from tests.test_turns import CROP, script
+
+    url, _ = server
+    adapter = _adapter(url)
+    adapter.use_turns(RolloutConfig(tools=["crop"], max_turns=2, max_total_tokens=300))
+    rows = ShapesTask(ShapesArgs(train_size=3, eval_size=1, image_size=112)).train_rows()
+    _perturb_and_push(adapter, seed=11, version=adapter.engine.version + 1)
+    calls = script(adapter, {b: [CROP] for b in range(6)}, real_after=1)
+
+    def greedy() -> TurnState:
+        runner = adapter.turns
+        with adapter._media_scope():
+            encodings = [adapter._encode_prompt(r) for r in rows]
+            state, _ = runner.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+        return state
+
+    engine_state = greedy()
+    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
+    engine, adapter.engine = adapter.engine, None
+    native_state = greedy()
+    adapter.engine = engine
+    assert (native_state.turn_of_token == 1).any(dim=1).all()
+    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
+    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
+    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
 
 
 def _video_adapter(url: str, side: int = 112):

@@ -17,7 +17,7 @@ from mmgrpo.modalities.tokens.engine import EngineClient, VLLMClient
 from mmgrpo.types import EngineRollout, UsesEngine
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("health", "push_model", "close")
+METHODS = ("health", "configure_push", "push_model", "close")
 ATTRIBUTES = ("name", "version")
 IMPLEMENTATIONS = [VLLMClient, ColocateEngine]
 
@@ -35,7 +35,7 @@ def test_the_protocol_declares_what_the_trainer_uses():
         and isinstance(n.value.value, ast.Name)
         and n.value.value.id == "self"
     }
-    assert used == {"push_model", "version", "close"}, used
+    assert used == {"configure_push", "push_model", "version", "close"}, used
     members = set(METHODS) | set(ATTRIBUTES)
     assert used <= members
     assert {m for m in members if callable(getattr(EngineRollout, m, None))} == set(METHODS)
@@ -50,7 +50,11 @@ def test_every_engine_implements_the_protocol(cls):
         ours = list(inspect.signature(getattr(EngineRollout, name)).parameters)
         theirs = list(inspect.signature(getattr(cls, name)).parameters)
         assert theirs == ours, (cls.__name__, name, theirs)
-        assert getattr(cls, name) is not getattr(EngineClient, name) or name in ("push_model", "close")
+        assert getattr(cls, name) is not getattr(EngineClient, name) or name in (
+            "configure_push",
+            "push_model",
+            "close",
+        )
     for name in ATTRIBUTES:
         assert hasattr(cls, name)
     assert callable(cls.generate) and issubclass(cls, EngineClient)

@@ -16,6 +16,7 @@ checkpoint repeats the uninterrupted run's kernels in the same order: compared e
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -181,6 +182,55 @@ def test_fsdp_checkpoint_resumes(tmp_path, mmgrpo_cache):
 
 
 @pytest.mark.slow
+def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_1_and_on_2_with_identical_state(tmp_path, mmgrpo_cache):
+    """Issue 35: under FSDP the step checkpoint is sharded (torch.distributed.checkpoint: each process wrote its own
+    shards, nothing gathered, no model/ export). Resumed on 2 FSDP processes and on 1 plain process at its own step
+    (``steps=1``: nothing left to train, the final save runs), each run's ``final/`` (gathered) holds exactly the
+    weights and AdamW state the 2 processes saved; the 2-process one is also a normal Hugging Face directory."""
+    from mmgrpo import sharded_checkpoint as sc
+
+    (tmp_path / "length_rewards.py").write_text(REWARD)
+    run = [*VLM_STEP, "steps=2", "stop_after=1"]  # full fine-tuning: the reference copy and the optimizer too
+    _launch("fsdp_cpu_2proc", QUICK, run, tmp_path / "cut", tmp_path)
+    step = tmp_path / "cut/checkpoints/step-000001"
+    assert sorted(p.name for p in (step / "state/sharded").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not (step / "state/model.safetensors").exists() and not (step / "model").exists()
+    weights, optim = sc.read(step / "state")
+    names = [n for g in optim["param_groups"] for n in g["params"]]  # the optimizer's order: its state-dict index
+    for world, out in ((2, "two"), (1, "one")):
+        shutil.copytree(tmp_path / "cut", tmp_path / out)
+        resume = [*VLM_STEP, "steps=1", "resume=latest"]
+        if world == 2:
+            summary = _launch("fsdp_cpu_2proc", QUICK, resume, tmp_path / out, tmp_path)
+        else:
+            summary = _run_one_process(QUICK, resume, tmp_path / out, tmp_path)
+        assert summary["train/processes"] == world and summary["train/sharded"] == float(world == 2)
+        final = tmp_path / out / "checkpoints/final"
+        got = load_file(str(final / "state/model.safetensors"))
+        assert got and set(got) <= set(weights)  # (tied aliases are saved once)
+        for k, v in got.items():
+            assert torch.equal(v, weights[k]), (world, k)
+        moments = load_file(str(final / "state/optimizer.safetensors"))
+        assert len(moments) == 3 * len(names)  # step, exp_avg, exp_avg_sq of every parameter
+        for key, v in moments.items():
+            _, i, name = key.split(".", 2)
+            assert torch.equal(
+                v.reshape(optim["state"][names[int(i)]][name].shape), optim["state"][names[int(i)]][name]
+            )
+        assert (final / "model/config.json").is_file() and (final / "model/model.safetensors").is_file()
+
+
+def _run_one_process(config: Path, overrides: list[str], out: Path, tmp_path: Path) -> dict:
+    """``python -m mmgrpo train`` in one process (no launcher, no process group); returns summary.json."""
+    pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    cmd = [sys.executable, "-m", "mmgrpo", "train", str(config), *overrides, f"output_dir={out}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
 def test_every_family_rolls_out_and_trains_under_fsdp(tmp_path, mmgrpo_cache):
     """Every family of the contract table (tests/adapter_cases.py), sharded with FSDP2 on 2 processes, samples G
     completions of a different prompt on each process, scores them as the unsharded model does and back-propagates
@@ -259,3 +309,14 @@ def test_deepspeed_launch_is_refused_before_loading(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"DeepSpeed launches are not supported.*fsdp\.yaml"):
         Trainer(load_config(QUICK, [f"output_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run").exists()
+
+
+def test_fsdp_wraps_the_listed_blocks_the_model_contains(mmgrpo_cache):
+    """LLaVA's ``_no_split_modules`` names CLIP's text embeddings, which its vision tower does not hold (accelerate's
+    wrap policy raised on it); ``sharding.block_classes`` keeps the listed classes the model contains."""
+    from mmgrpo import sharding
+    from tests.adapter_cases import build
+
+    model = build("vlm_llava", lora=False).model
+    assert "CLIPTextEmbeddings" in model._no_split_modules
+    assert sharding.block_classes(model) == ["CLIPEncoderLayer", "CLIPVisionEmbeddings", "LlamaDecoderLayer"]

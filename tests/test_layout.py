@@ -17,6 +17,7 @@ CORE = [
     "mmgrpo.cli",
     "mmgrpo.compat",
     "mmgrpo.config",
+    "mmgrpo.credit",
     "mmgrpo.loader",
     "mmgrpo.losses",
     "mmgrpo.options",
@@ -53,6 +54,7 @@ def test_core_imports_neither_modalities_nor_tasks():
     [
         (["mmgrpo.modalities"], ("mmgrpo.tasks",)),
         (["mmgrpo.rewards"], ("mmgrpo.tasks", "mmgrpo.modalities")),
+        (["mmgrpo.tools"], ("mmgrpo.tasks", "mmgrpo.modalities")),
     ],
 )
 def test_modalities_and_rewards_do_not_import_upwards(modules, forbidden):
@@ -65,7 +67,12 @@ def test_modalities_and_rewards_do_not_import_upwards(modules, forbidden):
 # ---------------------------------------------------------------------------------------------- import circle
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = {"mmgrpo": ROOT / "mmgrpo", "mmgrpo.modalities": ROOT / "modalities", "mmgrpo.rewards": ROOT / "rewards"}
+PACKAGE_DIRS = {
+    "mmgrpo": ROOT / "mmgrpo",
+    "mmgrpo.modalities": ROOT / "modalities",
+    "mmgrpo.rewards": ROOT / "rewards",
+    "mmgrpo.tools": ROOT / "tools",
+}
 
 
 def _modules() -> dict[str, Path]:

@@ -23,6 +23,7 @@ ALLOWED = {  # (file, text of the line) → why this getattr/hasattr is not a ca
     ("samples.py", 'hasattr(value[0], "detach")'): "a model output: tensor or array (no torch import here)",
     ("samples.py", 'hasattr(value, "detach")'): "a model output: tensor or array (no torch import here)",
     ("sharding.py", "getattr(module, name)"): "torch submodule lookup by its dotted name",
+    ("sharding.py", 'getattr(module, "_no_split_modules", None)'): "a transformers model's FSDP block list",
     ("tracking.py", '"writer" if name == "tensorboard" else "run"'): "accelerate's tracker objects",
     ("tracking.py", 'hasattr(writer, "add_image")'): "accelerate's tracker objects",
     ("tracking.py", 'hasattr(run, "log")'): "accelerate's tracker objects",

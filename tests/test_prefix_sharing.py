@@ -134,8 +134,9 @@ def test_ratio_is_one_with_sampler_logprobs(tiny_vlm_path):
 
 
 def text_model(model_type: str, **config_kwargs):
-    """A tiny random text-only causal LM of ``model_type`` (fp32, sdpa, train mode) and the tiny VLM's tokenizer;
-    ``config_kwargs`` replace the sizes (the engine test's Llama: head_dim 64, as vLLM's CPU kernels take)."""
+    """A tiny random text-only causal LM of ``model_type`` (fp32, train mode) and the tiny VLM's tokenizer;
+    ``config_kwargs`` replace the sizes (the engine test's Llama: head_dim 64, as vLLM's CPU kernels take) and may
+    name the attention kernel (``attn_implementation``, default sdpa)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from mmgrpo.modalities.vlm.tiny import build_tokenizer
@@ -143,6 +144,7 @@ def text_model(model_type: str, **config_kwargs):
     tok = build_tokenizer()
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
     sizes["num_key_value_heads"] = 2
+    attn = config_kwargs.pop("attn_implementation", "sdpa")
     config = AutoConfig.for_model(
         model_type,
         vocab_size=len(tok),
@@ -151,7 +153,7 @@ def text_model(model_type: str, **config_kwargs):
         **{**sizes, **config_kwargs},
     )
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train(), tok
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).train(), tok
 
 
 def _text_adapter(model_type: str, **config_kwargs):
@@ -162,7 +164,10 @@ def _text_adapter(model_type: str, **config_kwargs):
 
 # The decoder architectures the shared path is tested on (docs/architecture.md, "Architectures and the fast path"):
 # tiny random models of each built from config, each with its own transformers implementation. Mistral with
-# sliding_window null, as Mistral-7B-v0.3 ships (a window keeps the naive path: test below).
+# sliding_window null, as Mistral-7B-v0.3 ships (a window keeps the naive path: test below). Gemma 2 and 3 with their
+# sliding-window and global layers, the window (4 tokens) shorter than every prompt, so it hides prompt keys from
+# the completions in the sliding layers; Gemma 2 with eager attention, the only kernel transformers gives it.
+SLIDING_LAYERS = {"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}
 TEXT_ARCHITECTURES = {
     "llama": {},  # SmolLM2, Llama 3.x
     "mistral": {"sliding_window": None},
@@ -173,7 +178,10 @@ TEXT_ARCHITECTURES = {
     "olmo2": {},
     "granite": {"logits_scaling": 8.0},  # as Granite 3 ships: its head is not fused
     "smollm3": {},
+    "gemma2": {**SLIDING_LAYERS, "attn_implementation": "eager"},  # final_logit_softcapping 30: not fused
+    "gemma3_text": SLIDING_LAYERS,  # Gemma 3 (1B is text-only: Gemma3ForCausalLM)
 }
+SCALED_HEADS = {"granite", "gemma2"}  # a config rescales their logits after the head (logits_scaling, soft-capping)
 TEXT_ROWS = [{"prompt": "What colour is the shape?"}, {"prompt": "The quick brown fox jumps over the lazy dog. Why?"}]
 
 
@@ -214,11 +222,22 @@ def test_every_decoder_architecture_samples_like_generate_and_keyed_is_batch_fre
 
 
 def test_a_sliding_window_keeps_the_naive_path_with_its_reason():
+    """Mistral's one window over every layer, and sliding layers of a family other than Gemma 2/3 (Qwen2 with
+    ``use_sliding_window``: layers from ``max_window_layers`` on slide), keep the naive path; Gemma 3's are covered."""
     assert "sliding-window attention (window 4096)" in prefix_sharing.unsupported_reason(
         _text_adapter("mistral", sliding_window=4096).model
     )
-    reason = prefix_sharing.unsupported_reason(_text_adapter("gemma3_text").model)  # sliding and global layers
-    assert reason == "sliding-window attention layers keep a different cache"
+    qwen2 = _text_adapter("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=1).model
+    assert qwen2.config.layer_types == ["full_attention", "sliding_attention"]
+    assert prefix_sharing.unsupported_reason(qwen2) == (
+        "sliding-window attention layers of model type 'qwen2' are not yet tested against the naive path "
+        "(those of gemma2, gemma3_text are)"
+    )
+    assert prefix_sharing.unsupported_reason(_text_adapter("gemma3_text").model) is None  # its default layers
+    bidirectional = _text_adapter("gemma3_text", use_bidirectional_attention=True).model  # EmbeddingGemma's
+    assert prefix_sharing.unsupported_reason(bidirectional) == (
+        "model type 'gemma3_text' attends bidirectionally (its prompt is not a causal prefix)"
+    )
 
 
 def test_text_only_qwen2_is_covered():
@@ -229,7 +248,7 @@ def test_text_only_qwen2_is_covered():
 
 
 def test_uncovered_family_falls_back_with_one_warning(caplog):
-    adapter = _text_adapter("gemma3_text")  # sliding-window and global layers
+    adapter = _text_adapter("mistral", sliding_window=4096)  # one window over every layer
     assert "sliding-window" in prefix_sharing.unsupported_reason(adapter.model)
     rows = [{"prompt": "What colour is the shape?"}, {"prompt": "Which way does the object move?"}]
     prefix_sharing._warned.clear()
@@ -450,14 +469,36 @@ def test_qwen3_vl_shared_forward_equals_naive(tmp_path, checkpointed, caplog):
     model_reductions(adapter._unwrapped()).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])
 
 
+# The media models with 1-D positions under the shared paths, built-in tiny models of the real architectures
+# (modalities/vlm/tiny.py): name → (model type, the attribute of its vision tower).
+MEDIA_MODELS = {
+    "tiny-smolvlm": ("idefics3", "vision_model"),  # SigLIP, pixel shuffle, Llama decoder
+    "tiny-llava": ("llava", "vision_tower"),  # CLIP at layer -2, MLP projector, Llama decoder
+    "tiny-llava-onevision": ("llava_onevision", "vision_tower"),  # anyres tiles, unpadding, newline features, Qwen2
+    "tiny-internvl": ("internvl", "vision_tower"),  # dynamic tiles + thumbnail, pixel shuffle, Qwen2
+    "tiny-gemma3": ("gemma3", "vision_tower"),  # SigLIP, pooled soft tokens seen both ways, sliding + global layers
+}
+
+
+def _media_rows():
+    """:func:`_rows` with the second image cut to 84 × 42 pixels: another aspect ratio, so the tiling models give the
+    two prompts different tile counts (LLaVA-OneVision 5 and 7, InternVL 1 and 3 tiles)."""
+    rows = _rows()
+    image = rows[1]["image"]
+    return [rows[0], dict(rows[1], image=image.crop((0, 0, image.size[0], image.size[1] // 2)))]
+
+
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["cache", "checkpointed"])
-def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
-    """SmolVLM (transformers' Idefics3: SigLIP tower, pixel shuffle, Llama decoder; ``tiny-smolvlm``): the shared
-    forward and, under gradient checkpointing, the packed one give the naive forward's log-probs and gradients
-    without a fallback, and the KV-expanded sampler's log-probs are the training forward's."""
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_share_the_prompt_exactly(name, checkpointed, caplog):
+    """SmolVLM (Idefics3), LLaVA, LLaVA-OneVision, InternVL and Gemma 3: the shared forward and, under gradient
+    checkpointing, the packed one give the naive forward's log-probs and gradients without a fallback, on two prompts
+    whose images differ in tile count (Gemma 3: its image tokens attend to each other both ways, and its sliding
+    layers' window, 4, is shorter than the prompts), and the KV-expanded sampler (one prefill, one vision-tower call)
+    gives the training forward's log-probs."""
     adapter = build_vlm_adapter(
         {
-            "name_or_path": "tiny-smolvlm",
+            "name_or_path": name,
             "max_new_tokens": 6,
             "temperature": 0.8,
             "gradient_checkpointing": checkpointed,
@@ -465,15 +506,16 @@ def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
         }
     )
     model = adapter._unwrapped()
-    assert model.config.model_type == "idefics3" and prefix_sharing.unsupported_reason(model) is None
-    state = _state(adapter, _rows(), G=3, T=6)
+    model_type, tower = MEDIA_MODELS[name]
+    assert model.config.model_type == model_type and prefix_sharing.unsupported_reason(model) is None
+    state = _state(adapter, _media_rows(), G=3, T=6)
     prefix_sharing._warned.clear()
     with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
         _assert_same(adapter, state, torch.arange(6))
         _assert_same(adapter, state, torch.tensor([5, 0, 3]))
         calls = []
-        model.model.vision_model.register_forward_hook(lambda m, a, out: calls.append(1))
-        rollout = adapter.rollout(_rows(), group_size=3)
+        getattr(model.model, tower).register_forward_hook(lambda m, a, out: calls.append(1))
+        rollout = adapter.rollout(_media_rows(), group_size=3)
     assert not [r for r in caplog.records if r.name == prefix_sharing.__name__]  # no fallback
     assert len(calls) == 1  # one prefill for both prompts: the KV-expanded sampler ran
     logp = adapter.logprobs(rollout, torch.arange(6))
@@ -481,10 +523,23 @@ def test_idefics3_smolvlm_shares_the_prompt_exactly(checkpointed, caplog):
     model_reductions(model).assert_logprobs_close(logp[m].detach(), rollout.old_logprobs[m])
 
 
-def test_idefics3_kv_expanded_rollout_draws_the_same_tokens_as_generate():
-    """Same seed → the SmolVLM's KV-expanded sampler draws generate(num_return_sequences=G)'s tokens."""
-    rows, G = _rows(), 4
-    args = {"name_or_path": "tiny-smolvlm", "max_new_tokens": 6, "min_new_tokens": 2, "temperature": 0.7}
+def test_llava_onevision_batches_prompts_of_different_tile_counts():
+    """LLaVA-OneVision's ``pixel_values`` [images, tiles, C, H, W]: the two prompts' images have 5 and 7 tiles, and
+    their batch pads the first with zero tiles, which the model never reads (``image_sizes`` gives each count)."""
+    adapter = build_vlm_adapter({"name_or_path": "tiny-llava-onevision", "max_new_tokens": 4})
+    encodings = [adapter._encode_prompt(row) for row in _media_rows()]
+    assert [e["pixel_values"].shape[1] for e in encodings] == [5, 7]
+    pixels = adapter._collate(encodings)["pixel_values"]  # [2, 7, 3, 28, 28]
+    assert pixels.shape == (2, 7, 3, 28, 28) and torch.equal(pixels[1], encodings[1]["pixel_values"][0])
+    assert torch.equal(pixels[0, :5], encodings[0]["pixel_values"][0]) and not pixels[0, 5:].any()
+
+
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_kv_expanded_rollout_draws_the_same_tokens_as_generate(name):
+    """Same seed → the KV-expanded sampler draws generate(num_return_sequences=G)'s tokens, with the naive forward's
+    log-probs; greedy evaluation agrees."""
+    rows, G = _media_rows(), 4
+    args = {"name_or_path": name, "max_new_tokens": 6, "min_new_tokens": 2, "temperature": 0.7}
     naive = build_vlm_adapter({**args, "kv_expand_rollout": False, "prefix_sharing": False})
     shared = build_vlm_adapter({**args, "old_logprobs": "sampler", "sample_draw": "multinomial"})
     torch.manual_seed(3)
@@ -546,40 +601,44 @@ def test_kv_expanded_sampler_reserves_the_cache_and_keeps_its_draws(tiny_vlm_pat
 
 
 def test_an_untested_media_model_keeps_the_naive_path_with_its_reason():
-    """LLaVA's positions are 1-D, but its image layout is not under the contract yet: naive path, one-line reason."""
-    from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
+    """LLaVA-NeXT's positions are 1-D, but its image layout is not under these tests (LLaVA-OneVision's, from which
+    it differs, is): naive path, one-line reason."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
 
     text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
-    vision = SiglipVisionConfig(
+    vision = CLIPVisionConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
     )
-    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision, image_token_index=63))
-    reason = prefix_sharing.unsupported_reason(model)
-    assert reason == "multimodal model type 'llava' is not yet tested against the naive path (text decoders are)"
+    config = LlavaNextConfig(
+        text_config=text, vision_config=vision, image_token_index=63, image_grid_pinpoints=[[28, 28], [28, 56]]
+    )
+    reason = prefix_sharing.unsupported_reason(LlavaNextForConditionalGeneration(config))
+    assert reason == "multimodal model type 'llava_next' is not yet tested against the naive path (text decoders are)"
 
 
 @pytest.mark.parametrize("model_type", list(TEXT_ARCHITECTURES))
 def test_every_decoder_architecture_fuses_its_head_like_the_logits_path(model_type, monkeypatch):
     """The fused lm_head log-probs and gradients (shared forward) equal the logits path's; a head whose logits the
-    config rescales (Granite's ``logits_scaling``) is not fused."""
+    config rescales (Granite's ``logits_scaling``, Gemma 2's soft-capping) is not fused."""
     import mmgrpo.modalities.tokens.policy as policy
     from mmgrpo.modalities.tokens.logprobs import fusable_head
     from tests.test_fused_logprobs import _parity
 
     adapter = _text_adapter(model_type, **TEXT_ARCHITECTURES[model_type])
-    if model_type == "granite":
+    if model_type in SCALED_HEADS:
         assert fusable_head(adapter.model) is None
         return
     assert fusable_head(adapter.model) is not None
     _parity(monkeypatch, policy, adapter, _state(adapter, TEXT_ROWS, G=2, T=5), torch.arange(4))
 
 
-def test_idefics3_fuses_its_head_like_the_logits_path(monkeypatch):
-    """SmolVLM's lm_head (a plain linear layer) is fused, with the logits path's log-probs and gradients."""
+@pytest.mark.parametrize("name", list(MEDIA_MODELS))
+def test_media_models_fuse_their_head_like_the_logits_path(name, monkeypatch):
+    """The media models' lm_head (a plain linear layer) is fused, with the logits path's log-probs and gradients."""
     import mmgrpo.modalities.tokens.policy as policy
     from mmgrpo.modalities.tokens.logprobs import fusable_head
     from tests.test_fused_logprobs import _parity
 
-    adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 5})
+    adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": 5})
     assert fusable_head(adapter.model) is not None
-    _parity(monkeypatch, policy, adapter, _state(adapter, _rows(), G=2, T=5), torch.arange(4))
+    _parity(monkeypatch, policy, adapter, _state(adapter, _media_rows(), G=2, T=5), torch.arange(4))

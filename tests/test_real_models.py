@@ -372,7 +372,8 @@ def _train(tmp_path, config: Path, *overrides: str) -> list[dict]:
     cmd = [sys.executable, "-m", "mmgrpo", "train", str(config), *common, *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in lines if "loss/policy" in s]  # not the warm-up's evaluation line
     assert len(steps) == 2
     for s in steps:
         assert math.isfinite(s["loss/policy"])
@@ -483,6 +484,18 @@ def test_smolvlm_before_smollm2_is_set_up_says_so_in_one_line(tmp_path, monkeypa
     monkeypatch.setenv("MMGRPO_REAL_MODELS", str(tmp_path / "none"))
     problem = smolvlm.load_problem(smolvlm.NAME)
     assert problem is not None and "smollm2-135m-instruct" in problem and SETUP in problem
-    with pytest.raises(ConfigError, match="bash scripts/setup_real_models.sh"):
+    with pytest.raises(ConfigError, match=r"bash scripts/setup_real_models\.sh"):
         smolvlm.resolve(smolvlm.NAME)
     assert smolvlm.load_problem("tiny-smolvlm") is None
+
+
+@pytest.mark.slow
+def test_warmup_and_grpo_steps_on_the_smolvlm(tmp_path):
+    """configs/real_smolvlm_shapes.yaml in small: the fresh vision side's warm-up (the language model frozen), then
+    GRPO steps on the whole model with the vision side's own learning rate (``optim.lr_multipliers``)."""
+    _set_up("smollm2-135m-instruct")
+    # 6 warm-up steps of 8 rows teach enough of the format that 2 groups of 8 sampled replies differ in reward
+    overrides = ["steps=2", "seed=0", "warmup.steps=6", "warmup.batch_size=8", "algorithm.group_size=8"]
+    overrides += ["algorithm.minibatch_size=16", "task.args.train_size=32", "task.args.eval_size=2"]
+    steps = _train(tmp_path, ROOT / "configs/real_smolvlm_shapes.yaml", *overrides)
+    assert all(0 <= s["reward/accuracy"] <= 1 for s in steps)

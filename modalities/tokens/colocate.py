@@ -8,7 +8,7 @@ no URL:
 
 - vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``collective_rpc`` calls the
   weight loader directly: each push hands the trainer's own tensors (the merged state dict of
-  :func:`~.engine.engine_weights`) to vLLM's ``reload_weights``, nothing written or serialised;
+  :func:`~.engine.engine_tensors`, bucket by bucket) to vLLM's ``reload_weights``, nothing written or serialised;
 - media go to vLLM as the adapter's encoders loaded them (PIL images, sampled frames, waveforms), not PNG/base64;
 - every generate answer still carries the version of the weights it was sampled with, checked against the version
   last pushed (a lost push stops the run with one line), as in server mode.
@@ -97,16 +97,25 @@ class ColocateEngine(EngineClient):
         finally:
             self._sleep()  # the trainer's update needs the memory
 
-    def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
-        """Load the trainer's ``tensors`` (Hugging Face names) into the engine as weights version ``version``; with
-        ``base``, a part of the model on top of version ``base``, refused (False) unless the engine holds it; the
-        version must move forward and the tensors match the served model (the server's checks, :mod:`.engine_http`)."""
+    def push(self, tensors: dict[str, Tensor] | list, version: int, base: int | None = None) -> bool:
+        """Load the trainer's ``tensors`` (Hugging Face names; made, or :class:`.weight_buckets.Lazy` items) into the
+        engine as weights version ``version``, bucket by bucket (:mod:`.weight_sync`: a LoRA run's merged layers are
+        made one bucket at a time); with ``base``, a part of the model on top of version ``base``, refused (False)
+        unless the engine holds it; the version must move forward and the tensors match the served model (the
+        server's checks, :mod:`.engine_http`)."""
+        from . import weight_buckets as wb
+        from . import weight_sync
         from .engine_http import Refused
 
         self._wake()
+        items = weight_sync.lazy(tensors) if isinstance(tensors, dict) else tensors
+        buckets = wb.plan(items, self.bucket_bytes)
         try:
-            if self.engine.load_weights(tensors, version, base) is None:
-                return False
+            for i, bucket in enumerate(buckets):
+                made = {e.name: item.get() for item, e in bucket}
+                if self.engine.load_weights(made, version, base, bucket=(i, len(buckets))) is None:
+                    return False
+                del made
         except Refused as e:  # a version that does not move forward, a tensor the served model does not have
             raise EngineError(f"{self.name}: {e.message}") from None
         self.version = version

@@ -31,6 +31,7 @@ import ctypes
 import dataclasses
 import io
 import json
+import logging
 import os
 import secrets
 import signal
@@ -49,8 +50,12 @@ from mmgrpo import noise
 from mmgrpo.types import EngineError
 
 from .. import _hf
+from . import weight_buckets as wb
+from . import weight_sync
 from .decode import SamplingSpec
 from .engine_http import SECRET_ENV, find_secret, secret_file, write_secret
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -69,6 +74,9 @@ class EnginePrompt:
     media: dict[str, list[Any]]
     token_ids: list[int]
     encoder_decoder: bool = False
+    prompt_ids: list[int] | None = None
+    """The prompt sent as token ids instead of ``text`` (one placeholder per media item, which the engine expands):
+    a multi-turn continuation (``modalities/tokens/turns.py``), whose sampled tokens must not be tokenized again."""
 
 
 class EngineClient:
@@ -100,15 +108,29 @@ class EngineClient:
 
     def push_model(self, model: torch.nn.Module, version: int) -> None:
         """Send ``model``'s weights to the engine as ``version``: the first push the whole model (LoRA merged),
-        later ones only the tensors an optimizer step changes (:func:`engine_weights` ``trainable_only``), on top of
-        the version pushed before. An engine holding another version (restarted; pushed to by someone else) refuses
-        that part, and the whole model goes instead."""
-        if self._holds is None or not self.push(engine_weights(model, trainable_only=True), version, base=self._holds):
-            self.push(engine_weights(model), version)
+        later ones only the tensors an optimizer step changes (:func:`engine_tensors` ``trainable_only``, made one
+        at a time into bounded buckets), on top of the version pushed before. An engine holding another version
+        (restarted; pushed to by someone else) refuses that part, and the whole model goes instead."""
+        if self._holds is None or not self.push(engine_tensors(model, trainable_only=True), version, base=self._holds):
+            self.push(engine_tensors(model), version)
         self._holds = version
 
     def close(self) -> None:
         """Release what this client holds of the engine (a server's client: nothing; the server runs on)."""
+
+    bucket_bytes: int = weight_sync.bucket_bytes(weight_sync.DEFAULT_BUCKET_MB)
+    """The largest bucket of a push (``rollout.push_bucket_mb``, :mod:`.weight_sync`)."""
+    channel: weight_sync.NcclChannel | None = None
+    """The NCCL channel (``rollout.weight_sync: nccl``), else None: pushes go over HTTP."""
+
+    def configure_push(self, rollout: Any, sender: bool = True) -> None:
+        """Take ``rollout.push_bucket_mb`` and, on the process that pushes (``sender``), open the channel of
+        ``rollout.weight_sync`` (``nccl``: :meth:`.weight_sync.NcclChannel.connect`, refused at load without CUDA)."""
+        self.bucket_bytes = weight_sync.bucket_bytes(rollout.push_bucket_mb)
+        if sender and rollout.weight_sync == "nccl" and rollout.vllm_mode == "server":  # (a server's client: url)
+            from urllib.parse import urlparse
+
+            self.channel = weight_sync.NcclChannel.connect(self, urlparse(self.url).hostname, rollout.nccl_port)
 
     def _generate(self, body: dict) -> dict:
         """The engine's answer to a generate ``body`` (``vllm_server.py``'s ``/generate``)."""
@@ -149,6 +171,8 @@ class EngineClient:
             }
             if p.encoder_decoder:  # the decoder prompt as token ids: the engine does not tokenize it again
                 req["decoder_prompt_token_ids"] = list(p.token_ids)
+            elif p.prompt_ids is not None:  # token-in (multi-turn): the engine expands the media placeholders only
+                req["prompt_token_ids"] = list(p.prompt_ids)
             requests.append({**req, "seed": s})
         early_ids, early_steps = early_bans
         body = {
@@ -244,23 +268,36 @@ class VLLMClient(EngineClient):
         """The engine's answer to a generate ``body`` (``vllm_server.py``'s ``/generate``)."""
         return self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
 
-    def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
-        """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``.
+    def post_json(self, path: str, body: dict) -> dict:
+        """An authenticated JSON POST to the server (the NCCL channel's requests)."""
+        return self._call(path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def push(self, tensors: dict[str, Tensor] | list[wb.Lazy], version: int, base: int | None = None) -> bool:
+        """Load ``tensors`` (Hugging Face names; made tensors, or :class:`.weight_buckets.Lazy` items made one at a
+        time) into the engine's model as weights version ``version``, in buckets of at most :attr:`bucket_bytes`
+        (:mod:`.weight_sync`): the engine loads each as it arrives and holds ``version`` after the last.
 
         ``base``: the tensors are a part of the model, to go on top of weights version ``base``; an engine that
         holds another version refuses them (returns False: send the whole model). A whole-model push (``base``
         None) returns True or raises."""
-        from safetensors.torch import save
-
-        payload = save({k: v.detach().to("cpu").clone() for k, v in tensors.items()})  # tied weights: own copies
-        headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
-        if base is not None:
-            headers["X-Weights-Base"] = str(base)
-        out = self._call("/update_weights", payload, headers)
+        items = weight_sync.lazy(tensors) if isinstance(tensors, dict) else tensors
+        if self.channel is not None:
+            out = self.channel.send(items, version, base, self.bucket_bytes)
+        else:
+            out = {}
+            for i, n, payload in weight_sync.http_buckets(items, self.bucket_bytes):
+                headers = {"Content-Type": "application/octet-stream", "X-Weights-Version": str(version)}
+                headers["X-Weights-Bucket"] = f"{i}/{n}"
+                if base is not None:
+                    headers["X-Weights-Base"] = str(base)
+                out = self._call("/update_weights", payload, headers)
+                del payload  # before the next bucket is made: at most one body alive
+                if out.get("refused"):
+                    break
         if base is not None and out.get("refused") == "base":
             return False
         if out.get("version") != version:
-            raise EngineError(f"vLLM rollout server {self.url} did not take weights version {version}: {out}")
+            raise weight_sync.push_error(f"vLLM rollout server {self.url}", version, out)
         self.version = version
         return True
 
@@ -301,13 +338,21 @@ def _wire(kind: str, item: Any) -> Any:
 
 @torch.no_grad()
 def engine_weights(model: torch.nn.Module, trainable_only: bool = False) -> dict[str, Tensor]:
-    """The policy's state under the checkpoint's Hugging Face names, what the engine reloads.
+    """The policy's state under the checkpoint's Hugging Face names, what the engine reloads: every tensor of
+    :func:`engine_tensors` made at once (the tests' view; a push makes them one bucket at a time)."""
+    return {item.name: item.get() for item in engine_tensors(model, trainable_only)}
+
+
+def engine_tensors(model: torch.nn.Module, trainable_only: bool = False) -> list[wb.Lazy]:
+    """The policy's state under the checkpoint's Hugging Face names, as :class:`.weight_buckets.Lazy` items: known
+    by name, dtype and shape now, made when their bucket is packed (:mod:`.weight_sync`), so a push never holds a
+    second copy of the model.
 
     LoRA (peft): every adapted linear layer's base weight plus the adapter's delta (B·A·scale, peft
-    ``LoraLayer.get_delta_weight``) — the merged model, without merging in place — and every other tensor as is.
-    Full fine-tuning: the model's state dict. The names are those ``save_pretrained`` writes (transformers' reverted
-    weight conversion: e.g. Qwen2-Audio's ``model.language_model.*`` is ``language_model.model.*`` on disk), the
-    names the engine loaded the checkpoint under.
+    ``LoraLayer.get_delta_weight``), in the base weight's dtype — the merged model, without merging in place — and
+    every other tensor as is. Full fine-tuning: the model's state dict. The names are those ``save_pretrained`` writes
+    (transformers' reverted weight conversion: e.g. Qwen2-Audio's ``model.language_model.*`` is
+    ``language_model.model.*`` on disk), the names the engine loaded the checkpoint under.
 
     ``trainable_only``: only the tensors an optimizer step can change — under LoRA the merged adapted layers, in
     full fine-tuning the parameters that require a gradient (a frozen vision tower, Whisper's fixed positions and
@@ -315,28 +360,56 @@ def engine_weights(model: torch.nn.Module, trainable_only: bool = False) -> dict
     """
     core = _hf.unwrap(model)
     if not hasattr(core, "get_base_model"):
-        state = dict(core.state_dict())
+        state = dict(core.state_dict())  # views of the parameters: nothing copied
         if trainable_only:  # remove_duplicate=False: a tied lm_head keeps its own name
             trainable = {n for n, p in core.named_parameters(remove_duplicate=False) if p.requires_grad}
             state = {n: t for n, t in state.items() if n in trainable}
-        return _checkpoint_names(core, state)
+        return _lazy_checkpoint_names(core, {n: _made(t) for n, t in state.items()})
     from peft.tuners.lora import LoraLayer
 
     base = core.get_base_model()
     merged = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            merged[f"{name}.weight"] = module.get_base_layer().weight + delta
+            weight = module.get_base_layer().weight
+            merged[f"{name}.weight"] = (weight, lambda m=module: _merged_weight(m))
     if trainable_only:
-        return _checkpoint_names(base, merged)
+        return _lazy_checkpoint_names(base, merged)
     out = {}
     for name, tensor in base.state_dict().items():
         if ".lora_" in name:
             continue
         clean = name.replace(".base_layer.", ".")
-        out[clean] = merged.get(clean, tensor)
-    return _checkpoint_names(base, out)
+        out[clean] = merged.get(clean, _made(tensor))
+    return _lazy_checkpoint_names(base, out)
+
+
+def _made(t: Tensor) -> tuple[Tensor, Any]:
+    return t, lambda: t
+
+
+@torch.no_grad()
+def _merged_weight(module: torch.nn.Module) -> Tensor:
+    """A LoRA layer's base weight plus its active adapters' deltas, in the base weight's dtype (one new tensor)."""
+    weight = module.get_base_layer().weight
+    delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+    return (weight + delta).to(weight.dtype)
+
+
+def _lazy_checkpoint_names(model: torch.nn.Module, tensors: dict[str, tuple[Tensor, Any]]) -> list[wb.Lazy]:
+    """``tensors`` (``{state-dict name: (a tensor of its shape and dtype, maker)}``) as Lazy items under the names
+    its checkpoint holds (:func:`_checkpoint_names`, run on meta tensors). Where transformers' reverted conversion is
+    more than a renaming (tensors merged or split), the tensors are made and converted at once (one line logged)."""
+    meta = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, (t, _) in tensors.items()}
+    renamed = _checkpoint_names(model, meta)
+    source = {id(v): n for n, v in meta.items()}
+    if len(renamed) == len(meta) and all(id(v) in source for v in renamed.values()):
+        return [
+            wb.Lazy(k, wb.dtype_name(v.dtype), tuple(v.shape), tensors[source[id(v)]][1]) for k, v in renamed.items()
+        ]
+    logger.warning("the engine's checkpoint names convert tensors (not only rename them): this push is made whole")
+    made = _checkpoint_names(model, {n: get() for n, (_, get) in tensors.items()})
+    return weight_sync.lazy(made)
 
 
 def _checkpoint_names(model: torch.nn.Module, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -464,6 +537,8 @@ def engine_args(cfg: Any) -> list[str]:
     dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
     args = ["--model", target.path, "--dtype", dtype, "--seed", str(cfg.seed)]
     args += ["--max-videos", str(target.max_videos), "--max-audios", str(target.max_audios)]  # media per prompt
+    if cfg.rollout.multi_turn:  # a trajectory's prompt images and its observations' (rollout.max_images)
+        args += ["--max-images", str(max(4, 1 + cfg.rollout.max_images))]
     if cfg.rollout.vllm_gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(cfg.rollout.vllm_gpu_memory_utilization)]
     return args

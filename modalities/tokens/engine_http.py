@@ -221,6 +221,16 @@ def header_int(value: str | None, name: str, default: int | None = None) -> int 
     return n
 
 
+def bucket_header(value: str | None) -> tuple[int, int]:
+    """``X-Weights-Bucket: i/n`` (bucket i of a push of n, :mod:`.weight_buckets`); absent: the whole push, 0/1."""
+    if value is None:
+        return 0, 1
+    i, sep, n = value.partition("/")
+    if not (sep and i.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(i) < int(n) <= 2**20:
+        raise Refused(400, f"X-Weights-Bucket {value[:40]!r} is not i/n with 0 <= i < n")
+    return int(i), int(n)
+
+
 def safetensors_spec(payload: bytes | bytearray) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The tensors of a safetensors ``payload``, ``{name: (dtype, shape)}``, after checking that its header is one
     (length, JSON, known dtypes, offsets that tile the data exactly): a malformed file is refused (400) here, not in
@@ -329,37 +339,93 @@ class ModelSpec:
 class WeightGate:
     """The version and spec checks of a weight push, in front of an engine's loader: :class:`.vllm_server.Engine`
     (``_load_file``, ``_load_tensors``) and the tests' stand-in. ``version`` is what the engine holds; ``spec`` None
-    checks nothing (a stand-in without a checkpoint)."""
+    checks nothing (a stand-in without a checkpoint).
+
+    A push comes in buckets (``X-Weights-Bucket: i/n``, :mod:`.weight_buckets`), each loaded as it arrives: the
+    checks of the version (:func:`check_version`) run on bucket 0, later buckets must follow in order with the same
+    version (409 otherwise), and the engine holds ``version`` only after bucket n−1. Between the two its weights are a
+    mix of two versions (``pending``): generating is refused (409), and so is a partial push on top of anything
+    (``{"refused": "base"}``: the trainer then sends the whole model, which replaces every tensor). A push without
+    the header is one bucket (0/1)."""
 
     version: int = 0
     spec: ModelSpec | None = None
     lock: threading.Lock
+    pending: tuple[int, int, int] | None = None
+    """``(version, next bucket, buckets)`` of a push under way, else None."""
 
-    def update_weights(self, payload: bytes | bytearray, version: int, base: int | None = None) -> dict:
-        """``/update_weights``: the payload's tensors as weights ``version`` (module docstring of :mod:`.vllm_server`)
-        — or ``{"refused": "base"}`` for a partial push on another version; :class:`Refused` for a version that does
-        not move forward or a tensor the model does not take. Nothing reaches the engine before every check passed."""
+    def update_weights(
+        self, payload: bytes | bytearray, version: int, base: int | None = None, bucket: tuple[int, int] = (0, 1)
+    ) -> dict:
+        """``/update_weights``: the payload's tensors as bucket ``bucket`` = (i, n) of weights ``version`` (module
+        docstring of :mod:`.vllm_server`) — or ``{"refused": "base"}`` for a partial push on another version;
+        :class:`Refused` for a version that does not move forward, a bucket out of order, or a tensor the model does
+        not take. Nothing of a bucket reaches the engine before every check passed."""
         pushed = safetensors_spec(payload)
         with self.lock:
-            if not check_version(self.version, version, base):
+            if not self._admit(version, base, bucket):
                 return {"refused": "base", "version": self.version}
             if self.spec is not None:
                 self.spec.check(pushed)
             loaded = self._load_file(payload)
-            self._loaded(version)
-        return {"version": version, "tensors": loaded}
+            self._bucket_loaded(version, bucket)
+        return {"version": self.version, "tensors": loaded, "bucket": list(bucket)}
 
-    def load_weights(self, tensors: dict, version: int, base: int | None = None) -> int | None:
+    def load_weights(
+        self, tensors: dict, version: int, base: int | None = None, bucket: tuple[int, int] = (0, 1)
+    ) -> int | None:
         """The trainer's own tensors (a colocated engine): the same checks; None for a partial push on another
         version. Returns the number of tensors loaded."""
         with self.lock:
-            if not check_version(self.version, version, base):
+            if not self._admit(version, base, bucket):
                 return None
             if self.spec is not None:
                 self.spec.check(tensors_spec(tensors))
             loaded = self._load_tensors(tensors)
-            self._loaded(version)
+            self._bucket_loaded(version, bucket)
         return loaded
+
+    def _admit(self, version: int, base: int | None, bucket: tuple[int, int]) -> bool:
+        """May bucket ``bucket`` of ``version`` load now (lock held)? False: a partial push the trainer must resend
+        whole; :class:`Refused` (409) for a version that does not move forward or a bucket out of order."""
+        i, n = bucket
+        if not 0 <= i < n:
+            raise Refused(400, f"X-Weights-Bucket {i}/{n} is not a bucket i/n with 0 <= i < n")
+        if i == 0:
+            if base is not None and self.pending is not None:
+                return False  # the weights are torn between two versions: only a whole push mends them
+            return check_version(self.version, version, base)
+        if self.pending != (version, i, n):
+            expected = "bucket 0 first" if self.pending is None else f"bucket {self.pending[1]}/{self.pending[2]} of "
+            expected += "" if self.pending is None else f"version {self.pending[0]}"
+            raise Refused(409, f"bucket {i}/{n} of weights version {version} is out of order (expected {expected})")
+        return True
+
+    def _bucket_loaded(self, version: int, bucket: tuple[int, int]) -> None:
+        i, n = bucket
+        if i + 1 == n:
+            self.pending = None
+            self._loaded(version)
+        else:
+            self.pending = (version, i + 1, n)
+
+    def init_communicator(self, body: dict) -> dict:
+        """``POST /init_communicator`` (``rollout.weight_sync: nccl``); an engine without it refuses (400)."""
+        raise Refused(400, "this engine has no NCCL channel: use rollout.weight_sync: http")
+
+    def update_weights_nccl(self, body: dict) -> dict:
+        """``POST /update_weights_nccl`` (one bucket's entries; its data comes by NCCL)."""
+        raise Refused(400, "this engine has no NCCL channel: use rollout.weight_sync: http")
+
+    def check_whole(self) -> None:
+        """Refuse (409) to generate while a push is under way (the weights are a mix of two versions)."""
+        if self.pending is not None:
+            version, i, n = self.pending
+            raise Refused(
+                409,
+                f"a weight push (version {version}) stopped after bucket {i} of {n}: the engine's weights are a mix "
+                "of two versions; push the whole model again",
+            )
 
     def _loaded(self, version: int) -> None:
         self.version = version
@@ -440,7 +506,10 @@ def handler(engine: Any, secret: str, limits: Limits | None = None) -> type[Base
             self.close_connection = True  # one request per connection: a refused body is never read as the next
             payload = None
             try:
-                route = {"/generate": limits.generate_bytes, "/update_weights": limits.weights_bytes}.get(self.path)
+                json_routes = {"/generate": engine.generate, "/init_communicator": engine.init_communicator,
+                               "/update_weights_nccl": engine.update_weights_nccl}  # fmt: skip
+                route = {"/update_weights": limits.weights_bytes}.get(self.path)
+                route = limits.generate_bytes if self.path in json_routes else route
                 if route is None:
                     raise Refused(404, f"no route {self.path}")
                 check_secret(self.headers.get("Authorization"), secret)
@@ -449,18 +518,19 @@ def handler(engine: Any, secret: str, limits: Limits | None = None) -> type[Base
                 length = body_length(self.headers.get("Content-Length"), route)
                 payload = read_body(self.rfile, self.connection, length, limits)
                 self.connection.settimeout(limits.idle_s)  # the answer's writes: a client that stops reading goes
-                if self.path == "/generate":
+                if self.path in json_routes:
                     try:
                         body = json.loads(payload)
                     except ValueError as e:
                         raise Refused(400, f"the body is not JSON: {e}") from None
-                    self._send(200, engine.generate(body))
+                    self._send(200, json_routes[self.path](body))
                 else:
                     version = header_int(self.headers.get("X-Weights-Version"), "X-Weights-Version")
                     if version is None:
                         raise Refused(400, "a push needs its X-Weights-Version")
                     base = header_int(self.headers.get("X-Weights-Base"), "X-Weights-Base")
-                    self._send(200, engine.update_weights(payload, version, base))
+                    bucket = bucket_header(self.headers.get("X-Weights-Bucket"))
+                    self._send(200, engine.update_weights(payload, version, base, bucket))
             except Refused as e:
                 if payload is None:
                     self._drain()

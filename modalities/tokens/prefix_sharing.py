@@ -46,14 +46,21 @@ continue the prompt's (:func:`packed_completion_logits`; the layout of Prefix Gr
 checkpointable forward, no cache; the vision encoder and the prompt tokens still run once per prompt.
 
 Coverage, written once against transformers' decoder interface (a forward taking ``position_ids`` and a KV cache,
-a plain ``DynamicCache``): every decoder-only model with 1-D positions — Llama, Mistral, Qwen2/3, Phi-3, Gemma,
-OLMo-2, Granite, SmolLM3, Qwen2-MoE, Qwen2-Audio (audio features fill <|AUDIO|> slots), SmolVLM / Idefics3 (image
-features fill <image> slots) — and the mRoPE families Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen3-VL's DeepStack features
-touch prompt positions only), whose positions come from their ``get_rope_index``; under gradient checkpointing the same models with the ``sdpa`` or ``eager``
-attention kernel (those that take a custom 4-D mask as given). Sliding-window attention, encoder-decoder models,
-other models with their own multimodal rope positions and checkpointing with another kernel fall back to the naive
-path with a one-time warning that names the reason (:func:`unsupported_reason`), as do media models other than
-those (LLaVA, LLaVA-OneVision, InternVL...: 1-D positions, but their layouts are not tested here yet).
+the ``DynamicCache`` the model builds for its config): every decoder-only model with 1-D positions — Llama, Mistral,
+Qwen2/3, Phi-3, Gemma, OLMo-2, Granite, SmolLM3, Qwen2-MoE; Gemma 2 and Gemma 3 with their sliding-window and global
+layers (``SLIDING_MODEL_TYPES``: the cache keeps each sliding layer's window, and the packed form below gives those
+layers their own windowed mask) — the media models of ``MULTIMODAL_MODEL_TYPES`` whose features fill placeholder
+tokens of a 1-D-position decoder: Qwen2-Audio, SmolVLM / Idefics3, LLaVA, LLaVA-OneVision (anyres tiles, a different
+tile count per image), InternVL and Gemma 3 (its image tokens attend to each other both ways: the prompt's
+prefill does so as the naive forward does, and the packed mask adds those blocks, :func:`_image_blocks`) — and the
+mRoPE families Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Qwen3-VL's DeepStack features touch prompt positions only), whose
+positions come from their ``get_rope_index``; under gradient checkpointing the same models with the ``sdpa`` or
+``eager`` attention kernel (those that take a custom 4-D mask as given). Each is tested against the naive path on a
+tiny model of its real architecture (tests/test_prefix_sharing.py; docs/architecture.md, "Architectures and the fast
+path"). One window over every layer (Mistral with ``sliding_window`` set), the sliding layers of other families,
+bidirectional decoders, encoder-decoder models, other models with their own multimodal rope positions, other media
+models (LLaVA-NeXT, Mllama, PaliGemma...: their layouts are not tested here) and checkpointing with another kernel
+fall back to the naive path with a one-time warning that names the reason (:func:`unsupported_reason`).
 
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``U`` distinct prompts in a minibatch, ``n`` rows
 of a minibatch, ``L`` padded prompt length, ``T`` completion tokens, ``V`` vocabulary, ``R`` rope sections
@@ -77,7 +84,19 @@ from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
 logger = logging.getLogger(__name__)
 
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})  # positions from get_rope_index; others 1-D
-MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {"qwen2_audio", "idefics3"}  # media models tested here; any text decoder too
+# Media models tested here (any text decoder is covered too).
+MULTIMODAL_MODEL_TYPES = MROPE_MODEL_TYPES | {
+    "qwen2_audio",
+    "idefics3",
+    "llava",
+    "llava_onevision",
+    "internvl",
+    "gemma3",
+}
+# Text model types with sliding-window and global layers whose decoder takes one mask per layer type (tested here).
+SLIDING_MODEL_TYPES = frozenset({"gemma2", "gemma3_text"})
+# Media models whose image tokens attend to each other both ways within an image (token_type_ids marks them).
+BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
 
@@ -108,10 +127,12 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
     Covered: the mRoPE families (``MROPE_MODEL_TYPES``, positions from their ``get_rope_index``) and every
     decoder-only model with 1-D positions whose forward takes ``position_ids`` and a KV cache — the standard
-    transformers decoder interface (Llama, Mistral, Qwen2/3, Phi-3, Gemma, OLMo-2, Granite, SmolLM3 and Qwen2-MoE
-    are tested against the naive path in tests/test_prefix_sharing.py). Not covered: sliding-window attention,
-    encoder-decoder models, media models not in ``MULTIMODAL_MODEL_TYPES`` (their vision/audio layouts are not
-    tested yet), and a forward without those arguments."""
+    transformers decoder interface (Llama, Mistral, Qwen2/3, Phi-3, Gemma, Gemma 2/3, OLMo-2, Granite, SmolLM3 and
+    Qwen2-MoE are tested against the naive path in tests/test_prefix_sharing.py), sliding-window layers of
+    ``SLIDING_MODEL_TYPES`` included. Not covered: one window over every layer (Mistral's ``sliding_window``), other
+    families' sliding layers, bidirectional attention, encoder-decoder models, media models not in
+    ``MULTIMODAL_MODEL_TYPES`` (their vision/audio layouts are not tested yet), and a forward without those
+    arguments."""
     core = core_model(model)
     config = getattr(core, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -130,10 +151,17 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         if missing or (_hf.CACHE_FIELD not in params and "past_key_values" not in params):
             return f"{type(core).__name__}.forward takes no {' / '.join(missing) or 'KV cache'} argument"
     text = config.get_text_config()
-    if getattr(text, "use_sliding_window", False) or "sliding_attention" in (getattr(text, "layer_types", None) or []):
-        return "sliding-window attention layers keep a different cache"
+    if getattr(text, "use_bidirectional_attention", False):
+        return f"model type {text.model_type!r} attends bidirectionally (its prompt is not a causal prefix)"
+    sliding_layers = "sliding_attention" in (getattr(text, "layer_types", None) or [])
+    if sliding_layers and text.model_type not in SLIDING_MODEL_TYPES:
+        return (
+            f"sliding-window attention layers of model type {text.model_type!r} are not yet tested against the naive "
+            f"path (those of {', '.join(sorted(SLIDING_MODEL_TYPES))} are)"
+        )
     window = getattr(text, "sliding_window", None)
-    if window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text):
+    one_window = window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text)
+    if not sliding_layers and (one_window or getattr(text, "use_sliding_window", False)):  # Mistral with a window
         return f"sliding-window attention (window {window}) keeps a different cache (sliding_window: null shares)"
     if checkpointing(model):
         kernel = getattr(text, "_attn_implementation", None)
@@ -313,15 +341,16 @@ def packed_completion_logits(
     keys = torch.cat([prompt_mask.bool(), valid.view(U, K * t)], dim=1)  # [U, S]
     allowed = (pattern & keys[:, None]) | torch.eye(S, dtype=torch.bool, device=ids.device)  # [U, S, S]
     # A query always sees itself, so a padding row is never all masked (NaN); no real query sees a padding key.
-    dtype = next(model.parameters()).dtype
-    mask = allowed[:, None]  # [U, 1, S, S] True = attend (sdpa)
-    if core_model(model).config.get_text_config()._attn_implementation == "eager":  # eager adds the mask
-        mask = torch.zeros(mask.shape, dtype=dtype, device=ids.device).masked_fill(~mask, torch.finfo(dtype).min)
-    packed = dict(batch, input_ids=torch.cat([ids, tokens.view(U, K * t)], dim=1), attention_mask=mask)  # [U, S]
+    all_positions = torch.cat([positions, slot_positions], dim=-1)  # [R, U, S]
+    packed = dict(batch, input_ids=torch.cat([ids, tokens.view(U, K * t)], dim=1))  # [U, S]
     for key, value in batch.items():  # other sequence-aligned keys (mm_token_type_ids): text in the slots
         if key not in ("input_ids", "attention_mask") and value.dim() == 2 and value.shape == (U, L):
             packed[key] = torch.cat([value, value.new_zeros((U, K * t))], dim=1)
-    position_ids = _position_arg(torch.cat([positions, slot_positions], dim=-1))  # [R, U, S] or [U, S]
+    blocks = _image_blocks(model, packed)  # [U, S] or None
+    if blocks is not None:  # Gemma 3: the tokens of one image attend to each other both ways
+        allowed = allowed | ((blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0))  # [U, S, S]
+    packed["attention_mask"] = _packed_mask(model, allowed, all_positions[0])
+    position_ids = _position_arg(all_positions)  # [R, U, S] or [U, S]
     logits = model(**packed, position_ids=position_ids, use_cache=False, logits_to_keep=S - L + 1).logits
     logits = logits[:, logits.shape[1] - (S - L + 1) :]  # (Qwen2-Audio ignores logits_to_keep)
     # logits [U, 1 + K·t, V]: index 0 is the last prompt position, 1 + k·t + a completion token a of slot k
@@ -330,6 +359,51 @@ def packed_completion_logits(
         return first
     rest = logits[rows[:, None], 1 + slot[:, None] * t + steps]  # [n, t, V]
     return torch.cat([first, rest], dim=1)  # [n, T, V]
+
+
+def _image_blocks(model: torch.nn.Module, packed: dict[str, Tensor]) -> Tensor | None:
+    """For a model whose image tokens attend to each other bidirectionally (``BIDIRECTIONAL_IMAGE_MODEL_TYPES``,
+    Gemma 3: ``token_type_ids`` 1 marks them), each packed token's image block (0, 1, ... per image, -1 for text), as
+    transformers' ``get_block_sequence_ids_for_mask`` (``modeling_gemma3.py``) numbers them for the naive forward's
+    mask; None for other models.
+
+    Shape:
+        packed["token_type_ids"]: [U, S]; returns [U, S]
+    """
+    if core_model(model).config.model_type not in BIDIRECTIONAL_IMAGE_MODEL_TYPES or "token_type_ids" not in packed:
+        return None
+    from transformers.models.gemma3.modeling_gemma3 import get_block_sequence_ids_for_mask
+
+    return get_block_sequence_ids_for_mask(packed["token_type_ids"])  # [U, S]
+
+
+def _packed_mask(model: torch.nn.Module, allowed: Tensor, positions: Tensor) -> Tensor | dict[str, Tensor]:
+    """The packed forward's 4-D attention mask in the form the model's kernel takes: boolean for ``sdpa`` (True =
+    attend), additive for ``eager``. A decoder with sliding-window layers (``SLIDING_MODEL_TYPES``) gets one mask per
+    layer type, as its forward takes them (``causal_mask_mapping`` in transformers' ``modeling_gemma3.py``): the
+    sliding layers' also hide keys ``window`` or more positions behind the query. Packed positions are the naive
+    row's, and in a left-padded naive row the index distance between two real tokens is their position distance,
+    so this is transformers' ``sliding_window_overlay`` (``kv_idx > q_idx - window``) of the naive forward.
+
+    Shape:
+        allowed: [U, S, S] True where a query may attend a key; positions: [U, S] 1-D rope positions
+        returns [U, 1, S, S], or {"full_attention": [U, 1, S, S], "sliding_attention": [U, 1, S, S]}
+    """
+    text = core_model(model).config.get_text_config()
+    dtype = next(model.parameters()).dtype
+
+    def kernel_form(mask: Tensor) -> Tensor:  # [U, S, S] → [U, 1, S, S]
+        if text._attn_implementation == "eager":  # eager adds the mask
+            return torch.zeros(mask[:, None].shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask[:, None], torch.finfo(dtype).min
+            )
+        return mask[:, None]
+
+    if "sliding_attention" not in (getattr(text, "layer_types", None) or []):
+        return kernel_form(allowed)
+    near = positions[:, :, None] - positions[:, None, :] < text.sliding_window  # [U, S, S] query − key < window
+    diagonal = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)  # [S, S]
+    return {"full_attention": kernel_form(allowed), "sliding_attention": kernel_form((allowed & near) | diagonal)}
 
 
 # ---------------------------------------------------------------------------------------------- sampling

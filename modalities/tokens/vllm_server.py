@@ -24,7 +24,9 @@ CPU and across processes of one machine:
   vLLM's processor with every request that has media, e.g. ``{"videos_kwargs": {"do_sample_frames": false}}``;
   banned: a logit bias of −100, e.g. the media placeholder tokens a sample must never contain;
   ``"early_banned_token_ids"`` and ``"early_banned_steps"``: −inf at the first steps only (:class:`EarlyBans`,
-  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, and an encoder-decoder model's (Whisper's)
+  Whisper's begin-suppressed tokens); each request may carry a ``"seed"``, a ``"prompt_token_ids"`` list that replaces
+  ``"prompt"`` (a multi-turn continuation, token-in: one placeholder per media item, which vLLM expands, as verl's
+  agent loop sends Qwen2.5-VL prompts), and an encoder-decoder model's (Whisper's)
   its ``"decoder_prompt_token_ids"``: the request is then vLLM's ``{"encoder_prompt": {prompt, media},
   "decoder_prompt": {"prompt_token_ids": ...}}``) → ``{"version": V, "outputs": [[{"token_ids": [...], "logprobs":
   [...]}, ... G], ... P], "prompts": [{"prompt_token_ids": [...]}, ... P]}`` (an encoder-decoder request's: the
@@ -36,7 +38,14 @@ CPU and across processes of one machine:
   in place from those tensors (Hugging Face names; ``LLM.collective_rpc`` → the worker's ``reload_weights``, then
   :func:`_repack_embeddings`), resets the prefix cache, and answers ``{"version": V}``. The trainer's first push is
   the whole model (a LoRA run: merged), later ones only what training changes, with ``X-Weights-Base: B`` (the
-  version they go on top of); an engine that holds another version answers ``{"refused": "base"}``.
+  version they go on top of); an engine that holds another version answers ``{"refused": "base"}``. A push comes
+  in buckets (``X-Weights-Bucket: i/n``, :mod:`.weight_buckets`: whole decoder layers, at most
+  ``rollout.push_bucket_mb`` each), each reloaded as it arrives; the engine holds ``V`` after bucket n−1 and refuses
+  to generate in between (:class:`~.engine_http.WeightGate`).
+* ``POST /init_communicator`` ``{"host", "port"}`` and ``POST /update_weights_nccl`` ``{"version", "base", "bucket":
+  [i, n], "entries": [...]}`` (``rollout.weight_sync: nccl``, CUDA only, not run without GPUs): the workers join an
+  NCCL group with the trainer (TRL's ``trl/scripts/vllm_serve.py`` ``WeightSyncWorkerExtension``) and receive each
+  bucket's flat buffer by broadcast (:func:`_nccl_receive`).
 
 The server answers only its trainer (:mod:`.engine_http`, docs/reliability.md): every POST carries the secret
 ``mmgrpo rollout-server`` made (``Authorization: Bearer``; the server reads it from ``$MMGRPO_ENGINE_SECRET`` and
@@ -69,10 +78,12 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 try:
     from . import engine_http
-    from .engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
+    from . import weight_buckets as wb
+    from .engine_http import SECRET_ENV, Limits, ModelSpec, Refused, WeightGate, handler
 except ImportError:  # run as a script (and in vLLM's spawned worker, which imports this file by path)
     import engine_http
-    from engine_http import SECRET_ENV, Limits, ModelSpec, WeightGate, handler
+    import weight_buckets as wb
+    from engine_http import SECRET_ENV, Limits, ModelSpec, Refused, WeightGate, handler
 
 
 def _reload_weights_file(worker, path: str) -> int:
@@ -109,6 +120,35 @@ def _reload_weights_dict(worker, tensors: dict) -> int:
     worker.reload_weights(weights_iterator=iter(tensors.items()))
     _repack_embeddings(worker.get_model())
     return len(tensors)
+
+
+def _nccl_join(worker, host: str, port: int, world_size: int) -> int:
+    """Run in each engine worker: join the trainer's weight-sync group (TRL ``trl/scripts/vllm_serve.py``
+    ``WeightSyncWorkerExtension.init_communicator``: vLLM's ``StatelessProcessGroup`` + ``PyNcclCommunicator``, the
+    worker at its world rank, the trainer last). CUDA only; untested without GPUs."""
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.parallel_state import get_world_group
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    rank = get_world_group().rank
+    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+    worker.mmgrpo_nccl = PyNcclCommunicator(group, device=worker.device)
+    return rank
+
+
+def _nccl_receive(worker, entries: list, src: int) -> int:
+    """Run in each engine worker: receive one bucket's flat buffer broadcast by the trainer (rank ``src``), view it
+    as its tensors (:func:`.weight_buckets.unpack`, the layout the trainer packed) and reload them in place."""
+    import torch
+
+    comm = worker.mmgrpo_nccl
+    flat = torch.empty(wb.data_bytes(entries), dtype=torch.uint8, device=worker.device)
+    comm.broadcast(flat, src=src)
+    comm.group.barrier()
+    pairs = list(wb.unpack(entries, flat))
+    worker.reload_weights(weights_iterator=iter(pairs))
+    _repack_embeddings(worker.get_model())
+    return len(pairs)
 
 
 def _video(wire: dict) -> tuple:
@@ -169,6 +209,7 @@ class Engine(WeightGate):
             raise engine_http.UnsupportedVLLM(problem)
         self.model = args.model
         self.version = 0
+        self.client_rank: int | None = None  # the trainer's rank in the NCCL weight-sync group, once it exists
         self.lock = threading.Lock()
         import torch
 
@@ -227,7 +268,12 @@ class Engine(WeightGate):
 
         inputs = []
         for req in body["requests"]:
-            item = {"prompt": req["prompt"]}
+            # token-in (multi-turn continuations): the ids as sent, one placeholder per media item for vLLM to expand
+            item = (
+                {"prompt_token_ids": req["prompt_token_ids"]}
+                if "prompt_token_ids" in req
+                else {"prompt": req["prompt"]}
+            )
             data = {
                 kind: items if len(items) > 1 else items[0] for kind, items in req.get("media", {}).items() if items
             }
@@ -260,6 +306,7 @@ class Engine(WeightGate):
         # one seed per prompt (its G samples take seed, seed+1, ...: vLLM's parallel sampling)
         params = [SamplingParams(seed=req.get("seed"), **common) for req in body["requests"]]
         with self.lock:
+            self.check_whole()  # not while a bucketed push is half loaded
             results = self.llm.generate(inputs, params, use_tqdm=False)
             version = self.version
         outputs = []
@@ -289,6 +336,51 @@ class Engine(WeightGate):
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ``collective_rpc`` calls the function directly, nothing is
         serialised); :meth:`WeightGate.load_weights` checks them first, lock held."""
         return self._reload(functools.partial(_reload_weights_dict, tensors=tensors))
+
+    def init_communicator(self, body: dict) -> dict:
+        """``POST /init_communicator`` (``rollout.weight_sync: nccl``): the engine's workers join a new NCCL group at
+        ``body["host"]:body["port"]`` as ranks 0..W-1 (in the background: the trainer joins as rank W after this
+        answer, and the group forms then); answers ``{"client_rank": W}``. Refused (400) without CUDA."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise Refused(400, "this rollout server has no CUDA, so no NCCL channel: use rollout.weight_sync: http")
+        workers = int(self.llm.llm_engine.vllm_config.parallel_config.world_size)
+        join = functools.partial(_nccl_join, host=str(body["host"]), port=int(body["port"]), world_size=workers + 1)
+        threading.Thread(target=self.llm.collective_rpc, args=(join,), daemon=True).start()
+        self.client_rank = workers
+        return {"client_rank": workers}
+
+    def update_weights_nccl(self, body: dict) -> dict:
+        """``POST /update_weights_nccl``: one bucket's entries (:func:`.weight_buckets.entries_json`), checked as an
+        HTTP push's are; the workers then receive its broadcast in the background, lock held, so the next request
+        waits for it (the trainer broadcasts after this answer)."""
+        if self.client_rank is None:
+            raise Refused(409, "no NCCL channel: POST /init_communicator first")
+        entries = wb.entries_from_json(body["entries"])
+        version, base = int(body["version"]), body.get("base")
+        bucket = (int(body["bucket"][0]), int(body["bucket"][1]))
+        self.lock.acquire()
+        try:
+            if not self._admit(version, None if base is None else int(base), bucket):
+                self.lock.release()
+                return {"refused": "base", "version": self.version}
+            if self.spec is not None:
+                self.spec.check({e.name: (e.dtype, e.shape) for e in entries})
+        except BaseException:
+            self.lock.release()
+            raise
+        receive = functools.partial(_nccl_receive, entries=entries, src=self.client_rank)
+
+        def run() -> None:
+            try:
+                self._reload(receive)
+                self._bucket_loaded(version, bucket)
+            finally:
+                self.lock.release()
+
+        threading.Thread(target=run, daemon=True).start()
+        return {"version": version if bucket[0] + 1 == bucket[1] else self.version, "bucket": list(bucket)}
 
     def _reload(self, fn: functools.partial) -> int:
         loaded = self.llm.collective_rpc(fn)

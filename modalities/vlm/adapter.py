@@ -1,7 +1,9 @@
 """Vision-language (and text-only) policies: image + text → text, the action units are generated tokens.
 
-Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL and any ``AutoModelForImageTextToText`` whose processor takes
-``text=`` and ``images=``, plus text-only ``AutoModelForCausalLM`` models (rows without images).
+Covers Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM (Idefics3), LLaVA, LLaVA-OneVision, InternVL, Gemma 3 and any
+``AutoModelForImageTextToText`` whose processor takes ``text=`` and ``images=``, plus text-only
+``AutoModelForCausalLM`` models (rows without images); the prompt-sharing paths cover the architectures of
+``docs/architecture.md`` ("Architectures and the fast path"), the others keep the naive path with a logged reason.
 
 What this adapter guarantees (the adapter contract in ``docs/architecture.md``):
 - Media are decoded and run through the processor once per prompt; the G samples of a prompt reuse that
@@ -48,6 +50,14 @@ from ..tokens.logprobs import (
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy
+from ..tokens.turns import (
+    TurnRunner,
+    TurnState,
+    evaluate_turns,
+    supervised_turn_loss,
+    trajectory_logits,
+    turn_rollout,
+)
 from . import smolvlm
 from .tiny import resolve_model_path
 
@@ -159,6 +169,11 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
+        self.turns: TurnRunner | None = None  # multi-turn tool use (use_turns, modalities/tokens/turns.py)
+
+    def use_turns(self, settings: Any) -> None:
+        """Roll out multi-turn, tool-using trajectories (``rollout.tools``; :mod:`..tokens.turns`)."""
+        self.turns = TurnRunner(self, settings)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -168,7 +183,9 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         those of the sampling distribution.
         """
         names = ["image_token", "video_token", "vision_start_token", "vision_end_token", "audio_token", "boi_token"]
-        tokens = {getattr(self.processor, n, None) or getattr(self.tokenizer, n, None) for n in names}
+        names += ["start_image_token", "end_image_token", "eoi_token"]  # <img> ... </img> (InternVL), Gemma 3's
+        # Both objects' (Gemma 3's processor names its <start_of_image> image_token, its tokenizer <image_soft_token>).
+        tokens = {getattr(holder, n, None) for holder in (self.processor, self.tokenizer) for n in names}
         tokens |= {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"}
         vocab = self.tokenizer.get_vocab()
         return sorted(vocab[t] for t in tokens if isinstance(t, str) and t in vocab)
@@ -234,7 +251,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         """The prompt as text (chat template applied, one placeholder per medium, not yet expanded)."""
         messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
         if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
-            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            kwargs = self.turns.template_kwargs() if self.turns is not None else {}  # the tools' template, schemas
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return row["prompt"] if isinstance(row["prompt"], str) else str(messages)
 
     def _fit_context(self, enc: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -265,11 +283,19 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             )
         return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
-    def _collate(self, encodings: list[dict[str, Tensor]], completions: Tensor | None = None) -> dict[str, Tensor]:
-        """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given.
+    def _collate(
+        self,
+        encodings: list[dict[str, Tensor]],
+        completions: Tensor | None = None,
+        completion_mask: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """Left-pad the prompts of ``encodings`` into one batch and append ``completions`` [n, T] if given, attended
+        where ``completion_mask`` [n, T] is 1 (default: up to the first EOS).
 
         Sequence-aligned keys (shape [1, Lp]) are padded (input_ids with pad, others with 0) and extended
-        with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0.
+        with the completion; per-image keys (pixel_values, image_grid_thw...) are concatenated along dim 0, zero-padded
+        first where the prompts' shapes differ past it (LLaVA-OneVision's ``pixel_values`` [images, tiles, C, H, W],
+        a tile count per image: the model reads each image's first tiles, as ``image_sizes`` gives their number).
         """
         lengths = [e["input_ids"].shape[1] for e in encodings]
         L = max(lengths)
@@ -281,9 +307,9 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                     fill = self.pad_id if key == "input_ids" else 0
                     value = torch.cat([value.new_full((1, L - n), fill), value], dim=1)
                 batch.setdefault(key, []).append(value)
-        out = {k: torch.cat(v, dim=0) for k, v in batch.items()}
+        out = {k: torch.cat(_pad_to_largest(v), dim=0) for k, v in batch.items()}
         if completions is not None:
-            comp_mask = self._completion_mask(completions)
+            comp_mask = self._completion_mask(completions) if completion_mask is None else completion_mask
             out["input_ids"] = torch.cat([out["input_ids"], completions], dim=1)
             for key in list(out):
                 if key != "input_ids" and out[key].dim() == 2 and out[key].shape[1] == L:
@@ -407,6 +433,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         return out
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
+        if self.turns is not None:  # tools: multi-turn trajectories (modalities/tokens/turns.py)
+            return turn_rollout(self, self.turns, prompts, group_size, keys)
         engine_logprobs = sampler_logprobs = None
         with self._media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
             encodings = [self._encode_prompt(row) for row in prompts]
@@ -512,6 +540,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
+        if self.turns is not None:
+            return evaluate_turns(self, self.turns, prompts)
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in prompts]
         return self._decode(self._sample(encodings, 1, greedy=True)[0])
@@ -530,6 +560,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
     ) -> tuple[Tensor, Tensor]:
         """(completion ids [n, T], logits [n, T, V] predicting them) of samples ``index`` under ``model``; with
         ``head`` (the model's fusable lm_head) the hidden states [n, T, H] it would project instead."""
+        if isinstance(state, TurnState):  # multi-turn: targets are the policy's tokens, observations in the context
+            return trajectory_logits(self, model, state, index, head)
         comp = state.completion_ids[index]  # [n, T]
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
@@ -555,12 +587,29 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         self.processor.save_pretrained(directory)
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
-        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up."""
+        """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up; with tools,
+        a list of assistant turns whose tool calls run between them (:func:`..tokens.turns.supervised_turn_loss`)."""
+        if self.turns is not None:
+            return supervised_turn_loss(self, self.turns, rows)
         with self._media_scope():
             encodings = [self._encode_prompt(row) for row in rows]
         eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
         targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
         return self._teacher_forced_loss(targets, PromptCache(encodings))
+
+
+def _pad_to_largest(values: list[Tensor]) -> list[Tensor]:
+    """``values`` zero-padded at the end of every dimension past the first to the largest shape among them (the
+    padding a processor applies when it batches images of different tile counts, LLaVA-NeXT's
+    ``_pad_for_batching``); unchanged when their shapes agree past dim 0."""
+    if len({v.shape[1:] for v in values}) <= 1:
+        return values
+    largest = [max(v.shape[d] for v in values) for d in range(1, values[0].dim())]
+    out = []
+    for v in values:
+        pad = [p for d in reversed(range(1, v.dim())) for p in (0, largest[d - 1] - v.shape[d])]
+        out.append(torch.nn.functional.pad(v, pad))
+    return out
 
 
 def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):

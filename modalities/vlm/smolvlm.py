@@ -23,7 +23,8 @@ The chat template is SmolLM2-Instruct's own ChatML (with its default system mess
 
 ``resolve`` builds the directory once per seed into the model cache (``MMGRPO_CACHE``), atomically; it needs
 ``bash scripts/setup_real_models.sh smollm2-135m-instruct`` first and says so in one line otherwise. ``tiny-smolvlm``
-is the same assembly over a tiny random Llama decoder, for the adapter contract and the prompt-sharing tests.
+(``vlm/tiny.build_tiny_smolvlm``) is the same assembly over a tiny random Llama decoder, for the adapter contract and
+the prompt-sharing tests.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 from .. import real_models
 from .._hf import cached_build
-from .._tiny import init_model, qwen2_decoder_config, save
+from .._tiny import save
 
 NAME = "smolvlm-smollm2-135m"
 TEXT_MODEL = "smollm2-135m-instruct"
@@ -67,9 +68,9 @@ SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging
 """SmolLM2-Instruct's default system message (its chat template adds it when a chat has none)."""
 
 
-def chat_template(default_system: str | None) -> str:
+def chat_template(default_system: str | None, image: str = "<image>") -> str:
     """ChatML as SmolLM2-Instruct's template writes it (with its default system message, when given); list content
-    renders an image part as ``<image>`` and a text part as its text, in order (SmolVLM's placement)."""
+    renders an image part as ``image`` (``<image>``) and a text part as its text, in order (SmolVLM's placement)."""
     system = (
         "{% if loop.first and messages[0]['role'] != 'system' %}"
         f"{{{{ '<|im_start|>system\\n{default_system}<|im_end|>\\n' }}}}"
@@ -81,7 +82,9 @@ def chat_template(default_system: str | None) -> str:
         "{% for message in messages %}" + system + "{{ '<|im_start|>' + message['role'] + '\\n' }}"
         "{% if message['content'] is string %}{{ message['content'] }}"
         "{% else %}{% for part in message['content'] %}"
-        "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% if part['type'] == 'image' %}{{ '"
+        + image
+        + "' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
         "{% endfor %}{% endif %}"
         "{{ '<|im_end|>\\n' }}"
         "{% endfor %}"
@@ -142,28 +145,9 @@ def build_smolvlm(
     return save(directory, *assemble(text, tokenizer, seed, sizes, chat_template(SYSTEM_PROMPT)))
 
 
-TINY_NAME = "tiny-smolvlm"
-TINY_SIZES = VisionSizes(image_size=32, patch_size=8, hidden=32, depth=1, heads=2, intermediate=64)
-
-
-def build_tiny_smolvlm(directory: str | os.PathLike, seed: int = 0) -> Path:
-    """A tiny SmolVLM (the same ``assemble``) over a randomly initialised tiny Llama decoder with the tiny Qwen2.5-VL's
-    local tokenizer: the Idefics3 architecture for the adapter contract and prompt-sharing tests."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .tiny import TinySizes, build_tokenizer
-
-    s = TinySizes()
-    tokenizer = build_tokenizer(s.bpe_vocab)
-    text = init_model(LlamaForCausalLM, LlamaConfig(**qwen2_decoder_config(s, tokenizer)), seed, tokenizer)
-    return save(directory, *assemble(text, tokenizer, seed, TINY_SIZES, chat_template(None)))
-
-
 def resolve(name: str, seed: int = 0) -> str | None:
-    """The built directory of ``smolvlm-smollm2-135m`` or ``tiny-smolvlm`` for ``seed`` (built on first use, into the
-    model cache); None for other names."""
-    if name == TINY_NAME:
-        return str(cached_build(f"{TINY_NAME}-seed{seed}", "config.json", lambda d: build_tiny_smolvlm(d, seed)))
+    """The built directory of ``smolvlm-smollm2-135m`` for ``seed`` (built on first use, into the model cache); None
+    for other names."""
     if name != NAME:
         return None
     text_dir = real_models.resolve(TEXT_MODEL, "vlm")  # the one-line setup error when SmolLM2 is not converted

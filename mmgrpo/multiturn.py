@@ -1,0 +1,203 @@
+"""Multi-turn rollouts in the core: their config checks at load, and per-turn credit → per-token advantages.
+
+A token adapter with ``rollout.tools`` (``modalities/tokens/turns.py``) returns trajectories whose ``Rollout`` has
+``turn_of_token [B, T]`` (the assistant turn of each generated token, −1 on observation tokens and padding) and these
+``extras`` columns, B values each: ``num_turns`` (assistant turns), ``turn_rewards`` and ``turn_invalid`` (one value
+per turn: the tool/environment reward after the turn's action, whether its observation was an error), ``anchors``
+(one hashable key per turn: the state the turn acted on, :func:`mmgrpo.tools.state_anchor`) and ``tool_calls``.
+
+:func:`unit_advantages` turns them into the per-token advantages ``[B, T]`` the loss takes, by ``algorithm.credit``:
+
+* ``trajectory``: the group advantage of the trajectory through the configured per-unit shaping (unchanged GRPO:
+  every action token of every turn gets it; observation tokens have mask 0);
+* ``gigpo``: :func:`mmgrpo.credit.gigpo_advantages` with the outcome reward (the combined reward of the configured
+  reward functions) added to the last turn's reward, so the episode return is R_b = Σ_s r_{b,s} as in verl-agent,
+  where the environment's final step reward carries the success;
+* ``mt_grpo``: :func:`mmgrpo.credit.mt_grpo_advantages` with r^O = the combined reward, r^T = the summed turn
+  rewards, and the first tool result = the turn after the first turn whose observation was not an error.
+
+The per-turn advantages ``[B, S]`` reach the tokens through :func:`mmgrpo.credit.turn_to_token_advantages`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo import credit, shaping
+from mmgrpo.config import AlgorithmConfig, ConfigError, TrainConfig, check_kwargs
+from mmgrpo.types import MultiTurn, Rollout
+
+CREDIT_FUNCTIONS = {"gigpo": credit.gigpo_advantages, "mt_grpo": credit.mt_grpo_advantages}
+"""``algorithm.credit`` → the function whose keyword options ``algorithm.credit_args`` may set."""
+CREDIT_ARG_SKIP = {"gigpo": 4, "mt_grpo": 5}
+"""Positional (per-rollout) parameters of each credit function, not options."""
+_ROLLOUT_FED = {"invalid", "episode_rewards"}
+"""Keyword parameters the rollout fills, not options."""
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """``rollout.tools`` and ``algorithm.credit`` against each other and the rest of the config (one line each)."""
+    r, a = cfg.rollout, cfg.algorithm
+    if a.credit != "trajectory" and not r.multi_turn:
+        raise ConfigError(
+            f"algorithm.credit: {a.credit} assigns credit across turns, but rollouts are single-turn; set "
+            "rollout.tools (e.g. [crop]) or rollout.environment, or keep algorithm.credit: trajectory"
+        )
+    if a.credit == "trajectory" and a.credit_args:
+        raise ConfigError(f"algorithm.credit_args: trajectory credit has no options, got {a.credit_args}")
+    if a.credit != "trajectory":
+        options = dict(a.credit_args)
+        for key in _ROLLOUT_FED & set(options):
+            raise ConfigError(f"algorithm.credit_args.{key}: filled from the rollout, not an option")
+        check_kwargs(CREDIT_FUNCTIONS[a.credit], options, "algorithm.credit_args", skip=CREDIT_ARG_SKIP[a.credit])
+        if a.shaping != "none":
+            raise ConfigError(
+                f"algorithm.shaping: {a.shaping} with algorithm.credit: {a.credit}: the per-turn credit sets the "
+                "per-token advantages itself; set algorithm.shaping: none"
+            )
+    if not r.multi_turn:
+        return
+    from mmgrpo.tools import ENVIRONMENTS, load_tools, run_tool_call  # deferred: loads the built-in tools
+
+    try:
+        load_tools(tool_specs(r.tools))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"rollout.tools: {str(e).strip(chr(39))}") from None
+    check_kwargs(run_tool_call, r.tool_limits, "rollout.tool_limits", skip=3)
+    if r.environment is not None:
+        if r.tools:
+            raise ConfigError("rollout.tools and rollout.environment: choose one (the environment reads each turn)")
+        if r.environment not in ENVIRONMENTS:
+            raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
+        check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
+    if r.engine != "native" and cfg.model.adapter != "vlm":
+        raise ConfigError(
+            f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm (images), "
+            f"not {cfg.model.adapter!r} yet; set rollout.engine: native"
+        )
+    unsupported = {
+        "algorithm.gt_injection.enabled": a.gt_injection.enabled,
+        "algorithm.dynamic_sampling.enabled": a.dynamic_sampling.enabled,
+        "algorithm.difficulty_augmentation.enabled": a.difficulty_augmentation.enabled,
+        "algorithm.token_weighting: tw_grpo": a.token_weighting == "tw_grpo",
+    }
+    for name, on in unsupported.items():
+        if on:
+            raise ConfigError(f"{name} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
+    if (cfg.model.args or {}).get("min_new_tokens", 0):
+        raise ConfigError(
+            "model.args.min_new_tokens > 0 with rollout.tools: the EOS ban would apply per turn when sampling but once "
+            "per trajectory in the log-probs; set it to 0"
+        )
+
+
+def tool_specs(names: list[str]) -> list[Any]:
+    """``rollout.tools`` for :func:`mmgrpo.tools.load_tools`: registry names as they are, ``package.module:function``
+    imported (a typed function with a Google docstring is a tool: TRL's ``tools=``; the config's folder is on the
+    Python path, :func:`mmgrpo.loader.load_config`)."""
+    out: list[Any] = []
+    for name in names:
+        if ":" not in name:
+            out.append(name)
+            continue
+        module, _, attr = name.partition(":")
+        try:
+            fn = vars(importlib.import_module(module))[attr]
+        except (ImportError, KeyError) as e:
+            raise ConfigError(
+                f"rollout.tools: cannot import {name!r} ({type(e).__name__}: {e}); give package.module:function of a "
+                "module on the Python path (the config's folder is on it)"
+            ) from None
+        out.append(fn)
+    return out
+
+
+def use_turns(adapter: Any, settings: Any) -> None:
+    """Switch ``adapter`` to multi-turn rollouts when ``settings`` (the ``rollout`` section) names tools (the
+    trainer checked the :class:`~mmgrpo.types.MultiTurn` capability at load)."""
+    if not settings.multi_turn:
+        return
+    if not isinstance(adapter, MultiTurn):  # a plugin adapter without a spec: not checked at load
+        raise ConfigError(
+            f"rollout.tools / rollout.environment need an adapter with use_turns(); {type(adapter).__name__} has none"
+        )
+    adapter.use_turns(settings)
+
+
+def turn_inputs(rollout: Rollout) -> dict[str, Any]:
+    """The per-turn tensors of a multi-turn rollout (module docstring).
+
+    Shape:
+        returns turn_mask [B, S], turn_rewards [B, S], invalid [B, S] (S = the most turns of any trajectory),
+        anchors (B lists of S_b keys), first_result_turn [B] (−1: no tool result)
+    """
+    ex = rollout.extras
+    if rollout.turn_of_token is None or "num_turns" not in ex:
+        raise ValueError("per-turn credit needs a multi-turn rollout (rollout.tools): no turn_of_token / num_turns")
+    turns = [int(n) for n in ex["num_turns"]]
+    B, S = len(turns), max(1, max(turns))
+    mask = torch.zeros((B, S))  # [B, S]
+    rewards = torch.zeros((B, S))  # [B, S]
+    invalid = torch.zeros((B, S))  # [B, S]
+    first = torch.full((B,), -1, dtype=torch.long)  # [B]
+    for b, n in enumerate(turns):
+        mask[b, :n] = 1
+        rewards[b, :n] = torch.tensor([float(x) for x in ex["turn_rewards"][b][:n]])
+        invalid[b, :n] = torch.tensor([float(x) for x in ex["turn_invalid"][b][:n]])
+        called = n - 1 if n > 1 else 0  # turns 0..n-2 were answered by an observation (the last turn was not)
+        ok = [s for s in range(called) if not ex["turn_invalid"][b][s]]
+        if ok:
+            first[b] = ok[0] + 1
+    return {"turn_mask": mask, "turn_rewards": rewards, "invalid": invalid, "anchors": ex["anchors"], "first": first}
+
+
+def unit_advantages(
+    a: AlgorithmConfig, advantages: Tensor, inputs: shaping.ShapingInputs, rollout: Rollout, metrics: dict
+) -> Tensor:
+    """Per-token advantages ``[B, T]`` of ``algorithm.credit`` (module docstring); adds ``credit/*`` to ``metrics``.
+
+    Shape:
+        advantages: [P, G] the group estimator's; inputs.rewards: [P, G] combined rewards (NaN: none applied)
+        returns [B, T]
+    """
+    if a.credit == "trajectory":
+        return shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
+    t = turn_inputs(rollout)
+    outcome = torch.nan_to_num(inputs.rewards.float().reshape(-1))  # [B]
+    group = rollout.prompt_index.long()  # [B]
+    if a.credit == "gigpo":  # the outcome is the last turn's reward: R_b = Σ_s r_{b,s}
+        last = (t["turn_mask"].sum(1).long() - 1).clamp(min=0)  # [B]
+        rewards = t["turn_rewards"].clone()  # [B, S]
+        rewards[torch.arange(len(last)), last] += outcome
+        per_turn, mets = credit.gigpo_advantages(
+            rewards, t["turn_mask"], t["anchors"], group, invalid=t["invalid"], **a.credit_args
+        )  # [B, S]
+    else:
+        turn_reward = (t["turn_rewards"] * t["turn_mask"]).sum(1)  # [B]
+        per_turn, mets = credit.mt_grpo_advantages(
+            outcome, turn_reward, t["first"], t["turn_mask"], group, **a.credit_args
+        )  # [B, S]
+    metrics.update(mets)
+    return credit.turn_to_token_advantages(per_turn, rollout.turn_of_token) * inputs.mask  # [B, T]
+
+
+def turn_metrics(rollout: Rollout) -> dict[str, float]:
+    """``turns/*`` and ``tools/*`` of a multi-turn rollout (empty for a single-turn one): mean assistant turns, tool
+    calls run per trajectory, share of trajectories with a call, error observations per trajectory (malformed or
+    failed calls, invalid environment actions)."""
+    ex = rollout.extras
+    if "num_turns" not in ex:
+        return {}
+    turns = torch.tensor([float(n) for n in ex["num_turns"]])  # [B]
+    calls = torch.tensor([float(n) for n in ex["tool_calls"]])  # [B]
+    errors = torch.tensor([float(n) for n in ex["tool_errors"]])  # [B]
+    return {
+        "turns/mean": float(turns.mean()),
+        "tools/calls_mean": float(calls.mean()),
+        "tools/call_fraction": float((calls > 0).float().mean()),
+        "tools/errors_mean": float(errors.mean()),
+    }

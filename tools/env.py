@@ -1,0 +1,70 @@
+"""Environments: multi-step games the policy plays by writing actions, one instance per trajectory.
+
+Protocol (verl-agent's env managers, TRL's ``environment_factory`` one level lower): ``reset(row) -> Observation``
+starts an episode from a dataset row (deterministic given the row: a seed column fixes the level);
+``step(action_text) -> (Observation, reward, done)`` reads the action out of the assistant turn's text, applies it
+and answers. An action that cannot be parsed or is not allowed is not an exception: the observation says so and
+has ``error`` set (verl-agent's ``is_action_valid = 0``, which GiGPO's invalid-action penalty keys on), the state
+does not change, and the episode goes on. The observation a step returns is the state the *next* action is taken
+from: its :func:`~mmgrpo.tools.anchor_key` is that step's GiGPO anchor.
+
+``ENVIRONMENTS`` maps names to factories (a class or a function taking keyword options) so a config can name one;
+the rollout builds one instance per sample with :func:`make_environment`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from mmgrpo.registry import Registry
+from mmgrpo.suggest import did_you_mean
+
+from .base import Observation
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A multi-step game: ``reset(row)`` then ``step(action_text)`` until ``done``."""
+
+    def reset(self, row: Mapping[str, Any]) -> Observation:
+        """Start an episode for ``row``; the observation the first action is taken from."""
+        ...
+
+    def step(self, action_text: str) -> tuple[Observation, float, bool]:
+        """Apply the action written in ``action_text`` (the assistant turn); ``(observation, reward, done)``."""
+        ...
+
+
+ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
+"""Environment factories by name: ``ENVIRONMENTS.get(name)(**options)`` builds one instance."""
+
+
+def make_environment(name: str, **options: Any) -> Environment:
+    """A fresh instance of the registered environment ``name`` built with ``options``; an unknown name raises
+    ``KeyError`` with the closest name and the valid ones, a bad option ``TypeError`` naming it."""
+    if name not in ENVIRONMENTS:
+        valid = ENVIRONMENTS.names()
+        close = did_you_mean(name, valid)
+        hint = f"did you mean {close!r}? " if close else ""
+        raise KeyError(f"unknown environment {name!r}; {hint}valid: {', '.join(valid)}")
+    try:
+        return ENVIRONMENTS.get(name)(**options)
+    except TypeError as e:
+        raise TypeError(f"environment {name!r}: cannot build it with options {sorted(options)}: {e}") from None
+
+
+def parse_action(text: str, allowed: tuple[str, ...]) -> tuple[str | None, str]:
+    """The action in the last ``<action>…</action>`` of ``text`` (verl-agent's format; surrounding space and the
+    case of the action ignored, the tags case-sensitive) if it is one of ``allowed``; else ``None`` and a one-line
+    reason naming the fix. Linear in the text (``str.rfind``; no backtracking regex on model output)."""
+    fix = f"end the turn with <action>one of {', '.join(allowed)}</action>"
+    close = text.rfind("</action>")
+    start = text.rfind("<action>", 0, close) if close != -1 else -1
+    if start == -1:
+        return None, f"no <action>...</action> in the reply; {fix}"
+    action = text[start + len("<action>") : close].strip().lower()
+    if action not in allowed:
+        shown = action if len(action) <= 40 else action[:39] + "…"
+        return None, f"{shown!r} is not an action; {fix}"
+    return action, ""

@@ -1,0 +1,203 @@
+"""``sokoban``: a small visual Sokoban, rendered as PIL images, deterministic from the row's seed.
+
+The game of verl-agent's visual GiGPO benchmark (``agent_system/environments/env_package/sokoban``, built on
+``gym_sokoban``; ``examples/gigpo_trainer/run_sokoban.sh``: 6×6 room, 1 box, at most 15 steps). Written here from
+the rules, not ported, to stay small and dependency-free:
+
+- **Level** (``reset(row)``, ``row["seed"]`` an int): a ``size × size`` room with a wall border; ``boxes`` targets
+  at distinct random floor cells with the boxes on them and the player on another floor cell; then
+  ``pulls`` random *reverse* moves (the player steps in a direction; a box right behind the player is pulled
+  along), gym_sokoban's reverse-play generation, so every level is solvable. A level whose boxes end on their
+  targets is drawn again. ``random.Random(seed)`` makes it the same on every machine and Python version.
+- **Actions**: ``<action>up|down|left|right</action>`` (the last tag counts). Walking into a wall, or pushing a
+  box into a wall or another box, leaves the state as it is (a legal step). Text that holds no such action is
+  an **invalid action**: the state is unchanged, the observation says so and has ``error`` set
+  (verl-agent's ``is_action_valid = 0``), and it costs a step.
+- **Rewards** (gym_sokoban's defaults): −0.1 per step, +1 for a box pushed onto a target, −1 for a box pushed off
+  one, +10 when every box is on a target (the episode ends); the episode also ends after ``max_steps`` steps.
+- **Observation**: the rendered room (``cell`` pixels per cell: dark grey walls, light floor, red targets, brown
+  boxes, green boxes on targets, a blue player) and a fixed instruction text (no step counter, so equal states
+  give equal observations). The image is the GiGPO anchor state: :func:`~mmgrpo.tools.state_anchor`.
+  ``visual=False`` gives the room as text instead (gym_sokoban's symbols, verl-agent's text mode), for text-only
+  policies; the text is then the anchor.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from .base import Observation
+from .env import ENVIRONMENTS, parse_action
+
+ACTIONS = ("up", "down", "left", "right")
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # (row, column)
+COLORS = dict(
+    wall=(64, 64, 64), floor=(232, 232, 232), target=(220, 40, 40), box=(150, 95, 40), box_on_target=(40, 160, 70),
+    player=(40, 80, 210),
+)  # fmt: skip
+TEXT_LEGEND = "(# wall, _ floor, O target, X box, √ box on target, P you, S you on a target)"
+INSTRUCTION = (
+    "Push every brown box onto a red target. You are the blue square; green boxes are on targets. Reply with "
+    "your move as <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
+)
+
+
+class Sokoban:
+    """One Sokoban episode (module docstring); satisfies :class:`~mmgrpo.tools.Environment`."""
+
+    def __init__(
+        self,
+        *,
+        size: int = 6,
+        boxes: int = 1,
+        pulls: int | None = None,
+        max_steps: int = 15,
+        cell: int = 16,
+        visual: bool = True,
+        step_reward: float = -0.1,
+        box_on_target_reward: float = 1.0,
+        box_off_target_reward: float = -1.0,
+        solved_reward: float = 10.0,
+    ):
+        if size < 4:
+            raise ValueError(f"size must be >= 4 (a wall border around at least 2x2 floor), got {size}")
+        if not 1 <= boxes <= (size - 2) ** 2 // 3:
+            raise ValueError(f"boxes must be from 1 to {(size - 2) ** 2 // 3} for size {size}, got {boxes}")
+        self.size, self.n_boxes, self.max_steps, self.cell, self.visual = size, boxes, max_steps, cell, visual
+        self.pulls = pulls if pulls is not None else 3 * size
+        self.rewards = dict(step=step_reward, on=box_on_target_reward, off=box_off_target_reward, solved=solved_reward)
+        self.player: tuple[int, int] = (0, 0)
+        self.boxes: set[tuple[int, int]] = set()
+        self.targets: frozenset[tuple[int, int]] = frozenset()
+        self.steps = 0
+        self.done = True
+
+    # ------------------------------------------------------------------------------------------------ protocol
+
+    def reset(self, row: Mapping[str, Any]) -> Observation:
+        """A new level from ``row["seed"]`` (an int)."""
+        seed = row.get("seed")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ValueError(f"sokoban: the row needs an integer 'seed' column (the level), got {seed!r}")
+        self._generate(random.Random(seed))
+        self.steps, self.done = 0, False
+        return self.observe()
+
+    def step(self, action_text: str) -> tuple[Observation, float, bool]:
+        """Apply the last ``<action>`` in ``action_text`` (module docstring for the rules and rewards)."""
+        if self.done:
+            raise RuntimeError("sokoban: step() after the episode ended; call reset(row) first")
+        self.steps += 1
+        action, reason = parse_action(action_text, ACTIONS)
+        reward = self.rewards["step"]
+        if action is None:
+            obs = self.observe(error=f"invalid action: {reason}")
+        else:
+            reward += self._move(MOVES[action])
+            obs = self.observe()
+        solved = self.boxes == set(self.targets)
+        if solved:
+            reward += self.rewards["solved"]
+        self.done = solved or self.steps >= self.max_steps
+        obs.reward = reward
+        return obs, reward, self.done
+
+    # ----------------------------------------------------------------------------------------------- internals
+
+    def observe(self, error: str | None = None) -> Observation:
+        """The current state as an observation: the rendered room and the instruction (``visual=False``: the
+        room as text, :meth:`render_text`, and the instruction)."""
+        text = INSTRUCTION if error is None else f"Invalid action ({error}); the board is unchanged. {INSTRUCTION}"
+        if not self.visual:
+            return Observation(text=f"{self.render_text()}\n{TEXT_LEGEND} {text}", error=error)
+        return Observation(text=text, images=[self.render()], error=error)
+
+    def render_text(self) -> str:
+        """The room as rows of gym_sokoban's symbols: ``#`` wall, ``_`` floor, ``O`` target, ``X`` box, ``√`` box on
+        a target, ``P`` player, ``S`` player on a target."""
+        rows = []
+        for r in range(self.size):
+            line = ""
+            for q in range(self.size):
+                cell, target = (r, q), (r, q) in self.targets
+                if self._wall(cell):
+                    line += "#"
+                elif cell == self.player:
+                    line += "S" if target else "P"
+                elif cell in self.boxes:
+                    line += "√" if target else "X"
+                else:
+                    line += "O" if target else "_"
+            rows.append(line)
+        return "\n".join(rows)
+
+    def render(self) -> Image.Image:
+        """The room as an RGB image of ``size·cell`` pixels a side (deterministic)."""
+        c, n = self.cell, self.size
+        image = Image.new("RGB", (n * c, n * c), COLORS["floor"])
+        draw = ImageDraw.Draw(image)
+        for r in range(n):
+            for q in range(n):
+                x, y = q * c, r * c
+                if self._wall((r, q)):
+                    draw.rectangle([x, y, x + c - 1, y + c - 1], fill=COLORS["wall"])
+                elif (r, q) in self.targets:
+                    draw.rectangle([x + 2, y + 2, x + c - 3, y + c - 3], outline=COLORS["target"], width=2)
+                if (r, q) in self.boxes:
+                    color = COLORS["box_on_target"] if (r, q) in self.targets else COLORS["box"]
+                    draw.rectangle([x + 3, y + 3, x + c - 4, y + c - 4], fill=color)
+                if (r, q) == self.player:
+                    draw.ellipse([x + 3, y + 3, x + c - 4, y + c - 4], fill=COLORS["player"])
+        return image
+
+    def _wall(self, cell: tuple[int, int]) -> bool:
+        r, q = cell
+        return r <= 0 or q <= 0 or r >= self.size - 1 or q >= self.size - 1
+
+    def _free(self, cell: tuple[int, int]) -> bool:
+        return not self._wall(cell) and cell not in self.boxes
+
+    def _move(self, d: tuple[int, int]) -> float:
+        """Move the player by ``d`` (pushing a box); the box reward of the move."""
+        nxt = (self.player[0] + d[0], self.player[1] + d[1])
+        if self._wall(nxt):
+            return 0.0
+        if nxt not in self.boxes:
+            self.player = nxt
+            return 0.0
+        beyond = (nxt[0] + d[0], nxt[1] + d[1])
+        if not self._free(beyond):
+            return 0.0
+        self.boxes.remove(nxt)
+        self.boxes.add(beyond)
+        self.player = nxt
+        on = self.rewards["on"] if beyond in self.targets else 0.0
+        off = self.rewards["off"] if nxt in self.targets else 0.0
+        return on + off
+
+    def _generate(self, rng: random.Random) -> None:
+        floor = [(r, q) for r in range(1, self.size - 1) for q in range(1, self.size - 1)]
+        for _ in range(1000):
+            cells = rng.sample(floor, self.n_boxes + 1)
+            self.targets = frozenset(cells[: self.n_boxes])
+            self.boxes, self.player = set(self.targets), cells[-1]
+            for _ in range(self.pulls):
+                d = MOVES[rng.choice(ACTIONS)]
+                nxt = (self.player[0] + d[0], self.player[1] + d[1])
+                if not self._free(nxt):
+                    continue
+                behind = (self.player[0] - d[0], self.player[1] - d[1])
+                if behind in self.boxes:  # reverse of a push: the box follows the player
+                    self.boxes.remove(behind)
+                    self.boxes.add(self.player)
+                self.player = nxt
+            if self.boxes != set(self.targets):
+                return
+        raise RuntimeError("sokoban: no level after 1000 draws; raise pulls")
+
+
+ENVIRONMENTS.add("sokoban", Sokoban)
