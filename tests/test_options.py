@@ -128,3 +128,12 @@ def test_the_trainer_has_no_branch_per_post_advantage_variant():
     src = (ROOT / "mmgrpo" / "trainer.py").read_text()
     for key in ("advantage_transform", "filter_zero_variance", "a.shaping", "token_weighting"):
         assert key not in src, key
+
+
+def test_multi_turn_credit_takes_the_shapers_place_in_the_pipeline():
+    a = AlgorithmConfig(credit="gigpo", advantage_transform=["difficulty"])
+    assert [(s.kind, s.name) for s in advantage_steps.build(a)] == [
+        ("advantage_transform", "difficulty"),
+        ("credit", "gigpo"),
+    ]
+    assert advantage_steps.build(a)[1].options is a  # unit_advantages reads algorithm.credit_args from it
