@@ -42,6 +42,7 @@ Everything runs in fp32, without host synchronisation (no ``.item()``, masks by 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -294,7 +295,15 @@ def _group_mean(x: Tensor, valid: Tensor) -> Tensor:
     return mean
 
 
-@ADVANTAGE_TRANSFORMS.register("difficulty")
+@dataclass(frozen=True)
+class DifficultyOptions:
+    """``algorithm.advantage_transform_args.difficulty`` (:func:`difficulty_weight`, DGRPO)."""
+
+    offset: float = 2.0
+    """c in d_g = clip(c − mean_G r, 0, 1) (the code's constant 2)."""
+
+
+@ADVANTAGE_TRANSFORMS.register("difficulty", options=DifficultyOptions)
 def difficulty_weight(advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, *, offset: float = 2.0) -> Tensor:
     """DGRPO's difficulty weight (VITAL: Zhang et al. 2025, "Thinking With Videos: Multimodal Tool-Augmented
     Reinforcement Learning for Long Video Reasoning", arXiv 2508.04416, "DGRPO"), as the authors' verl code computes
@@ -318,7 +327,19 @@ def difficulty_weight(advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, 
     return advantages * w  # [P, G]
 
 
-@ADVANTAGE_TRANSFORMS.register("negative_groups")
+@dataclass(frozen=True)
+class NegativeGroupsOptions:
+    """``algorithm.advantage_transform_args.negative_groups`` (:func:`negative_group_confidence`, LENS)."""
+
+    alpha: float = 0.25
+    """Weight α of the all-wrong groups' objective (the paper's 0.25)."""
+    wrong_threshold: float = 0.0
+    """A combined reward above it counts as correct."""
+    eps: float = 1e-6
+    """Added to the std before dividing."""
+
+
+@ADVANTAGE_TRANSFORMS.register("negative_groups", options=NegativeGroupsOptions)
 def negative_group_confidence(
     advantages: Tensor,
     rewards: Tensor,

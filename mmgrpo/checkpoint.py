@@ -38,7 +38,6 @@ import re
 import shutil
 import tempfile
 import time
-import weakref
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -74,117 +73,7 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used: another live run holds its lock, or it cannot be created or written."""
 
 
-def lock_path(output_dir: Path) -> Path:
-    """The lock file of a run directory: ``.<name>.mmgrpo-lock`` beside it (not inside, so that moving a run aside
-    with ``overwrite=true`` does not move the lock, and the run directory holds only the run's files)."""
-    out = Path(os.path.realpath(output_dir))  # one lock per directory, whatever the path (symlinks, ``..``)
-    return out.parent / f".{out.name}.mmgrpo-lock"
-
-
-class RunLock:
-    """An exclusive lock on a run directory, held for the run's life (``fcntl.flock`` on :func:`lock_path`).
-
-    The kernel releases a ``flock`` when its holder exits, however it exits (SIGKILL included), so a lock left by a
-    dead process is never mistaken for a live one: the file may remain, holding the dead process's PID and host,
-    and the next run takes it over and says so. The holder writes ``{"pid", "host", "started", "output_dir"}``
-    into the file, which a refused run quotes. :meth:`release` unlinks the file before unlocking, and
-    :meth:`acquire` checks after locking that the path still names the locked file (else retries), so a run never
-    holds a lock on a file that another has already unlinked. Over NFS, Linux maps ``flock`` to POSIX byte-range
-    locks (``nfs(5)``, ``local_lock``), so runs on two hosts exclude each other as long as the NFS lock service
-    runs.
-    """
-
-    def __init__(self, output_dir: Path):
-        self.output_dir = Path(output_dir)
-        self.path = lock_path(output_dir)
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> dict | None:
-        """Take the lock or raise :class:`RunDirError` (one line naming the holder's PID and host).
-
-        Returns the record of a dead holder whose stale lock was taken over, else ``None``."""
-        import fcntl
-        import socket
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunDirError(_os_reason(f"output_dir={self.output_dir}: cannot create its parent", e)) from None
-        for _ in range(20):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as e:
-                what = f"output_dir={self.output_dir}: cannot create the run lock {self.path}"
-                raise RunDirError(_os_reason(what, e)) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_record(fd)
-                os.close(fd)
-                raise RunDirError(
-                    f"output_dir={self.output_dir} is in use by {_describe(holder)}; wait for it to finish or stop "
-                    f"it, or choose another output_dir (lock file {self.path})"
-                ) from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if not same:  # a holder released (unlinked) it between our open and flock: lock the new file
-                os.close(fd)
-                continue
-            previous = _read_record(fd)
-            record = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "output_dir": str(self.output_dir),
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode(), 0)
-            self._fd = fd
-            # released by release(), or at interpreter exit while os is still whole (a __del__ there can run after
-            # the os module is torn down: "'NoneType' object has no attribute 'path'")
-            self._finalizer = weakref.finalize(self, _unlock, fd, self.path)
-            return previous or None
-        raise RunDirError(f"output_dir={self.output_dir}: could not take the run lock {self.path}; try again")
-
-    def release(self) -> None:
-        """Unlink the lock file and unlock (idempotent)."""
-        if self._fd is None:
-            return
-        self._fd = None
-        self._finalizer()
-
-
-def _unlock(fd: int, path: Path) -> None:
-    """Unlink the lock file if it is still ours, and close (which unlocks) it."""
-    try:
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            os.unlink(path)
-    except OSError:
-        pass
-    os.close(fd)
-
-
-def _read_record(fd: int) -> dict:
-    try:
-        record = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def _describe(holder: dict) -> str:
-    if not holder.get("pid"):
-        return "another mmgrpo run (it has not yet written its PID)"
-    return f"mmgrpo process {holder['pid']} on host {holder.get('host', '?')} (started {holder.get('started', '?')})"
-
-
-def _os_reason(what: str, e: OSError) -> str:
+def os_reason(what: str, e: OSError) -> str:
     """``what (reason); how to fix`` for an OSError from the file system (one line)."""
     reason = e.strerror or str(e)
     fix = {
@@ -199,7 +88,7 @@ def _os_reason(what: str, e: OSError) -> str:
 
 def write_error(what: str, e: OSError) -> RunDirError:
     """A one-line :class:`RunDirError` for an ``OSError`` (disk full, read-only, no permission) while writing."""
-    return RunDirError(_os_reason(what, e))
+    return RunDirError(os_reason(what, e))
 
 
 def holds_a_run(output_dir: Path) -> bool:
@@ -231,7 +120,7 @@ def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool)
     try:
         contents = [p.name for p in out.iterdir()]
     except OSError as e:
-        raise ValueError(_os_reason(f"output_dir={out} cannot be read", e)) from None
+        raise ValueError(os_reason(f"output_dir={out} cannot be read", e)) from None
     if not contents or contents == ["config.yaml"]:  # empty, or a run stopped before it wrote anything else
         return None
     if holds_a_run(out) and not overwrite:
@@ -403,7 +292,7 @@ def _writing(name: str, root: Path, tmp: Path):
             code = next((c for k, c in _WRITE_ERRORS.items() if k in text), None)
             e = OSError(code, os.strerror(code) if code else text.splitlines()[0][:200])
         raise RunDirError(
-            _os_reason(f"cannot write checkpoint {name} under {root}; the older checkpoints are kept", e)
+            os_reason(f"cannot write checkpoint {name} under {root}; the older checkpoints are kept", e)
         ) from None
 
 

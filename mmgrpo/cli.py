@@ -249,18 +249,15 @@ def _demo(args) -> int:
 def _rollout_server(args) -> int:
     """``mmgrpo rollout-server CONFIG``: run vLLM on the config's model in its own environment until stopped."""
     from mmgrpo.config import ConfigError
-    from mmgrpo.loader import load_config
+    from mmgrpo.loader import load_config, rollout_server
 
     try:
         cfg = load_config(args.config, args.overrides)
-        from mmgrpo.modalities.tokens.engine import address_taken, run_server, server_command
-        from mmgrpo.modalities.tokens.engine_http import secret_file
-
-        cmd = server_command(cfg, args.python)
+        cmd, taken, serve = rollout_server(cfg, args.python)
     except ConfigError as e:
         print(f"mmgrpo: config error: {e}", file=sys.stderr)
         return 2
-    if address_taken(cfg.rollout.url):
+    if taken:
         print(
             f"mmgrpo: rollout.url {cfg.rollout.url} is in use (another rollout server?): pick another port",
             file=sys.stderr,
@@ -269,7 +266,7 @@ def _rollout_server(args) -> int:
     print("mmgrpo: " + " ".join(cmd), file=sys.stderr)
     # a stop signal reaches vLLM's engine processes too (their process group); the push secret goes to the server in
     # its environment and to this user's trainers in a 0600 key file, never on a command line or in this log
-    return run_server(cmd, secret_path=secret_file(cfg.rollout.url))
+    return serve()
 
 
 if __name__ == "__main__":

@@ -10,30 +10,65 @@ imports it, so the config ↔ plugins ↔ tasks import circle of earlier version
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmgrpo import advantages, losses, multiturn, sampling, schedules, shaping
+from mmgrpo import advantages, losses, multiturn, options, sampling, schedules, shaping
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
     TrainConfig,
-    check_kwargs,
     read_config,
     variant_methods,
 )
 from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
 from mmgrpo.sizing import check_step_fits
-from mmgrpo.types import capabilities, has_method, required_capabilities
+from mmgrpo.types import EngineRollout, capabilities, has_method, required_capabilities
 
 
 def load_builtins() -> None:
     """Import the built-in adapters and tasks so they register."""
     import mmgrpo.modalities
     import mmgrpo.tasks  # noqa: F401
+
+
+def load_engine(cfg: TrainConfig, timeout_s: float | None = None) -> EngineRollout | None:
+    """The rollout engine of ``cfg`` (``rollout.engine``), which the trainer owns: None for ``native``; with ``vllm``
+    the client of the server at ``rollout.url``, checked to answer now (``health``, one line otherwise), or, with
+    ``rollout.vllm_mode: colocate``, vLLM started in this process. ``timeout_s`` overrides ``rollout.timeout_s``
+    (the ``--dry-run`` probe's shorter wait). This and :func:`load_builtins` are where the core reaches the token
+    families' engine code (``tests/test_layout.py``)."""
+    if cfg.rollout.engine == "native":
+        return None
+    if cfg.rollout.vllm_mode == "colocate":
+        from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args
+
+        return ColocateEngine(colocate_args(cfg))
+    from mmgrpo.modalities.tokens.engine import VLLMClient
+
+    client = VLLMClient(cfg.rollout.url, cfg.rollout.timeout_s if timeout_s is None else timeout_s)
+    client.health()  # unreachable, or it would refuse this trainer's pushes: one line now, before any step
+    return client
+
+
+def rollout_server(cfg: TrainConfig, python: str | None = None) -> tuple[list[str], bool, Callable[[], int]]:
+    """``mmgrpo rollout-server``'s parts for ``cfg``: the command serving its policy on vLLM
+    (``modalities/tokens/engine.py`` ``server_command``), whether ``rollout.url``'s address is taken already, and
+    the function that runs the command until stopped (its push secret in a 0600 key file for this user)."""
+    from mmgrpo.modalities.tokens.engine import address_taken, run_server, server_command
+    from mmgrpo.modalities.tokens.engine_http import secret_file
+
+    cmd = server_command(cfg, python)
+    return (
+        cmd,
+        address_taken(cfg.rollout.url),
+        functools.partial(run_server, cmd, secret_path=secret_file(cfg.rollout.url)),
+    )
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -211,7 +246,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
         )
-    check_kwargs(shaping.SHAPERS.get(a.shaping), a.shaping_args, "algorithm.shaping_args", skip=2)
+    options.resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
     _validate_variants(a)
     objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units
     if (a.surrogate == "dgpo") != (objective == "dgpo"):
@@ -256,10 +291,11 @@ VARIANT_HOOK_OWNERS = {"augment_video": "video adapters such as video"}
 def _validate_variants(a: AlgorithmConfig) -> None:
     """β schedule, advantage transforms, prompt sampler and group-coupled surrogates (docs/variants.md)."""
     _check_choice("algorithm.beta_schedule", a.beta_schedule, schedules.BETA_SCHEDULES.names())
-    schedule = schedules.BETA_SCHEDULES.get(a.beta_schedule)
-    schedule_args = check_kwargs(schedule, a.beta_schedule_args, "algorithm.beta_schedule_args", 3)
+    schedule = options.resolve(
+        schedules.BETA_SCHEDULES, a.beta_schedule, a.beta_schedule_args, "algorithm.beta_schedule_args"
+    )
     try:  # the schedule's own checks (bounds, beta_max = algorithm.beta), once at load rather than at step 0
-        schedule(0, 2, a.beta, **schedule_args)
+        schedules.beta_at(a.beta_schedule, 0, 2, a.beta, options.as_kwargs(schedule))
     except ValueError as e:
         raise ConfigError(f"algorithm.beta_schedule_args ({a.beta_schedule}): {e}") from None
     for name in a.advantage_transform:
@@ -275,12 +311,11 @@ def _validate_variants(a: AlgorithmConfig) -> None:
                 f"algorithm.advantage_transform_args.{name}: {name!r} is not in algorithm.advantage_transform "
                 f"{a.advantage_transform}; add it there or remove its options"
             )
-        check_kwargs(advantages.ADVANTAGE_TRANSFORMS.get(name), args, f"algorithm.advantage_transform_args.{name}", 3)
-    _check_choice("algorithm.sampler", a.sampler, [sampling.SEQUENTIAL, *sampling.SAMPLERS.names()])
+        options.resolve(advantages.ADVANTAGE_TRANSFORMS, name, args, f"algorithm.advantage_transform_args.{name}")
+    _check_choice("algorithm.sampler", a.sampler, sampling.SAMPLERS.names())
     if a.sampler == sampling.SEQUENTIAL and a.sampler_args:
         raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
-    if a.sampler != sampling.SEQUENTIAL:
-        check_kwargs(sampling.SAMPLERS.get(a.sampler), a.sampler_args, "algorithm.sampler_args", skip=5)
+    options.resolve(sampling.SAMPLERS, a.sampler, a.sampler_args, "algorithm.sampler_args")
     losses.resolve_options(a)  # surrogate_args, aggregation_args, kl_args against each component's dataclass
     if a.difficulty_augmentation.enabled and (a.dynamic_sampling.enabled or a.gt_injection.enabled):
         raise ConfigError(
@@ -293,6 +328,9 @@ def _validate_variants(a: AlgorithmConfig) -> None:
             f"algorithm.token_weighting_args: {sorted(extra)} not allowed for token_weighting={a.token_weighting!r}; "
             "tw_grpo takes alpha and chunk"
         )
+    if a.token_weighting != "none":
+        where = "algorithm.token_weighting_args"
+        options.resolve(shaping.TOKEN_WEIGHTINGS, a.token_weighting, a.token_weighting_args, where)
     if a.surrogate in losses.GROUP_SURROGATES:  # the loss normalises over groups: minibatches hold whole groups
         G = a.group_size
         if a.minibatch_size % G or a.prompts_per_step % a.updates_per_epoch:

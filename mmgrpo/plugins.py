@@ -53,6 +53,21 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class EngineModel:
+    """What a rollout engine (``rollout.engine: vllm``) serves for a model family: the checkpoint directory (a
+    built-in tiny name resolved to its cached directory, as the adapter resolves it, so both load the same weights)
+    and the media items a prompt may hold. Declared by the family on its :class:`AdapterSpec` (``engine_model``), so
+    the engine code names no family and imports no tiny-model builder."""
+
+    path: str
+    """The model directory (or hub id) the engine loads."""
+    max_videos: int = 0
+    """Videos per prompt (the video adapter's rows: one)."""
+    max_audios: int = 0
+    """Audio clips per prompt (the audio LLM's and Whisper's rows: one)."""
+
+
+@dataclass(frozen=True)
 class AdapterSpec(Generic[Options]):
     """A model family, declared: ``ADAPTERS.add("vlm", AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load))``."""
 
@@ -70,6 +85,9 @@ class AdapterSpec(Generic[Options]):
     load_check: Callable[[Options], str | None] | None = None
     """What ``load`` would hit first, checked without loading anything (a named real model not set up): a one-line
     problem or None. The load-time check (``mmgrpo.preflight``, ``--dry-run``) raises it as a ``ConfigError``."""
+    engine_model: Callable[[Options, int], EngineModel] | None = None
+    """``engine_model(options, seed)``: what a vLLM rollout engine serves for this family (:class:`EngineModel`);
+    None: the family has no engine path (``rollout.engine: vllm`` is refused for it, naming those that have one)."""
 
     def options(self, args: dict | None) -> Options:
         return from_dict(self.args, args or {}, "model.args")

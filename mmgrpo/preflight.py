@@ -134,9 +134,9 @@ def _check_engine(cfg: TrainConfig) -> None:
                 "`.venv-colocate/bin/mmgrpo train ...`, or rollout.vllm_mode: server (docs/scale.md)"
             )
         return
-    from mmgrpo.modalities.tokens.engine import VLLMClient
+    from mmgrpo.loader import load_engine  # (the loader imports the engine code, the core does not)
 
-    VLLMClient(cfg.rollout.url, min(cfg.rollout.timeout_s, 30.0)).health()
+    load_engine(cfg, timeout_s=min(cfg.rollout.timeout_s, 30.0))  # the server's client, checked to answer
 
 
 _CHAT_COMPLETIONS = re.compile(r"list\[\s*list\[\s*dict")

@@ -1,5 +1,5 @@
-"""The run directory: its lock, the checks before the model loads, resume's config comparison, and the files
-written next to the saved weights.
+"""The run directory: its lock (:class:`RunLock`), the checks before the model loads, resume's config comparison,
+and the files written next to the saved weights.
 
 :func:`take_run_lock` and :func:`check_run_dir` run in ``Trainer.__init__`` before the model loads, on the path
 :func:`resolve_output_dir` gives, so a used, locked or unwritable ``output_dir`` and a resume with a changed config
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +58,127 @@ def resolve_output_dir(output_dir: str) -> Path:
     return path
 
 
-def take_run_lock(acc: Accelerator, out: Path) -> ckpt.RunLock | None:
-    """Process 0 takes the run directory's lock (:class:`mmgrpo.checkpoint.RunLock`) and tells the others
+# ------------------------------------------------------------------------------------------ the run lock
+
+
+def lock_path(output_dir: Path) -> Path:
+    """The lock file of a run directory: ``.<name>.mmgrpo-lock`` beside it (not inside, so that moving a run aside
+    with ``overwrite=true`` does not move the lock, and the run directory holds only the run's files)."""
+    out = Path(os.path.realpath(output_dir))  # one lock per directory, whatever the path (symlinks, ``..``)
+    return out.parent / f".{out.name}.mmgrpo-lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held for the run's life (``fcntl.flock`` on :func:`lock_path`).
+
+    The kernel releases a ``flock`` when its holder exits, however it exits (SIGKILL included), so a lock left by a
+    dead process is never mistaken for a live one: the file may remain, holding the dead process's PID and host,
+    and the next run takes it over and says so. The holder writes ``{"pid", "host", "started", "output_dir"}``
+    into the file, which a refused run quotes. :meth:`release` unlinks the file before unlocking, and
+    :meth:`acquire` checks after locking that the path still names the locked file (else retries), so a run never
+    holds a lock on a file that another has already unlinked. Over NFS, Linux maps ``flock`` to POSIX byte-range
+    locks (``nfs(5)``, ``local_lock``), so runs on two hosts exclude each other as long as the NFS lock service
+    runs.
+    """
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = Path(output_dir)
+        self.path = lock_path(output_dir)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> dict | None:
+        """Take the lock or raise :class:`RunDirError` (one line naming the holder's PID and host).
+
+        Returns the record of a dead holder whose stale lock was taken over, else ``None``."""
+        import fcntl
+        import socket
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            what = f"output_dir={self.output_dir}: cannot create its parent"
+            raise ckpt.RunDirError(ckpt.os_reason(what, e)) from None
+        for _ in range(20):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                what = f"output_dir={self.output_dir}: cannot create the run lock {self.path}"
+                raise ckpt.RunDirError(ckpt.os_reason(what, e)) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_record(fd)
+                os.close(fd)
+                raise ckpt.RunDirError(
+                    f"output_dir={self.output_dir} is in use by {_describe(holder)}; wait for it to finish or stop "
+                    f"it, or choose another output_dir (lock file {self.path})"
+                ) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:  # a holder released (unlinked) it between our open and flock: lock the new file
+                os.close(fd)
+                continue
+            previous = _read_record(fd)
+            record = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "output_dir": str(self.output_dir),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+            self._fd = fd
+            # released by release(), or at interpreter exit while os is still whole (a __del__ there can run after
+            # the os module is torn down: "'NoneType' object has no attribute 'path'")
+            self._finalizer = weakref.finalize(self, _unlock, fd, self.path)
+            return previous or None
+        raise ckpt.RunDirError(f"output_dir={self.output_dir}: could not take the run lock {self.path}; try again")
+
+    def release(self) -> None:
+        """Unlink the lock file and unlock (idempotent)."""
+        if self._fd is None:
+            return
+        self._fd = None
+        self._finalizer()
+
+
+def _unlock(fd: int, path: Path) -> None:
+    """Unlink the lock file if it is still ours, and close (which unlocks) it."""
+    try:
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _read_record(fd: int) -> dict:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder.get("pid"):
+        return "another mmgrpo run (it has not yet written its PID)"
+    return f"mmgrpo process {holder['pid']} on host {holder.get('host', '?')} (started {holder.get('started', '?')})"
+
+
+def take_run_lock(acc: Accelerator, out: Path) -> RunLock | None:
+    """Process 0 takes the run directory's lock (:class:`RunLock`) and tells the others
     whether it got it, so that every process raises the same one-line :class:`~mmgrpo.checkpoint.RunDirError`
     (no process waits in a collective for one that has already failed)."""
     lock, error, stale = None, None, None
     if acc.is_main_process:
-        lock = ckpt.RunLock(out)
+        lock = RunLock(out)
         try:
             stale = lock.acquire()
         except ckpt.RunDirError as e:

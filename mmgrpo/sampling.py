@@ -39,15 +39,18 @@ uninterrupted one would.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from mmgrpo.options import as_kwargs, resolve
 from mmgrpo.registry import Registry
+from mmgrpo.shaping import NoOptions
 
 SAMPLERS: Registry[type] = Registry("prompt sampler")
 """``cls(n_rows, prompts_per_step, world, rank, seed, **options)`` with ``positions``/``indices`` (+ ``observe``).
-The default, ``sequential`` (no options), is :class:`PromptSampler` (the base class of the others) and is not
-in this registry."""
+The default, ``sequential`` (no options), is :class:`PromptSampler`, the base class of the others."""
 
 SEQUENTIAL = "sequential"
 
@@ -94,7 +97,32 @@ class PromptSampler:
         """Restore :meth:`state_dict` (nothing to restore for the sequential order)."""
 
 
-@SAMPLERS.register("variance")
+SAMPLERS.add(SEQUENTIAL, PromptSampler, NoOptions)
+
+
+@dataclass(frozen=True)
+class VarianceOptions:
+    """``algorithm.sampler_args`` of ``variance`` (:class:`VarianceSampler`; MMR1, Temporal-RLT)."""
+
+    mode: str = "weight"
+    """weight: MMR1's VPS-weighted draws | filter: Temporal-RLT's non-zero-variance rows."""
+    alpha: float = 1.0
+    """α, the weight of the outcome variance OVS."""
+    beta: float = 0.0
+    """β, the weight of the trajectory diversity TDS (distinct-3)."""
+    mixture_ratio: float = 0.5
+    """The share of each step's rows drawn by score (the rest uniformly)."""
+    momentum: float = 0.0
+    """m: a row's statistics are m·old + (1 − m)·new."""
+    floor: float = 0.0
+    """Added to every weight."""
+    unseen_score: float = 1.0
+    """The score of a row not yet observed."""
+    min_variance: float = 0.0
+    """mode filter: rows whose last variance is at most this are not drawn."""
+
+
+@SAMPLERS.register("variance", options=VarianceOptions)
 class VarianceSampler(PromptSampler):
     """Variance-aware prompt sampling (MMR1 VPS weighting, Temporal-RLT variance filter); see the module docstring.
 
@@ -241,8 +269,8 @@ class VarianceSampler(PromptSampler):
 def build_sampler(a, n_rows: int, world: int, rank: int, seed: int) -> PromptSampler:
     """The sampler ``algorithm.sampler`` names (``a``: the algorithm config): the sequential
     :class:`PromptSampler` or a :data:`SAMPLERS` class built with ``algorithm.sampler_args``."""
-    sampler_cls = PromptSampler if a.sampler == SEQUENTIAL else SAMPLERS.get(a.sampler)
-    return sampler_cls(n_rows, a.prompts_per_step, world, rank, seed, **a.sampler_args)
+    options = resolve(SAMPLERS, a.sampler, a.sampler_args, "algorithm.sampler_args")
+    return SAMPLERS.get(a.sampler)(n_rows, a.prompts_per_step, world, rank, seed, **as_kwargs(options))
 
 
 def distinct_n(outputs: list, group_size: int, n: int = 3) -> Tensor:

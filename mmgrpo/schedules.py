@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from mmgrpo.registry import Registry
+from mmgrpo.shaping import NoOptions
 
 BETA_SCHEDULES: Registry[Callable[..., float]] = Registry("beta schedule")
 """``fn(step, total_steps, beta, **options) -> float``: β at ``step`` (0-based) of ``total_steps``."""
@@ -41,14 +43,26 @@ def _check(beta: float, **bounds: float) -> None:
             raise ValueError(f"beta schedule: {name} must be >= 0, got {value}")
 
 
-@BETA_SCHEDULES.register("constant")
+@BETA_SCHEDULES.register("constant", options=NoOptions)
 def constant(step: int, total_steps: int, beta: float) -> float:
     """β_t = β."""
     _check(beta)
     return float(beta)
 
 
-@BETA_SCHEDULES.register("othink")
+@dataclass(frozen=True)
+class OThinkOptions:
+    """``algorithm.beta_schedule_args`` of ``othink`` (:func:`othink`; arXiv 2503.16081 eq. 3)."""
+
+    beta_min: float = 0.0
+    """β_min, the low point after the exploration steps."""
+    beta_max: float | None = None
+    """β_max; None = ``algorithm.beta``, which it must equal when given."""
+    exploration_ratio: float = 0.3
+    """w: the share of the steps over which β falls from β_mid to β_min."""
+
+
+@BETA_SCHEDULES.register("othink", options=OThinkOptions)
 def othink(
     step: int,
     total_steps: int,
@@ -81,14 +95,22 @@ def othink(
     return float(beta_min + (beta_max - beta_min) * (p - w) / (1 - w))
 
 
-@BETA_SCHEDULES.register("linear")
+@dataclass(frozen=True)
+class RampOptions:
+    """``algorithm.beta_schedule_args`` of ``linear`` and ``cosine``."""
+
+    beta_start: float = 0.0
+    """β at the first step (the ramp ends at ``algorithm.beta``)."""
+
+
+@BETA_SCHEDULES.register("linear", options=RampOptions)
 def linear(step: int, total_steps: int, beta: float, *, beta_start: float = 0.0) -> float:
     """β_t = β_start + (β − β_start)·t/(S−1)."""
     _check(beta, beta_start=beta_start)
     return float(beta_start + (beta - beta_start) * _progress(step, total_steps))
 
 
-@BETA_SCHEDULES.register("cosine")
+@BETA_SCHEDULES.register("cosine", options=RampOptions)
 def cosine(step: int, total_steps: int, beta: float, *, beta_start: float = 0.0) -> float:
     """β_t = β_start + (β − β_start)·(1 − cos(π·t/(S−1)))/2."""
     _check(beta, beta_start=beta_start)

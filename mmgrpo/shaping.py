@@ -54,7 +54,13 @@ class ShapingInputs:
     values: Tensor | None = None  # [B, T]
 
 
-@SHAPERS.register("none")
+@dataclass(frozen=True)
+class NoOptions:
+    """A component without options (``none`` shaping, ``constant`` β, the sequential sampler): its ``_args`` must
+    be empty."""
+
+
+@SHAPERS.register("none", options=NoOptions)
 def broadcast(advantages: Tensor, inputs: ShapingInputs) -> Tensor:
     """Every unit of sample b gets the sample's advantage A_b (GRPO, Shao et al. 2024, outcome supervision).
 
@@ -106,7 +112,17 @@ def step_sizes(sigmas: Tensor) -> Tensor:
     return s - nxt
 
 
-@SHAPERS.register("temporal")
+@dataclass(frozen=True)
+class TemporalOptions:
+    """``algorithm.shaping_args`` of ``temporal`` (:func:`temporal`)."""
+
+    weights: Literal["tempflow", "inv_dt"] = "tempflow"
+    """tempflow: TempFlow-GRPO's sqrt(σ/(1−σ)) | inv_dt: GRPO-Guard's 1/h_t."""
+    normalize: bool = True
+    """Scale the weights to mean 1 over each sample's valid units."""
+
+
+@SHAPERS.register("temporal", options=TemporalOptions)
 def temporal(
     advantages: Tensor,
     inputs: ShapingInputs,
@@ -169,7 +185,23 @@ def lambda_returns(values: Tensor, rewards: Tensor, lam: float) -> Tensor:
     return out
 
 
-@SHAPERS.register("value_anchored")
+@dataclass(frozen=True)
+class ValueAnchoredOptions:
+    """``algorithm.shaping_args`` of ``value_anchored`` (:func:`value_anchored`, VGPO arXiv 2512.12387)."""
+
+    lam: float = 1.0
+    """λ of the GAE-style returns over the per-unit values."""
+    tau: float = 0.05
+    """Group reward std below which the absolute (value-anchored) term takes over."""
+    abs_scale: float = 1.0
+    """Weight of the absolute term."""
+    relative: Literal["per_step", "estimator"] = "per_step"
+    """per_step: the value-difference advantages | estimator: the group estimator's advantage."""
+    eps: float = 1e-4
+    """Added to the std before dividing."""
+
+
+@SHAPERS.register("value_anchored", options=ValueAnchoredOptions)
 def value_anchored(
     advantages: Tensor,
     inputs: ShapingInputs,
@@ -377,11 +409,27 @@ __all__ = [
 ]
 
 
-def rollout_tw_grpo_weights(adapter, rollout, opts: dict) -> Tensor:
+TOKEN_WEIGHTINGS: Registry = Registry("token weighting")
+"""``fn(adapter, rollout, **options) -> weights[B, T]``: per-position weights multiplied onto the per-unit
+advantages (``algorithm.token_weighting``; ``none`` is no step at all)."""
+
+
+@dataclass(frozen=True)
+class TWGRPOOptions:
+    """``algorithm.token_weighting_args`` of ``tw_grpo`` (:func:`rollout_tw_grpo_weights`)."""
+
+    alpha: float = 1.4
+    """The largest weight α (the code's ``max_weight``: 1.4 in its config, 1.7 in ``scripts/tw-grpo.sh``)."""
+    chunk: int = 64
+    """Positions per fp32 log-softmax (memory, not the result)."""
+
+
+@TOKEN_WEIGHTINGS.register("tw_grpo", options=TWGRPOOptions)
+def rollout_tw_grpo_weights(adapter, rollout, *, alpha: float = 1.4, chunk: int = 64) -> Tensor:
     """[B, T] TW-GRPO weights: one no-grad forward per group, fp32 log-probs a chunk of positions at a time."""
-    G, chunk = rollout.group_size, int(opts.get("chunk", 64))
+    G, chunk = rollout.group_size, int(chunk)
     divergence = [
         intragroup_divergence(adapter.vocab_logits(rollout, idx), rollout.mask[idx], chunk=chunk).cpu()  # [T]
         for idx in torch.arange(rollout.batch_size).split(G)
     ]
-    return tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(opts.get("alpha", 1.4)))
+    return tw_grpo_weights(torch.stack(divergence), rollout.mask, alpha=float(alpha))

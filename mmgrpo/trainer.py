@@ -22,13 +22,12 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
 from accelerate.utils import DistributedType, gather_object, set_seed
 
-from mmgrpo import advantages as adv_lib
 from mmgrpo import (
+    advantage_steps,
     augmentation,
     dynamic_sampling,
     evaluation,
@@ -45,17 +44,19 @@ from mmgrpo import (
     tracking,
     warmup,
 )
+from mmgrpo import advantages as adv_lib
 from mmgrpo import checkpoint as ckpt
 from mmgrpo import metrics as step_metrics
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, variant_methods
 from mmgrpo.hostmem import fix_mmap_threshold
 from mmgrpo.launch import StopSignal, make_accelerator
-from mmgrpo.loader import load_builtins
+from mmgrpo.loader import load_builtins, load_engine
 from mmgrpo.optim import build_optimizer
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
 from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.types import (
+    EngineRollout,
     SupervisedLoss,
     SyncReference,
     TextTokenizer,
@@ -74,7 +75,7 @@ class Trainer:
         fix_mmap_threshold(cfg.host_mmap_threshold_kib)  # before the model's and the step's allocations
         self.out = run_dir.resolve_output_dir(cfg.output_dir)  # one directory, one lock, whatever the path
         self.acc = make_accelerator(cfg, self.out)
-        self._lock: ckpt.RunLock | None = None  # held (by process 0) until close(): run() ends, or __init__ fails
+        self._lock: run_dir.RunLock | None = None  # held (by process 0) until close(): run() ends, or __init__ fails
         self._lock = run_dir.take_run_lock(self.acc, self.out)
         try:  # the run-dir checks come before the model loads: a used output_dir fails fast
             self._resume_dir = run_dir.check_run_dir(cfg, self.acc, self.out)
@@ -121,12 +122,12 @@ class Trainer:
             fsdp.transformer_cls_names_to_wrap = sharding.block_classes(self.adapter.model)
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         multiturn.use_turns(self.adapter, cfg.rollout)  # rollout.tools: multi-turn, tool-using rollouts (agents.md)
-        if cfg.rollout.engine != "native":  # vLLM: reachable (or started here) now, weights pushed before each rollout
-            if fsdp is not None:
-                raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
-            self.adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, self._colocated_engine())
-            self.adapter.engine.configure_push(cfg.rollout, sender=self.acc.is_main_process)  # buckets, channel
+        self.engine = self._load_engine(fsdp is not None)  # vLLM: reachable (or started here) now, pushed each step
+        if self.engine is not None:
+            self.adapter.use_engine(self.engine)
+            self.engine.configure_push(cfg.rollout, sender=self.acc.is_main_process)  # buckets, channel
         self.state = run_dir.TrainerState()  # checkpointed with the scheduler and the reference copy by checkpoint.save
+        self.advantage_steps = advantage_steps.build(a)  # after the estimator: one declared list of steps
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
         )
@@ -220,7 +221,7 @@ class Trainer:
         keys = None
         if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
             keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
-        if self.cfg.rollout.engine != "native":
+        if self.engine is not None:
             self._push_engine_weights(version=step + 1)
         rollout = self.adapter.rollout(rows, a.group_size, keys)
         gt = a.gt_injection
@@ -262,13 +263,6 @@ class Trainer:
             eps=a.eps,
         )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
-        if a.advantage_transform:  # docs/variants.md: [P, G] → [P, G] after the estimator
-            m = rollout.mask.float()  # [B, T]
-            seq_lp = (rollout.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0)  # [B]
-            seq_lp = seq_lp.view(len(rows), a.group_size)  # [P, G]
-            advantages = adv_lib.apply_transforms(
-                a.advantage_transform, advantages, combined, seq_lp, a.advantage_transform_args
-            )  # [P, G]
         if self.sampler.observes:  # variance-aware samplers: every process sees all groups
             seen = (
                 torch.tensor(self._step_rows),
@@ -278,17 +272,10 @@ class Trainer:
             self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
         if gt.enabled:
             adv_metrics["gt/injected_fraction"] = injected.float().mean()  # share of the B samples
-        mask = rollout.mask.clone()  # [B, T]
-        if a.filter_zero_variance:
-            keep = ~adv_lib.zero_variance_groups(combined)  # [P]
-            mask = mask * keep.repeat_interleave(a.group_size)[:, None].float()
-            adv_metrics["advantage/kept_group_fraction"] = keep.float().mean()
-        inputs = shaping.ShapingInputs(mask, combined, rollout.unit_sigmas, rollout.unit_values)
-        unit_adv = multiturn.unit_advantages(a, advantages, inputs, rollout, adv_metrics)  # [B, T]
-        if a.token_weighting == "tw_grpo":  # TW-GRPO: per-position weights from the group's distributions
-            weights = shaping.rollout_tw_grpo_weights(self.adapter, rollout, a.token_weighting_args)  # [B, T]
-            unit_adv = unit_adv * weights  # [B, T]
-            adv_metrics["advantage/token_weight_mean"] = weights.sum() / rollout.mask.sum().clamp_min(1.0)
+        shaped = advantage_steps.AdvantageState(advantages, combined, rollout.mask.clone(), rollout, self.adapter)
+        shaped.metrics = adv_metrics  # transforms → zero-variance filter → shaping → token weights (declared)
+        advantage_steps.run(self.advantage_steps, shaped)
+        unit_adv, mask = shaped.unit, shaped.mask  # [B, T] each
         ref = None
         if a.beta > 0 and losses.options_class(losses.KL_ESTIMATORS.get(a.kl)).reads == "ref_logprobs":
             ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
@@ -451,26 +438,29 @@ class Trainer:
     _skipped_total = 0  # optimizer updates skipped for non-finite gradients (this process, this run)
     _skipped_in_a_row = 0
 
-    def _colocated_engine(self) -> Any:
-        """vLLM started in this process (``rollout.vllm_mode: colocate``), else None (a server at rollout.url)."""
-        if self.cfg.rollout.vllm_mode != "colocate":
+    engine: EngineRollout | None = None  # the rollout engine this trainer owns (rollout.engine: vllm), else None
+
+    def _load_engine(self, sharded: bool) -> EngineRollout | None:
+        """The rollout engine (:func:`mmgrpo.loader.load_engine`): a vLLM server's client, vLLM in this process
+        (``rollout.vllm_mode: colocate``), or None (``native``)."""
+        if self.cfg.rollout.engine == "native":
             return None
-        if self.acc.num_processes > 1:
+        if sharded:
+            raise ConfigError("rollout.engine: vllm does not push FSDP-sharded weights yet; use DDP processes")
+        if self.cfg.rollout.vllm_mode == "colocate" and self.acc.num_processes > 1:
             raise ConfigError(
                 "rollout.vllm_mode: colocate runs one training process (one engine per process is not wired); "
                 "launch one process, or use rollout.vllm_mode: server with several"
             )
-        from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args  # deferred, as preflight's check
-
-        return ColocateEngine(colocate_args(self.cfg))
+        return load_engine(self.cfg)
 
     def _push_engine_weights(self, version: int) -> None:
         """Send the policy's current weights to the rollout engine as ``version`` (process 0; the others wait and
         expect that version in the engine's answers)."""
         if self.acc.is_main_process:
-            self.adapter.push_engine_weights(version)
+            self.engine.push_model(self.adapter.model, version)
         else:
-            self.adapter.engine.version = version
+            self.engine.version = version
         self.acc.wait_for_everyone()
 
     def _optimizer_step(self) -> torch.Tensor:
@@ -638,8 +628,8 @@ class Trainer:
     def _end_training(self) -> None:
         """Stop the rollout engine, then accelerate (trackers, process group): a colocated vLLM tears down the
         torch.distributed group it made in this process itself, before accelerate destroys it under vLLM."""
-        if self.cfg.rollout.engine != "native":
-            self.adapter.engine.close()
+        if self.engine is not None:
+            self.engine.close()
         self.acc.end_training()
 
 

@@ -218,12 +218,33 @@ class WarmupTask(Protocol):
 
 @runtime_checkable
 class EngineRollout(Protocol):
-    """Rollouts on an inference engine (``rollout.engine: vllm``): connect to a server at ``url``, or use ``engine``,
-    one already started in this process (``rollout.vllm_mode: colocate``), and push the policy's weights."""
+    """A rollout engine as the trainer owns it (``rollout.engine: vllm``; TRL's ``VLLMGeneration`` is the model):
+    exactly what the trainer uses. It is built once (:func:`mmgrpo.loader.load_engine`: a vLLM server's client, or
+    vLLM in this process), handed to the adapter (:class:`UsesEngine`), which supplies its prompts and media, and
+    closed when training ends.
 
-    def use_engine(self, url: str, timeout_s: float, engine: Any = None) -> None: ...
+    ``version`` is the weights version every answer must carry: process 0 pushes (``push_model``, in buckets and
+    over the channel ``configure_push`` set from the ``rollout`` section), the other processes set it to the version
+    pushed. ``name`` is the engine in error messages."""
 
-    def push_engine_weights(self, version: int) -> None: ...
+    name: str
+    version: int
+
+    def health(self) -> dict: ...
+
+    def configure_push(self, rollout: Any, sender: bool = True) -> None: ...
+
+    def push_model(self, model: torch.nn.Module, version: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class UsesEngine(Protocol):
+    """An adapter that samples its rollouts on a rollout engine (:class:`EngineRollout`) the trainer hands it; its
+    ``rollout`` then returns the engine's samples, re-scored by the policy, with ``engine_logprobs``."""
+
+    def use_engine(self, engine: EngineRollout) -> None: ...
 
 
 @runtime_checkable
@@ -237,7 +258,7 @@ class MultiTurn(Protocol):
 
 
 ADAPTER_CAPABILITIES: dict[str, type] = {
-    "use_engine": EngineRollout,
+    "use_engine": UsesEngine,
     "use_turns": MultiTurn,
     "exact_kl": ExactKL,
     "ratio_norm_inputs": RatioNormInputs,

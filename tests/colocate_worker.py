@@ -49,7 +49,7 @@ def main(out: str) -> None:
         [f"model.args.name_or_path={MODEL}", "rollout.engine=vllm", "rollout.vllm_mode=colocate"],
     )
     adapter = build_vlm_adapter({"name_or_path": MODEL, "max_new_tokens": 8, "temperature": 1.0}, seed=cfg.seed)
-    adapter.use_engine(cfg.rollout.url, cfg.rollout.timeout_s, engine=ColocateEngine(colocate_args(cfg)))
+    adapter.use_engine(ColocateEngine(colocate_args(cfg)))
     rows = ShapesTask(ShapesArgs(train_size=4, eval_size=1)).train_rows()[:4]
     result: dict = {"engine_before": greedy(adapter, rows, engine=True)}
     with torch.no_grad():  # move the policy away from the checkpoint the engine loaded, then push it

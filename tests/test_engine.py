@@ -166,7 +166,9 @@ def _adapter(url: str):
 
 
 def _connect(adapter, url: str):
-    adapter.use_engine(url, timeout_s=300)
+    from mmgrpo.modalities.tokens.engine import VLLMClient
+
+    adapter.use_engine(VLLMClient(url, timeout_s=300))
     adapter.engine.version = adapter.engine.health()["version"]  # read what the server holds now
     return adapter
 

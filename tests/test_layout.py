@@ -10,16 +10,21 @@ import pytest
 
 CORE = [
     "mmgrpo",
+    "mmgrpo.advantage_steps",
     "mmgrpo.advantages",
     "mmgrpo.cache",
     "mmgrpo.checkpoint",
     "mmgrpo.cli",
+    "mmgrpo.compat",
     "mmgrpo.config",
     "mmgrpo.credit",
     "mmgrpo.loader",
     "mmgrpo.losses",
+    "mmgrpo.options",
     "mmgrpo.plugins",
+    "mmgrpo.preflight",
     "mmgrpo.registry",
+    "mmgrpo.run_dir",
     "mmgrpo.shaping",
     "mmgrpo.trainer",
     "mmgrpo.types",
@@ -153,3 +158,62 @@ def test_no_import_circle_in_the_package():
     assert graph["mmgrpo.loader"] >= {"mmgrpo.config", "mmgrpo.plugins"}  # the graph sees imports
     assert "mmgrpo.modalities" in graph["mmgrpo.loader"]  # ... deferred ones too
     assert cycles(graph) == []
+
+
+# ------------------------------------------------------------------------- the core reaches families via the loader
+
+LOADER = "mmgrpo.loader"
+FAMILY_CODE = ("mmgrpo.modalities",)
+
+
+def _is_tiny_builder(module: str) -> bool:
+    """A tiny-model builder module: ``modalities/<family>/tiny.py`` (and any other ``*.tiny`` / ``*_tiny``)."""
+    last = module.rpartition(".")[2]
+    return last == "tiny" or last.endswith("_tiny")
+
+
+def core_reaches_families(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``core module -> the family / tiny-builder modules it imports`` (deferred imports included), for every module
+    of ``mmgrpo/`` (the core, its tasks and demo) other than the loader, the one place allowed to."""
+    core = [m for m in graph if not m.startswith(("mmgrpo.modalities", "mmgrpo.rewards")) and m != LOADER]
+    bad = {m: {t for t in graph[m] if t.startswith(FAMILY_CODE) or _is_tiny_builder(t)} for m in core}
+    return {m: targets for m, targets in bad.items() if targets}
+
+
+def test_no_core_module_imports_a_family_or_a_tiny_builder_outside_the_loader():
+    """docs/architecture.md's dependency rule, on the import graph (AST: function-level imports count): the trainer,
+    preflight and CLI reach the vLLM engine code through ``mmgrpo.loader`` (``load_engine``, ``rollout_server``)."""
+    graph = import_graph()
+    assert graph[LOADER] >= {"mmgrpo.modalities", "mmgrpo.modalities.tokens.engine"}  # the loader is the one door
+    assert core_reaches_families(graph) == {}
+
+
+def test_the_family_import_check_catches_a_deferred_import():
+    """The check of the test above fails on a core module with a function-level family import (not vacuous)."""
+    graph = {"mmgrpo.trainer": {"mmgrpo.modalities.tokens.colocate"}, "mmgrpo.cli": {"mmgrpo.modalities.vlm.tiny"}}
+    graph |= {LOADER: {"mmgrpo.modalities"}, "mmgrpo.modalities.tokens.colocate": set()}
+    assert core_reaches_families(graph) == {
+        "mmgrpo.trainer": {"mmgrpo.modalities.tokens.colocate"},
+        "mmgrpo.cli": {"mmgrpo.modalities.vlm.tiny"},
+    }
+
+
+ENGINE = "mmgrpo.modalities.tokens.engine"
+
+
+def test_the_engine_names_no_adapter_and_imports_no_tiny_builder():
+    """``modalities/tokens/engine.py`` imports only the shared token machinery (no family's adapter or tiny model)
+    and names no adapter: what a family serves comes from its ``AdapterSpec.engine_model``."""
+    graph = import_graph()
+    families = {m for m in graph[ENGINE] if m.startswith("mmgrpo.modalities.")}
+    assert all(m.startswith(("mmgrpo.modalities.tokens", "mmgrpo.modalities._hf")) for m in families), families
+    assert not any(_is_tiny_builder(m) for m in graph[ENGINE])
+    from mmgrpo.loader import load_builtins
+    from mmgrpo.plugins import ADAPTERS
+
+    load_builtins()
+    tree = ast.parse((ROOT / "modalities" / "tokens" / "engine.py").read_text())
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert "vlm" in ADAPTERS.names() and "whisper" in ADAPTERS.names()
+    media_kinds = {"image", "video", "audio"}  # "video" is a media kind as well as an adapter's name
+    assert strings & (set(ADAPTERS.names()) - media_kinds) == set(), "engine.py names an adapter"

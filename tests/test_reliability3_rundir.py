@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from mmgrpo import checkpoint as ckpt
+from mmgrpo import run_dir
 from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
@@ -117,7 +118,7 @@ def test_a_dotdot_path_through_a_missing_folder_is_the_run_it_names(run, tmp_pat
         Trainer(_cfg(alias, "steps=1", *RUN))
     assert "\n" not in str(err.value) and str(err.value).startswith(f"output_dir={run} already holds a run")
     assert _snapshot(run) == before and not (tmp_path / "missing").exists()
-    assert not ckpt.lock_path(run).exists()  # released
+    assert not run_dir.lock_path(run).exists()  # released
     train(_cfg(alias, "steps=1", "overwrite=true"))
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
     assert _snapshot(aside) == before  # the old run, whole
@@ -131,7 +132,7 @@ def test_a_symlink_to_a_live_run_takes_the_same_lock(run, tmp_path):
     try:
         with pytest.raises(ckpt.RunDirError, match=f"output_dir={run} is in use by mmgrpo process"):
             _resume(link)
-        assert ckpt.lock_path(link) == ckpt.lock_path(run)
+        assert run_dir.lock_path(link) == run_dir.lock_path(run)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".mmgrpo-lock")) == [".run.mmgrpo-lock"]
     finally:
         live.close()

@@ -11,22 +11,23 @@ import sys
 import pytest
 
 from mmgrpo import checkpoint as ckpt
+from mmgrpo import run_dir
 from mmgrpo.trainer import Trainer
 from tests.test_reliability import QUICK, TINY, _cfg, _snapshot, _steps
 
 
 def test_a_second_holder_is_refused_with_the_pid_and_host(tmp_path):
-    first = ckpt.RunLock(tmp_path / "run")
+    first = run_dir.RunLock(tmp_path / "run")
     assert first.acquire() is None
-    record = json.loads(ckpt.lock_path(tmp_path / "run").read_text())
+    record = json.loads(run_dir.lock_path(tmp_path / "run").read_text())
     assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
     with pytest.raises(ckpt.RunDirError) as err:  # another open file description: refused even in one process
-        ckpt.RunLock(tmp_path / "run").acquire()
+        run_dir.RunLock(tmp_path / "run").acquire()
     message = str(err.value)
     assert "\n" not in message and f"in use by mmgrpo process {os.getpid()} on host {socket.gethostname()}" in message
     first.release()
-    assert not ckpt.lock_path(tmp_path / "run").exists()  # released: the file is gone
-    again = ckpt.RunLock(tmp_path / "run")
+    assert not run_dir.lock_path(tmp_path / "run").exists()  # released: the file is gone
+    again = run_dir.RunLock(tmp_path / "run")
     assert again.acquire() is None
     again.release()
 
@@ -36,7 +37,7 @@ def test_the_stale_lock_of_a_killed_holder_is_taken_over(tmp_path):
         [
             sys.executable,
             "-c",
-            "import time; from mmgrpo.checkpoint import RunLock; "
+            "import time; from mmgrpo.run_dir import RunLock; "
             f"lock = RunLock({str(tmp_path / 'run')!r}); lock.acquire(); print('locked', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
@@ -44,14 +45,14 @@ def test_the_stale_lock_of_a_killed_holder_is_taken_over(tmp_path):
     )
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(ckpt.RunDirError, match=f"in use by mmgrpo process {holder.pid} "):
-        ckpt.RunLock(tmp_path / "run").acquire()
+        run_dir.RunLock(tmp_path / "run").acquire()
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    assert ckpt.lock_path(tmp_path / "run").exists()  # SIGKILL left the file, but the kernel dropped the lock
-    lock = ckpt.RunLock(tmp_path / "run")
+    assert run_dir.lock_path(tmp_path / "run").exists()  # SIGKILL left the file, but the kernel dropped the lock
+    lock = run_dir.RunLock(tmp_path / "run")
     stale = lock.acquire()
     assert stale is not None and stale["pid"] == holder.pid  # taken over, and the dead holder is reported
-    assert json.loads(ckpt.lock_path(tmp_path / "run").read_text())["pid"] == os.getpid()
+    assert json.loads(run_dir.lock_path(tmp_path / "run").read_text())["pid"] == os.getpid()
     lock.release()
 
 
@@ -78,7 +79,7 @@ def test_a_second_train_and_a_resume_are_refused_while_a_run_holds_the_directory
     assert lines[0].startswith(f"mmgrpo: error: output_dir={out} is in use by mmgrpo process {os.getpid()} on host")
     assert _snapshot(out) == before  # nothing of A's changed
     first.run()
-    assert _steps(out) == [1, 2] and not ckpt.lock_path(out).exists()
+    assert _steps(out) == [1, 2] and not run_dir.lock_path(out).exists()
     Trainer(_cfg(out, "steps=3", "checkpoint.every=1", "resume=latest")).close()  # free again once A ended
 
 
@@ -88,7 +89,7 @@ def test_the_lock_is_released_when_construction_fails(tmp_path, mmgrpo_cache):
     (out / "summary.json").write_text("{}")  # a finished run: a new run is refused after the lock was taken
     with pytest.raises(Exception, match="already holds a run"):
         Trainer(_cfg(out, "steps=1"))
-    assert not ckpt.lock_path(out).exists()
+    assert not run_dir.lock_path(out).exists()
 
 
 def test_a_lock_still_held_at_interpreter_exit_is_released_quietly(tmp_path):
@@ -103,4 +104,4 @@ def test_a_lock_still_held_at_interpreter_exit_is_released_quietly(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == 0 and proc.stdout.strip() == "locked", proc.stderr
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert not ckpt.lock_path(tmp_path / "run").exists()
+    assert not run_dir.lock_path(tmp_path / "run").exists()

@@ -2,8 +2,9 @@
 inside the training process, on the trainer's device.
 
 The engine is :class:`.vllm_server.Engine`, the rollout server's own wrapper of ``vllm.LLM``, imported as a module
-and held by :class:`ColocateEngine`, which answers the adapter exactly as the server's client does
-(:class:`~.engine.VLLMClient`: the same ``generate`` results, weight pushes and version check) without HTTP:
+and held by :class:`ColocateEngine`, an :class:`~.engine.EngineClient` as the server's client
+(:class:`~.engine.VLLMClient`) is: the same ``generate`` results, weight pushes and version check, with no HTTP and
+no URL:
 
 - vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so ``collective_rpc`` calls the
   weight loader directly: each push hands the trainer's own tensors (the merged state dict of
@@ -34,7 +35,7 @@ from torch import Tensor
 
 from mmgrpo.types import EngineError
 
-from .engine import VLLMClient, engine_args, engine_item
+from .engine import EngineClient, engine_args, engine_item
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,11 @@ def colocate_args(cfg: Any) -> list[str]:
     return args
 
 
-class ColocateEngine(VLLMClient):
-    """The vLLM engine in this process, behind the server client's interface (``generate``, ``push``, ``health``,
-    ``version``)."""
+class ColocateEngine(EngineClient):
+    """The vLLM engine in this process (the trainer's :class:`mmgrpo.types.EngineRollout`; ``generate``, ``push``,
+    ``health``, ``version`` as :class:`~.engine.VLLMClient` has them)."""
 
     def __init__(self, args: list[str]):
-        super().__init__("colocate://in-process")
         self.name = "the colocated vLLM engine"  # in error messages
         self.stale_hint = "a weight push did not reach it (a bug: please report it)"
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: no pickled weights

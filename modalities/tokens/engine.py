@@ -79,59 +79,66 @@ class EnginePrompt:
     a multi-turn continuation (``modalities/tokens/turns.py``), whose sampled tokens must not be tokenized again."""
 
 
-class VLLMClient:
-    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``); the
-    interface the adapters call, which :class:`.colocate.ColocateEngine` answers in-process."""
+class EngineClient:
+    """What every rollout engine does on the trainer's side, whatever the transport: the weights version its
+    answers must carry, the generate request built from the families' :class:`EnginePrompt`, and weight pushes
+    (:meth:`push_model`). This is the trainer's :class:`mmgrpo.types.EngineRollout` (``name``, ``version``,
+    ``health``, ``push_model``, ``close``) plus ``generate`` for the adapters.
 
-    def __init__(self, url: str, timeout_s: float = 600.0, secret: str | None = None):
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.version = 0
-        self.name = f"vLLM rollout server {self.url}"  # in error messages
-        self.stale_hint = "another trainer pushes to this server, or a weight push was lost; restart it"
-        self._secret = secret
+    A transport supplies ``health``, ``push`` (a state dict as weights version N), ``_generate`` (a request body to
+    the engine's answer) and ``_media_item``: :class:`VLLMClient` over HTTP to ``vllm_server.py``,
+    :class:`.colocate.ColocateEngine` in this process. The trainer builds the engine (``mmgrpo.loader.load_engine``)
+    and hands it to the adapter (``use_engine``), as TRL's trainer owns its ``VLLMGeneration``."""
 
-    @property
-    def secret(self) -> str | None:
-        """The push secret the server shares with its trainer: given, else ``$MMGRPO_ENGINE_SECRET``, else the key
-        file ``mmgrpo rollout-server`` wrote for this URL (:func:`.engine_http.find_secret`), read at each call."""
-        return self._secret if self._secret is not None else find_secret(self.url)
-
-    def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
-        headers = dict(headers or {})
-        if (secret := self.secret) is not None:
-            headers["Authorization"] = f"Bearer {secret}"
-        req = urllib.request.Request(self.url + path, data=data, headers=headers)
-        hint = "start it with `mmgrpo rollout-server CONFIG` (docs/scale.md) or set rollout.url"
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                reason = json.loads(e.read()).get("error", str(e))
-            except (ValueError, OSError):
-                reason = str(e)
-            raise EngineError(f"vLLM rollout server {self.url}{path} failed: {reason}") from None
-        except TimeoutError:
-            raise EngineError(
-                f"vLLM rollout server {self.url} did not answer {path} within rollout.timeout_s={self.timeout_s:g} s"
-            ) from None
-        except (urllib.error.URLError, ConnectionError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise EngineError(f"vLLM rollout server {self.url} is not reachable ({reason}); {hint}") from None
+    name = "the vLLM rollout engine"  # in error messages
+    stale_hint = "a weight push did not reach it"
+    version = 0
+    """The weights version the engine's answers must carry (the last one pushed; set by every process)."""
+    _holds: int | None = None
+    """The weights version this client last pushed (the engine holds it), None before the first push."""
 
     def health(self) -> dict:
-        """The server's state; an :class:`EngineError` when it is down, its engine dead, or it would refuse this
-        trainer's pushes (no secret, or another one: one line at ``--dry-run``, not at the first push)."""
-        out = self._call("/health")
-        if self.secret is None or out.get("authorized") is False:
-            why = "no push secret for it" if self.secret is None else "it does not take this trainer's push secret"
-            raise EngineError(
-                f"{self.name} answers only its own trainer and {why} ({secret_file(self.url)}, written by "
-                f"`mmgrpo rollout-server` for this user, or ${SECRET_ENV}): run the server as this user, or set "
-                f"{SECRET_ENV} to the same value for both"
-            )
-        return out
+        """The engine's state (``ok``, ``version``, ``model``); an :class:`EngineError` when it cannot serve."""
+        raise NotImplementedError
+
+    def push(self, tensors: dict[str, Tensor], version: int, base: int | None = None) -> bool:
+        """Load ``tensors`` (Hugging Face names) into the engine's model as weights version ``version``; with
+        ``base``, a part of the model on top of version ``base``, refused (False) unless the engine holds it."""
+        raise NotImplementedError
+
+    def push_model(self, model: torch.nn.Module, version: int) -> None:
+        """Send ``model``'s weights to the engine as ``version``: the first push the whole model (LoRA merged),
+        later ones only the tensors an optimizer step changes (:func:`engine_tensors` ``trainable_only``, made one
+        at a time into bounded buckets), on top of the version pushed before. An engine holding another version
+        (restarted; pushed to by someone else) refuses that part, and the whole model goes instead."""
+        if self._holds is None or not self.push(engine_tensors(model, trainable_only=True), version, base=self._holds):
+            self.push(engine_tensors(model), version)
+        self._holds = version
+
+    def close(self) -> None:
+        """Release what this client holds of the engine (a server's client: nothing; the server runs on)."""
+
+    bucket_bytes: int = weight_sync.bucket_bytes(weight_sync.DEFAULT_BUCKET_MB)
+    """The largest bucket of a push (``rollout.push_bucket_mb``, :mod:`.weight_sync`)."""
+    channel: weight_sync.NcclChannel | None = None
+    """The NCCL channel (``rollout.weight_sync: nccl``), else None: pushes go over HTTP."""
+
+    def configure_push(self, rollout: Any, sender: bool = True) -> None:
+        """Take ``rollout.push_bucket_mb`` and, on the process that pushes (``sender``), open the channel of
+        ``rollout.weight_sync`` (``nccl``: :meth:`.weight_sync.NcclChannel.connect`, refused at load without CUDA)."""
+        self.bucket_bytes = weight_sync.bucket_bytes(rollout.push_bucket_mb)
+        if sender and rollout.weight_sync == "nccl" and rollout.vllm_mode == "server":  # (a server's client: url)
+            from urllib.parse import urlparse
+
+            self.channel = weight_sync.NcclChannel.connect(self, urlparse(self.url).hostname, rollout.nccl_port)
+
+    def _generate(self, body: dict) -> dict:
+        """The engine's answer to a generate ``body`` (``vllm_server.py``'s ``/generate``)."""
+        raise NotImplementedError
+
+    def _media_item(self, kind: str, item: Any) -> Any:
+        """A prompt's media item as the engine takes it."""
+        raise NotImplementedError
 
     def generate(
         self,
@@ -200,6 +207,59 @@ class VLLMClient:
                 logprobs[p * group_size + g, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
         return ids, logprobs, [r.get("prompt_token_ids", []) for r in out.get("prompts", [])]
 
+
+class VLLMClient(EngineClient):
+    """HTTP client of ``modalities/tokens/vllm_server.py`` (``/health``, ``/generate``, ``/update_weights``)."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, secret: str | None = None):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.name = f"vLLM rollout server {self.url}"  # in error messages
+        self.stale_hint = "another trainer pushes to this server, or a weight push was lost; restart it"
+        self._secret = secret
+
+    @property
+    def secret(self) -> str | None:
+        """The push secret the server shares with its trainer: given, else ``$MMGRPO_ENGINE_SECRET``, else the key
+        file ``mmgrpo rollout-server`` wrote for this URL (:func:`.engine_http.find_secret`), read at each call."""
+        return self._secret if self._secret is not None else find_secret(self.url)
+
+    def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
+        headers = dict(headers or {})
+        if (secret := self.secret) is not None:
+            headers["Authorization"] = f"Bearer {secret}"
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        hint = "start it with `mmgrpo rollout-server CONFIG` (docs/scale.md) or set rollout.url"
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                reason = json.loads(e.read()).get("error", str(e))
+            except (ValueError, OSError):
+                reason = str(e)
+            raise EngineError(f"vLLM rollout server {self.url}{path} failed: {reason}") from None
+        except TimeoutError:
+            raise EngineError(
+                f"vLLM rollout server {self.url} did not answer {path} within rollout.timeout_s={self.timeout_s:g} s"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise EngineError(f"vLLM rollout server {self.url} is not reachable ({reason}); {hint}") from None
+
+    def health(self) -> dict:
+        """The server's state; an :class:`EngineError` when it is down, its engine dead, or it would refuse this
+        trainer's pushes (no secret, or another one: one line at ``--dry-run``, not at the first push)."""
+        out = self._call("/health")
+        if self.secret is None or out.get("authorized") is False:
+            why = "no push secret for it" if self.secret is None else "it does not take this trainer's push secret"
+            raise EngineError(
+                f"{self.name} answers only its own trainer and {why} ({secret_file(self.url)}, written by "
+                f"`mmgrpo rollout-server` for this user, or ${SECRET_ENV}): run the server as this user, or set "
+                f"{SECRET_ENV} to the same value for both"
+            )
+        return out
+
     def _media_item(self, kind: str, item: Any) -> Any:
         """A prompt's media item as the engine takes it: here, as the server's request body carries it."""
         return _wire(kind, item)
@@ -207,23 +267,6 @@ class VLLMClient:
     def _generate(self, body: dict) -> dict:
         """The engine's answer to a generate ``body`` (``vllm_server.py``'s ``/generate``)."""
         return self._call("/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
-
-    def close(self) -> None:
-        """Release what this client holds of the engine (a server's client: nothing; the server runs on)."""
-
-    bucket_bytes: int = weight_sync.bucket_bytes(weight_sync.DEFAULT_BUCKET_MB)
-    """The largest bucket of a push (``rollout.push_bucket_mb``, :mod:`.weight_sync`)."""
-    channel: weight_sync.NcclChannel | None = None
-    """The NCCL channel (``rollout.weight_sync: nccl``), else None: pushes go over HTTP."""
-
-    def configure_push(self, rollout: Any, sender: bool = True) -> None:
-        """Take ``rollout.push_bucket_mb`` and, on the process that pushes (``sender``), open the channel of
-        ``rollout.weight_sync`` (``nccl``: :meth:`.weight_sync.NcclChannel.connect`, refused at load without CUDA)."""
-        self.bucket_bytes = weight_sync.bucket_bytes(rollout.push_bucket_mb)
-        if sender and rollout.weight_sync == "nccl" and rollout.vllm_mode == "server":
-            from urllib.parse import urlparse
-
-            self.channel = weight_sync.NcclChannel.connect(self, urlparse(self.url).hostname, rollout.nccl_port)
 
     def post_json(self, path: str, body: dict) -> dict:
         """An authenticated JSON POST to the server (the NCCL channel's requests)."""
@@ -398,31 +441,17 @@ class EngineSampling:
 
     model: torch.nn.Module
     pad_id: int
-    engine: VLLMClient | None = None
+    engine: EngineClient | None = None
 
-    def use_engine(self, url: str, timeout_s: float, engine: VLLMClient | None = None) -> None:
-        """Sample rollouts on the vLLM server at ``url`` (``rollout.engine: vllm``), or on ``engine``, vLLM inside
-        this process (``rollout.vllm_mode: colocate``: a :class:`.colocate.ColocateEngine`); evaluation stays
-        native."""
-        if engine is not None:
-            self.engine = engine
-            return
-        self.engine = VLLMClient(url, timeout_s)
-        self.engine.health()  # unreachable: one line now, before any step
-
-    _engine_holds: int | None = None
-    """The weights version this adapter last pushed (the engine holds it), None before the first push."""
+    def use_engine(self, engine: EngineClient) -> None:
+        """Sample rollouts on ``engine`` (``rollout.engine: vllm``), the one the trainer built and owns
+        (``mmgrpo.loader.load_engine``: a :class:`VLLMClient` of a server, or a :class:`.colocate.ColocateEngine`);
+        evaluation stays native."""
+        self.engine = engine
 
     def push_engine_weights(self, version: int) -> None:
-        """Send the policy's weights to the engine as ``version``: the first push the whole model (LoRA merged),
-        later ones only the tensors an optimizer step changes (:func:`engine_tensors` ``trainable_only``), on top of
-        the version pushed before. An engine holding another version (restarted; pushed to by someone else) refuses
-        that part, and the whole model goes instead."""
-        if self._engine_holds is None or not self.engine.push(
-            engine_tensors(self.model, trainable_only=True), version, base=self._engine_holds
-        ):
-            self.engine.push(engine_tensors(self.model), version)
-        self._engine_holds = version
+        """Send the policy's weights to the engine as ``version`` (:meth:`EngineClient.push_model`)."""
+        self.engine.push_model(self.model, version)
 
     def _engine_processor_kwargs(self) -> dict[str, Any]:
         """Processor options the engine must apply as the trainer does (vLLM's ``mm_processor_kwargs``)."""
@@ -487,31 +516,27 @@ def server_command(cfg: Any, python: str | None = None) -> list[str]:
 
 def engine_args(cfg: Any) -> list[str]:
     """The vLLM engine's options for ``cfg``'s policy (``vllm_server.py``'s arguments, the same for a server and a
-    colocated engine): the model directory — built-in tiny model names resolve to their cached directory, as the
-    trainer resolves them, so both load the same weights — dtype, seed, media per prompt, and
-    ``rollout.vllm_gpu_memory_utilization`` when set."""
+    colocated engine): what the adapter's family declares it serves (``AdapterSpec.engine_model``: the model
+    directory — a built-in tiny name resolves to its cached directory, as the trainer resolves it, so both load the
+    same weights — and the media per prompt), dtype, seed, and ``rollout.vllm_gpu_memory_utilization`` when set."""
     from mmgrpo.config import ConfigError
+    from mmgrpo.plugins import ADAPTERS, AdapterSpec
 
-    if cfg.model.adapter not in ("vlm", "video", "audio_llm", "whisper"):
+    def served(name: str) -> Any:  # the family's EngineModel declaration, None where it has no engine path
+        spec = ADAPTERS.get(name)
+        return spec.engine_model if isinstance(spec, AdapterSpec) else None
+
+    engine_model = served(cfg.model.adapter)
+    if engine_model is None:
+        have = ", ".join(n for n in ADAPTERS.names() if served(n) is not None)
         raise ConfigError(
-            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (vlm: text and image prompts; "
-            "video: plus one video per prompt; audio_llm and whisper: one audio clip per prompt)"
+            f"model.adapter: {cfg.model.adapter!r} has no vLLM rollout engine yet (adapters with one: {have}; an "
+            "adapter declares it with AdapterSpec.engine_model)"
         )
-    audio = cfg.model.adapter in ("audio_llm", "whisper")
-    if audio:
-        from ..speech.tiny import resolve_model_path
-
-        default = "tiny-qwen2-audio" if cfg.model.adapter == "audio_llm" else "tiny-whisper"
-        name = cfg.model.args.get("name_or_path", default)
-    else:
-        from ..vlm.tiny import resolve_model_path
-
-        name = cfg.model.args.get("name_or_path", "tiny-qwen2.5-vl")
-    model = resolve_model_path(name, seed=cfg.seed)
+    target = engine_model(ADAPTERS.get(cfg.model.adapter).options(cfg.model.args), cfg.seed)
     dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}.get(cfg.model.dtype, "auto")
-    args = ["--model", model, "--dtype", dtype, "--seed", str(cfg.seed)]
-    args += ["--max-videos", "1" if cfg.model.adapter == "video" else "0"]  # the video adapter's rows: one video
-    args += ["--max-audios", "1" if audio else "0"]  # the audio LLM's (Whisper's): one audio clip
+    args = ["--model", target.path, "--dtype", dtype, "--seed", str(cfg.seed)]
+    args += ["--max-videos", str(target.max_videos), "--max-audios", str(target.max_audios)]  # media per prompt
     if cfg.rollout.multi_turn:  # a trajectory's prompt images and its observations' (rollout.max_images)
         args += ["--max-images", str(max(4, 1 + cfg.rollout.max_images))]
     if cfg.rollout.vllm_gpu_memory_utilization is not None:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
 from mmgrpo.types import Rollout
 
 from .. import real_models
@@ -48,6 +48,7 @@ from ..tokens.engine import EngineError, EnginePrompt
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
+from ..vlm.tiny import resolve_model_path
 
 SHUFFLED_NOISE = 0x5F1E
 """Tag mixed into the seed of the T-GRPO shuffled rollouts' keyed noise (apart from the ordered rollouts')."""
@@ -204,6 +205,7 @@ build_video_adapter = ADAPTERS.register("video")(
         cls=VideoAdapter,
         load=_load_video,
         inputs=Inputs(media=("image", "video")),
+        engine_model=lambda a, seed: EngineModel(resolve_model_path(a.name_or_path, seed=seed), max_videos=1),
         load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # loads through the vlm family
     )
 )

@@ -1,0 +1,157 @@
+"""The steps after the group estimator, one declared pipeline: advantages [P, G] → per-unit advantages [B, T].
+
+``build(algorithm)`` turns the config into a list of :class:`Step`, each a registered component with its options
+(:mod:`mmgrpo.options`), in this order:
+
+1. each ``algorithm.advantage_transform`` (``ADVANTAGE_TRANSFORMS``, [P, G] → [P, G]: DGRPO's difficulty weight,
+   LENS's negative groups), with ``advantage_transform_args[name]``;
+2. ``algorithm.filter_zero_variance``: groups whose rewards are all equal leave the update (their mask rows are
+   zeroed; DAPO's dynamic-sampling filter without resampling, arXiv 2503.14476 §3.2);
+3. the shaper ``algorithm.shaping`` (``SHAPERS``, [P, G] → [B, T]; ``none`` broadcasts), with ``shaping_args``, or,
+   for multi-turn rollouts with ``algorithm.credit`` other than ``trajectory``, its per-turn credit
+   (:func:`mmgrpo.multiturn.unit_advantages`: GiGPO, MT-GRPO);
+4. ``algorithm.token_weighting`` (``TOKEN_WEIGHTINGS``: TW-GRPO's per-position weights, arXiv 2505.24718) times
+   the per-unit advantages, with ``token_weighting_args``.
+
+``run(steps, state)`` applies them; the trainer calls it once per step (``Trainer.train_step``), so a new variant
+is a registered component and a line in :func:`build`, not an ``if`` in the trainer. The metrics each step adds are
+those the trainer logged before: ``advantage/kept_group_fraction``, ``advantage/token_weight_mean``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from mmgrpo import advantages as adv_lib
+from mmgrpo import multiturn, shaping
+from mmgrpo.options import as_kwargs, resolve
+from mmgrpo.registry import Registry
+from mmgrpo.shaping import NoOptions
+
+
+@dataclass
+class AdvantageState:
+    """What the steps read and write.
+
+    Shape:
+        advantages: [P, G] from the estimator; [B, T] once shaped (``unit``)
+        combined: [P, G] the weighted combined rewards (NaN = not applicable)
+        mask: [B, T] the units that enter the update (the filter zeroes whole groups)
+    """
+
+    advantages: Tensor  # [P, G]
+    combined: Tensor  # [P, G]
+    mask: Tensor  # [B, T]
+    rollout: Any
+    adapter: Any
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    unit: Tensor | None = None  # [B, T] per-unit advantages, after the shaping step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the pipeline: component ``name`` of the registry of ``kind``, with its ``options``."""
+
+    kind: str
+    name: str
+    options: Any
+
+    def __call__(self, state: AdvantageState) -> None:
+        STEP_KINDS.get(self.kind)(state, self)
+
+
+STEP_KINDS: Registry[Callable[[AdvantageState, Step], None]] = Registry("advantage step")
+"""``apply(state, step)`` per kind of step: how a component of that kind's registry is applied to the state."""
+
+
+@STEP_KINDS.register("advantage_transform")
+def _transform(state: AdvantageState, step: Step) -> None:
+    """[P, G] → [P, G], given the sampling policy's mean log-probability of each sample's valid units."""
+    r = state.rollout
+    P, G = state.advantages.shape
+    m = r.mask.float()  # [B, T]
+    seq_lp = ((r.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0)).view(P, G)  # [P, G]
+    fn = adv_lib.ADVANTAGE_TRANSFORMS.get(step.name)
+    state.advantages = fn(state.advantages, state.combined, seq_lp, **as_kwargs(step.options))  # [P, G]
+
+
+@STEP_KINDS.register("filter_zero_variance")
+def _filter(state: AdvantageState, step: Step) -> None:
+    """Zero the mask of groups whose rewards are all equal; logs the kept share of the P groups."""
+    keep = ~adv_lib.zero_variance_groups(state.combined)  # [P]
+    G = state.combined.shape[1]
+    state.mask = state.mask * keep.repeat_interleave(G)[:, None].float()  # [B, T]
+    state.metrics["advantage/kept_group_fraction"] = keep.float().mean()
+
+
+@STEP_KINDS.register("shaping")
+def _shape(state: AdvantageState, step: Step) -> None:
+    """[P, G] → [B, T] by the shaper, zero outside the (filtered) mask."""
+    r = state.rollout
+    inputs = shaping.ShapingInputs(state.mask, state.combined, r.unit_sigmas, r.unit_values)
+    state.unit = shaping.shape_advantages(step.name, state.advantages, inputs, as_kwargs(step.options))  # [B, T]
+
+
+@STEP_KINDS.register("credit")
+def _credit(state: AdvantageState, step: Step) -> None:
+    """[P, G] → [B, T] by a multi-turn credit assignment (``algorithm.credit``,
+    :func:`mmgrpo.multiturn.unit_advantages`; its options are the algorithm section, which holds ``credit_args``),
+    in place of the shaper."""
+    r = state.rollout
+    inputs = shaping.ShapingInputs(state.mask, state.combined, r.unit_sigmas, r.unit_values)
+    state.unit = multiturn.unit_advantages(step.options, state.advantages, inputs, r, state.metrics)  # [B, T]
+
+
+@STEP_KINDS.register("token_weighting")
+def _token_weights(state: AdvantageState, step: Step) -> None:
+    """Per-unit advantages times the per-position weights; logs their mean over the rollout's units."""
+    fn = shaping.TOKEN_WEIGHTINGS.get(step.name)
+    weights = fn(state.adapter, state.rollout, **as_kwargs(step.options))  # [B, T]
+    state.unit = state.unit * weights  # [B, T]
+    state.metrics["advantage/token_weight_mean"] = weights.sum() / state.rollout.mask.sum().clamp_min(1.0)
+
+
+def build(a: Any) -> list[Step]:
+    """The configured pipeline of ``a`` (an ``AlgorithmConfig``), each step's options resolved (config errors as at
+    load)."""
+    steps = [
+        Step(
+            "advantage_transform",
+            name,
+            resolve(
+                adv_lib.ADVANTAGE_TRANSFORMS,
+                name,
+                a.advantage_transform_args.get(name),
+                f"algorithm.advantage_transform_args.{name}",
+            ),
+        )
+        for name in a.advantage_transform
+    ]
+    if a.filter_zero_variance:
+        steps.append(Step("filter_zero_variance", "zero_variance", NoOptions()))
+    if a.credit != "trajectory":  # multi-turn credit (GiGPO, MT-GRPO) replaces the per-sample shaper
+        steps.append(Step("credit", a.credit, a))
+    else:
+        shaper = resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
+        steps.append(Step("shaping", a.shaping, shaper))
+    if a.token_weighting != "none":
+        where = "algorithm.token_weighting_args"
+        steps.append(
+            Step(
+                "token_weighting",
+                a.token_weighting,
+                resolve(shaping.TOKEN_WEIGHTINGS, a.token_weighting, a.token_weighting_args, where),
+            )
+        )
+    return steps
+
+
+def run(steps: list[Step], state: AdvantageState) -> AdvantageState:
+    """Apply ``steps`` in order; ``state.unit`` holds the per-unit advantages [B, T] and ``state.mask`` the mask."""
+    for step in steps:
+        step(state)
+    return state
