@@ -51,7 +51,14 @@ def lr_groups(params: list[torch.nn.Parameter], o: OptimConfig, names: dict[int,
         members[next((k for k in keys if k in name), None)].append(p)
     unmatched = [k for k in keys if not members[k]]
     if unmatched:
-        parts = sorted({part for p in params for part in names.get(id(p), "").split(".")[:3]} - {"", "model", "module"})
-        raise ConfigError(f"optim.lr_multipliers: {unmatched} match no trainable parameter name; names contain {parts}")
+        raise names_error("optim.lr_multipliers", unmatched, [names.get(id(p), "") for p in params])
     groups = [{"params": members[k], "lr": o.lr * o.lr_multipliers[k], "name": k} for k in keys]
     return groups + ([{"params": members[None], "lr": o.lr, "name": "base"}] if members[None] else [])
+
+
+def names_error(field: str, unmatched: list[str], names: list[str]) -> ConfigError:
+    """The one-line error for parameter-name keys of ``field`` that match no trainable parameter, listing the parts
+    the ``names`` of the trainable parameters hold (their first three dotted parts, wrappers' ``model`` / ``module``
+    left out)."""
+    parts = sorted({part for n in names for part in n.split(".")[:3]} - {"", "model", "module"})
+    return ConfigError(f"{field}: {unmatched} match no trainable parameter name; names contain {parts}")

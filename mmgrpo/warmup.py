@@ -16,7 +16,8 @@ import torch
 from accelerate import Accelerator
 
 from mmgrpo import thoughts, tracking
-from mmgrpo.config import ConfigError, TrainConfig
+from mmgrpo.config import TrainConfig
+from mmgrpo.optim import names_error
 from mmgrpo.preflight import row_name, warmup_target
 from mmgrpo.types import DataError, SupervisedLoss
 
@@ -42,8 +43,7 @@ def only_trainable(model: torch.nn.Module, patterns: list[str], freeze: bool = T
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     unmatched = [k for k in patterns if not any(k in n for n, _ in named)]
     if unmatched:
-        parts = sorted({part for n, _ in named for part in n.split(".")[:3] if part not in ("model", "module")})
-        raise ConfigError(f"warmup.trainable: {unmatched} match no trainable parameter name; names contain {parts}")
+        raise names_error("warmup.trainable", unmatched, [n for n, _ in named])
     chosen = [p for n, p in named if any(k in n for k in patterns)]
     others = [p for n, p in named if not any(k in n for k in patterns)]
     for p in others if freeze else []:
