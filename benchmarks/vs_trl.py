@@ -36,6 +36,13 @@ makes TRL's fused lm_head score only the completion positions, the rule it follo
 every position: ``add_fused_lm_head`` in huggingface/trl ``trl/trainer/utils.py``). ``--profile`` replaces the
 sweep by one ``torch.profiler`` step of each toolkit at the first ratio, with ``record_function`` scopes around
 the same calls in both (``PROFILE_SCOPES``), written to ``profile.json``.
+
+Other architectures (``--arch``, ``bench_archs.py``). ``llama``: a text-only ``LlamaForCausalLM`` with
+SmolLM2-135M's per-token FLOP mix; ``smollm2``: the real SmolLM2-135M-Instruct (scripts/setup_real_models.sh);
+``idefics3``: SmolVLM (``Idefics3ForConditionalGeneration``, images split into tiles as SmolVLM's processor does)
+with SmolVLM-256M's mix. Their rows are one JSONL file of conversational prompts that mmgrpo reads through its
+``dataset`` task and TRL through ``datasets``; filler words before the shapes question set L (the image is fixed).
+TRL loads them through ``AutoModelForCausalLM`` / ``AutoModelForImageTextToText``; everything else is as above.
 """
 
 from __future__ import annotations
@@ -115,6 +122,8 @@ class RunSpec:
     profile: str = ""  # a path: profile the last timed step (torch.profiler) and write a summary there
     trl_fused_head: str = "compact"  # compact (TRL's CUDA/XPU rule: score labelled rows only) | device (as on CPU)
     own_imports: bool = False  # True: the mmgrpo worker imports what mmgrpo needs only (no trl, no datasets)
+    arch: str = "qwen2_5_vl"  # qwen2_5_vl | llama | idefics3 (bench_archs.py)
+    data: str = ""  # llama / idefics3: the rows' JSONL file (bench_archs.write_rows), read by both toolkits
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -195,10 +204,14 @@ def image_side_for(model_dir: Path, ratio: float, completion_tokens: int) -> tup
 # ----------------------------------------------------------------------------------------------- worker
 
 
+def _row_count(spec: RunSpec) -> int:
+    return max(16, 4 * spec.prompts * (spec.warmup + spec.steps + 1))
+
+
 def _rows(spec: RunSpec) -> list[dict]:
     from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
-    n = max(16, 4 * spec.prompts * (spec.warmup + spec.steps + 1))
+    n = _row_count(spec)
     task = ShapesTask(ShapesArgs(questions=QUESTIONS, image_size=spec.image_size, train_size=n, eval_size=1))
     return task.train_rows()
 
@@ -344,20 +357,26 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
         import trl.trainer.utils as trl_utils
 
         trl_utils._use_triton = lambda device: True
-    model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
-    from mmgrpo.tasks.shapes import QUESTIONS as TEXT
+    if spec.arch == "qwen2_5_vl":
+        model = AutoModelForImageTextToText.from_pretrained(
+            spec.model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
+        from mmgrpo.tasks.shapes import QUESTIONS as TEXT
 
-    rows = [
-        {
-            "prompt": [
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT[r["question_type"]]}]}
-            ],
-            "image": r["image"],
-            "answer": r["answer"],
-        }
-        for r in _rows(spec)
-    ]
+        rows = [
+            {
+                "prompt": [
+                    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT[r["question_type"]]}]}
+                ],
+                "image": r["image"],
+                "answer": r["answer"],
+            }
+            for r in _rows(spec)
+        ]
+        suppressed = _suppressed_ids(processor.tokenizer)
+    else:
+        rows, model, processor, suppressed = _trl_arch(spec)
     total = spec.warmup + spec.steps + (1 if spec.flops else 0)
     args = GRPOConfig(
         output_dir=str(Path(spec.result).parent / f"trl_out_{os.getpid()}"),
@@ -373,7 +392,7 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        generation_kwargs={"min_new_tokens": T, "suppress_tokens": _suppressed_ids(processor.tokenizer)},
+        generation_kwargs={"min_new_tokens": T, "suppress_tokens": suppressed},
         max_steps=total,
         logging_steps=10_000,
         save_strategy="no",
@@ -426,6 +445,30 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     return {"prompt_lengths": seen.get("prompt_lengths")}
 
 
+def _trl_arch(spec: RunSpec) -> tuple[list[dict], object, object, list[int]]:
+    """TRL's rows, model, processing class and suppressed ids for ``--arch llama | idefics3``: the rows of the
+    JSONL file mmgrpo reads too (images opened), the model through the Auto class TRL's docs use for it."""
+    import bench_archs
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    path = Path(spec.data)
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows:
+        if "image" in r:
+            with Image.open(path.parent / r["image"]) as im:
+                r["image"] = im.convert("RGB")
+    kwargs = {"dtype": torch.float32, "attn_implementation": "sdpa"}
+    if spec.arch in ("llama", "smollm2"):
+        model = AutoModelForCausalLM.from_pretrained(spec.model_dir, **kwargs)
+        processor = AutoTokenizer.from_pretrained(spec.model_dir, padding_side="left")
+        return rows, model, processor, bench_archs.suppressed_ids(processor)
+    model = AutoModelForImageTextToText.from_pretrained(spec.model_dir, **kwargs)
+    processor = AutoProcessor.from_pretrained(spec.model_dir, padding_side="left")
+    return rows, model, processor, bench_archs.suppressed_ids(processor.tokenizer)
+
+
 def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     from mmgrpo.config import TrainConfig, from_dict
     from mmgrpo.loader import validate
@@ -444,9 +487,14 @@ def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
         "top_k": 0,
         "top_p": 1.0,
         "forward_batch_size": B,
-        "max_pixels": 1024 * 28 * 28,
+        **({"max_pixels": 1024 * 28 * 28} if spec.arch == "qwen2_5_vl" else {}),
         **spec.mmgrpo_args,
     }
+    if spec.arch == "qwen2_5_vl":
+        shapes = {"questions": QUESTIONS, "image_size": spec.image_size, "train_size": _row_count(spec), "eval_size": 1}
+        task = {"name": "shapes", "args": shapes}
+    else:  # the JSONL rows TRL reads, through the dataset task; the last row is the (unused) held-out one
+        task = {"name": "dataset", "args": {"train": spec.data, "eval": spec.data, "max_rows": _row_count(spec)}}
     cfg = from_dict(
         TrainConfig,
         {
@@ -454,15 +502,7 @@ def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
             "seed": spec.seed,
             "steps": total,
             "model": {"adapter": "vlm", "args": model_args, "dtype": "float32"},
-            "task": {
-                "name": "shapes",
-                "args": {
-                    "questions": QUESTIONS,
-                    "image_size": spec.image_size,
-                    "train_size": len(_rows(spec)),
-                    "eval_size": 1,
-                },
-            },
+            "task": task,
             "rewards": [{"name": "bench_letters"}],
             "algorithm": {
                 "group_size": spec.group_size,
@@ -740,6 +780,11 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
                     f"| {q['update_s']:.2f} | {t['peak_rss_mb']:.0f} | {1 - 1 / q['peak_rss_mb']:.0%} "
                     f"| {t['flops_per_step'] / 1e9:.1f} |"
                 )
+    if "mmgrpo_sampler" in toolkits:
+        lines += ["", "| L:T | step × (TRL / mmgrpo, old_logprobs: sampler) | peak RSS × |", "|---|---|---|"]
+        for r in table:
+            q = r["trl_over_mmgrpo_sampler"]
+            lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['peak_rss_mb']:.2f} |")
     if "mmgrpo_naive" in toolkits:
         lines += ["", "| L:T | step × (TRL / mmgrpo naive path) | peak RSS × |", "|---|---|---|"]
         for r in table:
@@ -751,6 +796,7 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
 TRL_HEAD = {"trl_cpu": "device"}  # the second TRL row: TRL's CPU rule (its fused head scores every position)
 MMGRPO_ARGS = {
     "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
+    "mmgrpo_sampler": {"old_logprobs": "sampler"},  # no extra no-grad forward: TRL's saving at μ = 1
     "mmgrpo_ckpt": {"gradient_checkpointing": True},
 }
 
@@ -773,14 +819,16 @@ def run_worker(a, toolkit: str, model_dir: Path, image_size: int, result: Path, 
     _launch(["--worker", "run", "--spec", json.dumps(asdict(spec))], a.threads, a.timeout)
 
 
-def profile(a, model_dir: Path, point: tuple[int, int], raw: Path, out: Path) -> int:
-    """One warm-up step, then one step of each toolkit under torch.profiler (one thread, as in the sweep)."""
-    side, L = point
+def profile(a, model_dir: Path, point: tuple, raw: Path, out: Path) -> int:
+    """One warm-up step, then one step of each toolkit under torch.profiler (one thread, as in the sweep);
+    ``point`` is a sweep point (key, L, the worker's fields)."""
+    side, L, fields = point
+    image_size = side if not fields else 256  # bench_archs.IMAGE_SIDE
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "prompt_tokens": L, "toolkits": {}}
     for tk in ("trl", "mmgrpo"):
         path = raw / f"profile_{tk}.json"
         result = raw / f"profiled_{tk}.json"
-        run_worker(a, tk, model_dir, side, result, steps=1, seed=a.seed, flops=False, profile=str(path))
+        run_worker(a, tk, model_dir, image_size, result, steps=1, seed=a.seed, flops=False, profile=str(path), **fields)
         report["toolkits"][tk] = json.loads(path.read_text())
         scopes = report["toolkits"][tk]["scopes_s"]
         print(f"profile {tk}: step {report['toolkits'][tk]['step_s']:.2f}s " + json.dumps(scopes), flush=True)
@@ -803,6 +851,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads in every worker (1: robust on a shared CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--naive", action="store_true", help="also run mmgrpo with prefix_sharing/kv_expand_rollout off")
+    p.add_argument(
+        "--sampler-row",
+        action="store_true",
+        help="also run mmgrpo with model.args.old_logprobs: sampler (the sampling loop's log-probs as π_old, no "
+        "extra forward, as TRL skips its old-log-prob forward at μ = 1), reported as its own row",
+    )
     p.add_argument(
         "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
     )
@@ -837,6 +891,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead of the sweep: one torch.profiler step of each toolkit at the first ratio → profile.json",
     )
+    p.add_argument(
+        "--arch",
+        choices=["qwen2_5_vl", "llama", "idefics3", "smollm2"],
+        default="qwen2_5_vl",
+        help="qwen2_5_vl: the Qwen2.5-VL models above | llama: a text-only Llama with SmolLM2-135M's FLOP mix | "
+        "idefics3: SmolVLM (Idefics3) with SmolVLM-256M's FLOP mix | smollm2: the real SmolLM2-135M-Instruct "
+        "(scripts/setup_real_models.sh) (bench_archs.py; --model/--vocab do not apply)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker run")
     p.add_argument("--replot", action="store_true", help="only redraw vs_trl.png/.md from --out/vs_trl.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -854,6 +916,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.replot:
         report = json.loads((out / "vs_trl.json").read_text())
         toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
+        toolkits += ["mmgrpo_sampler"] if "trl_over_mmgrpo_sampler" in report["table"][0] else []
         toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if "trl_ckpt" in report["table"][0] else []
         toolkits += ["trl_cpu"] if "trl_cpu" in report["table"][0] else []
         (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
@@ -861,34 +924,55 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    sizes = MODELS[a.model]
-    model_dir = build_model(out / ("model" if a.model == "default" else f"model_{a.model}"), a.seed, sizes)
-    vocab = VOCABS[a.vocab] or (REAL_MIX_VOCAB if a.model == "real-mix" else None)
-    if vocab:
-        model_dir = resize_vocab(model_dir, vocab)
-    mixes = flop_mixes(model_dir, sizes)
-    for name, mix in mixes.items():
-        print(f"per-token FLOP mix, {name}: " + ", ".join(f"{k} {v:.1%}" for k, v in mix.items()), flush=True)
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
+    toolkits += ["mmgrpo_sampler"] if a.sampler_row else []
     toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
     toolkits += ["trl_cpu"] if a.trl_cpu_row else []
     T = a.completion_tokens
-    points = [image_side_for(model_dir, float(r), T) for r in a.ratios.split(",")]
+    if a.arch == "qwen2_5_vl":
+        sizes = MODELS[a.model]
+        model_dir = build_model(out / ("model" if a.model == "default" else f"model_{a.model}"), a.seed, sizes)
+        vocab = VOCABS[a.vocab] or (REAL_MIX_VOCAB if a.model == "real-mix" else None)
+        if vocab:
+            model_dir = resize_vocab(model_dir, vocab)
+        mixes = flop_mixes(model_dir, sizes)
+        model_info = {**sizes, "name": a.model, "vocab": _vocab_size(model_dir)}
+        # (key, L, the worker's fields): the image side sets L
+        points = [(side, L, {}) for side, L in (image_side_for(model_dir, float(r), T) for r in a.ratios.split(","))]
+    else:
+        import bench_archs
+
+        model_dir = bench_archs.build_model(out / f"model_{a.arch}", a.arch, a.seed)
+        mixes = bench_archs.flop_mixes(a.arch)
+        model_info = {"name": a.arch, "text": asdict(bench_archs.BENCH_TEXT)}
+        if a.arch == "idefics3":
+            model_info["vision"] = asdict(bench_archs.BENCH_VISION)
+        n = max(16, 4 * a.prompts * (a.warmup + a.steps + 1))  # _row_count's
+        points = []
+        for r in a.ratios.split(","):  # filler words before the question set L (the image is fixed)
+            words, L = bench_archs.filler_for(model_dir, a.arch, float(r), T)
+            data = bench_archs.write_rows(out / "data", a.arch, n, words, seed=1234)
+            points.append((words, L, {"arch": a.arch, "data": str(data.resolve())}))
+    for name, mix in mixes.items():
+        print(f"per-token FLOP mix, {name}: " + ", ".join(f"{k} {v:.1%}" for k, v in mix.items()), flush=True)
     if a.profile:
         return profile(a, model_dir, points[0], raw, out)
     t_start = time.perf_counter()
     runs, matmul = [], []
     for rep in range(a.repeats):
-        for i, (side, L) in enumerate(points):
+        for i, (side, L, fields) in enumerate(points):
             order = toolkits if (rep + i) % 2 == 0 else toolkits[::-1]
             for tk in order:
-                result = raw / f"{tk}_side{side}_rep{rep}.json"
+                result = raw / (
+                    f"{tk}_side{side}_rep{rep}.json" if not fields else f"{tk}_{a.arch}{side}_rep{rep}.json"
+                )
                 run_worker(
                     a,
                     tk,
                     model_dir,
-                    side,
+                    side if not fields else bench_archs.IMAGE_SIDE,
                     result,
+                    **fields,
                     steps=a.steps,
                     seed=a.seed + rep,
                     flops=rep == 0,
@@ -912,10 +996,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         r["key"] = tuple(r["key"])
     table = summarize(runs, matmul, toolkits)
+    if a.arch != "qwen2_5_vl":
+        for row in table:  # the key's first field is the filler word count, not an image side
+            row["filler_words"] = row.pop("image_size")
+            row["image_tokens"] = None
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "settings": vars(a),
-        "model_sizes": {**sizes, "name": a.model, "vocab": _vocab_size(model_dir)},
+        "model_sizes": model_info,
         "flop_mix": mixes,
         "environment": _environment(a.threads),
         "matmul_flops_per_s": matmul,

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmgrpo.types import Transcript
+
 INPUT_KEYS = ("image", "images", "video", "audio")
 """Row columns holding the model's media input (written next to the output so a sample can be read alone)."""
 _SUFFIX = {
@@ -102,6 +104,17 @@ def save_value(value: Any, directory: Path, stem: str) -> dict:
     """Write one value where it needs a file; the JSON-able description of it (``kind`` + ``text`` or ``file``)."""
     kind = kind_of(value)
     directory = Path(directory)
+    if isinstance(value, Transcript):  # a multi-turn answer: its text, and every message with its images' files
+        turns = [
+            {
+                **m,
+                "images": [
+                    save_value(im, directory, f"{stem}_turn{i}_{j}")["file"] for j, im in enumerate(m["images"])
+                ],
+            }
+            for i, m in enumerate(value.turns)
+        ]
+        return {"kind": "text", "text": str(value), "turns": turns}
     if kind == "text":
         return {"kind": "text", "text": str(value)}
     if kind == "other":
@@ -144,7 +157,8 @@ def write_samples(run_dir: Path, stage: str, pairs: list[tuple[dict, Any]], step
 
     Each record: ``prompt``, ``answer`` (``None`` when the row has none) and the row's other plain ground-truth
     columns (:func:`ground_truth`: ``solution``, boxes...), ``step``, ``output`` (text, or the file's path
-    relative to ``run_dir``), ``output_kind``, and ``input``/``input_kind`` for a row's media input.
+    relative to ``run_dir``), ``output_kind``, and ``input``/``input_kind`` for a row's media input; a multi-turn
+    answer (:class:`~mmgrpo.types.Transcript`) adds ``turns``, its messages with their images' files.
     """
     run_dir = Path(run_dir)
     media_dir = run_dir / "samples" / stage
@@ -156,6 +170,10 @@ def write_samples(run_dir: Path, stage: str, pairs: list[tuple[dict, Any]], step
         out = save_value(output, media_dir, f"{i:03d}_output")
         rec["output_kind"] = out["kind"]
         rec["output"] = out["text"] if "text" in out else str(Path(out["file"]).relative_to(run_dir))
+        if "turns" in out:  # a multi-turn answer: every message, its observation images as files
+            rec["turns"] = [
+                {**m, "images": [str(Path(f).relative_to(run_dir)) for f in m["images"]]} for m in out["turns"]
+            ]
         for key in INPUT_KEYS:
             value = row.get(key)
             if isinstance(value, (list, tuple)) and value and key == "images":

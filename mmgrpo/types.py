@@ -247,6 +247,20 @@ class UsesEngine(Protocol):
     def use_engine(self, engine: EngineRollout) -> None: ...
 
 
+class Transcript(str):
+    """A multi-turn trajectory's answer: the string is its assistant turns' text joined by newlines (what rewards
+    and metrics read, as for a one-turn answer), and ``turns`` the whole exchange in order, for display (the demo):
+    ``{"role": "assistant" | "tool" | "user", "text": str, "images": [PIL.Image, ...]}`` per message, the tool
+    or environment observations with the images the policy was shown (crops, frames, rendered states)."""
+
+    turns: tuple[dict, ...]
+
+    def __new__(cls, text: str = "", turns: Sequence[dict] = ()):
+        obj = super().__new__(cls, text)
+        obj.turns = tuple(turns)
+        return obj
+
+
 @runtime_checkable
 class MultiTurn(Protocol):
     """Multi-turn, tool-using rollouts (``rollout.tools``): the adapter parses tool calls in its chat template's

@@ -855,3 +855,51 @@ def test_the_engine_environment_holds_a_supported_vllm():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert vllm_version_problem(out.stdout.strip().splitlines()[-1]) is None
+
+
+# ---------------------------------------------------------------------------------------------- SmolVLM on the engine
+
+
+def _tiny_smolvlm(directory: Path) -> Path:
+    """A tiny random SmolVLM (``Idefics3ForConditionalGeneration``: :func:`.smolvlm.assemble`, as ``tiny-smolvlm``)
+    over :func:`_tiny_llama`'s decoder (head_dim 64, as vLLM's CPU attention takes; ``tiny-smolvlm``'s 16 it
+    refuses), with the tiny tokenizer, SmolLM2's ChatML template and the tiny SigLIP tower."""
+    from mmgrpo.modalities._tiny import save
+    from mmgrpo.modalities.vlm import smolvlm
+    from mmgrpo.modalities.vlm.tiny import SMOLVLM_SIZES
+    from tests.test_prefix_sharing import text_model
+
+    text, tokenizer = text_model(
+        "llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    return save(directory, *smolvlm.assemble(text, tokenizer, 0, SMOLVLM_SIZES, smolvlm.chat_template(None)))
+
+
+@pytest.fixture(scope="module")
+def smolvlm_server(tmp_path_factory, mmgrpo_cache):
+    """``mmgrpo rollout-server`` on a tiny SmolVLM (the vlm adapter with images; configs/quickstart.yaml)."""
+    model = _tiny_smolvlm(tmp_path_factory.mktemp("tiny-smolvlm"))
+    for served in _serve(tmp_path_factory, "configs/quickstart.yaml", str(model)):
+        yield (*served, model)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_smolvlm_greedy_and_logprobs_equal_native_after_a_weight_push(smolvlm_server):
+    """A non-Qwen VLM on the engine (issue 38): SmolVLM's prompt ids with its image tokens as vLLM expands them,
+    greedy completions after a push and the log-probs of its own samples equal the native path's, which shares the
+    prompt (no naive-path fallback)."""
+    from mmgrpo.modalities.tokens import prefix_sharing
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    url, _, model = smolvlm_server
+    adapter = build_vlm_adapter({"name_or_path": str(model), "max_new_tokens": 8, "temperature": 1.0}, seed=0)
+    assert prefix_sharing.unsupported_reason(adapter.model) is None
+    _connect(adapter, url)
+    _assert_engine_matches_native(adapter, _rows(3), seed=1, version=1)

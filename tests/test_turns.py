@@ -432,3 +432,37 @@ def test_auto_template_refuses_a_model_whose_template_is_not_qwens(mmgrpo_cache)
     adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4})
     with pytest.raises(ConfigError, match=r"rollout\.chat_template: auto: .*Jinja file"):
         adapter.use_turns(RolloutConfig(tools=["crop"]))
+
+
+def test_the_demo_shows_a_multi_turn_answer_with_its_observation_images(tiny_vlm_path, tmp_path):
+    """A multi-turn greedy answer is a ``Transcript``: the assistant text rewards read, carrying every message; the
+    demo saves each observation image as a file (``samples.save_value``) and shows the exchange as chat messages
+    (the crop as its own message), which gradio's Chatbot takes."""
+    gr = pytest.importorskip("gradio", reason="the demo needs the demo extra: pip install -e '.[demo]'")
+    from PIL import Image
+
+    from mmgrpo import samples
+    from mmgrpo.demo.model_tab import trajectory_messages
+    from mmgrpo.types import Transcript
+
+    adapter = _adapter(tiny_vlm_path)
+    row = _rows(1)[0]
+    script(adapter, {0: [CROP, "<answer>red</answer>"]})
+    out = adapter.evaluate([row])[0]
+    assert isinstance(out, Transcript) and out == CROP + "\n<answer>red</answer>"
+    assert [m["role"] for m in out.turns] == ["assistant", "tool", "assistant"]
+    crop = out.turns[1]["images"][0]
+    assert crop.tobytes() == row["image"].crop((0, 0, 40, 40)).tobytes()  # what the policy was shown
+    shown = samples.save_value(out, tmp_path, "trained_0")
+    assert shown["kind"] == "text" and shown["text"] == str(out)
+    path = shown["turns"][1]["images"][0]
+    with Image.open(path) as saved:
+        assert saved.convert("RGB").tobytes() == crop.convert("RGB").tobytes()
+    messages = trajectory_messages(shown["turns"])
+    assert messages[0] == {"role": "assistant", "content": CROP}
+    assert messages[1]["role"] == "user" and messages[1]["content"].startswith("[tool]")
+    assert messages[2] == {"role": "user", "content": {"path": path}}
+    assert messages[3] == {"role": "assistant", "content": "<answer>red</answer>"}
+    assert len(gr.Chatbot().postprocess(messages).root) == 4
+    record = samples.write_samples(tmp_path / "run", "after", [(row, out)])[0]  # the run's held-out samples too
+    assert record["output"] == str(out) and (tmp_path / "run" / record["turns"][1]["images"][0]).is_file()

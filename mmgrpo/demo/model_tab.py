@@ -105,7 +105,27 @@ def _side_outputs(side: str) -> dict:
         "reward": gr.Markdown(elem_id=f"{side}-reward"),
         "samples_text": gr.Textbox(label=f"{side} samples", lines=4, visible=False, elem_id=f"{side}-samples"),
         "gallery": gr.Gallery(label=f"{side} samples", visible=False, columns=4, height=200),
+        "trajectory": gr.Chatbot(
+            label=f"{side} trajectory (greedy): turns, tool calls and observations",
+            visible=False,
+            elem_id=f"{side}-trajectory",
+            height=420,
+        ),
     }
+
+
+def trajectory_messages(turns: list[dict]) -> list[dict]:
+    """A multi-turn answer's messages (:class:`~mmgrpo.types.Transcript` turns, images as files) as chat
+    messages: the policy's turns as the assistant's, each observation as a user message naming its role, then
+    one message per image it showed the policy (a crop, frames, the rendered state)."""
+    out = []
+    for m in turns:
+        if m["role"] == "assistant":
+            out.append({"role": "assistant", "content": m["text"]})
+            continue
+        out.append({"role": "user", "content": f"[{m['role']}] {m['text']}".strip()})
+        out += [{"role": "user", "content": {"path": path}} for path in m["images"]]
+    return out
 
 
 def _side_updates(side: str, res: dict, unchanged: bool) -> list:
@@ -122,6 +142,9 @@ def _side_updates(side: str, res: dict, unchanged: bool) -> list:
         + ("" if unchanged else " — edited input: ground-truth rewards do not apply"),
         gr.update(value=samples_text(samples, res["rewards"][1:]), visible=bool(samples)),
         gr.update(value=media_samples, visible=bool(media_samples)),
+        gr.update(
+            value=trajectory_messages(turns) if (turns := res["greedy"].get("turns")) else [], visible=bool(turns)
+        ),
     ]
 
 

@@ -132,6 +132,10 @@ def build_policy(cfg, checkpoint: Path | None):
                 f"{checkpoint}: weights do not match the model the run's config builds "
                 f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})"
             )
+    if cfg.rollout.multi_turn:  # tools or an environment answer its turns, as in training (docs/agents.md)
+        from mmgrpo.multiturn import use_turns
+
+        use_turns(adapter, cfg.rollout)
     adapter.model.eval()
     return adapter
 

@@ -65,7 +65,7 @@ from torch import Tensor
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
 from mmgrpo.multiturn import tool_specs
-from mmgrpo.types import Rollout
+from mmgrpo.types import Rollout, Transcript
 
 from . import prefix_sharing
 from .logprobs import head_outputs_hidden
@@ -194,6 +194,7 @@ class _Trajectory:
     logps: list[float] = field(default_factory=list)
     shown: list[Image.Image] = field(default_factory=list)  # the observation images inserted, in order
     observations: list[Any] = field(default_factory=list)
+    transcript: list[dict] = field(default_factory=list)  # every message in order (Transcript.turns)
     tool_calls: int = 0
     tool_errors: int = 0
     images: int = 0
@@ -501,6 +502,7 @@ class TurnRunner:
                 t.logps += logps[j, : len(tokens)].tolist() if logps is not None else [0.0] * len(tokens)
                 text = a.tokenizer.decode([x for x in tokens if x not in eos], skip_special_tokens=True)
                 t.texts.append(text)
+                t.transcript.append({"role": "assistant", "text": text, "images": []})
                 t.messages.append({"role": "assistant", "content": text})
                 t.turn_rewards.append(0.0)
                 t.turn_invalid.append(False)
@@ -557,6 +559,14 @@ class TurnRunner:
             t.images += int(media["image_grid_thw"].shape[0])
             t.shown += [p["image"] for m in messages for p in m["content"] if p.get("image") is not None]
         t.messages += messages
+        t.transcript += [
+            {
+                "role": m["role"],
+                "text": "".join(p.get("text") or "" for p in m["content"]),
+                "images": [p["image"] for p in m["content"] if p.get("image") is not None],
+            }
+            for m in messages
+        ]
         seen = Observation(
             text="\n".join(o.text for o in observations),
             images=[i for m in messages for p in m["content"] if (i := p.get("image")) is not None],
@@ -680,13 +690,14 @@ def supervised_turn_loss(adapter: VLMAdapter, runner: TurnRunner, rows: list[dic
 
 
 @torch.no_grad()
-def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[str]:
-    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text."""
+def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[Transcript]:
+    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text, carrying the
+    whole exchange (observations and their images) for display."""
     with adapter._media_scope():
         rows, envs = runner.environments(prompts, 1)
         encodings = [adapter._encode_prompt(row) for row in rows]
         _, trajs = runner.rollout(rows, encodings, 1, None, envs, greedy=True)
-    return ["\n".join(t.texts) for t in trajs]
+    return [Transcript("\n".join(t.texts), t.transcript) for t in trajs]
 
 
 # -------------------------------------------------------------------------------------------- log-probs
