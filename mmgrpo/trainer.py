@@ -57,6 +57,7 @@ from mmgrpo.preflight import preflight
 from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.types import (
     EngineRollout,
+    ForwardRecord,
     SupervisedLoss,
     SyncReference,
     TextTokenizer,
@@ -398,12 +399,18 @@ class Trainer:
                     share = float(world * units / total) if float(total) > 0 else 0.0
                     sync = i == len(minibatches) - 1
                     with self.acc.no_sync(self.adapter.model) if not sync else nullcontext():
-                        logp = self.adapter.logprobs(rollout, idx)  # [n, T] with grad
+                        logp, fwd = (  # [n, T] with grad; the forward's record (flow: its means) or None
+                            self.adapter.logprobs_with_forward(rollout, idx)
+                            if isinstance(self.adapter, ForwardRecord)
+                            else (self.adapter.logprobs(rollout, idx), None)
+                        )
                         m = mask[idx].to(device)  # [n, T]
                         log_ratio = logp - rollout.old_logprobs[idx].to(device)  # [n, T]
                         if a.ratio_norm:
                             sig = None if rollout.unit_sigmas is None else rollout.unit_sigmas[idx].to(device)
-                            extra = self.adapter.ratio_norm_inputs(rollout, idx)  # std, mean_D Δμ² (config-checked)
+                            extra = self.adapter.ratio_norm_inputs(
+                                rollout, idx, fwd
+                            )  # std, mean_D Δμ² (config-checked)
                             log_ratio = shaping.ratio_norm(log_ratio, m, sig, **extra)
                         log_ratio = ratio_level(log_ratio, m, chunk_sizes=a.chunk_sizes)
                         per_unit, mets = surrogate(
@@ -415,7 +422,7 @@ class Trainer:
                         loss = policy_loss
                         if a.beta > 0:
                             if opts.kl.reads == "exact_kl":  # closed form from the adapter's transition means
-                                reference = self.adapter.exact_kl(rollout, idx)  # [n, T]
+                                reference = self.adapter.exact_kl(rollout, idx, fwd)  # [n, T]
                             else:
                                 reference = ref[idx]  # [n, T] reference log-probs
                             kl = kl_fn(logp, reference.to(device), opts.kl) * m  # [n, T]

@@ -169,11 +169,23 @@ class Task(Protocol):
 
 
 @runtime_checkable
+class ForwardRecord(Protocol):
+    """The training forward returns what it computed besides the log-probs (the flow adapter's transition means),
+    an explicit record the trainer hands to ``exact_kl`` / ``ratio_norm_inputs`` of the same minibatch, so they
+    reuse it instead of running the model again (no cache keyed by object identity inside the adapter)."""
+
+    def logprobs_with_forward(self, rollout: Rollout, index: Tensor) -> tuple[Tensor, Any]:
+        """(``logprobs(rollout, index)`` [n, T], the forward's record)."""
+        ...
+
+
+@runtime_checkable
 class ExactKL(Protocol):
     """Closed-form per-unit KL to the reference (Gaussian transitions); needed by ``algorithm.kl: gaussian_exact``."""
 
-    def exact_kl(self, rollout: Rollout, index: Tensor) -> Tensor:
-        """KL(π_θ ‖ π_ref) per unit of rows ``index``, differentiable through π_θ. Shape: [n, T]."""
+    def exact_kl(self, rollout: Rollout, index: Tensor, forward: Any = None) -> Tensor:
+        """KL(π_θ ‖ π_ref) per unit of rows ``index``, differentiable through π_θ; ``forward``: the record of
+        :class:`ForwardRecord` for these rows (``None``: the adapter runs the forward). Shape: [n, T]."""
         ...
 
 
@@ -181,8 +193,9 @@ class ExactKL(Protocol):
 class RatioNormInputs(Protocol):
     """Per-unit transition std and mean_D(μ_θ − μ_old)²; needed by ``algorithm.ratio_norm`` (GRPO-Guard)."""
 
-    def ratio_norm_inputs(self, rollout: Rollout, index: Tensor) -> dict[str, Tensor]:
-        """``{"std": [n, T], "mean_sq_dist": [n, T]}``, the keyword arguments of ``shaping.ratio_norm``."""
+    def ratio_norm_inputs(self, rollout: Rollout, index: Tensor, forward: Any = None) -> dict[str, Tensor]:
+        """``{"std": [n, T], "mean_sq_dist": [n, T]}``, the keyword arguments of ``shaping.ratio_norm``; ``forward``
+        as in :meth:`ExactKL.exact_kl`."""
         ...
 
 

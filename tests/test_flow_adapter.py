@@ -149,15 +149,15 @@ def test_ratio_norm_inputs_match_definition(mmgrpo_cache):
     ro = ad.rollout(PROMPTS, 2)
     _perturb(ad)
     idx = torch.tensor([0, 3])
-    logp = ad.logprobs(ro, idx)
-    inp = ad.ratio_norm_inputs(ro, idx)
+    logp, fwd = ad.logprobs_with_forward(ro, idx)
+    inp = ad.ratio_norm_inputs(ro, idx, fwd)
     torch.testing.assert_close(inp["std"], ro.state.std[idx] * ro.mask[idx])
     normed = shaping.ratio_norm(logp - ro.old_logprobs[idx], ro.mask[idx], **inp)
     st = ro.state
     for j, b in enumerate(idx.tolist()):
         for t in range(3):
             z = (st.latents[b, t + 1] - st.old_means[b, t]) / st.std[b, t]
-            mu = ad._last.mean[(ad._last.rows == j) & (ad._last.steps == t)][0]
+            mu = fwd.mean[(fwd.rows == j) & (fwd.steps == t)][0]
             expected = (z * (mu - st.old_means[b, t])).mean()
             torch.testing.assert_close(normed[j, t], expected, atol=1e-5, rtol=1e-4)
     normed.sum().backward()  # differentiable through μ_θ
@@ -169,15 +169,20 @@ def test_exact_kl_matches_reference_means(mmgrpo_cache):
     ro = ad.rollout(PROMPTS, 2)
     _perturb(ad)
     idx = torch.tensor([1, 2])
-    ad.logprobs(ro, idx)
-    kl = ad.exact_kl(ro, idx)
-    with ad._reference() as ref, torch.no_grad():
+    _, fwd = ad.logprobs_with_forward(ro, idx)
+    kl = ad.exact_kl(ro, idx, fwd)
+    with ad.reference_policy() as ref, torch.no_grad():
         _, k_ref, rows, steps = ad._forward_units(ref, ro, idx)
     st = ro.state
     b = idx[rows]
-    expected = ((ad._last.mean - k_ref.mean) ** 2).flatten(1).mean(1) / (2 * st.std[b, steps] ** 2)
+    expected = ((fwd.mean - k_ref.mean) ** 2).flatten(1).mean(1) / (2 * st.std[b, steps] ** 2)
     torch.testing.assert_close(kl[rows, steps], expected, rtol=1e-5, atol=1e-8)
     assert kl.requires_grad
+    # No hidden cache: without a record the adapter runs the forward of exactly these rows, whatever ran before
+    ad.logprobs(ro, torch.tensor([0, 3]))
+    torch.testing.assert_close(ad.exact_kl(ro, idx), kl.detach(), rtol=1e-5, atol=1e-8)
+    other = torch.tensor([0, 3])
+    torch.testing.assert_close(ad.exact_kl(ro, other), ad.exact_kl(ro, other, ad.logprobs_with_forward(ro, other)[1]))
 
 
 def test_cps_last_step_masked_and_full_finetune_reference(mmgrpo_cache):
@@ -207,7 +212,7 @@ def test_sde_window_and_branching_rollouts(mmgrpo_cache):
     # outside the window the transition is the deterministic Euler step
     st = ro.state
     t = 5
-    v = ad._velocity(ad.model, st.latents[:, t], st.t_model[:, t], st.cond, st.prompt_of, 2.0).detach()
+    v = ad.velocity(ad.model, st.latents[:, t], st.t_model[:, t], st.cond, st.prompt_of, 2.0).detach()
     ode = K.ode(v, st.latents[:, t], st.coef[:, t], st.coef_next[:, t])
     adapter_reductions(ad).assert_close(ode.prev_sample, st.latents[:, t + 1])
 

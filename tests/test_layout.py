@@ -217,3 +217,20 @@ def test_the_engine_names_no_adapter_and_imports_no_tiny_builder():
     assert "vlm" in ADAPTERS.names() and "whisper" in ADAPTERS.names()
     media_kinds = {"image", "video", "audio"}  # "video" is a media kind as well as an adapter's name
     assert strings & (set(ADAPTERS.names()) - media_kinds) == set(), "engine.py names an adapter"
+
+
+def test_dgpo_reads_only_the_flow_adapters_public_surface():
+    """modalities/flow/dgpo.py calls the adapter through :class:`FlowPolicy` (issue 35): no ``adapter._private``
+    attribute, and every attribute it reads is declared on the protocol and public on ``FlowAdapter``."""
+    from mmgrpo.modalities.flow.adapter import FlowAdapter
+    from mmgrpo.modalities.flow.dgpo import FlowPolicy
+
+    tree = ast.parse((ROOT / "modalities/flow/dgpo.py").read_text())
+    read = {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+        and n.value.id == "adapter"
+    }  # fmt: skip
+    declared = set(FlowPolicy.__annotations__) | {k for k in vars(FlowPolicy) if not k.startswith("_")}
+    assert read and not {a for a in read if a.startswith("_")}, read
+    assert read <= declared, read - declared
+    assert all(a in vars(FlowAdapter) or a in ("args", "backend", "generator") for a in read), read

@@ -367,14 +367,17 @@ class FlowState:
 
 
 @dataclass
-class _Forward:
-    """Means of the trained units from the last ``logprobs`` call (reused by exact_kl / ratio_norm_inputs)."""
+class FlowForward:
+    """What one training forward of rows ``index`` computed besides their log-probs
+    (:meth:`FlowAdapter.logprobs_with_forward`), handed back by the trainer to ``exact_kl`` / ``ratio_norm_inputs``
+    of the same minibatch, so neither runs the denoiser again: the trained units' rows within the minibatch, their
+    steps, transition means (with grad) and stds; with ``objective: dgpo``, the velocities of the DSM terms."""
 
-    key: tuple
-    rows: Tensor  # [N] row within the minibatch
-    steps: Tensor  # [N]
-    mean: Tensor  # [N, C, H, W] with grad
-    std: Tensor  # [N]
+    rows: Tensor | None = None  # [N] row within the minibatch
+    steps: Tensor | None = None  # [N]
+    mean: Tensor | None = None  # [N, C, H, W] with grad
+    std: Tensor | None = None  # [N]
+    velocities: Tensor | None = None  # DGPO: [n·M, C, H, W] with grad
 
 
 class FlowAdapter:
@@ -399,8 +402,6 @@ class FlowAdapter:
         self._value_rewards = (  # threads (a fork would copy the GPU context), no deadline: as a direct call
             RewardRunner(value_fns, isolation="thread", timeout_s=None) if value_fns else None
         )
-        self._last: _Forward | None = None
-        self._last_v: tuple | None = None  # (key, velocities) of the last DGPO logprobs call
         if args.objective == "dgpo" and not self.backend.is_flow:
             raise ConfigError("model.args.objective: dgpo needs a flow-matching pipeline (SD3, FLUX), not a UNet")
 
@@ -409,11 +410,16 @@ class FlowAdapter:
     def _unwrapped(self):
         return _hf.unwrap(self.model)
 
+    def denoiser(self) -> torch.nn.Module:
+        """The trained denoiser (transformer or UNet, with its LoRA), unwrapped from DDP / FSDP: what DGPO's
+        rollout (:mod:`.dgpo`) samples with."""
+        return self._unwrapped()
+
     @property
     def device(self) -> torch.device:
         return next(self._unwrapped().parameters()).device
 
-    def _sync_devices(self) -> None:
+    def sync_devices(self) -> None:
         """Move the frozen components to the denoiser's device (the trainer may have moved it)."""
         dev = self.device
         if self.pipe.vae.device != dev:
@@ -423,7 +429,7 @@ class FlowAdapter:
             if self.reference is not None:
                 self.reference.to(dev)
 
-    def _kernel(
+    def kernel(
         self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float, *, stochastic=True, **kw
     ) -> K.KernelOutput:
         a = self.args
@@ -444,7 +450,7 @@ class FlowAdapter:
             out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob, **kw
         )
 
-    def _velocity(
+    def velocity(
         self, model, x: Tensor, t_model: Tensor, cond: Cond, prompt_of: Tensor, guidance: float | None
     ) -> Tensor:
         """The (guided) model output for rows x, in chunks of ``forward_batch_size``; grad if enabled.
@@ -467,7 +473,7 @@ class FlowAdapter:
             outs.append(o_u + guidance * (o_c - o_u))
         return torch.cat(outs)
 
-    def _encode(self, texts: list[str], guided: bool) -> Cond:
+    def encode_prompts(self, texts: list[str], guided: bool) -> Cond:
         step = self.args.encode_batch_size or max(1, len(texts))
         parts = [self.backend.encode(texts[s : s + step]) for s in range(0, len(texts), step)]
         tensors = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}  # [P, ...] each
@@ -482,12 +488,12 @@ class FlowAdapter:
         if self.args.objective == "dgpo":  # ODE samples, DSM units (modalities/flow/dgpo.py)
             return dgpo.rollout(self, prompts, group_size, keys)
         a, dev = self.args, self.device
-        self._sync_devices()
+        self.sync_devices()
         model = self._unwrapped()
         P, G, T = len(prompts), group_size, a.num_steps
         B = P * G
         guided = a.cfg == "guided"
-        cond = self._encode([str(r["prompt"]) for r in prompts], guided)
+        cond = self.encode_prompts([str(r["prompt"]) for r in prompts], guided)
         prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
         # keys: the trainer's keyed rollout noise (rollout_noise: keyed, mmgrpo/noise.py), else the global RNG
         plan_gen = self.generator
@@ -516,11 +522,11 @@ class FlowAdapter:
         values = torch.zeros(B, T) if self._value_rewards is not None else None
         for i in range(T):
             t_i = sched["t_model"][i].expand(B).to(dev)
-            out = self._velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
+            out = self.velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
             c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
             eps = step_noise[:, i] if keys is not None else torch.randn(x.shape, generator=self.generator)
-            sde = self._kernel(out, x, c, cn, sigma_max, noise=eps.to(dev))
-            det = self._kernel(out, x, c, cn, sigma_max, stochastic=False, noise=torch.zeros_like(x))
+            sde = self.kernel(out, x, c, cn, sigma_max, noise=eps.to(dev))
+            det = self.kernel(out, x, c, cn, sigma_max, stochastic=False, noise=torch.zeros_like(x))
             on = plan.sde[:, i].to(dev)  # [B]
             on_d = on.view(-1, *([1] * (x.dim() - 1)))
             x_next = torch.where(on_d, sde.prev_sample, det.prev_sample)
@@ -578,7 +584,7 @@ class FlowAdapter:
         x = st.latents[b, steps].to(dev)  # [N, C, H, W]
         x_next = st.latents[b, steps + 1].to(dev)
         guided = self.args.cfg == "guided"
-        out = self._velocity(
+        out = self.velocity(
             model,
             x,
             st.t_model[b, steps].to(dev),
@@ -588,23 +594,26 @@ class FlowAdapter:
         )
         sigma_max = float(st.coef[0, 1]) if st.coef.shape[1] > 1 else None
         coef, coef_next = st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev)
-        k = self._kernel(out, x, coef, coef_next, sigma_max, prev_sample=x_next)
+        k = self.kernel(out, x, coef, coef_next, sigma_max, prev_sample=x_next)
         return m, k, rows, steps
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
         """log π_θ of the trained transitions of rows ``index``, 0 elsewhere; differentiable, fp32. Shape: [n, T]."""
+        return self.logprobs_with_forward(rollout, index)[0]
+
+    def logprobs_with_forward(self, rollout: Rollout, index: Tensor) -> tuple[Tensor, FlowForward]:
+        """:meth:`logprobs` [n, T] and the forward's by-products (:class:`FlowForward`), which the trainer passes to
+        :meth:`exact_kl` / :meth:`ratio_norm_inputs` for the same rows."""
         if self.args.objective == "dgpo":  # −ℓ_DSM [n, M] (modalities/flow/dgpo.py)
             loss, v = dgpo.dsm_losses(self, self.model, rollout, index)
-            self._last_v = (_key(rollout, index), v)
-            return -loss
+            return -loss, FlowForward(velocities=v)
         m, k, rows, steps = self._forward_units(self.model, rollout, index)
         dev = k.logprob.device
         out = torch.zeros(m.shape, device=dev).index_put((rows.to(dev), steps.to(dev)), k.logprob)
-        self._last = _Forward(_key(rollout, index), rows, steps, k.mean, k.std)
-        return out
+        return out, FlowForward(rows, steps, k.mean, k.std)
 
     @contextmanager
-    def _reference(self) -> Iterator[torch.nn.Module]:
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
         if self.reference is not None:
             yield self.reference
             return
@@ -621,32 +630,28 @@ class FlowAdapter:
     def ref_logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:
         """log π_ref (LoRA disabled or the frozen copy) of the trained transitions. Shape: [n, T]."""
         if self.args.objective == "dgpo":
-            with self._reference() as ref:
+            with self.reference_policy() as ref:
                 return -dgpo.dsm_losses(self, ref, rollout, index)[0]
-        with self._reference() as ref:
+        with self.reference_policy() as ref:
             m, k, rows, steps = self._forward_units(ref, rollout, index)
         return torch.zeros(m.shape).index_put((rows, steps), k.logprob.cpu()).to(self.device)
 
-    def _current(self, rollout: Rollout, index: Tensor) -> _Forward:
-        if self._last is None or self._last.key != _key(rollout, index):
-            self.logprobs(rollout, index)
-        return self._last
-
-    def exact_kl(self, rollout: Rollout, index: Tensor) -> Tensor:
+    def exact_kl(self, rollout: Rollout, index: Tensor, forward: FlowForward | None = None) -> Tensor:
         """Per-unit Gaussian KL(π_θ ‖ π_ref) of the trained transitions (``shaping.gaussian_kl``). Shape: [n, T].
 
-        Differentiable through μ_θ (reuses the preceding ``logprobs`` forward); ``kl_variant`` picks the exact KL
-        or Flow-GRPO's (× h).
+        Differentiable through μ_θ: ``forward`` is what :meth:`logprobs_with_forward` returned for these rows
+        (its means are reused); ``None`` runs that forward here. ``kl_variant`` picks the exact KL or Flow-GRPO's
+        (× h).
         """
+        if forward is None:
+            forward = self.logprobs_with_forward(rollout, index)[1]
         if self.args.objective == "dgpo":  # DGPO's KL term mean_D ‖v_θ − v_ref‖² per (sample, time)
-            key, v = self._last_v if self._last_v is not None else (None, None)
-            if key != _key(rollout, index):
-                v = dgpo.dsm_losses(self, self.model, rollout, index)[1]
-            with torch.no_grad(), self._reference() as ref:
+            v = forward.velocities
+            with torch.no_grad(), self.reference_policy() as ref:
                 v_ref = dgpo.dsm_losses(self, ref, rollout, index)[1]
             return (v.float() - v_ref.float()).square().flatten(1).mean(1).view(len(index), -1)
-        cur = self._current(rollout, index)
-        with torch.no_grad(), self._reference() as ref:
+        cur = forward
+        with torch.no_grad(), self.reference_policy() as ref:
             _, k_ref, _, _ = self._forward_units(ref, rollout, index)
         st: FlowState = rollout.state
         b = index.cpu()[cur.rows]
@@ -656,9 +661,12 @@ class FlowAdapter:
         dev = kl.device
         return torch.zeros(n, T, device=dev).index_put((cur.rows.to(dev), cur.steps.to(dev)), kl)
 
-    def ratio_norm_inputs(self, rollout: Rollout, index: Tensor) -> dict[str, Tensor]:
-        """``std`` [n, T] and ``mean_sq_dist`` [n, T] = mean_D (μ_θ − μ_old)² (with grad) for ``shaping.ratio_norm``."""
-        cur = self._current(rollout, index)
+    def ratio_norm_inputs(
+        self, rollout: Rollout, index: Tensor, forward: FlowForward | None = None
+    ) -> dict[str, Tensor]:
+        """``std`` [n, T] and ``mean_sq_dist`` [n, T] = mean_D (μ_θ − μ_old)² (with grad) for ``shaping.ratio_norm``;
+        ``forward`` as in :meth:`exact_kl`."""
+        cur = forward if forward is not None else self.logprobs_with_forward(rollout, index)[1]
         st: FlowState = rollout.state
         b = index.cpu()[cur.rows]
         dev = cur.mean.device
@@ -726,12 +734,12 @@ class FlowAdapter:
         """Deterministic images: ODE (DDIM η=0) with ``eval_num_steps``; the initial noise is seeded by the row's
         ``seed`` column if present, else by the prompt text (plus ``eval_seed``)."""
         a, dev = self.args, self.device
-        self._sync_devices()
+        self.sync_devices()
         model = self._unwrapped()
         texts = [str(r["prompt"]) for r in prompts]
         guided = a.cfg == "guided"
         scale = a.guidance_scale if a.eval_guidance_scale is None else a.eval_guidance_scale
-        cond = self._encode(texts, guided and scale != 1.0)
+        cond = self.encode_prompts(texts, guided and scale != 1.0)
         sched = self.backend.schedule(a.eval_num_steps)
         shape = self.backend.latent_shape()
         seeds = [
@@ -742,16 +750,12 @@ class FlowAdapter:
         rows = torch.arange(len(texts), device=dev)
         for i in range(a.eval_num_steps):
             n = len(texts)
-            out = self._velocity(
+            out = self.velocity(
                 model, x, sched["t_model"][i].expand(n).to(dev), cond, rows, scale if cond.uncond is not None else None
             )
             c, cn = sched["coef"][i].expand(n).to(dev), sched["coef_next"][i].expand(n).to(dev)
-            x = self._kernel(out, x, c, cn, None, stochastic=False).prev_sample
+            x = self.kernel(out, x, c, cn, None, stochastic=False).prev_sample
         return self.backend.decode(x)
-
-
-def _key(rollout: Rollout, index: Tensor) -> tuple:
-    return (id(rollout), tuple(index.tolist()))
 
 
 def _text_seed(text: str, seed: int) -> int:

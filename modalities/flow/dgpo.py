@@ -26,8 +26,9 @@ its EMA reference (TDM-R1) are not implemented; flow-matching backends only (SD3
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +38,34 @@ from mmgrpo.types import Rollout
 
 DGPO_NOISE = 0xD6F0
 """Mixed into the rollout seed for the DSM noise and the times (apart from the sampling noise)."""
+
+
+class FlowPolicy(Protocol):
+    """The flow adapter's public surface DGPO uses (:class:`.adapter.FlowAdapter`): options, devices, the denoiser,
+    prompt encoding, the (guided) velocity, the sampler's kernel and the reference policy."""
+
+    args: Any
+    backend: Any
+    generator: torch.Generator
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def sync_devices(self) -> None: ...
+
+    def denoiser(self) -> torch.nn.Module: ...
+
+    def encode_prompts(self, texts: list[str], guided: bool) -> Any: ...
+
+    def velocity(
+        self, model: Any, x: Tensor, t_model: Tensor, cond: Any, prompt_of: Tensor, guidance: float | None
+    ) -> Tensor: ...
+
+    def kernel(
+        self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float | None, *, stochastic=True
+    ) -> Any: ...
+
+    def reference_policy(self) -> AbstractContextManager[torch.nn.Module]: ...
 
 
 @dataclass
@@ -59,15 +88,15 @@ class DGPOState:
 
 
 @torch.no_grad()
-def rollout(adapter: Any, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
+def rollout(adapter: FlowPolicy, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
     """G ODE samples per prompt; units = the M DSM terms of each sample, ``old_logprobs`` = −ℓ^ref. See the module."""
     a, dev = adapter.args, adapter.device
-    adapter._sync_devices()
-    model = adapter._unwrapped()
+    adapter.sync_devices()
+    model = adapter.denoiser()
     P, G, T, M = len(prompts), group_size, a.num_steps, a.dgpo_times
     B = P * G
     guided = a.cfg == "guided"
-    cond = adapter._encode([str(r["prompt"]) for r in prompts], guided)
+    cond = adapter.encode_prompts([str(r["prompt"]) for r in prompts], guided)
     prompt_of = torch.arange(P).repeat_interleave(G)  # [B]
     shape = adapter.backend.latent_shape()
     if keys is not None:
@@ -83,7 +112,7 @@ def rollout(adapter: Any, prompts: list[dict], group_size: int, keys: noise.Nois
     x = (x.repeat_interleave(G, 0) if a.same_noise else x).to(dev)  # [B, C, H, W]
     sched = adapter.backend.schedule(T)
     for i in range(T):  # the deterministic sampler (DGPO: noise_level = 0)
-        out = adapter._velocity(
+        out = adapter.velocity(
             model,
             x,
             sched["t_model"][i].expand(B).to(dev),
@@ -92,7 +121,7 @@ def rollout(adapter: Any, prompts: list[dict], group_size: int, keys: noise.Nois
             a.guidance_scale if guided else None,
         )
         c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
-        x = adapter._kernel(out, x, c, cn, None, stochastic=False).prev_sample
+        x = adapter.kernel(out, x, c, cn, None, stochastic=False).prev_sample
     steps = torch.randperm(a.dgpo_trunc_steps + 1, generator=times_gen)[:M]  # [M] among the high-noise steps
     state = DGPOState(
         x0=x.float().cpu(),
@@ -112,14 +141,14 @@ def rollout(adapter: Any, prompts: list[dict], group_size: int, keys: noise.Nois
         state=state,
         unit_sigmas=state.sigma.clone(),
     )
-    with adapter._reference() as ref:
+    with adapter.reference_policy() as ref:
         out.old_logprobs = -torch.cat(
             [dsm_losses(adapter, ref, out, idx)[0].cpu() for idx in torch.arange(B).split(a.forward_batch_size)]
         )  # [B, M] −ℓ^ref
     return out
 
 
-def dsm_losses(adapter: Any, model: Any, rollout: Rollout, index: Tensor) -> tuple[Tensor, Tensor]:
+def dsm_losses(adapter: FlowPolicy, model: Any, rollout: Rollout, index: Tensor) -> tuple[Tensor, Tensor]:
     """ℓ_{i,j} = mean_D ‖v(x_t) − (ε − x₀)‖² [n, M] of samples ``index`` under ``model`` (grad if enabled), and the
     velocities v [n·M, C, H, W] (row-major over (sample, time))."""
     st: DGPOState = rollout.state
@@ -132,9 +161,9 @@ def dsm_losses(adapter: Any, model: Any, rollout: Rollout, index: Tensor) -> tup
     xt = ((1 - sig) * x0 + sig * eps).flatten(0, 1)  # [n·M, C, H, W]
     target = (eps - x0).flatten(0, 1)  # [n·M, C, H, W]
     rows = st.prompt_of[idx].repeat_interleave(M).to(dev)  # [n·M]
-    v = adapter._velocity(model, xt, st.t_model[idx].flatten().to(dev), st.cond, rows, None)  # conditional only
+    v = adapter.velocity(model, xt, st.t_model[idx].flatten().to(dev), st.cond, rows, None)  # conditional only
     loss = (v.float() - target.float()).square().flatten(1).mean(1)  # [n·M]
     return loss.view(n, M), v
 
 
-__all__ = ["DGPOState", "dsm_losses", "rollout"]
+__all__ = ["DGPOState", "FlowPolicy", "dsm_losses", "rollout"]
