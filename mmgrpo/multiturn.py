@@ -74,10 +74,10 @@ def check_config(cfg: TrainConfig) -> None:
         if r.environment not in ENVIRONMENTS:
             raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
         check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
-    if r.engine != "native" and cfg.model.adapter != "vlm":
+    if r.engine != "native" and cfg.model.adapter not in ("vlm", "video", "audio_llm"):
         raise ConfigError(
-            f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm (images), "
-            f"not {cfg.model.adapter!r} yet; set rollout.engine: native"
+            f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm, video "
+            f"and audio_llm, not {cfg.model.adapter!r} yet; set rollout.engine: native"
         )
     unsupported = {
         "algorithm.gt_injection.enabled": a.gt_injection.enabled,

@@ -407,6 +407,47 @@ def test_engine_video_greedy_equals_native_after_a_weight_push(server):
     _assert_engine_matches_native(adapter, rows, seed=3, version=adapter.engine.version + 1)
 
 
+@pytest.mark.slow
+@needs_vllm
+def test_engine_two_turn_video_trajectory_equals_native_after_a_weight_push(server):
+    """Multi-turn video (rollout.tools: select_frames): turn 0 selects two frames (scripted), turn 1 is the policy's.
+    The engine gets each trajectory token-in — one pad for the prompt's video and one per selected frame, the clip's
+    sampled frames and the two frames as images — expands it to the trainer's very ids (mRoPE over the video, the
+    frames and the text; checked in _engine_sample) and answers greedily with the native loop's tokens; its sampled
+    log-probs agree with the trainer's recomputation."""
+    from mmgrpo import noise
+    from mmgrpo.config import RolloutConfig
+    from mmgrpo.modalities.tokens.turns import TurnState
+    from tests.test_turns import script
+
+    url, _ = server
+    adapter = _video_adapter(url)
+    adapter.use_turns(RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300))
+    rows = _video_rows(3)
+    _perturb_and_push(adapter, seed=13, version=adapter.engine.version + 1)
+    call = '<tool_call>{"name": "select_frames", "arguments": {"start": 0, "end": 1, "num_frames": 2}}</tool_call>'
+    calls = script(adapter, {b: [call] for b in range(6)}, real_after=1)
+
+    def greedy() -> TurnState:
+        with adapter._media_scope():
+            encodings = [adapter._encode_prompt(r) for r in rows]
+            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+        return state
+
+    engine_state = greedy()
+    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
+    assert all(m["image_grid_thw"].shape[0] == 2 for m in engine_state.media)  # the two frames, as images
+    engine, adapter.engine = adapter.engine, None
+    native_state = greedy()
+    adapter.engine = engine
+    assert (native_state.turn_of_token == 1).any(dim=1).all()
+    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
+    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
+    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
+
+
 def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int) -> None:
     """After a push of perturbed weights: the engine's prompt token ids equal the trainer's (in ``_greedy``), its
     greedy completions equal the native decode loop's and depend on the media (not all equal: the media reach both),
@@ -500,6 +541,51 @@ def test_engine_audio_greedy_equals_native_after_a_weight_push(audio_server):
     adapter = _connect(adapter, url)
     rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=4, eval_size=1)).train_rows()[:4]
     _assert_engine_matches_native(adapter, rows, seed=4, version=1)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_two_turn_audio_trajectory_equals_native_after_a_weight_push(audio_server):
+    """Multi-turn audio LLM (rollout.tools: a plain Python function, TRL's tools=): turn 0 calls it (scripted),
+    turn 1 is the policy's. The engine gets each trajectory token-in — one audio pad for the clip, the tool's text
+    message — expands it to the trainer's very ids and answers greedily with the native loop's tokens; its sampled
+    log-probs agree with the trainer's recomputation."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed: no speech to synthesise")
+    from mmgrpo import noise
+    from mmgrpo.config import RolloutConfig
+    from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+    from tests.test_turns import script
+
+    url, _ = audio_server
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": 6, "temperature": 1.0}, seed=0
+    )
+    adapter = _connect(adapter, url)
+    adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
+    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=3, eval_size=1)).train_rows()[:3]
+    _perturb_and_push(adapter, seed=17, version=adapter.engine.version + 1)
+    call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
+    calls = script(adapter, {b: [call] for b in range(6)}, real_after=1)
+
+    def greedy():
+        with adapter._media_scope():
+            encodings = [adapter._encode_prompt(r) for r in rows]
+            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+        return state
+
+    engine_state = greedy()
+    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
+    engine, adapter.engine = adapter.engine, None
+    native_state = greedy()
+    adapter.engine = engine
+    assert (native_state.turn_of_token == 1).any(dim=1).all()
+    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
+    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
+    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
+    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
+    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
 
 
 @pytest.mark.slow

@@ -427,14 +427,16 @@ class TurnRunner:
 
     def _engine_requests(self, encodings: list[dict], rows: list[int], turn: int) -> list:
         """The engine's requests of a turn: turn 0 the prompts as text (the single-turn requests); later turns each
-        trajectory token-in — its ids with one placeholder per image (vLLM expands them, verl's
-        ``_qwen2_5_vl_dedup_image_tokens``) and its images in order: the prompt's, then every observation's."""
+        trajectory token-in — its ids with one placeholder per image, video or audio clip (vLLM expands them, verl's
+        ``_qwen2_5_vl_dedup_image_tokens``) and its media in order: the prompt's, then every observation's images."""
         from .engine import EnginePrompt
 
         a, rows_of = self.adapter, self._rows
         if turn == 0:
             return a._engine_prompts(rows_of, encodings)
-        pads = set(media_pad_ids(a)) - {-1}
+        config = a._unwrapped().config  # Qwen2-Audio's audio pad too: vLLM expands each placeholder again
+        pads = set(media_pad_ids(a)) | {getattr(config, "audio_token_id", getattr(config, "audio_token_index", -1))}
+        pads -= {-1}
         out = []
         for enc, b in zip(encodings, rows):
             media = {e.kind: list(e.load(rows_of[b // self._G])) for e in a.encoders}
