@@ -344,28 +344,36 @@ def test_engine_two_turn_image_trajectory_equals_native_after_a_weight_push(serv
     token-in — one pad per image, the prompt's image and the crop — expands it to the trainer's very ids (checked in
     _engine_sample) and answers greedily with the native loop's tokens; its sampled log-probs agree with the
     trainer's recomputation over both images."""
-    from mmgrpo import noise
     from mmgrpo.config import RolloutConfig
-    from mmgrpo.modalities.tokens.turns import TurnState
     from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
-    from tests.test_turns import CROP, script
+    from tests.test_turns import CROP
 
     url, _ = server
     adapter = _adapter(url)
     adapter.use_turns(RolloutConfig(tools=["crop"], max_turns=2, max_total_tokens=300))
     rows = ShapesTask(ShapesArgs(train_size=3, eval_size=1, image_size=112)).train_rows()
-    _perturb_and_push(adapter, seed=11, version=adapter.engine.version + 1)
-    calls = script(adapter, {b: [CROP] for b in range(6)}, real_after=1)
+    _assert_two_turns_on_the_engine_equal_native(adapter, rows, CROP, seed=11)
+
+
+def _assert_two_turns_on_the_engine_equal_native(adapter, rows: list[dict], call: str, seed: int):
+    """After a push of perturbed weights: turn 0 is ``call`` (scripted), turn 1 the policy's, greedy. Both turns on
+    the engine give the native loop's tokens (the engine's expanded prompt ids checked equal in _engine_sample), and
+    the engine's sampled log-probs of turn 1 agree with the trainer's recomputation. Returns the engine's state."""
+    from mmgrpo import noise
+    from mmgrpo.modalities.tokens.turns import TurnState
+    from tests.test_turns import script
+
+    _perturb_and_push(adapter, seed=seed, version=adapter.engine.version + 1)
+    calls = script(adapter, {b: [call] for b in range(2 * len(rows))}, real_after=1)
 
     def greedy() -> TurnState:
-        runner = adapter.turns
         with adapter._media_scope():
             encodings = [adapter._encode_prompt(r) for r in rows]
-            state, _ = runner.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
         return state
 
     engine_state = greedy()
-    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
+    assert calls[-1] == (list(range(len(rows))), 1)  # turn 1 ran for every trajectory
     engine, adapter.engine = adapter.engine, None
     native_state = greedy()
     adapter.engine = engine
@@ -375,6 +383,7 @@ def test_engine_two_turn_image_trajectory_equals_native_after_a_weight_push(serv
     m = rollout.mask.bool() & (rollout.turn_of_token == 1)
     assert rollout.engine_logprobs is not None and m.any(dim=1).all()
     adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
+    return engine_state
 
 
 def _video_adapter(url: str, side: int = 112):
@@ -415,37 +424,14 @@ def test_engine_two_turn_video_trajectory_equals_native_after_a_weight_push(serv
     sampled frames and the two frames as images — expands it to the trainer's very ids (mRoPE over the video, the
     frames and the text; checked in _engine_sample) and answers greedily with the native loop's tokens; its sampled
     log-probs agree with the trainer's recomputation."""
-    from mmgrpo import noise
     from mmgrpo.config import RolloutConfig
-    from mmgrpo.modalities.tokens.turns import TurnState
-    from tests.test_turns import script
 
     url, _ = server
     adapter = _video_adapter(url)
     adapter.use_turns(RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300))
-    rows = _video_rows(3)
-    _perturb_and_push(adapter, seed=13, version=adapter.engine.version + 1)
     call = '<tool_call>{"name": "select_frames", "arguments": {"start": 0, "end": 1, "num_frames": 2}}</tool_call>'
-    calls = script(adapter, {b: [call] for b in range(6)}, real_after=1)
-
-    def greedy() -> TurnState:
-        with adapter._media_scope():
-            encodings = [adapter._encode_prompt(r) for r in rows]
-            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
-        return state
-
-    engine_state = greedy()
-    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
-    assert all(m["image_grid_thw"].shape[0] == 2 for m in engine_state.media)  # the two frames, as images
-    engine, adapter.engine = adapter.engine, None
-    native_state = greedy()
-    adapter.engine = engine
-    assert (native_state.turn_of_token == 1).any(dim=1).all()
-    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
-    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
-    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
-    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
-    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
+    state = _assert_two_turns_on_the_engine_equal_native(adapter, _video_rows(3), call, seed=13)
+    assert all(m["image_grid_thw"].shape[0] == 2 for m in state.media)  # the two frames, as images
 
 
 def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int) -> None:
@@ -552,11 +538,9 @@ def test_engine_two_turn_audio_trajectory_equals_native_after_a_weight_push(audi
     log-probs agree with the trainer's recomputation."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed: no speech to synthesise")
-    from mmgrpo import noise
     from mmgrpo.config import RolloutConfig
     from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
-    from tests.test_turns import script
 
     url, _ = audio_server
     adapter = build_audio_llm_adapter(
@@ -565,27 +549,8 @@ def test_engine_two_turn_audio_trajectory_equals_native_after_a_weight_push(audi
     adapter = _connect(adapter, url)
     adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
     rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=3, eval_size=1)).train_rows()[:3]
-    _perturb_and_push(adapter, seed=17, version=adapter.engine.version + 1)
     call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
-    calls = script(adapter, {b: [call] for b in range(6)}, real_after=1)
-
-    def greedy():
-        with adapter._media_scope():
-            encodings = [adapter._encode_prompt(r) for r in rows]
-            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
-        return state
-
-    engine_state = greedy()
-    assert calls[-1] == ([0, 1, 2], 1)  # turn 1 ran for every trajectory
-    engine, adapter.engine = adapter.engine, None
-    native_state = greedy()
-    adapter.engine = engine
-    assert (native_state.turn_of_token == 1).any(dim=1).all()
-    assert torch.equal(native_state.completion_ids, engine_state.completion_ids)
-    rollout = adapter.rollout(rows[:2], 2, noise.NoiseKeys(0, 0, (0, 1), 2))
-    m = rollout.mask.bool() & (rollout.turn_of_token == 1)
-    assert rollout.engine_logprobs is not None and m.any(dim=1).all()
-    adapter_reductions(adapter).assert_logprobs_close(rollout.engine_logprobs[m], rollout.old_logprobs[m])
+    _assert_two_turns_on_the_engine_equal_native(adapter, rows, call, seed=17)
 
 
 @pytest.mark.slow
