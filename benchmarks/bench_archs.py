@@ -27,17 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class TextMix:
-    """A Llama decoder's matmul sizes (as ``cost_model.TextConfig``)."""
-
-    hidden: int
-    layers: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
+from cost_model import TextConfig as TextMix  # a Llama / Qwen decoder's matmul sizes (the same fields)
 
 
 @dataclass(frozen=True)
@@ -69,11 +59,7 @@ def per_token_flops(text: TextMix, vision: SiglipMix | None = None) -> dict[str,
     ``decoder`` per text position, ``lm_head`` per scored position, ``vision`` per image token (scale² patches
     through the tower and the patch embedding, then the connector's linear)."""
     h = text.hidden
-    kv = text.kv_heads * (h // text.heads)
-    out = {
-        "lm_head": 2.0 * h * text.vocab,
-        "decoder": 2.0 * text.layers * (2 * h * h + 2 * h * kv + 3 * h * text.intermediate),
-    }
+    out = {"lm_head": 2.0 * h * text.vocab, "decoder": 2.0 * text.layers * text.layer_params}
     if vision is not None:
         v = vision
         per_patch = v.depth * (4 * v.hidden**2 + 2 * v.hidden * v.intermediate) + 3 * v.patch**2 * v.hidden

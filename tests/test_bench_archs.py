@@ -18,7 +18,14 @@ PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_archs.py"
 
 
 @pytest.fixture(scope="module")
-def ba():
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+@pytest.fixture(scope="module")
+def ba(monkeypatch_module):
+    monkeypatch_module.syspath_prepend(str(PATH.parent))  # it imports cost_model beside it, as vs_trl.py runs it
     spec = importlib.util.spec_from_file_location("bench_archs", PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the module's string annotations through sys.modules
