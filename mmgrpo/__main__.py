@@ -1,5 +1,6 @@
 import sys
 
-from mmgrpo.cli import main
+from mmgrpo.cli import main, note_deprecations
 
+note_deprecations()
 sys.exit(main())

@@ -88,6 +88,41 @@ ESCAPES_ENV = "MMGRPO_ESCAPED_ERRORS"
 sees): the test suite counts them over every CLI run it makes (tests/conftest.py)."""
 
 
+DEPRECATIONS_ENV = "MMGRPO_DEPRECATIONS"
+"""When set to a file whose first line is this interpreter's ``sys.prefix``, :func:`note_deprecations` appends to
+it one line per deprecation notice the process raises: the test suite counts them with its own (tests/deprecations.py),
+and fails when there is any."""
+
+
+def note_deprecations() -> None:
+    """In a ``python -m mmgrpo`` process (``accelerate launch`` ranks included) started by the test suite
+    (:data:`DEPRECATIONS_ENV`), note each FutureWarning, DeprecationWarning and PendingDeprecationWarning it raises,
+    the DeprecationWarnings Python hides outside ``__main__`` included, each still shown as usual. Nothing happens
+    without the variable, or for an interpreter of another environment (the vLLM venvs)."""
+    import warnings
+
+    path = os.environ.get(DEPRECATIONS_ENV)
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            if f.readline().rstrip("\n") != sys.prefix:
+                return
+    except OSError:
+        return
+    kinds = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+    for kind in kinds:
+        warnings.filterwarnings("default", category=kind)
+    show = warnings.showwarning
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, kinds):
+            first = (str(message).splitlines() or [""])[0][:300]
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{category.__name__}: {first} ({filename}:{lineno}; argv {sys.argv[1:]})\n")
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = note
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``mmgrpo`` command. Known mistakes and faults end in one line and an exit status; anything else escapes
     as a traceback, and is noted in ``$MMGRPO_ESCAPED_ERRORS`` when set (:data:`ESCAPES_ENV`)."""

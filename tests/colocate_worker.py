@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mmgrpo import noise
+from mmgrpo.cli import note_deprecations
 from mmgrpo.loader import load_config
 from mmgrpo.modalities.tokens.colocate import ColocateEngine, colocate_args
 from mmgrpo.modalities.tokens.engine import EngineError
@@ -75,4 +76,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    note_deprecations()  # the suite counts this rank's deprecation notices (tests/deprecations.py)
     main(sys.argv[1])

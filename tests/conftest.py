@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest_plugins = ("tests.deprecations",)  # the run fails on any deprecation notice, counted and listed
+
 torch.set_num_threads(int(os.environ.get("MMGRPO_TEST_THREADS") or os.environ.get("OMP_NUM_THREADS") or "2"))
 
 _NUMERICS = ("model_reductions", "adapter_reductions", "Reductions", "reorder_tol")

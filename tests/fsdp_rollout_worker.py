@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mmgrpo import noise, sharding
+from mmgrpo.cli import note_deprecations
 from mmgrpo.launch import make_accelerator
 from mmgrpo.loader import load_config
 from mmgrpo.modalities.tokens import decode
@@ -80,4 +81,5 @@ def main(out: Path, names: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    note_deprecations()  # the suite counts this rank's deprecation notices (tests/deprecations.py)
     main(Path(sys.argv[1]), sys.argv[2:])

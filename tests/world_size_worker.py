@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.cli import note_deprecations
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
 
@@ -96,4 +97,5 @@ def main(config: str, out: str, overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    note_deprecations()  # the suite counts this rank's deprecation notices (tests/deprecations.py)
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
