@@ -127,6 +127,27 @@ class PolicyAdapter(Protocol):
         ...
 
 
+class TurnTexts(str):
+    """A multi-turn output: the assistant turns' text joined by newlines (what rewards, samples and most task metrics
+    read, as a plain ``str``), with the turns kept apart in :attr:`turns` for metrics that replay them one by one
+    (the sokoban task steps its game with each turn). Pickles as itself (outputs are gathered across processes).
+    """
+
+    turns: tuple[str, ...]
+    """The assistant turns' text, in order."""
+    cut_last: bool
+    """The last turn was cut before its end token (``max_new_tokens`` or the trajectory's token budget), so no tool
+    or environment answered it: its action was not taken."""
+
+    def __new__(cls, turns: Sequence[str], cut_last: bool = False) -> TurnTexts:
+        out = super().__new__(cls, "\n".join(turns))
+        out.turns, out.cut_last = tuple(turns), bool(cut_last)
+        return out
+
+    def __reduce__(self) -> tuple:
+        return (TurnTexts, (self.turns, self.cut_last))
+
+
 class EngineError(RuntimeError):
     """The rollout engine (``rollout.engine: vllm``) is unreachable, failed, or serves other weights than the
     trainer's. One line; the run stops (the last good checkpoint is kept)."""

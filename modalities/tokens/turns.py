@@ -65,7 +65,7 @@ from torch import Tensor
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
 from mmgrpo.multiturn import tool_specs
-from mmgrpo.types import Rollout
+from mmgrpo.types import Rollout, TurnTexts
 
 from . import prefix_sharing
 from .logprobs import head_outputs_hidden
@@ -199,6 +199,7 @@ class _Trajectory:
     images: int = 0
     done: bool = False
     truncated: bool = False
+    cut: bool = False  # the last turn ended without its end token (not answered)
 
     def extend(self, ids: list[int], action: bool, turn: int) -> None:
         self.ids += ids
@@ -505,7 +506,7 @@ class TurnRunner:
                 t.turn_rewards.append(0.0)
                 t.turn_invalid.append(False)
                 if end is None or cut:  # cut by max_new_tokens or the trajectory budget
-                    t.done = t.truncated = True
+                    t.done = t.truncated = t.cut = True
                     continue
                 if script is not None and turn + 1 >= len(script[b]):  # the script's last turn
                     t.done = True
@@ -680,13 +681,14 @@ def supervised_turn_loss(adapter: VLMAdapter, runner: TurnRunner, rows: list[dic
 
 
 @torch.no_grad()
-def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[str]:
-    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text."""
+def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[TurnTexts]:
+    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text (joined by
+    newlines, the turns kept apart: :class:`~mmgrpo.types.TurnTexts`)."""
     with adapter._media_scope():
         rows, envs = runner.environments(prompts, 1)
         encodings = [adapter._encode_prompt(row) for row in rows]
         _, trajs = runner.rollout(rows, encodings, 1, None, envs, greedy=True)
-    return ["\n".join(t.texts) for t in trajs]
+    return [TurnTexts(t.texts, cut_last=t.cut) for t in trajs]
 
 
 # -------------------------------------------------------------------------------------------- log-probs
