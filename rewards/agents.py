@@ -103,6 +103,9 @@ def env_return(
     trajectory`` sees the game's return. Under ``algorithm.credit: gigpo`` the turn rewards already make the episode
     return; set ``algorithm.credit_args.outcome_on_last_turn: false`` there, or it is counted twice (the config check
     says so).
+
+    Source: verl-agent (``langfengQ/verl-agent``), ``gigpo/core_gigpo.py``: ``episode_rewards`` is the sum of the
+    environment's step rewards, the score GRPO and GiGPO's episode groups normalise.
     """
     if turn_rewards_key not in columns:
         raise KeyError(
