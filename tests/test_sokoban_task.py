@@ -73,6 +73,9 @@ def test_score_replays_the_turns_through_the_game(task):
     assert scores["mean_steps"] == pytest.approx(min(moves, moves - len(solutions[2]) + task.args.max_steps - 1) / 3)
     assert scores["invalid_rate"] == pytest.approx(1 / (3 * scores["mean_steps"]))
     assert 0.0 < scores["random_success"] < 1.0
+    opening = {o.turns[0] for o in outputs}  # the solutions' first moves, and one turn without an action
+    assert scores["first_move_share"] == pytest.approx((1 if len(opening) == 3 else 2) / 3)
+    assert task.score([TurnTexts(["<action>up</action>"])] * 3, rows)["first_move_share"] == 1.0
     cut = TurnTexts(solutions[0], cut_last=True)  # the last turn had no end token: the rollout never played it
     assert task.play(cut, rows[0])[:2] == (False, len(solutions[0]) - 1)
     assert task.play("\n".join(solutions[0]), rows[0])[0]  # a plain string: turns at newlines

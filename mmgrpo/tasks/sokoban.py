@@ -24,7 +24,9 @@ turn), not the solution, so what GRPO adds is measured.
 
 Held-out metrics (``score``; the trainer's evaluation plays each held-out level once, greedily, through the same
 multi-turn rollout): ``success_rate`` (every box on a target within ``max_steps``), ``mean_steps`` (moves taken),
-``invalid_rate`` (turns without a parsable action, per move taken) and ``random_success`` (a uniformly random
+``invalid_rate`` (turns without a parsable action, per move taken), ``first_move_share`` (the share of levels
+whose first move is the policy's most common first move: 1.0 when the greedy policy opens every level alike, i.e.
+does not read the room) and ``random_success`` (a uniformly random
 mover's success on the same levels, 32 plays each with a fixed seed: the reference a state-blind policy sits near).
 The score replays the greedy turns (:class:`~mmgrpo.types.TurnTexts`) through the game, a turn cut before its end
 token not taken, exactly as the rollout stepped them.
@@ -39,6 +41,7 @@ from typing import Annotated
 
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tools.env import parse_action
 from mmgrpo.tools.gridworld import ACTIONS, Sokoban
 from mmgrpo.types import TurnTexts
 
@@ -169,15 +172,23 @@ class SokobanTask:
         return wins / (RANDOM_PLAYS * max(1, len(rows)))
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
-        """success_rate, mean_steps, invalid_rate, random_success (module docstring)."""
+        """success_rate, mean_steps, invalid_rate, first_move_share, random_success (module docstring)."""
         played = [self.play(o, r) for o, r in zip(outputs, rows)]
         n, steps = max(1, len(played)), sum(p[1] for p in played)
+        first = [first_move(o) for o in outputs]
         return {
             "success_rate": sum(p[0] for p in played) / n,
             "mean_steps": steps / n,
             "invalid_rate": sum(p[2] for p in played) / max(1, steps),
+            "first_move_share": max(map(first.count, set(first)), default=0) / n,
             "random_success": self.random_success(rows),
         }
+
+
+def first_move(output: str) -> str | None:
+    """The move of an output's first turn (``None``: no parsable action)."""
+    turns = output.turns if isinstance(output, TurnTexts) else tuple(output.split("\n"))
+    return parse_action(turns[0], ACTIONS)[0] if turns else None
 
 
 build_sokoban_task = TASKS.register("sokoban")(
