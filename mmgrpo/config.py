@@ -261,7 +261,8 @@ class AlgorithmConfig:
     arXiv 2505.11821)."""
     credit_args: dict[str, Any] = field(default_factory=dict)
     """Options of the credit assignment, checked against its function in mmgrpo/credit.py: gigpo {gamma,
-    step_advantage_w (ω), mode} | mt_grpo {turn_advantage_coef}."""
+    step_advantage_w (ω), mode, outcome_on_last_turn (default true: the configured reward is added to the last
+    turn's; false with a reward that is the environment's return, env_return)} | mt_grpo {turn_advantage_coef}."""
 
 
 @dataclass

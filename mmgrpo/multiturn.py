@@ -12,7 +12,10 @@ per turn: the tool/environment reward after the turn's action, whether its obser
   every action token of every turn gets it; observation tokens have mask 0);
 * ``gigpo``: :func:`mmgrpo.credit.gigpo_advantages` with the outcome reward (the combined reward of the configured
   reward functions) added to the last turn's reward, so the episode return is R_b = Σ_s r_{b,s} as in verl-agent,
-  where the environment's final step reward carries the success;
+  where the environment's final step reward carries the success. ``algorithm.credit_args.outcome_on_last_turn:
+  false`` leaves the outcome out (R_b = the environment's return alone) for a configured reward that already is
+  that return (``env_return``: the trajectory reward of ``credit: trajectory`` on an environment), which would
+  otherwise be counted twice;
 * ``mt_grpo``: :func:`mmgrpo.credit.mt_grpo_advantages` with r^O = the combined reward, r^T = the summed turn
   rewards, and the first tool result = the turn after the first turn whose observation was not an error.
 
@@ -37,6 +40,10 @@ CREDIT_ARG_SKIP = {"gigpo": 4, "mt_grpo": 5}
 """Positional (per-rollout) parameters of each credit function, not options."""
 _ROLLOUT_FED = {"invalid", "episode_rewards"}
 """Keyword parameters the rollout fills, not options."""
+OUTCOME_OPTION = "outcome_on_last_turn"
+"""``algorithm.credit_args`` option of ``gigpo`` read here, not by the credit function (module docstring)."""
+RETURN_REWARDS = {"env_return"}
+"""Rewards that are the environment's return (the summed turn rewards), which gigpo reads from the turns already."""
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -53,6 +60,8 @@ def check_config(cfg: TrainConfig) -> None:
         options = dict(a.credit_args)
         for key in _ROLLOUT_FED & set(options):
             raise ConfigError(f"algorithm.credit_args.{key}: filled from the rollout, not an option")
+        if a.credit == "gigpo":
+            _check_outcome_option(cfg, options.pop(OUTCOME_OPTION, True))
         check_kwargs(CREDIT_FUNCTIONS[a.credit], options, "algorithm.credit_args", skip=CREDIT_ARG_SKIP[a.credit])
         if a.shaping != "none":
             raise ConfigError(
@@ -92,6 +101,19 @@ def check_config(cfg: TrainConfig) -> None:
         raise ConfigError(
             "model.args.min_new_tokens > 0 with rollout.tools: the EOS ban would apply per turn when sampling but once "
             "per trajectory in the log-probs; set it to 0"
+        )
+
+
+def _check_outcome_option(cfg: TrainConfig, add: Any) -> None:
+    """gigpo's ``outcome_on_last_turn``: a bool, and false when a configured reward is the environment's return."""
+    if not isinstance(add, bool):
+        raise ConfigError(f"algorithm.credit_args.{OUTCOME_OPTION}: true or false, got {add!r}")
+    twice = sorted({spec.name for spec in cfg.rewards} & RETURN_REWARDS)
+    if add and twice:
+        raise ConfigError(
+            f"algorithm.credit: gigpo with the reward {twice[0]} (the environment's return): gigpo adds the configured "
+            f"reward to the last turn's reward, so the return would count twice; set algorithm.credit_args."
+            f"{OUTCOME_OPTION}: false (the episode return is then the environment's, as in verl-agent)"
         )
 
 
@@ -170,11 +192,13 @@ def unit_advantages(
     outcome = torch.nan_to_num(inputs.rewards.float().reshape(-1))  # [B]
     group = rollout.prompt_index.long()  # [B]
     if a.credit == "gigpo":  # the outcome is the last turn's reward: R_b = Σ_s r_{b,s}
+        options = dict(a.credit_args)
         last = (t["turn_mask"].sum(1).long() - 1).clamp(min=0)  # [B]
         rewards = t["turn_rewards"].clone()  # [B, S]
-        rewards[torch.arange(len(last)), last] += outcome
+        if options.pop(OUTCOME_OPTION, True):
+            rewards[torch.arange(len(last)), last] += outcome
         per_turn, mets = credit.gigpo_advantages(
-            rewards, t["turn_mask"], t["anchors"], group, invalid=t["invalid"], **a.credit_args
+            rewards, t["turn_mask"], t["anchors"], group, invalid=t["invalid"], **options
         )  # [B, S]
     else:
         turn_reward = (t["turn_rewards"] * t["turn_mask"]).sum(1)  # [B]

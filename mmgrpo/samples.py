@@ -112,7 +112,7 @@ def save_value(value: Any, directory: Path, stem: str) -> dict:
                     save_value(im, directory, f"{stem}_turn{i}_{j}")["file"] for j, im in enumerate(m["images"])
                 ],
             }
-            for i, m in enumerate(value.turns)
+            for i, m in enumerate(value.messages)
         ]
         return {"kind": "text", "text": str(value), "turns": turns}
     if kind == "text":

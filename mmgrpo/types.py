@@ -127,6 +127,30 @@ class PolicyAdapter(Protocol):
         ...
 
 
+class Transcript(str):
+    """A multi-turn answer: the assistant turns' text joined by newlines (what rewards, samples and most task metrics
+    read, as a plain ``str``), with the turns kept apart in :attr:`turns` for metrics that replay them one by one
+    (the sokoban task steps its game with each turn), and the whole exchange in :attr:`messages` for display (the
+    demo). Pickles as itself (outputs are gathered across processes)."""
+
+    turns: tuple[str, ...]
+    """The assistant turns' text, in order."""
+    cut_last: bool
+    """The last turn was cut before its end token (``max_new_tokens`` or the trajectory's token budget), so no tool
+    or environment answered it: its action was not taken."""
+    messages: tuple[dict, ...]
+    """Every message in order: ``{"role": "assistant" | "tool" | "user", "text": str, "images": [PIL.Image, ...]}``,
+    the tool or environment observations with the images the policy was shown (crops, frames, rendered states)."""
+
+    def __new__(cls, turns: Sequence[str], cut_last: bool = False, messages: Sequence[dict] = ()) -> Transcript:
+        out = super().__new__(cls, "\n".join(turns))
+        out.turns, out.cut_last, out.messages = tuple(turns), bool(cut_last), tuple(messages)
+        return out
+
+    def __reduce__(self) -> tuple:
+        return (Transcript, (self.turns, self.cut_last, self.messages))
+
+
 class EngineError(RuntimeError):
     """The rollout engine (``rollout.engine: vllm``) is unreachable, failed, or serves other weights than the
     trainer's. One line; the run stops (the last good checkpoint is kept)."""
@@ -258,20 +282,6 @@ class UsesEngine(Protocol):
     ``rollout`` then returns the engine's samples, re-scored by the policy, with ``engine_logprobs``."""
 
     def use_engine(self, engine: EngineRollout) -> None: ...
-
-
-class Transcript(str):
-    """A multi-turn trajectory's answer: the string is its assistant turns' text joined by newlines (what rewards
-    and metrics read, as for a one-turn answer), and ``turns`` the whole exchange in order, for display (the demo):
-    ``{"role": "assistant" | "tool" | "user", "text": str, "images": [PIL.Image, ...]}`` per message, the tool
-    or environment observations with the images the policy was shown (crops, frames, rendered states)."""
-
-    turns: tuple[dict, ...]
-
-    def __new__(cls, text: str = "", turns: Sequence[dict] = ()):
-        obj = super().__new__(cls, text)
-        obj.turns = tuple(turns)
-        return obj
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""Rewards of tool-using agents: DeepEyes' accuracy + format + conditional tool bonus.
+"""Rewards of tool-using agents: DeepEyes' accuracy + format + conditional tool bonus; an environment's return.
 
 DeepEyes (Zheng et al. 2025, "DeepEyes: Incentivizing 'Thinking with Images' via Reinforcement Learning",
 arXiv 2505.14362; ``Visual-Agent/DeepEyes`` ``verl/utils/reward_score/vl_agent.py`` ``compute_score``)::
@@ -88,3 +88,34 @@ def deepeyes_format(text: str) -> tuple[float, bool]:
     answer = text.split("<answer>")[-1].split("</answer>")[0].strip()
     too_long = len(answer) >= MAX_ANSWER_CHARS
     return (-1.0 if bad or too_long else 0.0), too_long
+
+
+@register_reward(
+    "env_return",
+    "the environment's return: the sum of the turn rewards of a rollout.environment trajectory (verl-agent's "
+    "episode reward)",
+)
+def env_return(
+    completions: list, *, prompts: list | None = None, turn_rewards_key: str = "turn_rewards", **columns: Any
+) -> list[float | None]:
+    """R_b = Σ_s r_{b,s}, the summed rewards of the environment's steps (``turn_rewards``, filled by the multi-turn
+    rollout): what verl-agent's GRPO trains on in its environments (``episode_rewards``), so ``algorithm.credit:
+    trajectory`` sees the game's return. Under ``algorithm.credit: gigpo`` the turn rewards already make the episode
+    return; set ``algorithm.credit_args.outcome_on_last_turn: false`` there, or it is counted twice (the config check
+    says so).
+
+    Source: verl-agent (``langfengQ/verl-agent``), ``gigpo/core_gigpo.py``: ``episode_rewards`` is the sum of the
+    environment's step rewards, the score GRPO and GiGPO's episode groups normalise.
+    """
+    if turn_rewards_key not in columns:
+        raise KeyError(
+            f"reward 'env_return' needs the column {turn_rewards_key!r} (each trajectory's per-turn environment "
+            "rewards, filled by a multi-turn rollout with rollout.environment); the batch has columns "
+            f"{sorted(columns)}"
+        )
+    per_turn = columns[turn_rewards_key]
+    if len(per_turn) != len(completions):
+        raise ValueError(
+            f"reward 'env_return': column {turn_rewards_key!r} has {len(per_turn)} values for {len(completions)}"
+        )
+    return [float(sum(float(r) for r in rewards)) for rewards in per_turn]

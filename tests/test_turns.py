@@ -450,8 +450,9 @@ def test_the_demo_shows_a_multi_turn_answer_with_its_observation_images(tiny_vlm
     script(adapter, {0: [CROP, "<answer>red</answer>"]})
     out = adapter.evaluate([row])[0]
     assert isinstance(out, Transcript) and out == CROP + "\n<answer>red</answer>"
-    assert [m["role"] for m in out.turns] == ["assistant", "tool", "assistant"]
-    crop = out.turns[1]["images"][0]
+    assert out.turns == (CROP, "<answer>red</answer>") and not out.cut_last
+    assert [m["role"] for m in out.messages] == ["assistant", "tool", "assistant"]
+    crop = out.messages[1]["images"][0]
     assert crop.tobytes() == row["image"].crop((0, 0, 40, 40)).tobytes()  # what the policy was shown
     shown = samples.save_value(out, tmp_path, "trained_0")
     assert shown["kind"] == "text" and shown["text"] == str(out)

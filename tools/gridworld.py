@@ -16,10 +16,10 @@ the rules, not ported, to stay small and dependency-free:
 - **Rewards** (gym_sokoban's defaults): −0.1 per step, +1 for a box pushed onto a target, −1 for a box pushed off
   one, +10 when every box is on a target (the episode ends); the episode also ends after ``max_steps`` steps.
 - **Observation**: the rendered room (``cell`` pixels per cell: dark grey walls, light floor, red targets, brown
-  boxes, green boxes on targets, a blue player) and a fixed instruction text (no step counter, so equal states
-  give equal observations). The image is the GiGPO anchor state: :func:`~mmgrpo.tools.state_anchor`.
-  ``visual=False`` gives the room as text instead (gym_sokoban's symbols, verl-agent's text mode), for text-only
-  policies; the text is then the anchor.
+  boxes, green boxes on targets, a blue player) and a fixed instruction text (``instruction``, default
+  :data:`INSTRUCTION`; no step counter, so equal states give equal observations). The image is the GiGPO anchor
+  state: :func:`~mmgrpo.tools.state_anchor`. ``visual=False`` gives the room as text instead (gym_sokoban's
+  symbols, verl-agent's text mode), for text-only policies; the text is then the anchor.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Sokoban:
         box_on_target_reward: float = 1.0,
         box_off_target_reward: float = -1.0,
         solved_reward: float = 10.0,
+        instruction: str = INSTRUCTION,
     ):
         if size < 4:
             raise ValueError(f"size must be >= 4 (a wall border around at least 2x2 floor), got {size}")
@@ -70,6 +71,7 @@ class Sokoban:
         self.size, self.n_boxes, self.max_steps, self.cell, self.visual = size, boxes, max_steps, cell, visual
         self.pulls = pulls if pulls is not None else 3 * size
         self.rewards = dict(step=step_reward, on=box_on_target_reward, off=box_off_target_reward, solved=solved_reward)
+        self.instruction = instruction
         self.player: tuple[int, int] = (0, 0)
         self.boxes: set[tuple[int, int]] = set()
         self.targets: frozenset[tuple[int, int]] = frozenset()
@@ -106,12 +108,42 @@ class Sokoban:
         obs.reward = reward
         return obs, reward, self.done
 
+    def shortest_solution(self, limit: int = 50) -> list[str] | None:
+        """The fewest moves that put every box on a target from the current state (breadth-first search over
+        (player, boxes)), or ``None`` when none of at most ``limit`` moves does. For level statistics and tests; the
+        environment never calls it."""
+        start = (self.player, frozenset(self.boxes))
+        seen, frontier = {start}, [(start, [])]
+        for _ in range(limit):
+            nxt = []
+            for (player, boxes), path in frontier:
+                if boxes == self.targets:
+                    return path
+                for name, (dr, dq) in MOVES.items():
+                    cell = (player[0] + dr, player[1] + dq)
+                    if self._wall(cell):
+                        continue
+                    moved = boxes
+                    if cell in boxes:
+                        beyond = (cell[0] + dr, cell[1] + dq)
+                        if self._wall(beyond) or beyond in boxes:
+                            continue
+                        moved = (boxes - {cell}) | {beyond}
+                    state = (cell, moved)
+                    if state not in seen:
+                        seen.add(state)
+                        nxt.append((state, [*path, name]))
+            frontier = nxt
+        return next((path for (_, boxes), path in frontier if boxes == self.targets), None)
+
     # ----------------------------------------------------------------------------------------------- internals
 
     def observe(self, error: str | None = None) -> Observation:
         """The current state as an observation: the rendered room and the instruction (``visual=False``: the
         room as text, :meth:`render_text`, and the instruction)."""
-        text = INSTRUCTION if error is None else f"Invalid action ({error}); the board is unchanged. {INSTRUCTION}"
+        text = self.instruction
+        if error is not None:
+            text = f"Invalid action ({error}); the board is unchanged. {text}".rstrip()
         if not self.visual:
             return Observation(text=f"{self.render_text()}\n{TEXT_LEGEND} {text}", error=error)
         return Observation(text=text, images=[self.render()], error=error)

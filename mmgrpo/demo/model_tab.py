@@ -115,7 +115,7 @@ def _side_outputs(side: str) -> dict:
 
 
 def trajectory_messages(turns: list[dict]) -> list[dict]:
-    """A multi-turn answer's messages (:class:`~mmgrpo.types.Transcript` turns, images as files) as chat
+    """A multi-turn answer's messages (:attr:`~mmgrpo.types.Transcript.messages`, images as files) as chat
     messages: the policy's turns as the assistant's, each observation as a user message naming its role, then
     one message per image it showed the policy (a crop, frames, the rendered state)."""
     out = []

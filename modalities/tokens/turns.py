@@ -194,12 +194,13 @@ class _Trajectory:
     logps: list[float] = field(default_factory=list)
     shown: list[Image.Image] = field(default_factory=list)  # the observation images inserted, in order
     observations: list[Any] = field(default_factory=list)
-    transcript: list[dict] = field(default_factory=list)  # every message in order (Transcript.turns)
+    transcript: list[dict] = field(default_factory=list)  # every message in order (Transcript.messages)
     tool_calls: int = 0
     tool_errors: int = 0
     images: int = 0
     done: bool = False
     truncated: bool = False
+    cut: bool = False  # the last turn ended without its end token (not answered)
 
     def extend(self, ids: list[int], action: bool, turn: int) -> None:
         self.ids += ids
@@ -509,7 +510,7 @@ class TurnRunner:
                 t.turn_rewards.append(0.0)
                 t.turn_invalid.append(False)
                 if end is None or cut:  # cut by max_new_tokens or the trajectory budget
-                    t.done = t.truncated = True
+                    t.done = t.truncated = t.cut = True
                     continue
                 if script is not None and turn + 1 >= len(script[b]):  # the script's last turn
                     t.done = True
@@ -693,13 +694,13 @@ def supervised_turn_loss(adapter: VLMAdapter, runner: TurnRunner, rows: list[dic
 
 @torch.no_grad()
 def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[Transcript]:
-    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text, carrying the
-    whole exchange (observations and their images) for display."""
+    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text (joined by
+    newlines, the turns kept apart, the whole exchange with its images: :class:`~mmgrpo.types.Transcript`)."""
     with adapter._media_scope():
         rows, envs = runner.environments(prompts, 1)
         encodings = [adapter._encode_prompt(row) for row in rows]
         _, trajs = runner.rollout(rows, encodings, 1, None, envs, greedy=True)
-    return [Transcript("\n".join(t.texts), t.transcript) for t in trajs]
+    return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript) for t in trajs]
 
 
 # -------------------------------------------------------------------------------------------- log-probs
