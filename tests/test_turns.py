@@ -324,9 +324,10 @@ def test_config_checks_name_the_fix(tmp_path):
 
 
 def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(tiny_vlm_path, mmgrpo_cache):
-    """The video adapter on the same loop: select_frames returns frames of the row's clip, inserted as images after
-    the prompt's video; turn 1 is sampled over [video prompt ; call ; frames] and its log-probs equal the training
-    forward's (mRoPE over the video, the frames and the text)."""
+    """The video adapter on the same loop: select_frames returns frames of the row's file decoded densely in the
+    span (not the prompt's sparser frames), inserted as images after the prompt's video; turn 1 is sampled over
+    [video prompt ; call ; frames] and its log-probs equal the training forward's (mRoPE over the video, the frames
+    and the text)."""
     from mmgrpo.modalities.video.adapter import build_video_adapter
     from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
 
@@ -342,6 +343,9 @@ def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(
     rollout = adapter.rollout(rows, group_size=2)
     assert rollout.extras["tool_calls"] == [1] * 4 and rollout.extras["tool_errors"] == [0] * 4
     assert all(m["image_grid_thw"].shape[0] == 2 for m in rollout.state.media)  # the two frames, as images
+    # decoded densely from the file (8 fps: 0 s and 1 s), not picked from the prompt's 3-fps frames (0 s, 0.75 s)
+    tool_text = next(m for m in rollout.extras["messages"][0] if m["role"] == "tool")["content"][-1]["text"]
+    assert "Frames at 0s, 1s of the video." in tool_text, tool_text
     assert "video_grid_thw" in rollout.state.encodings[0]
     m = rollout.mask.bool() & (rollout.turn_of_token == 1)
     assert m.any(dim=1).all()

@@ -4,4 +4,4 @@ Importing this package registers the built-in tasks in :mod:`mmgrpo.plugins`. De
 rewards and the core, never :mod:`mmgrpo.modalities`.
 """
 
-from . import arithmetic, dataset, flow_shapes, shapes, spoken_digits, t2i_prompts, video_motion, zoom  # noqa: F401
+from . import arithmetic, dataset, flow_shapes, shapes, spoken_digits, t2i_prompts, video_find, video_motion, zoom  # noqa: F401

@@ -364,6 +364,8 @@ class TurnRunner:
             ctx.frames = [Image.fromarray(f.permute(1, 2, 0).clamp(0, 255).byte().numpy()) for f in clip.frames]
             ctx.frame_times = clip.timestamps
             ctx.video_fps, ctx.video_duration = clip.video_fps, clip.duration
+            if isinstance(row["video"], (str, Path)):  # a file: select_frames decodes its span densely
+                ctx.load_frames = lambda start, end, n, row=row: video.span_frames(row, start, end, n)
         return ctx
 
     def environments(self, prompts: list[dict], group_size: int) -> tuple[list[dict], list]:

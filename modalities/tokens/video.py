@@ -281,6 +281,27 @@ class VideoEncoder:
         self.pinned[key] = clip
         return clip
 
+    def span_frames(self, row: dict, start: float, end: float, n: int) -> tuple[list[Any], list[float]]:
+        """``ToolContext.load_frames`` for ``select_frames`` (VITAL's dense sampling on demand): up to ``n`` frames
+        whose time lies in ``[start, end]``, uniformly spread (:func:`mmgrpo.tools.video.pick_uniform`), taken from
+        the row's file decoded at its native rate (every frame; an odd count loses one to qwen-vl-utils' even
+        rounding) at the prompt's frame size, as PIL images with their times in seconds; none in the span: ``[]``.
+        The dense clip is pinned for the batch like the prompt's."""
+        from PIL import Image
+
+        from mmgrpo.tools.video import pick_uniform
+
+        key = ("dense", *self._key(row))
+        clip = self.pinned.get(key)
+        if clip is None:
+            dense = dataclasses.replace(self.sampling, nframes=None, fps=1e9, min_frames=2, max_frames=10**9)
+            clip = decode_clip(row["video"], dense, image_patch_size=self.patch_size)
+            self.pinned[key] = clip
+        inside = [i for i, t in enumerate(clip.timestamps) if start <= t <= end]
+        chosen = [inside[j] for j in pick_uniform(len(inside), n)] if inside else []
+        frames = [Image.fromarray(clip.frames[i].permute(1, 2, 0).clamp(0, 255).byte().numpy()) for i in chosen]
+        return frames, [clip.timestamps[i] for i in chosen]
+
     def load(self, row: dict) -> list[Clip]:
         return [] if row.get("video") is None else [self.clip(row)]
 
