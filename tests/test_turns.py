@@ -84,12 +84,19 @@ def _teacher_forced(adapter, row, messages):
     return enc["input_ids"][0], Lp, torch.cat([torch.zeros(1), logp])
 
 
-def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_path):
+@pytest.mark.parametrize("template", ["auto", "qwen2.5_vl_tools_brief"])
+def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_path, template):
     """Row 0 crops, sees the crop (image pads in its observation), answers; row 1 answers at once. The batched
     log-prob forward over [prompt ; trajectory] (both rows, padded together) equals a forward over the conversation
-    rendered from the chat messages, to fp32 rounding; observation tokens are masked and score 0."""
-    adapter = _adapter(tiny_vlm_path)
+    rendered from the chat messages, to fp32 rounding; observation tokens are masked and score 0. The same with the
+    brief template, whose prompt carries a one-line tool section instead of the JSON schemas."""
+    adapter = _adapter(tiny_vlm_path, chat_template=template)
     row = _rows(1)[0]
+    prompt = adapter.processor.apply_chat_template(
+        adapter._messages(row, {"image": 1}), tokenize=False, **adapter.turns.template_kwargs()
+    )
+    assert ("# Tools: crop(bbox_2d). Call one as <tool_call>" in prompt) == (template != "auto")
+    assert ('"description"' in prompt) == (template == "auto")
     calls = script(adapter, {0: [CROP, "<answer>red</answer>"], 1: ["<answer>blue</answer>"]})
     rollout = adapter.rollout([row], group_size=2)
     assert calls == [([0, 1], 0), ([0], 1)]  # turn 1 re-encodes the one still-running trajectory

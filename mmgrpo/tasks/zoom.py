@@ -1,22 +1,26 @@
 """``zoom``: a small coloured square in a large image, too small to read at the policy's input resolution.
 
 "Thinking with images" in miniature (DeepEyes, arXiv 2505.14362; Mini-o3, arXiv 2509.07969): the answer is only
-legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (448 by default) covered with a fine
+legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (224 by default) covered with a fine
 checkerboard of random palette colours (``cell`` = 2 px), and one ``target`` × ``target`` square (12 px) of the
-answer colour inside one of ``grid`` × ``grid`` boxes. The prompt names that box in original-image pixels.
+answer colour inside one of ``grid`` × ``grid`` boxes (2 × 2 boxes of ``box`` = 56 px, one centred in each quarter).
+The prompt names that box in original-image pixels.
 
-Why a crop is needed. The tiny Qwen2.5-VL's processor resizes the image to at most 112 × 112 pixels (a 448 image by
-4 per side), so the square covers under 5 % of one 14-pixel patch, where the checkerboard averages to the palette's
-mean colour; the crop of the box (112 × 112 original pixels, shown 1 : 1) gives it most of a patch. The ``crop``
-tool (``mmgrpo.tools``) returns exactly that crop when called with the box of the prompt. Measured with an oracle
-matched filter that knows the box and the palette (the patch most aligned with a palette colour, 60 rows): 45 % at
-the policy's resolution (chance 25 %), 87 % on the crop (``tests/test_zoom_task.py`` checks the gap).
+Why a crop is needed. The configs cap the image at ``model.args.max_pixels: 3136``, so the policy sees the image at
+56 × 56 (a 4-times reduction per side, 4 vision tokens): the box is one 14-pixel patch and the square a twentieth of
+it, where the checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with
+the prompt's box returns its 56 × 56 pixels, shown 1 : 1, the square covering most of a patch. Measured with an oracle
+matched filter on 14-pixel patch means that knows the box and the palette (200 rows): 0.30 at the policy's
+resolution (chance 0.25), 0.905 on the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a
+patch encoder averages, not about information: a reader of single pixels of the 56 × 56 view finds the square's
+3-pixel blob (the no-tool baseline, ``tools: false``, measures what the tiny policy reads).
 
 Two variants (``tools``): with tools the prompt asks for a ``crop`` call first and the warm-up targets are two turns
 — the call with the prompt's box, then ``<answer>colour</answer>`` with a **random** colour (the format, not the
 skill: accuracy after the warm-up stays at chance); without tools (the baseline, the same images) the prompt asks for
-the answer and the warm-up target is the random answer alone. Held-out metrics: ``accuracy`` (last
-``<answer>``), ``tool_call_rate`` (outputs with a ``<tool_call>``) and ``chance``.
+the answer and the warm-up target is the random answer alone. Held-out metrics: ``accuracy`` (last ``<answer>``),
+``tool_call_rate`` (outputs with a ``<tool_call>``), ``crop_hits_box`` (the first call crops exactly the row's box)
+and ``chance``.
 """
 
 from __future__ import annotations
