@@ -1,19 +1,19 @@
 """``zoom``: a small coloured square in a large image, too small to read at the policy's input resolution.
 
 "Thinking with images" in miniature (DeepEyes, arXiv 2505.14362; Mini-o3, arXiv 2509.07969): the answer is only
-legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (224 by default) covered with a fine
-checkerboard of random palette colours (``cell`` = 2 px), and one ``target`` × ``target`` square (12 px) of the
+legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (448 by default) covered with a fine
+checkerboard of random palette colours (``cell`` = 4 px), and one ``target`` × ``target`` square (24 px) of the
 answer colour inside one of ``grid`` × ``grid`` boxes (2 × 2 boxes of ``box`` = 56 px, one centred in each quarter).
 The prompt names that box in original-image pixels.
 
 Why a crop is needed. The configs cap the image at ``model.args.max_pixels: 3136``, so the policy sees the image at
-56 × 56 (a 4-times reduction per side, 4 vision tokens): the box is one 14-pixel patch and the square a twentieth of
-it, where the checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with
-the prompt's box returns its 56 × 56 pixels, shown 1 : 1, the square covering most of a patch. Measured with an oracle
-matched filter on 14-pixel patch means that knows the box and the palette (200 rows): 0.30 at the policy's
-resolution (chance 0.25), 0.905 on the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a
-patch encoder averages, not about information: a reader of single pixels of the 56 × 56 view finds the square's
-3-pixel blob (the no-tool baseline, ``tools: false``, measures what the tiny policy reads).
+56 × 56 (an 8-times reduction per side, 4 vision tokens): the box is 7 pixels there and the square 3 × 3, where the
+checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with the prompt's box
+returns its 56 × 56 pixels, shown 1 : 1, the square 24 px wide. Measured with an oracle matched filter on 14-pixel
+patch means that knows the box and the palette (200 rows): 0.43 at the policy's resolution (chance 0.25), 0.975 on
+the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch encoder averages, not about
+information: a reader of single pixels of the 56 × 56 view can find the square's 3-pixel blob; the no-tool baseline
+(``tools: false``) measures what the tiny policy reads.
 
 Two variants (``tools``): with tools the prompt asks for a ``crop`` call first and the warm-up targets are two turns
 — the call with the prompt's box, then ``<answer>colour</answer>`` with a **random** colour (the format, not the
@@ -54,16 +54,16 @@ class ZoomArgs:
     no-tool baseline on the same images (the answer only)."""
     colours: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
     """Answer colours (a subset of the shapes task's), also the checkerboard's palette; chance = 1 / their number."""
-    image_size: Annotated[int, Range(ge=56)] = 224
+    image_size: Annotated[int, Range(ge=56)] = 448
     """Side of the square image, original pixels (the configs' ``model.args.max_pixels`` 56² shows it at 56 × 56)."""
     grid: Annotated[int, Range(ge=1)] = 2
     """Boxes per side: the square lies in one of grid × grid boxes, one centred in each image_size / grid cell."""
     box: Annotated[int, Range(ge=28)] | None = 56
     """Side of a box, original pixels (the crop of a box is shown 1 : 1 when it fits max_pixels); None = the whole
     cell (image_size / grid)."""
-    target: Annotated[int, Range(ge=2)] = 12
+    target: Annotated[int, Range(ge=2)] = 24
     """Side of the coloured square, original pixels."""
-    cell: Annotated[int, Range(ge=1)] = 2
+    cell: Annotated[int, Range(ge=1)] = 4
     """Side of a checkerboard cell, original pixels (below the processor's resolution: it averages out)."""
     train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split."""
