@@ -42,9 +42,7 @@ TOOL_PROMPT = (
     "Something flashes between {start}s and {end}s. What colour is it? It is too brief to see here: first look "
     "at that span with the select_frames tool, then answer with <answer>colour</answer>."
 )
-PLAIN_PROMPT = (
-    "Something flashes between {start}s and {end}s. What colour is it? Answer with <answer>colour</answer>."
-)
+PLAIN_PROMPT = "Something flashes between {start}s and {end}s. What colour is it? Answer with <answer>colour</answer>."
 RENDER_VERSION = 1  # part of the cache key: bump when the drawing changes
 
 
