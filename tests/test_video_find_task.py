@@ -96,7 +96,7 @@ def test_grpo_steps_with_select_frames_through_the_trainer(tmp_path, mmgrpo_cach
     small = [
         f"output_dir={out}",
         "steps=3",
-        "warmup.steps=40",
+        "warmup.steps=120",
         "warmup.batch_size=16",
         "eval.before=false",
         "eval.every=0",
@@ -115,4 +115,5 @@ def test_grpo_steps_with_select_frames_through_the_trainer(tmp_path, mmgrpo_cach
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [h for h in steps if "reward/mean" in h]
     assert len(steps) == 3
-    assert all(h["tools/calls_mean"] > 0 and h["turns/mean"] > 1 for h in steps), steps  # frames came back
+    # most trajectories call select_frames (0.8-0.9 a step here) and get frames back: a second turn follows
+    assert all(h["tools/calls_mean"] > 0.25 and h["turns/mean"] > 1 for h in steps), steps
