@@ -425,7 +425,8 @@ class RolloutConfig:
     chat_template: str = "auto"
     """Chat template of tool-using rollouts: auto (the model's when it renders 'tool' messages, else
     qwen2.5_vl_tools) | model | qwen2.5_vl_tools (ours: Qwen2.5-VL + Qwen2.5's tool section, tool replies as a user
-    turn <tool_response>...</tool_response>, modalities/tokens/turns.py) | a path to a Jinja file."""
+    turn <tool_response>...</tool_response>, modalities/tokens/turns.py) | qwen2.5_vl_tools_brief (the same with a
+    one-line tool section: short prompts for small models trained from scratch) | a path to a Jinja file."""
     environment: str | None = None
     """A multi-step game the policy plays (registry name in mmgrpo.tools.ENVIRONMENTS, e.g. sokoban): one instance
     per trajectory, reset from its row (its first observation joins the prompt); each assistant turn is its action

@@ -84,12 +84,19 @@ def _teacher_forced(adapter, row, messages):
     return enc["input_ids"][0], Lp, torch.cat([torch.zeros(1), logp])
 
 
-def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_path):
+@pytest.mark.parametrize("template", ["auto", "qwen2.5_vl_tools_brief"])
+def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_path, template):
     """Row 0 crops, sees the crop (image pads in its observation), answers; row 1 answers at once. The batched
     log-prob forward over [prompt ; trajectory] (both rows, padded together) equals a forward over the conversation
-    rendered from the chat messages, to fp32 rounding; observation tokens are masked and score 0."""
-    adapter = _adapter(tiny_vlm_path)
+    rendered from the chat messages, to fp32 rounding; observation tokens are masked and score 0. The same with the
+    brief template, whose prompt carries a one-line tool section instead of the JSON schemas."""
+    adapter = _adapter(tiny_vlm_path, chat_template=template)
     row = _rows(1)[0]
+    prompt = adapter.processor.apply_chat_template(
+        adapter._messages(row, {"image": 1}), tokenize=False, **adapter.turns.template_kwargs()
+    )
+    assert ("# Tools: crop(bbox_2d). Call one as <tool_call>" in prompt) == (template != "auto")
+    assert ('"description"' in prompt) == (template == "auto")
     calls = script(adapter, {0: [CROP, "<answer>red</answer>"], 1: ["<answer>blue</answer>"]})
     rollout = adapter.rollout([row], group_size=2)
     assert calls == [([0, 1], 0), ([0], 1)]  # turn 1 re-encodes the one still-running trajectory
@@ -324,9 +331,10 @@ def test_config_checks_name_the_fix(tmp_path):
 
 
 def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(tiny_vlm_path, mmgrpo_cache):
-    """The video adapter on the same loop: select_frames returns frames of the row's clip, inserted as images after
-    the prompt's video; turn 1 is sampled over [video prompt ; call ; frames] and its log-probs equal the training
-    forward's (mRoPE over the video, the frames and the text)."""
+    """The video adapter on the same loop: select_frames returns frames of the row's file decoded densely in the
+    span (not the prompt's sparser frames), inserted as images after the prompt's video; turn 1 is sampled over
+    [video prompt ; call ; frames] and its log-probs equal the training forward's (mRoPE over the video, the frames
+    and the text)."""
     from mmgrpo.modalities.video.adapter import build_video_adapter
     from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
 
@@ -342,6 +350,9 @@ def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(
     rollout = adapter.rollout(rows, group_size=2)
     assert rollout.extras["tool_calls"] == [1] * 4 and rollout.extras["tool_errors"] == [0] * 4
     assert all(m["image_grid_thw"].shape[0] == 2 for m in rollout.state.media)  # the two frames, as images
+    # decoded densely from the file (8 fps: 0 s and 1 s), not picked from the prompt's 3-fps frames (0 s, 0.75 s)
+    tool_text = next(m for m in rollout.extras["messages"][0] if m["role"] == "tool")["content"][-1]["text"]
+    assert "Frames at 0s, 1s of the video." in tool_text, tool_text
     assert "video_grid_thw" in rollout.state.encodings[0]
     m = rollout.mask.bool() & (rollout.turn_of_token == 1)
     assert m.any(dim=1).all()

@@ -7,7 +7,9 @@ sampling: VITAL's "densely sample new frames on demand"). Semantics:
 
 1. arguments ``start`` and ``end`` in seconds (``start <= end``, finite, ``start >= 0``; ``end`` past the video is
    clamped to its duration), optional ``num_frames`` (1..``max_frames``, default ``max_frames``);
-2. with ``load_frames``: ``load_frames(start, end, n)`` and its frames/times as returned;
+2. with ``load_frames``: ``load_frames(start, end, n)`` and its frames/times as returned (none → an error); the
+   token rollouts set it for a row whose video is a file (``VideoEncoder.span_frames``: the span's frames at the
+   file's native rate, so the tool sees frames the prompt's sparser sampling skipped);
 3. without: the frames whose time ``t`` has ``start <= t <= end``; if there are more than ``n``, the ones at
    positions ``round(linspace(0, m − 1, n))`` among those ``m`` (first and last kept, uniform in between); none in
    the span → an error naming the video's frame times so the model can pick a valid span.
@@ -86,6 +88,8 @@ class SelectFramesTool:
         if context.load_frames is not None:
             frames, times = context.load_frames(float(start), float(end), n)
             frames, times = list(frames), [float(t) for t in times]
+            if not frames:
+                return _error(f"no frame of the video between {start:g}s and {end:g}s; pick a wider span")
         else:
             inside = [i for i, t in enumerate(context.frame_times) if start <= t <= end]
             if not inside:

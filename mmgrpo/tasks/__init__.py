@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     sokoban,
     spoken_digits,
     t2i_prompts,
+    video_find,
     video_motion,
     zoom,
 )

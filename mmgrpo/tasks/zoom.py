@@ -2,21 +2,25 @@
 
 "Thinking with images" in miniature (DeepEyes, arXiv 2505.14362; Mini-o3, arXiv 2509.07969): the answer is only
 legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (448 by default) covered with a fine
-checkerboard of random palette colours (``cell`` = 2 px), and one ``target`` × ``target`` square (12 px) of the
-answer colour inside one of ``grid`` × ``grid`` boxes. The prompt names that box in original-image pixels.
+checkerboard of random palette colours (``cell`` = 4 px), and one ``target`` × ``target`` square (24 px) of the
+answer colour inside one of ``grid`` × ``grid`` boxes (2 × 2 boxes of ``box`` = 56 px, one centred in each quarter).
+The prompt names that box in original-image pixels.
 
-Why a crop is needed. The tiny Qwen2.5-VL's processor resizes the image to at most 112 × 112 pixels (a 448 image by
-4 per side), so the square covers under 5 % of one 14-pixel patch, where the checkerboard averages to the palette's
-mean colour; the crop of the box (112 × 112 original pixels, shown 1 : 1) gives it most of a patch. The ``crop``
-tool (``mmgrpo.tools``) returns exactly that crop when called with the box of the prompt. Measured with an oracle
-matched filter that knows the box and the palette (the patch most aligned with a palette colour, 60 rows): 45 % at
-the policy's resolution (chance 25 %), 87 % on the crop (``tests/test_zoom_task.py`` checks the gap).
+Why a crop is needed. The configs cap the image at ``model.args.max_pixels: 3136``, so the policy sees the image at
+56 × 56 (an 8-times reduction per side, 4 vision tokens): the box is 7 pixels there and the square 3 × 3, where the
+checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with the prompt's box
+returns its 56 × 56 pixels, shown 1 : 1, the square 24 px wide. Measured with an oracle matched filter on 14-pixel
+patch means that knows the box and the palette (200 rows): 0.43 at the policy's resolution (chance 0.25), 0.975 on
+the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch encoder averages, not about
+information: a reader of single pixels of the 56 × 56 view can find the square's 3-pixel blob; the no-tool baseline
+(``tools: false``) measures what the tiny policy reads.
 
 Two variants (``tools``): with tools the prompt asks for a ``crop`` call first and the warm-up targets are two turns
 — the call with the prompt's box, then ``<answer>colour</answer>`` with a **random** colour (the format, not the
 skill: accuracy after the warm-up stays at chance); without tools (the baseline, the same images) the prompt asks for
-the answer and the warm-up target is the random answer alone. Held-out metrics: ``accuracy`` (last
-``<answer>``), ``tool_call_rate`` (outputs with a ``<tool_call>``) and ``chance``.
+the answer and the warm-up target is the random answer alone. Held-out metrics: ``accuracy`` (last ``<answer>``),
+``tool_call_rate`` (outputs with a ``<tool_call>``), ``crop_hits_box`` (the first call crops exactly the row's box)
+and ``chance``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 from mmgrpo.tasks.shapes import COLOURS
+from mmgrpo.tools import parse_tool_calls
 
 TOOL_PROMPT = (
     "What colour is the small square in the box {box}? It is too small to see here: first crop the box with the "
@@ -50,12 +55,15 @@ class ZoomArgs:
     colours: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
     """Answer colours (a subset of the shapes task's), also the checkerboard's palette; chance = 1 / their number."""
     image_size: Annotated[int, Range(ge=56)] = 448
-    """Side of the square image, original pixels (the tiny processor shows it at 112 × 112)."""
-    grid: Annotated[int, Range(ge=1)] = 4
-    """Boxes per side: the square lies in one of grid × grid boxes of image_size / grid pixels."""
-    target: Annotated[int, Range(ge=2)] = 12
+    """Side of the square image, original pixels (the configs' ``model.args.max_pixels`` 56² shows it at 56 × 56)."""
+    grid: Annotated[int, Range(ge=1)] = 2
+    """Boxes per side: the square lies in one of grid × grid boxes, one centred in each image_size / grid cell."""
+    box: Annotated[int, Range(ge=28)] | None = 56
+    """Side of a box, original pixels (the crop of a box is shown 1 : 1 when it fits max_pixels); None = the whole
+    cell (image_size / grid)."""
+    target: Annotated[int, Range(ge=2)] = 24
     """Side of the coloured square, original pixels."""
-    cell: Annotated[int, Range(ge=1)] = 2
+    cell: Annotated[int, Range(ge=1)] = 4
     """Side of a checkerboard cell, original pixels (below the processor's resolution: it averages out)."""
     train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split."""
@@ -94,10 +102,13 @@ class ZoomTask:
         unknown = [c for c in args.colours if c not in COLOURS]
         if unknown or len(args.colours) < 2:
             raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
-        if args.image_size % args.grid or args.image_size // args.grid < args.target + 2:
+        cell = args.image_size // args.grid
+        side = cell if args.box is None else args.box
+        if args.image_size % args.grid or not args.target + 2 <= side <= cell:
             raise ConfigError(
-                f"task.args.grid: image_size {args.image_size} must split into {args.grid} boxes per side, each "
-                f"larger than the target ({args.target} px); change grid, image_size or target"
+                f"task.args.grid/box: image_size {args.image_size} must split into {args.grid} cells per side, each "
+                f"holding a box of {side} px larger than the target ({args.target} px); change grid, box, image_size "
+                "or target"
             )
         self.args = args
         self._metrics = EvalRewards([{"name": "accuracy"}], "zoom")
@@ -106,14 +117,25 @@ class ZoomTask:
 
     def _make(self, n: int, seed: int) -> list[dict]:
         a, rng = self.args, random.Random(seed)
-        side = a.image_size // a.grid
         rows = []
         for _ in range(n):
             gx, gy, colour = rng.randrange(a.grid), rng.randrange(a.grid), rng.choice(a.colours)
-            box = [gx * side, gy * side, (gx + 1) * side, (gy + 1) * side]
+            box = self.boxes()[gy * a.grid + gx]
             prompt = (TOOL_PROMPT if a.tools else PLAIN_PROMPT).format(box=box)
             rows.append({"prompt": prompt, "image": render(rng, a, colour, tuple(box)), "answer": colour, "box": box})
         return rows
+
+    def boxes(self) -> list[list[int]]:
+        """The grid × grid boxes [x1, y1, x2, y2], row by row: one of side ``box`` centred in each cell."""
+        a = self.args
+        cell = a.image_size // a.grid
+        side = cell if a.box is None else a.box
+        off = (cell - side) // 2
+        return [
+            [gx * cell + off, gy * cell + off, gx * cell + off + side, gy * cell + off + side]
+            for gy in range(a.grid)
+            for gx in range(a.grid)
+        ]
 
     def train_rows(self) -> list[dict]:
         return self._train
@@ -132,13 +154,22 @@ class ZoomTask:
         return out
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
-        """accuracy (the ``accuracy`` reward: the last <answer>), tool_call_rate, chance."""
+        """accuracy (the ``accuracy`` reward: the last <answer>), tool_call_rate, crop_hits_box (outputs whose first
+        tool call is a crop of exactly the row's box), chance."""
         accuracy = self._metrics.scores(outputs, rows)[:, 0]
+        n = max(1, len(outputs))
         return {
             "accuracy": float(accuracy.nan_to_num(0.0).mean()),
-            "tool_call_rate": sum("<tool_call>" in o for o in outputs) / max(1, len(outputs)),
+            "tool_call_rate": sum("<tool_call>" in o for o in outputs) / n,
+            "crop_hits_box": sum(_first_box(o) == row["box"] for o, row in zip(outputs, rows)) / n,
             "chance": 1 / len(self.args.colours),
         }
+
+
+def _first_box(output: str) -> list | None:
+    """``bbox_2d`` of the first well-formed crop call in ``output`` (None without one)."""
+    calls, _ = parse_tool_calls(output)
+    return calls[0].arguments.get("bbox_2d") if calls and calls[0].name == "crop" else None
 
 
 build_zoom_task = TASKS.register("zoom")(TaskSpec(args=ZoomArgs, cls=ZoomTask, load=lambda a, seed: ZoomTask(a)))

@@ -122,7 +122,21 @@ QWEN25_VL_TOOL_TEMPLATE = (
 Qwen2.5-VL template renders images and videos (and Qwen2-Audio's template audio: ``Audio k: <|audio_bos|><|AUDIO|>
 <|audio_eos|>``). Tool messages become a user turn ``<tool_response>…</tool_response>``."""
 
-TEMPLATES = {"qwen2.5_vl_tools": QWEN25_VL_TOOL_TEMPLATE}
+_FULL_TOOLS = QWEN25_VL_TOOL_TEMPLATE[
+    QWEN25_VL_TOOL_TEMPLATE.index("{{ '\\n\\n' }}# Tools") : QWEN25_VL_TOOL_TEMPLATE.index("</tool_call><|im_end|>")
+]
+QWEN25_VL_TOOL_TEMPLATE_BRIEF = QWEN25_VL_TOOL_TEMPLATE.replace(
+    _FULL_TOOLS,
+    "{{ '\\n' }}# Tools: {% for tool in tools %}{{ tool['function']['name'] }}("
+    "{{ tool['function']['parameters']['required'] | join(', ') }}){% if not loop.last %}, {% endif %}{% endfor %}"
+    '. Call one as <tool_call>{"name": ..., "arguments": {...}}',
+)
+""":data:`QWEN25_VL_TOOL_TEMPLATE` with a one-line tool section (``# Tools: crop(bbox_2d). Call one as <tool_call>…``)
+instead of the JSON schemas: calls, responses and turns render exactly as there. For small models trained from
+scratch on CPU (configs/zoom_tools.yaml, configs/video_tools.yaml), where the full section is most of every prompt
+(~500 of the tiny tokenizer's tokens)."""
+
+TEMPLATES = {"qwen2.5_vl_tools": QWEN25_VL_TOOL_TEMPLATE, "qwen2.5_vl_tools_brief": QWEN25_VL_TOOL_TEMPLATE_BRIEF}
 """Shipped tool-capable templates by ``rollout.chat_template`` name."""
 
 
@@ -366,6 +380,8 @@ class TurnRunner:
             ctx.frames = [Image.fromarray(f.permute(1, 2, 0).clamp(0, 255).byte().numpy()) for f in clip.frames]
             ctx.frame_times = clip.timestamps
             ctx.video_fps, ctx.video_duration = clip.video_fps, clip.duration
+            if isinstance(row["video"], (str, Path)):  # a file: select_frames decodes its span densely
+                ctx.load_frames = lambda start, end, n, row=row: video.span_frames(row, start, end, n)
         return ctx
 
     def environments(self, prompts: list[dict], group_size: int) -> tuple[list[dict], list]:

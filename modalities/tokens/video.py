@@ -254,8 +254,9 @@ class VideoEncoder:
             self.pinned[key] = self.with_frames(clean, add_frame_noise(clean.frames, float(std), gen))
         return self.pinned[key]
 
-    def _clean_clip(self, row: dict) -> Clip:
-        key = self._key(row)
+    def _clean_clip(self, row: dict, sampling: VideoSampling | None = None) -> Clip:
+        """The clip of ``row`` sampled by ``sampling`` (default: the adapter's), pinned and LRU-cached by both."""
+        key = self._key(row) if sampling is None else (*self._key(row), "sampling", repr(sampling))
         clip = self.pinned.get(key)
         if clip is None and key in self.lru:
             clip = self.lru[key]
@@ -263,7 +264,7 @@ class VideoEncoder:
         if clip is None:
             clip = decode_clip(
                 row["video"],
-                self.sampling,
+                sampling or self.sampling,
                 image_patch_size=self.patch_size,
                 start=row.get("video_start"),
                 end=row.get("video_end"),
@@ -280,6 +281,23 @@ class VideoEncoder:
                     self.lru_bytes -= old.numel() * old.element_size()
         self.pinned[key] = clip
         return clip
+
+    def span_frames(self, row: dict, start: float, end: float, n: int) -> tuple[list[Any], list[float]]:
+        """``ToolContext.load_frames`` for ``select_frames`` (VITAL's dense sampling on demand): up to ``n`` frames
+        whose time lies in ``[start, end]``, uniformly spread (:func:`mmgrpo.tools.video.pick_uniform`), taken from
+        the row's file decoded at its native rate (every frame; an odd count loses one to qwen-vl-utils' even
+        rounding) at the prompt's frame size, as PIL images with their times in seconds; none in the span: ``[]``.
+        The dense clip is pinned and LRU-cached like the prompt's."""
+        from PIL import Image
+
+        from mmgrpo.tools.video import pick_uniform
+
+        total = self._clean_clip(row).total_frames  # the prompt's clip knows the file's frame count
+        clip = self._clean_clip(row, dataclasses.replace(self.sampling, nframes=max(2, total - total % 2)))
+        inside = [i for i, t in enumerate(clip.timestamps) if start <= t <= end]
+        chosen = [inside[j] for j in pick_uniform(len(inside), n)] if inside else []
+        frames = [Image.fromarray(clip.frames[i].permute(1, 2, 0).clamp(0, 255).byte().numpy()) for i in chosen]
+        return frames, [clip.timestamps[i] for i in chosen]
 
     def load(self, row: dict) -> list[Clip]:
         return [] if row.get("video") is None else [self.clip(row)]
