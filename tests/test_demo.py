@@ -316,7 +316,10 @@ def test_model_error_is_shown_in_the_page_not_raised(tmp_path):
     assert len(handlers) == 1
     status, *updates = handlers[0].fn("0: a red circle top right", "a red circle top right", 0, 0)
     assert status.startswith("**error:** RuntimeError: CUDA out of memory (simulated)")
-    assert len(updates) == 14
+    from mmgrpo.demo.kinds import KINDS
+
+    # per side: one box per kind, the reward line, the samples' text and gallery, the multi-turn trajectory
+    assert len(updates) == 2 * (len(KINDS) + 4) == 16
 
 
 def test_uploads_limited_in_type():
