@@ -8,6 +8,7 @@ rendering and log-prob forwards are the real ones. The other tests sample from t
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 from tests.numerics import adapter_reductions
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CROP = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 40, 40]}}</tool_call>'
 
 
@@ -303,6 +305,16 @@ def test_one_grpo_step_with_tools_is_finite_and_changes_parameters(tmp_path, mmg
     assert changed > len(params) // 2
     if credit == "gigpo":
         assert metrics["credit/anchor_clusters"] >= 2  # turn 0 (shared prompt) and the crop's observation
+
+
+def test_multi_turn_rewards_without_multi_turn_rollouts_fail_at_load():
+    """deepeyes reads the rollout's tool calls and env_return its environment rewards: without rollout.tools /
+    rollout.environment, load (and --dry-run) names the fix instead of the first GRPO step failing."""
+    with pytest.raises(ConfigError, match=r"'deepeyes' reads what a multi-turn rollout records.*no rollout.tools"):
+        load_config(CONFIGS / "zoom_no_tools.yaml", ["rewards=[{name: deepeyes}]"])
+    with pytest.raises(ConfigError, match=r"'env_return'.*no rollout.environment"):
+        load_config(CONFIGS / "zoom_tools.yaml", ["rewards=[{name: env_return}]"])
+    load_config(CONFIGS / "zoom_tools.yaml")  # deepeyes with rollout.tools: fine
 
 
 def test_config_checks_name_the_fix(tmp_path):
