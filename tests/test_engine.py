@@ -515,18 +515,27 @@ def test_engine_audio_greedy_equals_native_after_a_weight_push(audio_server):
     """Audio-LLM prompts reach vLLM as the waveform the audio encoder decoded (spoken_digits, espeak-ng speech at
     16 kHz): the engine's prompt token ids equal the trainer's and its greedy completions equal the native decode
     loop's on the pushed weights."""
+    url, _ = audio_server
+    _assert_engine_matches_native(_audio_adapter(url, max_new_tokens=8), _audio_rows(4), seed=4, version=1)
+
+
+def _audio_adapter(url: str, max_new_tokens: int):
+    """The audio-LLM adapter on the engine-sized Qwen2-Audio, connected to ``url`` (skips without espeak-ng)."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed: no speech to synthesise")
     from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
+
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": max_new_tokens, "temperature": 1.0}, seed=0
+    )
+    return _connect(adapter, url)
+
+
+def _audio_rows(n: int) -> list[dict]:
+    """``n`` spoken_digits rows (espeak-ng speech at 16 kHz)."""
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
-    url, _ = audio_server
-    adapter = build_audio_llm_adapter(
-        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
-    )
-    adapter = _connect(adapter, url)
-    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=4, eval_size=1)).train_rows()[:4]
-    _assert_engine_matches_native(adapter, rows, seed=4, version=1)
+    return SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=n, eval_size=1)).train_rows()[:n]
 
 
 @pytest.mark.slow
@@ -536,21 +545,13 @@ def test_engine_two_turn_audio_trajectory_equals_native_after_a_weight_push(audi
     turn 1 is the policy's. The engine gets each trajectory token-in — one audio pad for the clip, the tool's text
     message — expands it to the trainer's very ids and answers greedily with the native loop's tokens; its sampled
     log-probs agree with the trainer's recomputation."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed: no speech to synthesise")
     from mmgrpo.config import RolloutConfig
-    from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
-    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
     url, _ = audio_server
-    adapter = build_audio_llm_adapter(
-        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": 6, "temperature": 1.0}, seed=0
-    )
-    adapter = _connect(adapter, url)
+    adapter = _audio_adapter(url, max_new_tokens=6)
     adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
-    rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=3, eval_size=1)).train_rows()[:3]
     call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
-    _assert_two_turns_on_the_engine_equal_native(adapter, rows, call, seed=17)
+    _assert_two_turns_on_the_engine_equal_native(adapter, _audio_rows(3), call, seed=17)
 
 
 @pytest.mark.slow
