@@ -50,3 +50,26 @@ class EvalRewards:
 
 
 __all__ = ["EvalRewards"]
+
+
+def first_call_arguments(output: str, tool: str) -> dict | None:
+    """The arguments of the first well-formed tool call in ``output`` when it calls ``tool`` (None otherwise)."""
+    from mmgrpo.tools import parse_tool_calls
+
+    calls, _ = parse_tool_calls(output)
+    return calls[0].arguments if calls and calls[0].name == tool else None
+
+
+def tool_answer_scores(
+    accuracy: torch.Tensor, outputs: list[str], hits_name: str, hits: list[bool], chance: float
+) -> dict[str, float]:
+    """The held-out metrics of a tool task (zoom, video_find): ``accuracy`` (per-row scores [n], NaN as 0),
+    ``tool_call_rate``, ``hits_name`` (the share of ``hits``: the first call aimed where the row needs it) and
+    ``chance``."""
+    n = max(1, len(outputs))
+    return {
+        "accuracy": float(accuracy.nan_to_num(0.0).mean()),
+        "tool_call_rate": sum("<tool_call>" in o for o in outputs) / n,
+        hits_name: sum(hits) / n,
+        "chance": chance,
+    }

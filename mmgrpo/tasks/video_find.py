@@ -33,10 +33,9 @@ import numpy as np
 from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
-from mmgrpo.tasks.eval_rewards import EvalRewards
+from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores
 from mmgrpo.tasks.shapes import COLOURS
 from mmgrpo.tasks.video_motion import _background, write_mp4
-from mmgrpo.tools import parse_tool_calls
 
 TOOL_PROMPT = (
     "Something flashes between {start}s and {end}s. What colour is it? It is too brief to see here: first look "
@@ -190,21 +189,9 @@ class VideoFindTask:
         """accuracy (the last <answer>), tool_call_rate, call_hits_span (the first call selects exactly the row's
         span), chance."""
         accuracy = self._metrics.scores(outputs, rows)[:, 0]
-        n = max(1, len(outputs))
-        return {
-            "accuracy": float(accuracy.nan_to_num(0.0).mean()),
-            "tool_call_rate": sum("<tool_call>" in o for o in outputs) / n,
-            "call_hits_span": sum(_first_span(o) == row["span"] for o, row in zip(outputs, rows)) / n,
-            "chance": 1 / len(self.args.colours),
-        }
-
-
-def _first_span(output: str) -> list | None:
-    """[start, end] of the first well-formed select_frames call in ``output`` (None without one)."""
-    calls, _ = parse_tool_calls(output)
-    if not calls or calls[0].name != "select_frames":
-        return None
-    return [calls[0].arguments.get("start"), calls[0].arguments.get("end")]
+        calls = [first_call_arguments(o, "select_frames") for o in outputs]
+        hits = [c is not None and [c.get("start"), c.get("end")] == row["span"] for c, row in zip(calls, rows)]
+        return tool_answer_scores(accuracy, outputs, "call_hits_span", hits, 1 / len(self.args.colours))
 
 
 build_video_find_task = TASKS.register("video_find")(

@@ -34,9 +34,8 @@ from PIL import Image
 
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
-from mmgrpo.tasks.eval_rewards import EvalRewards
+from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores
 from mmgrpo.tasks.shapes import COLOURS
-from mmgrpo.tools import parse_tool_calls
 
 TOOL_PROMPT = (
     "What colour is the small square in the box {box}? It is too small to see here: first crop the box with the "
@@ -157,19 +156,9 @@ class ZoomTask:
         """accuracy (the ``accuracy`` reward: the last <answer>), tool_call_rate, crop_hits_box (outputs whose first
         tool call is a crop of exactly the row's box), chance."""
         accuracy = self._metrics.scores(outputs, rows)[:, 0]
-        n = max(1, len(outputs))
-        return {
-            "accuracy": float(accuracy.nan_to_num(0.0).mean()),
-            "tool_call_rate": sum("<tool_call>" in o for o in outputs) / n,
-            "crop_hits_box": sum(_first_box(o) == row["box"] for o, row in zip(outputs, rows)) / n,
-            "chance": 1 / len(self.args.colours),
-        }
-
-
-def _first_box(output: str) -> list | None:
-    """``bbox_2d`` of the first well-formed crop call in ``output`` (None without one)."""
-    calls, _ = parse_tool_calls(output)
-    return calls[0].arguments.get("bbox_2d") if calls and calls[0].name == "crop" else None
+        boxes = [first_call_arguments(o, "crop") or {} for o in outputs]
+        hits = [b.get("bbox_2d") == row["box"] for b, row in zip(boxes, rows)]
+        return tool_answer_scores(accuracy, outputs, "crop_hits_box", hits, 1 / len(self.args.colours))
 
 
 build_zoom_task = TASKS.register("zoom")(TaskSpec(args=ZoomArgs, cls=ZoomTask, load=lambda a, seed: ZoomTask(a)))
