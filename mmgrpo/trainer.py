@@ -61,6 +61,7 @@ from mmgrpo.types import (
     SupervisedLoss,
     SyncReference,
     TextTokenizer,
+    frozen_reference,
     missing_method,
     required_capabilities,
 )
@@ -122,6 +123,8 @@ class Trainer:
         if fsdp is not None and fsdp.transformer_cls_names_to_wrap is None:  # not named in the accelerate config
             fsdp.transformer_cls_names_to_wrap = sharding.block_classes(self.adapter.model)
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
+        if (reference := frozen_reference(self.adapter)) is not None:  # prepare moved the policy, not its frozen copy
+            reference.to(self.acc.device)
         multiturn.use_turns(self.adapter, cfg.rollout)  # rollout.tools: multi-turn, tool-using rollouts (agents.md)
         self.engine = self._load_engine(fsdp is not None)  # vLLM: reachable (or started here) now, pushed each step
         if self.engine is not None:
