@@ -194,13 +194,13 @@ def _greedy(adapter, rows, engine: bool) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _perturb_and_push(adapter, seed: int, version: int) -> None:
-    """Move the policy away from the checkpoint the server loaded (N(0, 0.2²) on every trainable parameter), then
+def _perturb_and_push(adapter, seed: int, version: int, scale: float = 0.2) -> None:
+    """Move the policy away from the checkpoint the server loaded (N(0, scale²) on every trainable parameter), then
     push it."""
     g = torch.Generator().manual_seed(seed)
     for p in adapter.model.parameters():
         if p.requires_grad:  # what an optimizer step can move
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+            p.add_(torch.randn(p.shape, generator=g) * scale)
     adapter.push_engine_weights(version=version)
 
 
@@ -434,11 +434,11 @@ def test_engine_two_turn_video_trajectory_equals_native_after_a_weight_push(serv
     assert all(m["image_grid_thw"].shape[0] == 2 for m in state.media)  # the two frames, as images
 
 
-def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int) -> None:
-    """After a push of perturbed weights: the engine's prompt token ids equal the trainer's (in ``_greedy``), its
-    greedy completions equal the native decode loop's and depend on the media (not all equal: the media reach both),
-    and its log-probs of its own samples equal the trainer's recomputation."""
-    _perturb_and_push(adapter, seed=seed, version=version)
+def _assert_engine_matches_native(adapter, rows: list[dict], seed: int, version: int, scale: float = 0.2) -> None:
+    """After a push of perturbed weights (N(0, scale²)): the engine's prompt token ids equal the trainer's (in
+    ``_greedy``), its greedy completions equal the native decode loop's and depend on the prompt and media (not all
+    equal: they reach both), and its log-probs of its own samples equal the trainer's recomputation."""
+    _perturb_and_push(adapter, seed=seed, version=version, scale=scale)
     native = _greedy(adapter, rows, engine=False)
     engine = _greedy(adapter, rows, engine=True)
     assert len({tuple(r) for r in native.tolist()}) > 1
@@ -880,6 +880,59 @@ def test_engine_llama_greedy_and_logprobs_equal_native_after_a_weight_push(llama
     _connect(adapter, url)
     rows = [{"prompt": p} for p in ("What colour is the shape?", "Which way does the object move?", "Count them.")]
     _assert_engine_matches_native(adapter, rows, seed=1, version=1)
+
+
+# The other text decoders of issue 38's table on the engine: each a tiny random model of its own transformers class
+# with head_dim 64 (vLLM's CPU attention kernels take 32, 64, 80, 96, 112, 128, 256: not the prefix-sharing tests'
+# 8), served by vLLM's own implementation of the same architecture. Gemma 3 text keeps its sliding-window and global
+# layers (a 4-token window, shorter than every prompt, as tests/test_prefix_sharing.py's rows); its embeddings are
+# scaled by sqrt(hidden_size), and the others' N(0, 0.2²) push makes every prompt's greedy completion one repeated
+# token there, so it is pushed N(0, 0.02²) (ENGINE_PUSH_SCALE).
+ENGINE_PUSH_SCALE = {"gemma3_text": 0.02}
+ENGINE_TEXT_ARCHITECTURES = {
+    "mistral": {"sliding_window": None},  # Mistral-7B-v0.3 ships no window
+    "qwen3": {"head_dim": 64},
+    "phi3": {},
+    "gemma3_text": {"head_dim": 64, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+}
+
+
+@pytest.fixture(scope="module", params=list(ENGINE_TEXT_ARCHITECTURES))
+def text_server(request, tmp_path_factory, mmgrpo_cache):
+    """``mmgrpo rollout-server`` on a tiny text decoder of ``request.param`` (the text-only vlm adapter)."""
+    from tests.test_prefix_sharing import text_model
+
+    model_type = request.param
+    model, tokenizer = text_model(
+        model_type,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        **ENGINE_TEXT_ARCHITECTURES[model_type],
+    )
+    directory = tmp_path_factory.mktemp(f"tiny-{model_type}")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    for served in _serve(tmp_path_factory, "configs/real_smollm2_arithmetic.yaml", str(directory)):
+        yield (*served, directory, model_type)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_engine_text_decoders_greedy_and_logprobs_equal_native_after_a_weight_push(text_server):
+    """Mistral, Qwen3, Phi-3 and Gemma 3 text on the engine (issue 38's table): prompt ids, greedy completions after
+    a push and the log-probs of the engine's own samples equal the native path's, which shares the prompt."""
+    from mmgrpo.modalities.tokens import prefix_sharing
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+
+    url, _, model, model_type = text_server
+    adapter = build_vlm_adapter({"name_or_path": str(model), "max_new_tokens": 8, "temperature": 1.0}, seed=0)
+    assert prefix_sharing.unsupported_reason(adapter.model) is None
+    _connect(adapter, url)
+    rows = [{"prompt": p} for p in ("What colour is the shape?", "Which way does the object move?", "Count them.")]
+    _assert_engine_matches_native(adapter, rows, seed=1, version=1, scale=ENGINE_PUSH_SCALE.get(model_type, 0.2))
 
 
 # ---------------------------------------------------------------------------------------------- vLLM versions
