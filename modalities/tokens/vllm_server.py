@@ -77,25 +77,24 @@ from http.server import ThreadingHTTPServer
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 try:
-    from . import engine_http
+    from . import engine_http, vllm_names
     from . import weight_buckets as wb
     from .engine_http import SECRET_ENV, Limits, ModelSpec, Refused, WeightGate, handler
 except ImportError:  # run as a script (and in vLLM's spawned worker, which imports this file by path)
     import engine_http
+    import vllm_names
     import weight_buckets as wb
     from engine_http import SECRET_ENV, Limits, ModelSpec, Refused, WeightGate, handler
 
 
-def _reload_weights_file(worker, path: str) -> int:
+def _reload_weights_file(worker, path: str, architecture: str | None = None) -> int:
     """Run in each engine worker (``LLM.collective_rpc``): reload the model's weights in place from the safetensors
     file at ``path`` (vLLM's ``reload_weights``, which re-applies the kernel-format processing a plain
-    ``load_weights`` would find already done). Module-level so that it pickles by reference (a closure does not)."""
+    ``load_weights`` would find already done), its names as vLLM's loader of ``architecture`` takes them
+    (:func:`.vllm_names.to_vllm`). Module-level so that it pickles by reference (a closure does not)."""
     from safetensors.torch import load_file
 
-    tensors = load_file(path)
-    worker.reload_weights(weights_iterator=iter(tensors.items()))
-    _repack_embeddings(worker.get_model())
-    return len(tensors)
+    return _reload_weights_dict(worker, load_file(path), architecture)
 
 
 def _repack_embeddings(model) -> None:
@@ -115,9 +114,10 @@ def _repack_embeddings(model) -> None:
             method.process_weights_after_loading(module)
 
 
-def _reload_weights_dict(worker, tensors: dict) -> int:
+def _reload_weights_dict(worker, tensors: dict, architecture: str | None = None) -> int:
     """As :func:`_reload_weights_file`, from tensors already in this process (a colocated engine's worker)."""
-    worker.reload_weights(weights_iterator=iter(tensors.items()))
+    pairs = ((vllm_names.to_vllm(architecture, name), tensor) for name, tensor in tensors.items())
+    worker.reload_weights(weights_iterator=pairs)
     _repack_embeddings(worker.get_model())
     return len(tensors)
 
@@ -136,7 +136,7 @@ def _nccl_join(worker, host: str, port: int, world_size: int) -> int:
     return rank
 
 
-def _nccl_receive(worker, entries: list, src: int) -> int:
+def _nccl_receive(worker, entries: list, src: int, architecture: str | None = None) -> int:
     """Run in each engine worker: receive one bucket's flat buffer broadcast by the trainer (rank ``src``), view it
     as its tensors (:func:`.weight_buckets.unpack`, the layout the trainer packed) and reload them in place."""
     import torch
@@ -145,10 +145,7 @@ def _nccl_receive(worker, entries: list, src: int) -> int:
     flat = torch.empty(wb.data_bytes(entries), dtype=torch.uint8, device=worker.device)
     comm.broadcast(flat, src=src)
     comm.group.barrier()
-    pairs = list(wb.unpack(entries, flat))
-    worker.reload_weights(weights_iterator=iter(pairs))
-    _repack_embeddings(worker.get_model())
-    return len(pairs)
+    return _reload_weights_dict(worker, dict(wb.unpack(entries, flat)), architecture)
 
 
 def _video(wire: dict) -> tuple:
@@ -202,7 +199,6 @@ class Engine(WeightGate):
 
     def __init__(self, args: argparse.Namespace):
         import vllm
-        from vllm import LLM
 
         problem = engine_http.vllm_version_problem(vllm.__version__)
         if problem is not None and os.environ.get(engine_http.ANY_VLLM_ENV) != "1":
@@ -227,8 +223,23 @@ class Engine(WeightGate):
         # an encoder-decoder model (Whisper) runs without it; its encoder outputs are still cached per request
         encoder_decoder = bool(getattr(AutoConfig.from_pretrained(args.model), "is_encoder_decoder", False))
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the engine process imports EarlyBans by name
-        self.llm = LLM(
-            model=args.model,
+        # a transformers-5 checkpoint whose names vLLM's loader does not take is served from a renamed copy
+        # (vllm_names); pushes keep transformers' names and are renamed in the worker
+        local = args.model if os.path.isdir(args.model) else None
+        self.architecture = vllm_names.architecture(local) if local else None
+        self.served_copy = vllm_names.served_copy(local) if local else None
+        try:
+            self.llm = self._llm(args, cpu_options, encoder_decoder)
+        except BaseException:
+            self.remove_served_copy()
+            raise
+        self.spec = ModelSpec.from_checkpoint(_local_dir(args.model))
+
+    def _llm(self, args: argparse.Namespace, cpu_options: dict, encoder_decoder: bool):
+        from vllm import LLM
+
+        return LLM(
+            model=self.served_copy or args.model,
             dtype=args.dtype,
             seed=args.seed,
             max_model_len=args.max_model_len,
@@ -241,7 +252,14 @@ class Engine(WeightGate):
             enable_sleep_mode=args.enable_sleep_mode,
             **cpu_options,
         )
-        self.spec = ModelSpec.from_checkpoint(_local_dir(args.model))
+
+    def remove_served_copy(self) -> None:
+        """Remove the renamed copy of the checkpoint vLLM loaded (:func:`.vllm_names.served_copy`), if any."""
+        if self.served_copy is not None:
+            import shutil
+
+            shutil.rmtree(self.served_copy, ignore_errors=True)
+            self.served_copy = None
 
     def dead(self) -> str | None:
         """Why vLLM's engine no longer serves (its flag, or an engine process that exited), None while it does; None
@@ -327,7 +345,7 @@ class Engine(WeightGate):
             f.write(payload)
             path = f.name
         try:
-            return self._reload(functools.partial(_reload_weights_file, path=path))
+            return self._reload(functools.partial(_reload_weights_file, path=path, architecture=self.architecture))
         finally:
             os.unlink(path)
 
@@ -335,7 +353,7 @@ class Engine(WeightGate):
         """The trainer's own tensors (Hugging Face names), for an engine whose worker runs in this process
         (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ``collective_rpc`` calls the function directly, nothing is
         serialised); :meth:`WeightGate.load_weights` checks them first, lock held."""
-        return self._reload(functools.partial(_reload_weights_dict, tensors=tensors))
+        return self._reload(functools.partial(_reload_weights_dict, tensors=tensors, architecture=self.architecture))
 
     def init_communicator(self, body: dict) -> dict:
         """``POST /init_communicator`` (``rollout.weight_sync: nccl``): the engine's workers join a new NCCL group at
@@ -370,7 +388,9 @@ class Engine(WeightGate):
         except BaseException:
             self.lock.release()
             raise
-        receive = functools.partial(_nccl_receive, entries=entries, src=self.client_rank)
+        receive = functools.partial(
+            _nccl_receive, entries=entries, src=self.client_rank, architecture=self.architecture
+        )
 
         def run() -> None:
             try:
@@ -401,6 +421,7 @@ class Engine(WeightGate):
         torch.distributed group vLLM made here (idempotent; vLLM would otherwise do it at interpreter exit)."""
         with self.lock:
             self.llm.llm_engine.engine_core.shutdown()
+            self.remove_served_copy()
 
     def wake_up(self) -> None:
         """Undo :meth:`sleep`: weights back on the device, KV cache allocated again."""
@@ -549,6 +570,7 @@ def main() -> int:
         signal.signal(s, _stop)
     os.register_at_fork(after_in_child=_die_with_parent)  # vLLM forks its engine core from this process
     state = {"code": 0}
+    engine = None
     try:
         engine = Engine(args)
         limits = Limits(weights_bytes=engine.spec.max_bytes())
@@ -564,6 +586,8 @@ def main() -> int:
         state["code"] = 2
     finally:
         _kill_engine_processes()
+        if engine is not None:
+            engine.remove_served_copy()
     return state["code"]
 
 

@@ -314,7 +314,7 @@ def _media_tokenizer(image_tokens: dict[str, str], image: str = "<image>"):
     return qwen_tokenizer(_CORPUS, s.bpe_vocab, SPECIAL_TOKENS + names, image_tokens, TAG_TOKENS, template)
 
 
-def build_tiny_llava(directory: str | os.PathLike, seed: int = 0) -> Path:
+def build_tiny_llava(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """Write a tiny LLaVA (1.5 layout: CLIP at layer -2 without its CLS feature, MLP projector, Llama decoder)."""
     from transformers import (
         CLIPImageProcessor,
@@ -326,7 +326,7 @@ def build_tiny_llava(directory: str | os.PathLike, seed: int = 0) -> Path:
     )
 
     tokenizer = _media_tokenizer({"image_token": "<image>"})
-    text = LlamaConfig(**qwen2_decoder_config(TinySizes(), tokenizer))
+    text = LlamaConfig(**qwen2_decoder_config(sizes or TinySizes(), tokenizer))
     side = 2 * TILE  # 4 × 4 patches: 16 image tokens
     config = LlavaConfig(
         text_config=text,
@@ -348,7 +348,7 @@ def build_tiny_llava(directory: str | os.PathLike, seed: int = 0) -> Path:
     return save(directory, init_model(LlavaForConditionalGeneration, config, seed, tokenizer), processor)
 
 
-def build_tiny_llava_onevision(directory: str | os.PathLike, seed: int = 0) -> Path:
+def build_tiny_llava_onevision(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """Write a tiny LLaVA-OneVision (SigLIP, anyres tiling with unpadding and newline features, Qwen2 decoder)."""
     from transformers import (
         LlavaOnevisionConfig,
@@ -361,7 +361,7 @@ def build_tiny_llava_onevision(directory: str | os.PathLike, seed: int = 0) -> P
 
     tokenizer = _media_tokenizer({"image_token": "<image>", "video_token": "<video>"})
     config = LlavaOnevisionConfig(
-        text_config=qwen2_decoder_config(TinySizes(), tokenizer, model_type="qwen2"),
+        text_config=qwen2_decoder_config(sizes or TinySizes(), tokenizer, model_type="qwen2"),
         vision_config=SiglipVisionConfig(**VISION, image_size=TILE, patch_size=14),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
@@ -382,7 +382,7 @@ def build_tiny_llava_onevision(directory: str | os.PathLike, seed: int = 0) -> P
     return save(directory, init_model(LlavaOnevisionForConditionalGeneration, config, seed, tokenizer), processor)
 
 
-def build_tiny_internvl(directory: str | os.PathLike, seed: int = 0) -> Path:
+def build_tiny_internvl(directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None) -> Path:
     """Write a tiny InternVL (InternViT with its CLS feature dropped, pixel shuffle 0.5, MLP projector, Qwen2 decoder;
     up to 4 tiles plus a thumbnail per image)."""
     from transformers import (
@@ -403,7 +403,7 @@ def build_tiny_internvl(directory: str | os.PathLike, seed: int = 0) -> Path:
     tokenizer = _media_tokenizer(media, image="<IMG_CONTEXT>")
     side = 2 * TILE  # 4 × 4 patches, pixel-shuffled to 2 × 2: 4 image tokens per tile
     config = InternVLConfig(
-        text_config=qwen2_decoder_config(TinySizes(), tokenizer, model_type="qwen2"),
+        text_config=qwen2_decoder_config(sizes or TinySizes(), tokenizer, model_type="qwen2"),
         vision_config=InternVLVisionConfig(**VISION, image_size=side, patch_size=14),
         image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
         image_seq_length=4,
@@ -421,9 +421,16 @@ def build_tiny_internvl(directory: str | os.PathLike, seed: int = 0) -> Path:
     return save(directory, init_model(InternVLForConditionalGeneration, config, seed, tokenizer), processor)
 
 
-def build_tiny_gemma3(directory: str | os.PathLike, seed: int = 0) -> Path:
+def build_tiny_gemma3(
+    directory: str | os.PathLike, seed: int = 0, sizes: TinySizes | None = None, newline_tokens: bool = False
+) -> Path:
     """Write a tiny Gemma 3 VLM (SigLIP, average pooling to ``mm_tokens_per_image`` soft tokens, a Gemma 3 decoder
-    with sliding-window and global layers; the window, 4, shorter than every prompt)."""
+    with sliding-window and global layers; the window, 4, shorter than every prompt).
+
+    ``newline_tokens``: the tokenizer also has ``"\n"`` … ``"\n\n\n\n"`` as single tokens, as Gemma's own
+    vocabulary has and vLLM's Gemma 3 processor requires (``vllm/model_executor/models/gemma3_mm.py``
+    ``Gemma3MultiModalProcessor._apply_token_matches`` looks each up by its text: the byte-level BPE's ``Ċ`` is a
+    ``KeyError``); the engine tests' variant."""
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
@@ -435,7 +442,11 @@ def build_tiny_gemma3(directory: str | os.PathLike, seed: int = 0) -> Path:
 
     media = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
     tokenizer = _media_tokenizer(media, image="<start_of_image>")
-    s = TinySizes()
+    if newline_tokens:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken("\n" * n, normalized=False) for n in range(1, 5)])
+    s = sizes or TinySizes()
     text = qwen2_decoder_config(s, tokenizer, head_dim=s.text_hidden // s.text_heads, sliding_window=4)
     text["layer_types"] = ["sliding_attention", "full_attention"]
     side = 2 * TILE  # 4 × 4 patches, pooled to 2 × 2: 4 soft tokens per image
