@@ -45,6 +45,7 @@ HEAVY_FILES = {
     "tests/test_fsdp.py": 298,
     "tests/test_world_size.py": 229,
     "tests/test_engine.py": 176,
+    "tests/test_engine_archs.py": 600,  # 9 vLLM servers, about a minute each to start (wt/engine, 2026-11-26)
     "tests/test_speech_learning.py": 121,
     "tests/test_real_models.py": 160,  # + the SmolVLM warm-up and GRPO steps (about 60 s)
     "tests/test_flow_learning.py": 98,
