@@ -11,17 +11,19 @@ Why a crop is needed. The configs cap the image at ``model.args.max_pixels: 3136
 56 × 56 (an 8-times reduction per side, 4 vision tokens): a box is 7 pixels there and its square 3 × 3, where the
 checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with a box returns
 its 56 × 56 pixels, shown 1 : 1, the square 24 px wide. An oracle matched filter on 14-pixel patch means that knows
-the box and the palette reads the prompt's box's colour on well under half the rows at the policy's resolution and
-on nearly all of them in the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch
+the box and the palette reads the prompt's box's colour on 0.515 of 200 rows at the policy's resolution and on 0.975
+in the crop (chance 0.25; ``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch
 encoder averages, not about information: a reader of single pixels of the 56 × 56 view can find a 3-pixel blob; the
 no-tool baseline (``tools: false``) measures what the tiny policy reads.
 
 The warm-up stands in for what DeepEyes' pretrained Qwen2.5-VL brings to RL: perception and the tool format, not the
 choice of region. With ``tools`` its targets are two turns — the crop call of a box drawn at random (the prompt's
 box with probability ``warmup_call_hit_rate``, else one of the others uniformly; the default 1 / boxes makes the draw
-uniform over all boxes, independent of the prompt), then ``<answer>colour</answer>`` with the colour of the box that
-was cropped (what the crop shows). After it the policy calls the tool and reads crops but crops the prompt's box only
-at that rate, and a wrong box's colour is never the answer; GRPO must learn to crop the box the prompt names.
+uniform over all boxes, independent of the prompt; ``configs/zoom_tools.yaml`` uses 0.5, as GRPO did not learn from
+the uniform draw in its budget: docs/agents.md), then ``<answer>colour</answer>`` with the colour of the box that was
+cropped (what the crop shows). After it the policy calls the tool and reads crops, but its sampled calls crop the
+prompt's box only at about that rate (greedy ones always, once a rate above 1 / boxes is learnt), and a wrong box's
+colour is never the answer; GRPO must learn to crop the box the prompt names.
 Without tools (the baseline, the same images) the warm-up target is ``<answer>`` with the true colour of the
 prompt's box, to be read from the 56 × 56 view. Held-out metrics: ``accuracy`` (last ``<answer>``),
 ``tool_call_rate`` (outputs with a ``<tool_call>``), ``crop_hits_box`` (the first call crops exactly the prompt's
