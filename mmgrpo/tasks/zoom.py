@@ -1,26 +1,33 @@
-"""``zoom``: a small coloured square in a large image, too small to read at the policy's input resolution.
+"""``zoom``: a small coloured square in each of four named boxes, too small to read at the policy's input resolution.
 
 "Thinking with images" in miniature (DeepEyes, arXiv 2505.14362; Mini-o3, arXiv 2509.07969): the answer is only
-legible in a crop. Each row holds an ``image_size`` × ``image_size`` image (448 by default) covered with a fine
-checkerboard of random palette colours (``cell`` = 4 px), and one ``target`` × ``target`` square (24 px) of the
-answer colour inside one of ``grid`` × ``grid`` boxes (2 × 2 boxes of ``box`` = 56 px, one centred in each quarter).
-The prompt names that box in original-image pixels.
+legible in a crop, and what RL teaches is *where* to look. Each row holds an ``image_size`` × ``image_size`` image
+(448 by default) covered with a fine checkerboard of random palette colours (``cell`` = 4 px) and ``grid`` × ``grid``
+boxes (2 × 2 boxes of ``box`` = 56 px, one centred in each quarter), each holding one ``target`` × ``target`` square
+(24 px); the squares' colours are a random permutation of the colours (one per box, all different when there are as
+many colours as boxes). The prompt names one box in original-image pixels; the answer is that box's colour.
 
 Why a crop is needed. The configs cap the image at ``model.args.max_pixels: 3136``, so the policy sees the image at
-56 × 56 (an 8-times reduction per side, 4 vision tokens): the box is 7 pixels there and the square 3 × 3, where the
-checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with the prompt's box
-returns its 56 × 56 pixels, shown 1 : 1, the square 24 px wide. Measured with an oracle matched filter on 14-pixel
-patch means that knows the box and the palette (200 rows): 0.43 at the policy's resolution (chance 0.25), 0.975 on
-the crop (``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch encoder averages, not about
-information: a reader of single pixels of the 56 × 56 view can find the square's 3-pixel blob; the no-tool baseline
-(``tools: false``) measures what the tiny policy reads.
+56 × 56 (an 8-times reduction per side, 4 vision tokens): a box is 7 pixels there and its square 3 × 3, where the
+checkerboard averages to the palette's mean colour; the ``crop`` tool (``mmgrpo.tools``) called with a box returns
+its 56 × 56 pixels, shown 1 : 1, the square 24 px wide. An oracle matched filter on 14-pixel patch means that knows
+the box and the palette reads the prompt's box's colour on 0.515 of 200 rows at the policy's resolution and on 0.975
+in the crop (chance 0.25; ``tests/test_zoom_task.py`` checks the gap). The premise is about what a patch
+encoder averages, not about information: a reader of single pixels of the 56 × 56 view can find a 3-pixel blob; the
+no-tool baseline (``tools: false``) measures what the tiny policy reads.
 
-Two variants (``tools``): with tools the prompt asks for a ``crop`` call first and the warm-up targets are two turns
-— the call with the prompt's box, then ``<answer>colour</answer>`` with a **random** colour (the format, not the
-skill: accuracy after the warm-up stays at chance); without tools (the baseline, the same images) the prompt asks for
-the answer and the warm-up target is the random answer alone. Held-out metrics: ``accuracy`` (last ``<answer>``),
-``tool_call_rate`` (outputs with a ``<tool_call>``), ``crop_hits_box`` (the first call crops exactly the row's box)
-and ``chance``.
+The warm-up stands in for what DeepEyes' pretrained Qwen2.5-VL brings to RL: perception and the tool format, not the
+choice of region. With ``tools`` its targets are two turns — the crop call of a box drawn at random (the prompt's
+box with probability ``warmup_call_hit_rate``, else one of the others uniformly; the default 1 / boxes makes the draw
+uniform over all boxes, independent of the prompt; ``configs/zoom_tools.yaml`` uses 0.5, as GRPO did not learn from
+the uniform draw in its budget: docs/agents.md), then ``<answer>colour</answer>`` with the colour of the box that was
+cropped (what the crop shows). After it the policy calls the tool and reads crops, but its sampled calls crop the
+prompt's box only at about that rate (greedy ones always, once a rate above 1 / boxes is learnt), and a wrong box's
+colour is never the answer; GRPO must learn to crop the box the prompt names.
+Without tools (the baseline, the same images) the warm-up target is ``<answer>`` with the true colour of the
+prompt's box, to be read from the 56 × 56 view. Held-out metrics: ``accuracy`` (last ``<answer>``),
+``tool_call_rate`` (outputs with a ``<tool_call>``), ``crop_hits_box`` (the first call crops exactly the prompt's
+box) and ``chance``.
 """
 
 from __future__ import annotations
@@ -52,11 +59,12 @@ class ZoomArgs:
     """Prompts and warm-up targets for a policy with the crop tool (a crop call, then the answer); false: the
     no-tool baseline on the same images (the answer only)."""
     colours: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
-    """Answer colours (a subset of the shapes task's), also the checkerboard's palette; chance = 1 / their number."""
+    """Answer colours (a subset of the shapes task's), also the checkerboard's palette; chance = 1 / their number.
+    At least grid² of them: every box's square has its own colour."""
     image_size: Annotated[int, Range(ge=56)] = 448
     """Side of the square image, original pixels (the configs' ``model.args.max_pixels`` 56² shows it at 56 × 56)."""
     grid: Annotated[int, Range(ge=1)] = 2
-    """Boxes per side: the square lies in one of grid × grid boxes, one centred in each image_size / grid cell."""
+    """Boxes per side: grid × grid boxes, one centred in each image_size / grid cell, each with a square."""
     box: Annotated[int, Range(ge=28)] | None = 56
     """Side of a box, original pixels (the crop of a box is shown 1 : 1 when it fits max_pixels); None = the whole
     cell (image_size / grid)."""
@@ -64,6 +72,9 @@ class ZoomArgs:
     """Side of the coloured square, original pixels."""
     cell: Annotated[int, Range(ge=1)] = 4
     """Side of a checkerboard cell, original pixels (below the processor's resolution: it averages out)."""
+    warmup_call_hit_rate: Annotated[float, Range(ge=0.0, le=1.0)] | None = None
+    """Share of the warm-up's crop calls that crop the prompt's box (the others crop one of the other boxes, drawn
+    uniformly); None = 1 / grid², a uniform draw over all boxes, independent of the prompt. Tools only."""
     train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split."""
     eval_size: Annotated[int, Range(ge=1)] = 200
@@ -72,8 +83,9 @@ class ZoomArgs:
     """Base seed (train and eval use different derived seeds)."""
 
 
-def render(rng: random.Random, a: ZoomArgs, colour: str, box: tuple[int, int, int, int]) -> Image.Image:
-    """The checkerboard of random palette colours and the answer's square at a random place inside ``box``."""
+def render(rng: random.Random, a: ZoomArgs, squares: list[tuple[str, list[int]]]) -> Image.Image:
+    """The checkerboard of random palette colours and, for each ``(colour, box)``, a square of that colour at a
+    random place inside the box."""
     n = a.image_size // a.cell
     palette = [COLOURS[c] for c in a.colours]
     small = Image.new("RGB", (n, n))
@@ -81,11 +93,11 @@ def render(rng: random.Random, a: ZoomArgs, colour: str, box: tuple[int, int, in
     image = small.resize((n * a.cell, n * a.cell), Image.Resampling.NEAREST)
     if image.size != (a.image_size, a.image_size):
         image = image.crop((0, 0, a.image_size, a.image_size))
-    x1, y1, x2, y2 = box
-    margin = max(0, (x2 - x1 - a.target) // 4)
-    x = rng.randint(x1 + margin, x2 - a.target - margin)
-    y = rng.randint(y1 + margin, y2 - a.target - margin)
-    image.paste(Image.new("RGB", (a.target, a.target), COLOURS[colour]), (x, y))
+    for colour, (x1, y1, x2, y2) in squares:
+        margin = max(0, (x2 - x1 - a.target) // 4)
+        x = rng.randint(x1 + margin, x2 - a.target - margin)
+        y = rng.randint(y1 + margin, y2 - a.target - margin)
+        image.paste(Image.new("RGB", (a.target, a.target), COLOURS[colour]), (x, y))
     return image
 
 
@@ -99,8 +111,11 @@ class ZoomTask:
 
     def __init__(self, args: ZoomArgs):
         unknown = [c for c in args.colours if c not in COLOURS]
-        if unknown or len(args.colours) < 2:
-            raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
+        if unknown or len(args.colours) < max(2, args.grid**2):
+            raise ConfigError(
+                f"task.args.colours: need >= max(2, grid² = {args.grid**2}) of {', '.join(COLOURS)} (one colour per "
+                f"box); got {args.colours}"
+            )
         cell = args.image_size // args.grid
         side = cell if args.box is None else args.box
         if args.image_size % args.grid or not args.target + 2 <= side <= cell:
@@ -115,13 +130,14 @@ class ZoomTask:
         self._eval = self._make(args.eval_size, args.seed * 2 + 2)
 
     def _make(self, n: int, seed: int) -> list[dict]:
-        a, rng = self.args, random.Random(seed)
+        a, rng, boxes = self.args, random.Random(seed), self.boxes()
         rows = []
         for _ in range(n):
-            gx, gy, colour = rng.randrange(a.grid), rng.randrange(a.grid), rng.choice(a.colours)
-            box = self.boxes()[gy * a.grid + gx]
-            prompt = (TOOL_PROMPT if a.tools else PLAIN_PROMPT).format(box=box)
-            rows.append({"prompt": prompt, "image": render(rng, a, colour, tuple(box)), "answer": colour, "box": box})
+            k = rng.randrange(len(boxes))
+            colours = rng.sample(a.colours, len(boxes))  # box i's square is colours[i]
+            image = render(rng, a, list(zip(colours, boxes)))
+            prompt = (TOOL_PROMPT if a.tools else PLAIN_PROMPT).format(box=boxes[k])
+            rows.append({"prompt": prompt, "image": image, "answer": colours[k], "box": boxes[k], "colours": colours})
         return rows
 
     def boxes(self) -> list[list[int]]:
@@ -143,13 +159,20 @@ class ZoomTask:
         return self._eval
 
     def warmup_rows(self, seed: int) -> list[dict]:
-        """Format-only targets (the module docstring): the crop call of the row's box (with tools), then an answer
-        drawn at random, independent of the image."""
-        rng = random.Random(seed)
+        """Perception and format targets (the module docstring). With tools: the crop call of a box drawn at random
+        (the prompt's with probability ``warmup_call_hit_rate``), then the colour of the box cropped; without: the
+        prompt's box's colour."""
+        a, rng, boxes = self.args, random.Random(seed), self.boxes()
+        hit_rate = 1 / len(boxes) if a.warmup_call_hit_rate is None else a.warmup_call_hit_rate
         out = []
         for row in self._train:
-            answer = f"<answer>{rng.choice(self.args.colours)}</answer>"
-            out.append(dict(row, target=[crop_call(row["box"]), answer] if self.args.tools else answer))
+            if not a.tools:
+                out.append(dict(row, target=f"<answer>{row['answer']}</answer>"))
+                continue
+            k = boxes.index(row["box"])
+            if len(boxes) > 1 and rng.random() >= hit_rate:
+                k = rng.choice([i for i in range(len(boxes)) if i != k])
+            out.append(dict(row, target=[crop_call(boxes[k]), f"<answer>{row['colours'][k]}</answer>"]))
         return out
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
