@@ -20,13 +20,15 @@ as the seeds give them and both splits follow the generator's mix of short and l
 Warm-up (``warmup_rows``): an ε-noisy expert, teacher-forced through the real game. Each train row's target is up
 to ``warmup_turns`` assistant turns ``<action>d</action>``: with probability 1 − ε (``warmup_expert_eps``) ``d`` is
 the first move of a shortest solution from the current room (:func:`expert_move`, a breadth-first search over
-(player, boxes) states, as gym_sokoban's and verl-agent's level checks solve rooms), otherwise a uniformly random
+(player, boxes) states; gym_sokoban, on which verl-agent's Sokoban is built, searches the same state space backwards
+to generate its levels), otherwise a uniformly random
 move (every one is legal: walking into a wall leaves the room as it is); the move is played and the next turn is
 chosen from the room it leaves, until the level is solved or the turns run out. It stands in for the prior a
 pretrained VLM brings to verl-agent's Sokoban (Qwen2.5-VL reads the room and plays far better than random before RL):
-the warmed-up policy plays above a random mover but, imitating a noisy expert with a tiny, randomly initialised vision
-tower, well below the solver, so what GRPO adds is measured. ε = 1 is the earlier format-only warm-up (uniformly
-random moves whatever the room).
+meant to leave a policy above a random mover and below the solver, so that what GRPO adds is measured. With the
+built-in tiny model it does not: greedy play after it is one sequence of moves on every level (docs/agents.md, "The
+Sokoban task", and ``examples/sokoban_read_probe.py``). ε = 1 is the earlier format-only warm-up (uniformly random
+moves whatever the room).
 
 Held-out metrics (``score``; the trainer's evaluation plays each held-out level once, greedily, through the same
 multi-turn rollout): ``success_rate`` (every box on a target within ``max_steps``), ``mean_steps`` (moves taken),
