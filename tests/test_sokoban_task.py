@@ -1,6 +1,6 @@
-"""The sokoban task (mmgrpo/tasks/sokoban.py): level-disjoint deterministic splits, format-only warm-up targets, the
-held-out score's replay of the game, the env_return reward and gigpo's outcome option, the shipped configs, and a
-few GiGPO steps end to end on rendered levels."""
+"""The sokoban task (mmgrpo/tasks/sokoban.py): level-disjoint deterministic splits, the solver and the ε-noisy
+expert's warm-up targets, the held-out score's replay of the game, the env_return reward and gigpo's outcome option,
+the shipped configs, and a few GiGPO steps end to end on rendered levels."""
 
 import pickle
 from pathlib import Path
@@ -13,7 +13,7 @@ from mmgrpo import multiturn, shaping
 from mmgrpo.config import AlgorithmConfig, ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.rewards import load_reward
-from mmgrpo.tasks.sokoban import SokobanArgs, SokobanTask, level_text
+from mmgrpo.tasks.sokoban import SokobanArgs, SokobanTask, expert_move, level_text
 from mmgrpo.tools import Sokoban, parse_action
 from mmgrpo.tools.gridworld import ACTIONS
 from mmgrpo.types import Rollout, Transcript
@@ -40,24 +40,92 @@ def test_splits_are_deterministic_and_share_no_seed_and_no_level(task):
     assert {r["seed"] for r in other.train_rows()}.isdisjoint(r["seed"] for r in train)
 
 
-def test_warmup_targets_are_random_valid_moves_not_the_solution(task):
+def _moves(target: list[str]) -> list[str]:
+    moves = [parse_action(turn, ACTIONS) for turn in target]
+    assert all(action is not None for action, _ in moves), moves
+    return [action for action, _ in moves]
+
+
+def _hand_level(game: Sokoban, player, box, target) -> None:
+    game.reset({"seed": 0})
+    game.player, game.boxes, game.targets = player, {box}, frozenset([target])
+
+
+def test_expert_move_solves_every_one_move_level(task):
+    one_move = [r for r in task.train_rows() + task.eval_rows() if r["min_moves"] == 1]
+    assert len(one_move) > 50
+    for row in one_move:
+        task.game.reset(row)
+        task.game.step(f"<action>{expert_move(task.game)}</action>")
+        assert task.game.boxes == set(task.game.targets), row
+    other = {}  # some other move fails on some of them: the test can tell the solver from a fixed move
+    for move in ACTIONS:
+        for row in one_move:
+            task.game.reset(row)
+            task.game.step(f"<action>{move}</action>")
+            other[move] = other.get(move, 0) + (task.game.boxes != set(task.game.targets))
+    assert all(n > 0 for n in other.values()), other
+
+
+def test_solver_is_optimal_on_a_hand_worked_level():
+    """6×6 room (floor rows / columns 1–4): the box at (2, 2), its target at (2, 4), the player between them at
+    (2, 3). Pushing right needs the player at (2, 1): round the box above or below it (3 moves: up, left, left +
+    down, or the mirror), then two pushes right: 6 moves, and the first is up or down (right, onto the target, makes
+    the way round 8 moves; left pushes the box against the left wall, from where it can never be pushed right)."""
+    game = Sokoban(size=6, max_steps=20)
+    _hand_level(game, player=(2, 3), box=(2, 2), target=(2, 4))
+    solution = game.shortest_solution()
+    assert len(solution) == 6 and solution[0] in ("up", "down") and solution[-2:] == ["right", "right"]
+    assert expert_move(game) == solution[0]
+    for move in solution[:-1]:
+        game.step(f"<action>{move}</action>")
+        assert game.boxes != set(game.targets)
+    game.step(f"<action>{solution[-1]}</action>")
+    assert game.boxes == set(game.targets)
+    _hand_level(game, player=(2, 3), box=(2, 2), target=(2, 4))
+    game.step("<action>left</action>")  # the box is pushed against the left wall: no push right can follow
+    assert game.boxes == {(2, 1)} and game.shortest_solution() is None
+    _hand_level(game, player=(3, 2), box=(2, 2), target=(1, 2))  # one push up
+    assert game.shortest_solution() == ["up"] and expert_move(game) == "up"
+
+
+def test_warmup_targets_at_eps_0_are_the_solvers_moves_and_solve_the_level():
+    task = SokobanTask(SokobanArgs(train_size=200, eval_size=20, warmup_expert_eps=0.0))
     rows = task.warmup_rows(seed=0)
     assert len(rows) == len(task.train_rows())
-    moves = []
     for row in rows:
-        assert len(row["target"]) == task.args.warmup_turns
-        for turn in row["target"]:
-            action, why = parse_action(turn, ACTIONS)
-            assert action is not None, why
-            moves.append(action)
-    share = {a: moves.count(a) / len(moves) for a in ACTIONS}
-    assert all(0.2 < s < 0.3 for s in share.values()), share  # uniform, whatever the image shows
-    solved = 0
-    for row in rows:  # the first move of a target is the first move of a shortest solution only by chance
+        moves = _moves(row["target"])
         task.game.reset(row)
-        solved += parse_action(row["target"][0], ACTIONS)[0] == task.game.shortest_solution()[0]
-    assert solved / len(rows) < 0.4
-    assert rows == task.warmup_rows(seed=0) and rows != task.warmup_rows(seed=1)
+        for move in moves:
+            assert move == expert_move(task.game), row
+            task.game.step(f"<action>{move}</action>")
+        assert len(moves) == row["min_moves"] and task.game.boxes == set(task.game.targets), row
+    assert rows == task.warmup_rows(seed=1)  # no noise: the seed does not matter
+
+
+def test_warmup_targets_at_eps_1_are_random_moves_and_between_they_mix(task):
+    """ε = 1: uniform moves whatever the room (the format-only warm-up; a target ends early only on a solved level),
+    agreeing with the solver about 1/4 of the time; ε = 0.5: 1/2 + 1/2·1/4 ≈ 0.62 of the moves are the solver's."""
+    agree = {}
+    for eps in (1.0, 0.5):
+        noisy = SokobanTask(SokobanArgs(train_size=300, eval_size=20, warmup_expert_eps=eps))
+        rows = noisy.warmup_rows(seed=0)
+        moves, same = [], 0
+        for row in rows:
+            noisy.game.reset(row)
+            target = _moves(row["target"])
+            for move in target:
+                same += move == expert_move(noisy.game)
+                moves.append(move)
+                noisy.game.step(f"<action>{move}</action>")
+            assert len(target) == noisy.args.warmup_turns or noisy.game.boxes == set(noisy.game.targets)
+        agree[eps] = same / len(moves)
+        if eps == 1.0:
+            share = {a: moves.count(a) / len(moves) for a in ACTIONS}
+            assert all(0.2 < s < 0.3 for s in share.values()), share  # uniform, whatever the image shows
+        assert rows == noisy.warmup_rows(seed=0) and rows != noisy.warmup_rows(seed=1)
+    assert 0.15 < agree[1.0] < 0.35 and 0.5 < agree[0.5] < 0.75, agree
+    assert task.args.warmup_expert_eps == SokobanArgs().warmup_expert_eps  # the fixture keeps the default
 
 
 def test_score_replays_the_turns_through_the_game(task):

@@ -17,10 +17,18 @@ about 400 distinct levels come out of 20 000 seeds, the short ones far more ofte
 scanned in order and each becomes a row of its level's split until both are full, so levels repeat within a split
 as the seeds give them and both splits follow the generator's mix of short and long levels.
 
-Warm-up (``warmup_rows``): ``warmup_turns`` assistant turns, each ``<action>d</action>`` with ``d`` drawn uniformly
-from up / down / left / right independently of the image (every one is a legal move: walking into a wall leaves the
-room as it is), teacher-forced through the real game. It teaches the format (verl-agent's ``<action>`` tag, one per
-turn), not the solution, so what GRPO adds is measured.
+Warm-up (``warmup_rows``): an ε-noisy expert, teacher-forced through the real game. Each train row's target is up
+to ``warmup_turns`` assistant turns ``<action>d</action>``: with probability 1 − ε (``warmup_expert_eps``) ``d`` is
+the first move of a shortest solution from the current room (:func:`expert_move`, a breadth-first search over
+(player, boxes) states; gym_sokoban, on which verl-agent's Sokoban is built, searches the same state space backwards
+to generate its levels), otherwise a uniformly random
+move (every one is legal: walking into a wall leaves the room as it is); the move is played and the next turn is
+chosen from the room it leaves, until the level is solved or the turns run out. It stands in for the prior a
+pretrained VLM brings to verl-agent's Sokoban (Qwen2.5-VL reads the room and plays far better than random before RL):
+meant to leave a policy above a random mover and below the solver, so that what GRPO adds is measured. With the
+built-in tiny model it does not: greedy play after it is one sequence of moves on every level (docs/agents.md, "The
+Sokoban task", and ``examples/sokoban_read_probe.py``). ε = 1 is the earlier format-only warm-up (uniformly random
+moves whatever the room).
 
 Held-out metrics (``score``; the trainer's evaluation plays each held-out level once, greedily, through the same
 multi-turn rollout): ``success_rate`` (every box on a target within ``max_steps``), ``mean_steps`` (moves taken),
@@ -74,9 +82,11 @@ class SokobanArgs:
     eval_fraction: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.3
     """Share of the distinct levels held out (by a hash of the level)."""
     warmup_turns: Annotated[int, Range(ge=1)] = 5
-    """Random moves per warm-up target, each a turn (the game ends it sooner when a move solves the level); as many
-    as ``max_steps`` so that every turn position of an episode sees the format (with 2, turns 3–5 came out as
-    ``</action>`` alone)."""
+    """Moves per warm-up target at most, each a turn (fewer when a move solves the level); as many as ``max_steps``
+    so that every turn position of an episode can see the format (with 2, turns 3–5 came out as ``</action>`` alone)."""
+    warmup_expert_eps: Annotated[float, Range(ge=0.0, le=1.0)] = 0.25
+    """ε of the warm-up's noisy expert: the share of target moves drawn uniformly at random instead of the solver's
+    move (0: the solver alone; 1: random moves only, the format without the solution)."""
     prompt: str = PROMPT
     """The instruction each row carries (the first observation's text follows it)."""
     seed: int = 1234
@@ -136,12 +146,20 @@ class SokobanTask:
         return self._eval
 
     def warmup_rows(self, seed: int) -> list[dict]:
-        """Format-only targets (module docstring): ``warmup_turns`` uniformly random moves per train row."""
+        """ε-noisy expert targets (module docstring), one per train row, each played through the game as it is
+        built; the same for the same ``seed``."""
         rng = random.Random(seed)
-        turns = self.args.warmup_turns
-        return [
-            dict(row, target=[f"<action>{rng.choice(ACTIONS)}</action>" for _ in range(turns)]) for row in self._train
-        ]
+        rows = []
+        for row in self._train:
+            self.game.reset(row)
+            target = []
+            while len(target) < self.args.warmup_turns and not self.game.done:
+                noisy = rng.random() < self.args.warmup_expert_eps
+                move = rng.choice(ACTIONS) if noisy else expert_move(self.game)
+                target.append(f"<action>{move}</action>")
+                self.game.step(target[-1])
+            rows.append(dict(row, target=target))
+        return rows
 
     def play(self, output: str, row: dict) -> tuple[bool, int, int]:
         """Replay one output's turns on the row's level: (solved, moves taken, invalid moves). A plain string (not
@@ -183,6 +201,14 @@ class SokobanTask:
             "first_move_share": max(map(first.count, set(first)), default=0) / n,
             "random_success": self.random_success(rows),
         }
+
+
+def expert_move(game: Sokoban) -> str:
+    """The first move of a shortest solution from ``game``'s current room (:meth:`Sokoban.shortest_solution`,
+    breadth-first over (player, boxes) states, ties in the order up, down, left, right); a level it cannot solve
+    within the search's limit (none that reverse play generates) gets ``up``."""
+    solution = game.shortest_solution()
+    return solution[0] if solution else ACTIONS[0]
 
 
 def first_move(output: str) -> str | None:
