@@ -1,6 +1,6 @@
-"""The video_find task (mmgrpo/tasks/video_find.py): the flash is absent from the frames the policy's prompt samples
-and present in what select_frames returns for the prompt's span; the warm-up targets teach that call; the rows are
-deterministic."""
+"""The video_find task (mmgrpo/tasks/video_find.py): no flash is in the frames the policy's prompt samples; what
+select_frames returns for each span shows that span's colour and no other; the warm-up targets answer the colour of
+the span their call selects; the rows are deterministic."""
 
 import numpy as np
 import pytest
@@ -34,32 +34,42 @@ def test_the_prompt_misses_the_flash_and_select_frames_shows_it(task, tiny_vlm_p
     assert prompt_indices(32, 4) == [0, 10, 21, 31]
     for row in task.train_rows():
         assert f"between {row['span'][0]}s and {row['span'][1]}s" in row["prompt"]
-        assert row["span"][0] <= row["flash"][0] < row["flash"][1] <= row["span"][1] + 1 / 8
+        assert sorted(row["span_colours"]) == sorted(task.args.colours)  # a different colour in every span
+        assert row["answer"] == row["span_colours"][task.args.spans.index(row["span"])]
         clip = decode_clip(row["video"], VideoSampling(**SAMPLING))
         assert list(clip.frame_indices) == [0, 10, 21, 31]
         prompt_frames = clip.frames.permute(0, 2, 3, 1).numpy()  # what the policy sees
         assert not any(_shows(f, c) for f in prompt_frames for c in task.args.colours)
-        start, end = row["span"]
         ctx = ToolContext(video_duration=clip.duration)
         ctx.load_frames = lambda s, e, n, row=row: encoder.span_frames(row, s, e, n)
-        obs = tool({"start": start, "end": end}, ctx)
-        assert obs.error is None and all(start <= t <= end for t in obs.frame_times)
-        seen = [c for f in obs.frames for c in task.args.colours if _shows(np.asarray(f), c)]
-        assert seen and set(seen) == {row["answer"]}, (row, obs.frame_times)
+        for (start, end), colour, flash in zip(task.args.spans, row["span_colours"], row["flashes"]):
+            assert start <= flash[0] < flash[1] <= end + 1 / 8
+            obs = tool({"start": start, "end": end}, ctx)
+            assert obs.error is None and all(start <= t <= end for t in obs.frame_times)
+            seen = [c for f in obs.frames for c in task.args.colours if _shows(np.asarray(f), c)]
+            assert seen and set(seen) == {colour}, (row, start, obs.frame_times)
         encoder.reset()
 
 
-def test_warmup_targets_teach_the_call_then_a_random_answer(task):
+def test_warmup_targets_call_a_random_span_and_answer_its_colour(task):
     rows = task.warmup_rows(seed=0)
+    hits = 0
     for row in rows:
         call, answer = row["target"]
         (parsed,), errors = parse_tool_calls(call)
         assert not errors and parsed.name == "select_frames"
-        assert [parsed.arguments["start"], parsed.arguments["end"]] == row["span"]
-        assert answer.startswith("<answer>") and answer.endswith("</answer>")
-    assert sum(r["target"][1] == f"<answer>{r['answer']}</answer>" for r in rows) < 14  # random, chance 1/4 of 24
+        picked = [parsed.arguments["start"], parsed.arguments["end"]]
+        assert picked in task.args.spans
+        assert answer == f"<answer>{row['span_colours'][task.args.spans.index(picked)]}</answer>"
+        hits += picked == row["span"]
+    assert 0 < hits < 14  # uniform over 4 spans, not the prompt's: about 6 of 24
+    always = VideoFindTask(VideoFindArgs(train_size=24, eval_size=4, warmup_call_hit_rate=1.0))
+    assert all(r["target"][0] == select_call(r["span"]) for r in always.warmup_rows(0))
+    assert [r["video"] for r in always.train_rows()] == [r["video"] for r in task.train_rows()]  # the same files
     plain = VideoFindTask(VideoFindArgs(tools=False, train_size=24, eval_size=4))
-    assert all(isinstance(r["target"], str) and "select_frames" not in r["prompt"] for r in plain.warmup_rows(0))
+    plain_rows = plain.warmup_rows(0)
+    assert all(r["target"] == f"<answer>{r['answer']}</answer>" for r in plain_rows)  # the true colour
+    assert all("select_frames" not in r["prompt"] for r in plain_rows)
     assert [r["video"] for r in plain.train_rows()] == [r["video"] for r in task.train_rows()]  # the same files
 
 
@@ -71,16 +81,22 @@ def test_rows_are_deterministic(task, mmgrpo_cache):
 
 
 def test_score_and_bad_spans(task):
-    rows = task.eval_rows()[:2]
+    rows = task.eval_rows()[:3]
+    other = next(sp for sp in task.args.spans if sp != rows[1]["span"])
+    other_colour = rows[1]["span_colours"][task.args.spans.index(other)]
     hit = select_call(rows[0]["span"]) + f"\n<answer>{rows[0]['answer']}</answer>"
-    assert task.score([hit, "<answer>x</answer>"], rows) == {
-        "accuracy": 0.5,
-        "tool_call_rate": 0.5,
-        "call_hits_span": 0.5,
+    miss = select_call(other) + f"\n<answer>{other_colour}</answer>"  # read right, but the wrong span
+    assert task.score([hit, miss, "<answer>x</answer>"], rows) == {
+        "accuracy": pytest.approx(1 / 3),
+        "tool_call_rate": pytest.approx(2 / 3),
+        "call_hits_span": pytest.approx(1 / 3),
+        "reads_selected": pytest.approx(2 / 3),
         "chance": 0.25,
     }
     with pytest.raises(ConfigError, match=r"task\.args\.spans"):
         VideoFindTask(VideoFindArgs(spans=[[1.25, 1.25]], train_size=1, eval_size=1))
+    with pytest.raises(ConfigError, match=r"task\.args\.colours"):  # fewer colours than spans
+        VideoFindTask(VideoFindArgs(colours=["red", "green", "blue"], train_size=1, eval_size=1))
 
 
 @pytest.mark.slow

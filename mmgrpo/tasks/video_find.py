@@ -1,10 +1,13 @@
-"""``video_find``: the colour of a brief flash in a video, too brief for the frames the policy's prompt samples.
+"""``video_find``: the colour of the brief flash in the time span the prompt names, too brief for the frames the
+policy's prompt samples.
 
 The video counterpart of ``zoom`` ("thinking with videos": Pixel-Reasoner's ``select_frames``, arXiv 2505.15966;
 VITAL's dense re-sampling of a time span on demand, arXiv 2508.04416). Each row is an mp4 file of ``num_frames``
-frames at ``fps`` (32 at 8 fps: 4 s) over a static noisy background; for ``flash_frames`` consecutive frames (2:
-0.25 s) a large square of the answer colour is shown. The prompt names a time span, one of ``spans`` (4 by default,
-0.5 s each: ``[0.5, 1.0]``, ``[1.5, 2.0]``, ...), that holds the flash.
+frames at ``fps`` (32 at 8 fps: 4 s) over a static noisy background. Every one of the ``spans`` (4 by default, 0.5 s
+each: ``[0.5, 1.0]``, ``[1.5, 2.0]``, ...) holds one flash of ``flash_frames`` consecutive frames (2: 0.25 s), a large
+square, each span's flash a different colour (a random permutation of ``colours``; needs as many colours as spans).
+The prompt names one span; the answer is that span's colour. Fetching frames is not enough: the policy has to fetch
+the *named* span's frames (a wrong span shows a wrong colour).
 
 Why the tool is needed. The configs sample ``prompt_frames`` frames (``model.args.video.nframes: 4``, qwen-vl-utils'
 ``linspace(0, num_frames - 1, 4).round()``: frames 0, 10, 21, 31) into the prompt, and the flash never falls on one
@@ -12,11 +15,17 @@ of them: the answer is not in the policy's input at all (chance 1 / colours; ``t
 the prompt's clip and finds no flash pixel). ``select_frames(start, end)`` over the prompt's span returns the span's
 frames at the file's native rate (the video adapter's ``span_frames``), the flash among them.
 
-Two variants (``tools``), as in ``zoom``: with tools the prompt asks for a ``select_frames`` call of the span first
-and the warm-up targets are two turns — the call of the prompt's span, then ``<answer>colour</answer>`` with a
-**random** colour (the format, not the skill); without tools the same videos, the answer alone. Held-out metrics:
-``accuracy``, ``tool_call_rate``, ``call_hits_span`` (the first call is ``select_frames`` of exactly the prompt's
-span) and ``chance``. Files are written once with PyAV under ``$MMGRPO_CACHE/video_find/<hash of the options>``.
+The warm-up stands in for what a pretrained video LLM brings to RL (VITAL and Pixel-Reasoner start from
+Qwen2.5-VL, which already perceives colour and knows the tool format; RL teaches *which* frames to fetch). With tools
+its targets are two turns: a ``select_frames`` call of a span drawn at random — the prompt's span with probability
+``warmup_call_hit_rate`` (default 1 / spans: uniform, not conditioned on the prompt), another span otherwise — then
+``<answer>`` with the colour of the flash in the span actually selected (perception of the returned frames and the
+format, not the choice of span). After it the policy calls, reads what it fetched, and picks the prompt's span about
+a quarter of the time; GRPO has to teach the choice. Without tools (the baseline on the same videos) the targets are
+``<answer>`` with the true colour, which the prompt's frames do not show. Held-out metrics: ``accuracy``,
+``tool_call_rate``, ``call_hits_span`` (the first call is ``select_frames`` of exactly the prompt's span),
+``reads_selected`` (the answer is the colour of the span the first call selected, whichever it is: perception) and
+``chance``. Files are written once with PyAV under ``$MMGRPO_CACHE/video_find/<hash of the options>``.
 """
 
 from __future__ import annotations
@@ -42,7 +51,8 @@ TOOL_PROMPT = (
     "at that span with the select_frames tool, then answer with <answer>colour</answer>."
 )
 PLAIN_PROMPT = "Something flashes between {start}s and {end}s. What colour is it? Answer with <answer>colour</answer>."
-RENDER_VERSION = 1  # part of the cache key: bump when the drawing changes
+RENDER_VERSION = 2  # part of the cache key: bump when the drawing changes
+_NOT_DRAWN = ("video_dir", "tools", "warmup_call_hit_rate")  # options that do not change the files
 
 
 @dataclass
@@ -53,9 +63,9 @@ class VideoFindArgs:
     """Prompts and warm-up targets for a policy with select_frames (a call, then the answer); false: the no-tool
     baseline on the same videos (the answer only)."""
     colours: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
-    """Flash colours (a subset of the shapes task's); chance = 1 / their number."""
+    """Flash colours (a subset of the shapes task's, at least one per span); chance = 1 / their number."""
     spans: list[list[float]] = field(default_factory=lambda: [[0.5, 1.0], [1.5, 2.0], [2.5, 3.0], [3.5, 4.0]])
-    """The time spans [start, end] (seconds) a prompt may name; the flash lies inside the named one."""
+    """The time spans [start, end] (seconds) a prompt may name; each holds one flash, each flash a different colour."""
     frame_size: int = 56
     """Square frame side in pixels."""
     num_frames: Annotated[int, Range(ge=4)] = 32
@@ -70,6 +80,9 @@ class VideoFindArgs:
     """Rows in the train split."""
     eval_size: Annotated[int, Range(ge=1)] = 200
     """Rows in the held-out split."""
+    warmup_call_hit_rate: Annotated[float, Range(ge=0.0, le=1.0)] | None = None
+    """With tools: the share of warm-up targets whose call selects the prompt's span (the others select one of the
+    other spans, uniformly); None = 1 / len(spans), a call that ignores the prompt."""
     seed: int = 2468
     """Base seed (train and eval use different derived seeds)."""
     video_dir: str | None = None
@@ -95,8 +108,10 @@ class VideoFindTask:
 
     def __init__(self, args: VideoFindArgs):
         unknown = [c for c in args.colours if c not in COLOURS]
-        if unknown or len(args.colours) < 2:
-            raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
+        if unknown or len(args.colours) < max(2, len(args.spans)):
+            raise ConfigError(
+                f"task.args.colours: need >= max(2, {len(args.spans)}) of {', '.join(COLOURS)}; got {args.colours}"
+            )
         if args.frame_size < 28 or args.frame_size % 2:
             raise ConfigError(f"task.args.frame_size: must be an even number >= 28, got {args.frame_size}")
         self.args = args
@@ -124,7 +139,7 @@ class VideoFindTask:
         ]
 
     def _default_dir(self) -> Path:
-        content = {k: v for k, v in asdict(self.args).items() if k not in ("video_dir", "tools")}
+        content = {k: v for k, v in asdict(self.args).items() if k not in _NOT_DRAWN}
         content["render_version"] = RENDER_VERSION
         digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
         return cache_dir() / "video_find" / digest
@@ -134,24 +149,26 @@ class VideoFindTask:
         out = []
         for k in range(n):
             row_rng = random.Random(rng.getrandbits(64))
-            s, colour = row_rng.randrange(len(a.spans)), row_rng.choice(a.colours)
-            first = row_rng.choice(self._starts[s])
+            s, colours = row_rng.randrange(len(a.spans)), row_rng.sample(a.colours, len(a.spans))
             bg = _background(row_rng, a.frame_size)
-            side = row_rng.randint(a.frame_size // 2, a.frame_size * 3 // 4)
-            x, y = row_rng.randint(0, a.frame_size - side), row_rng.randint(0, a.frame_size - side)
-            frames = []
-            for t in range(a.num_frames):
-                frame = bg.copy()
-                if first <= t < first + a.flash_frames:
-                    frame[y : y + side, x : x + side] = COLOURS[colour]
-                frames.append(frame)
+            frames = [bg.copy() for _ in range(a.num_frames)]
+            flashes = []
+            for starts, colour in zip(self._starts, colours):
+                first = row_rng.choice(starts)
+                side = row_rng.randint(a.frame_size // 2, a.frame_size * 3 // 4)
+                x, y = row_rng.randint(0, a.frame_size - side), row_rng.randint(0, a.frame_size - side)
+                for t in range(first, first + a.flash_frames):
+                    frames[t][y : y + side, x : x + side] = COLOURS[colour]
+                flashes.append([first / a.fps, (first + a.flash_frames) / a.fps])
             span = list(a.spans[s])
             prompt = (TOOL_PROMPT if a.tools else PLAIN_PROMPT).format(start=span[0], end=span[1])
             row = {
                 "prompt": prompt,
-                "answer": colour,
+                "answer": colours[s],
                 "span": span,
-                "flash": [first / a.fps, (first + a.flash_frames) / a.fps],
+                "flash": flashes[s],
+                "span_colours": colours,  # the flash colour of each of args.spans, in order
+                "flashes": flashes,
                 "video": str(self.video_dir / f"{split}_{k:05d}.mp4"),
             }
             out.append((row, frames))
@@ -166,7 +183,7 @@ class VideoFindTask:
             for row, frames in train + evals:
                 write_mp4(tmp / Path(row["video"]).name, frames, a.fps)
 
-        publish_dir(self.video_dir, write, {k: v for k, v in asdict(a).items() if k != "tools"})
+        publish_dir(self.video_dir, write, {k: v for k, v in asdict(a).items() if k not in _NOT_DRAWN})
         return [r for r, _ in train], [r for r, _ in evals]
 
     def train_rows(self) -> list[dict]:
@@ -176,22 +193,39 @@ class VideoFindTask:
         return self._eval
 
     def warmup_rows(self, seed: int) -> list[dict]:
-        """Format-only targets: the select_frames call of the row's span (with tools), then an answer drawn at
-        random, independent of the video."""
-        rng = random.Random(seed)
+        """With tools: the select_frames call of a span drawn at random (the row's own with probability
+        ``warmup_call_hit_rate``, else another, uniformly), then the colour of the flash in the span selected.
+        Without tools: the true colour (which the prompt's frames do not show)."""
+        a, rng = self.args, random.Random(seed)
+        hit_rate = 1 / len(a.spans) if a.warmup_call_hit_rate is None else a.warmup_call_hit_rate
         out = []
         for row in self._train:
-            answer = f"<answer>{rng.choice(self.args.colours)}</answer>"
-            out.append(dict(row, target=[select_call(row["span"]), answer] if self.args.tools else answer))
+            if not a.tools:
+                out.append(dict(row, target=f"<answer>{row['answer']}</answer>"))
+                continue
+            own = a.spans.index(row["span"])
+            pick = own if rng.random() < hit_rate else rng.choice([j for j in range(len(a.spans)) if j != own])
+            answer = f"<answer>{row['span_colours'][pick]}</answer>"
+            out.append(dict(row, target=[select_call(a.spans[pick]), answer]))
         return out
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """accuracy (the last <answer>), tool_call_rate, call_hits_span (the first call selects exactly the row's
-        span), chance."""
+        span), reads_selected (the answer is the colour of the span the first call selected exactly; 0 without such
+        a call), chance."""
+        from mmgrpo.rewards.parsing import extract_answer
+
         accuracy = self._metrics.scores(outputs, rows)[:, 0]
         calls = [first_call_arguments(o, "select_frames") for o in outputs]
-        hits = [c is not None and [c.get("start"), c.get("end")] == row["span"] for c, row in zip(calls, rows)]
-        return tool_answer_scores(accuracy, outputs, "call_hits_span", hits, 1 / len(self.args.colours))
+        picked = [c and [c.get("start"), c.get("end")] for c in calls]
+        hits = [p == row["span"] for p, row in zip(picked, rows)]
+        out = tool_answer_scores(accuracy, outputs, "call_hits_span", hits, 1 / len(self.args.colours))
+        reads = [
+            p in self.args.spans and extract_answer(o) == row["span_colours"][self.args.spans.index(p)]
+            for o, p, row in zip(outputs, picked, rows)
+        ]
+        out["reads_selected"] = sum(reads) / max(1, len(outputs))
+        return out
 
 
 build_video_find_task = TASKS.register("video_find")(
