@@ -23,53 +23,10 @@ from tests.test_engine import (
     needs_vllm,
 )
 
-# ---------------------------------------------------------------------------------------------- a Llama on the engine
+# ------------------------------------------------------------------------------------------ text decoders on the engine
 
 
-def _tiny_llama(directory: Path) -> Path:
-    """A tiny random ``LlamaForCausalLM`` (SmolLM2's architecture, tests/test_prefix_sharing.py's builder) with head_dim
-    64 as vLLM's CPU kernels take, saved with the tiny VLM's tokenizer and chat template for the trainer and vLLM."""
-    from tests.test_prefix_sharing import text_model
-
-    model, tokenizer = text_model(
-        "llama",
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory, mmgrpo_cache):
-    """``mmgrpo rollout-server`` on a tiny Llama (the text-only vlm adapter; configs/real_smollm2_arithmetic.yaml)."""
-    model = _tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-    for served in _serve(tmp_path_factory, "configs/real_smollm2_arithmetic.yaml", str(model)):
-        yield (*served, model)
-
-
-@pytest.mark.slow
-@needs_vllm
-def test_engine_llama_greedy_and_logprobs_equal_native_after_a_weight_push(llama_server):
-    """A Llama (issue 38's architecture table): the engine's prompt ids, greedy completions after a push and
-    log-probs of its own samples equal the native path's, which shares the prompt (no naive-path fallback)."""
-    from mmgrpo.modalities.tokens import prefix_sharing
-    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
-
-    url, _, model = llama_server
-    adapter = build_vlm_adapter({"name_or_path": str(model), "max_new_tokens": 8, "temperature": 1.0}, seed=0)
-    assert prefix_sharing.unsupported_reason(adapter.model) is None
-    _connect(adapter, url)
-    rows = [{"prompt": p} for p in ("What colour is the shape?", "Which way does the object move?", "Count them.")]
-    _assert_engine_matches_native(adapter, rows, seed=1, version=1)
-
-
-# The other text decoders of issue 38's table on the engine: each a tiny random model of its own transformers class
+# The text decoders of issue 38's table on the engine: each a tiny random model of its own transformers class
 # with head_dim 64 (vLLM's CPU attention kernels take 32, 64, 80, 96, 112, 128, 256: not the prefix-sharing tests'
 # 8), served by vLLM's own implementation of the same architecture. Gemma 3 text keeps its sliding-window and global
 # layers (a 4-token window, shorter than every prompt, as tests/test_prefix_sharing.py's rows); its embeddings are
@@ -77,6 +34,7 @@ def test_engine_llama_greedy_and_logprobs_equal_native_after_a_weight_push(llama
 # token there, so it is pushed N(0, 0.02²) (ENGINE_PUSH_SCALE).
 ENGINE_PUSH_SCALE = {"gemma3_text": 0.02, "gemma3": 0.01}
 ENGINE_TEXT_ARCHITECTURES = {
+    "llama": {"tie_word_embeddings": True},  # SmolLM2's architecture (tied embeddings)
     "mistral": {"sliding_window": None},  # Mistral-7B-v0.3 ships no window
     "qwen3": {"head_dim": 64},
     "phi3": {},
@@ -109,8 +67,8 @@ def text_server(request, tmp_path_factory, mmgrpo_cache):
 @pytest.mark.slow
 @needs_vllm
 def test_engine_text_decoders_greedy_and_logprobs_equal_native_after_a_weight_push(text_server):
-    """Mistral, Qwen3, Phi-3 and Gemma 3 text on the engine (issue 38's table): prompt ids, greedy completions after
-    a push and the log-probs of the engine's own samples equal the native path's, which shares the prompt."""
+    """Llama, Mistral, Qwen3, Phi-3 and Gemma 3 text on the engine (issue 38's table): prompt ids, greedy completions
+    after a push and the log-probs of the engine's own samples equal the native path's, which shares the prompt."""
     from mmgrpo.modalities.tokens import prefix_sharing
     from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 
@@ -144,30 +102,6 @@ def _tiny_smolvlm(directory: Path) -> Path:
         tie_word_embeddings=True,
     )
     return save(directory, *smolvlm.assemble(text, tokenizer, 0, SMOLVLM_SIZES, smolvlm.chat_template(None)))
-
-
-@pytest.fixture(scope="module")
-def smolvlm_server(tmp_path_factory, mmgrpo_cache):
-    """``mmgrpo rollout-server`` on a tiny SmolVLM (the vlm adapter with images; configs/quickstart.yaml)."""
-    model = _tiny_smolvlm(tmp_path_factory.mktemp("tiny-smolvlm"))
-    for served in _serve(tmp_path_factory, "configs/quickstart.yaml", str(model)):
-        yield (*served, model)
-
-
-@pytest.mark.slow
-@needs_vllm
-def test_engine_smolvlm_greedy_and_logprobs_equal_native_after_a_weight_push(smolvlm_server):
-    """A non-Qwen VLM on the engine (issue 38): SmolVLM's prompt ids with its image tokens as vLLM expands them,
-    greedy completions after a push and the log-probs of its own samples equal the native path's, which shares the
-    prompt (no naive-path fallback)."""
-    from mmgrpo.modalities.tokens import prefix_sharing
-    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
-
-    url, _, model = smolvlm_server
-    adapter = build_vlm_adapter({"name_or_path": str(model), "max_new_tokens": 8, "temperature": 1.0}, seed=0)
-    assert prefix_sharing.unsupported_reason(adapter.model) is None
-    _connect(adapter, url)
-    _assert_engine_matches_native(adapter, _rows(3), seed=1, version=1)
 
 
 # ---------------------------------------------------------------------------------------------- more VLMs on the engine
@@ -220,13 +154,14 @@ def test_vllm_names_by_hand(tmp_path):
     assert served_copy(str(src)) is None  # nothing to rename: vLLM loads the folder itself
 
 
-# LLaVA, LLaVA-OneVision, InternVL and Gemma 3 (vision) of issue 38's table: tiny.py's builders with the engine's
-# decoder sizes (head_dim 64, tiny.ENGINE_SIZES; their tiny-* names' 16 vLLM's CPU attention refuses), served by
-# vLLM's implementation of each architecture. Gemma 3 is pushed N(0, 0.01²) (ENGINE_PUSH_SCALE): its embeddings are
-# scaled by sqrt(hidden_size), and at 0.02 (its text model's scale) the three shapes prompts, which differ only in
-# their images, got one and the same greedy completion from the native loop (the test needs them to differ); its
-# tokenizer has Gemma's newline tokens, which vLLM's Gemma 3 processor looks up (tiny.build_tiny_gemma3).
-ENGINE_VLMS = ("llava", "llava_onevision", "internvl", "gemma3")
+# SmolVLM (_tiny_smolvlm), LLaVA, LLaVA-OneVision, InternVL and Gemma 3 (vision) of issue 38's table: tiny.py's
+# builders with the engine's decoder sizes (head_dim 64, tiny.ENGINE_SIZES; their tiny-* names' 16 vLLM's CPU
+# attention refuses), served by vLLM's implementation of each architecture. Gemma 3 is pushed N(0, 0.01²)
+# (ENGINE_PUSH_SCALE): its embeddings are scaled by sqrt(hidden_size), and at 0.02 (its text model's scale) the three
+# shapes prompts, which differ only in their images, got one and the same greedy completion from the native loop (the
+# test needs them to differ); its tokenizer has Gemma's newline tokens, which vLLM's Gemma 3 processor looks up
+# (tiny.build_tiny_gemma3).
+ENGINE_VLMS = ("smolvlm", "llava", "llava_onevision", "internvl", "gemma3")
 
 
 @pytest.fixture(scope="module", params=ENGINE_VLMS)
@@ -235,6 +170,7 @@ def vlm_server(request, tmp_path_factory, mmgrpo_cache):
     from mmgrpo.modalities.vlm import tiny
 
     build = {
+        "smolvlm": lambda directory, seed, sizes: _tiny_smolvlm(directory),
         "llava": tiny.build_tiny_llava,
         "llava_onevision": tiny.build_tiny_llava_onevision,
         "internvl": tiny.build_tiny_internvl,
@@ -248,10 +184,10 @@ def vlm_server(request, tmp_path_factory, mmgrpo_cache):
 @pytest.mark.slow
 @needs_vllm
 def test_engine_vlms_greedy_and_logprobs_equal_native_after_a_weight_push(vlm_server):
-    """LLaVA, LLaVA-OneVision, InternVL and Gemma 3 on the engine (issue 38's table), each checkpoint as transformers 5
-    writes it (the server maps its names, vllm_names): prompt ids with the image tokens as vLLM expands them, greedy
-    completions after a push and the log-probs of the engine's own samples equal the native path's, which shares
-    the prompt."""
+    """SmolVLM, LLaVA, LLaVA-OneVision, InternVL and Gemma 3 on the engine (issue 38's table), each checkpoint as
+    transformers 5 writes it (the server maps its names, vllm_names): prompt ids with the image tokens as vLLM expands
+    them, greedy completions after a push and the log-probs of the engine's own samples equal the native path's,
+    which shares the prompt."""
     from mmgrpo.modalities.tokens import prefix_sharing
     from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 
