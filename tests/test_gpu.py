@@ -2,7 +2,7 @@
 
 On the CPU every tensor is on one device, so a module left behind by ``accelerator.prepare`` (which moves the policy
 only) cannot fail there. On an NVIDIA H200 lent to a session (2026-11-26; docs/scale.md, "On a CUDA machine") the
-quickstart and the zoom, video and Sokoban configs failed at their first GRPO step until ``Trainer`` moved the frozen
+quickstart and the zoom and Sokoban configs failed at their first GRPO step until ``Trainer`` moved the frozen
 reference copy to the accelerator's device (``ref_logprobs`` ran the CPU copy on CUDA token ids: every full fine-tune
 with β > 0); these tests keep that fixed.
 
