@@ -3,6 +3,8 @@ and t2i_prompts tasks' ``task.args.eval_rewards`` and the built-in tasks' fixed 
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from mmgrpo.config import ConfigError
@@ -73,3 +75,13 @@ def tool_answer_scores(
         hits_name: sum(hits) / n,
         "chance": chance,
     }
+
+
+def warmup_call_pick(rng: random.Random, own: int, n: int, hit_rate: float | None) -> int:
+    """Which of ``n`` targets a tool task's warm-up call aims at (zoom's box, video_find's span): the row's own
+    (index ``own``) with probability ``hit_rate``, else one of the other n − 1 uniformly; ``hit_rate`` None is 1 / n,
+    a draw that ignores the row. With one target it is the row's own."""
+    rate = 1 / n if hit_rate is None else hit_rate
+    if n > 1 and rng.random() >= rate:
+        return rng.choice([i for i in range(n) if i != own])
+    return own

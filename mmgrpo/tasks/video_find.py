@@ -39,12 +39,12 @@ from typing import Annotated
 
 import numpy as np
 
-from mmgrpo.cache import cache_dir, publish_dir
+from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
-from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores
+from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores, warmup_call_pick
 from mmgrpo.tasks.shapes import COLOURS
-from mmgrpo.tasks.video_motion import _background, write_mp4
+from mmgrpo.tasks.video_motion import _background, publish_videos
 
 TOOL_PROMPT = (
     "Something flashes between {start}s and {end}s. What colour is it? It is too brief to see here: first look "
@@ -179,11 +179,9 @@ class VideoFindTask:
         train = self._rows(a.train_size, a.seed * 2 + 1, "train")
         evals = self._rows(a.eval_size, a.seed * 2 + 2, "eval")
 
-        def write(tmp: Path) -> None:
-            for row, frames in train + evals:
-                write_mp4(tmp / Path(row["video"]).name, frames, a.fps)
-
-        publish_dir(self.video_dir, write, {k: v for k, v in asdict(a).items() if k not in _NOT_DRAWN})
+        publish_videos(
+            self.video_dir, train + evals, a.fps, {k: v for k, v in asdict(a).items() if k not in _NOT_DRAWN}
+        )
         return [r for r, _ in train], [r for r, _ in evals]
 
     def train_rows(self) -> list[dict]:
@@ -197,14 +195,12 @@ class VideoFindTask:
         ``warmup_call_hit_rate``, else another, uniformly), then the colour of the flash in the span selected.
         Without tools: the true colour (which the prompt's frames do not show)."""
         a, rng = self.args, random.Random(seed)
-        hit_rate = 1 / len(a.spans) if a.warmup_call_hit_rate is None else a.warmup_call_hit_rate
         out = []
         for row in self._train:
             if not a.tools:
                 out.append(dict(row, target=f"<answer>{row['answer']}</answer>"))
                 continue
-            own = a.spans.index(row["span"])
-            pick = own if rng.random() < hit_rate else rng.choice([j for j in range(len(a.spans)) if j != own])
+            pick = warmup_call_pick(rng, a.spans.index(row["span"]), len(a.spans), a.warmup_call_hit_rate)
             answer = f"<answer>{row['span_colours'][pick]}</answer>"
             out.append(dict(row, target=[select_call(a.spans[pick]), answer]))
         return out

@@ -137,6 +137,17 @@ def when_frames(rng: random.Random, size: int, n: int, fps: float) -> tuple[list
     return frames, (start, end)
 
 
+def publish_videos(video_dir: Path, clips: list[tuple[dict, list[np.ndarray]]], fps: float, key: dict) -> None:
+    """Write each ``(row, frames)`` as the mp4 its row names (``row["video"]``'s file name) and publish the folder
+    whole under ``video_dir`` (:func:`mmgrpo.cache.publish_dir`, ``key`` the options that drew the files)."""
+
+    def write(tmp: Path) -> None:
+        for row, frames in clips:
+            write_mp4(tmp / Path(row["video"]).name, frames, fps)
+
+    publish_dir(video_dir, write, key)
+
+
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> None:
     """Write RGB frames as H.264 (lossless crf 0, yuv420p) with PyAV."""
     import av
@@ -209,11 +220,7 @@ class VideoMotionTask:
         train = self._rows(a.train_size, a.seed * 2 + 1, "train", shuffled=False)
         evals = self._rows(a.eval_size, a.seed * 2 + 2, "eval", shuffled=a.eval_shuffled)
 
-        def write(tmp: Path) -> None:
-            for row, frames in train + evals:
-                write_mp4(tmp / Path(row["video"]).name, frames, a.fps)
-
-        publish_dir(self.video_dir, write, asdict(a))
+        publish_videos(self.video_dir, train + evals, a.fps, asdict(a))
         return [r for r, _ in train], [r for r, _ in evals]
 
     def train_rows(self) -> list[dict]:

@@ -41,7 +41,7 @@ from PIL import Image
 
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
-from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores
+from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores, warmup_call_pick
 from mmgrpo.tasks.shapes import COLOURS
 
 TOOL_PROMPT = (
@@ -163,15 +163,12 @@ class ZoomTask:
         (the prompt's with probability ``warmup_call_hit_rate``), then the colour of the box cropped; without: the
         prompt's box's colour."""
         a, rng, boxes = self.args, random.Random(seed), self.boxes()
-        hit_rate = 1 / len(boxes) if a.warmup_call_hit_rate is None else a.warmup_call_hit_rate
         out = []
         for row in self._train:
             if not a.tools:
                 out.append(dict(row, target=f"<answer>{row['answer']}</answer>"))
                 continue
-            k = boxes.index(row["box"])
-            if len(boxes) > 1 and rng.random() >= hit_rate:
-                k = rng.choice([i for i in range(len(boxes)) if i != k])
+            k = warmup_call_pick(rng, boxes.index(row["box"]), len(boxes), a.warmup_call_hit_rate)
             out.append(dict(row, target=[crop_call(boxes[k]), f"<answer>{row['colours'][k]}</answer>"]))
         return out
 
