@@ -92,6 +92,10 @@ def check_config(cfg: TrainConfig) -> None:
         if r.environment not in ENVIRONMENTS:
             raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
         check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
+        try:  # the values too (e.g. a room too small, an unknown floor), as the first rollout would build it
+            ENVIRONMENTS.get(r.environment)(**r.environment_args)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"rollout.environment_args: {e}") from None
     if r.engine != "native" and cfg.model.adapter not in ("vlm", "video", "audio_llm"):
         raise ConfigError(
             f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm, video "

@@ -525,6 +525,32 @@ def test_sokoban_rendering_is_deterministic_and_shows_the_state():
     assert env.render().getpixel((4 * 16 + 8, 4 * 16 + 8)) == COLORS["box"]
 
 
+def test_sokoban_coordinates_floor_paints_each_floor_cell_by_its_row_and_column():
+    """floor="coordinates": a floor cell at (row, column) is (255 − 40·row, 255 − 40·column, 200) at size 6; the
+    things stand on the middle half of their cell with the floor's colour around them; walls are unchanged."""
+    env = Sokoban(size=6, cell=28, floor="coordinates")
+    env.reset({"seed": 0})
+    _set(env, (1, 1), {(2, 3)}, {(4, 2), (2, 3)})
+    image = env.render()
+
+    def at(cell, dx=14, dy=14):
+        return image.getpixel((cell[1] * 28 + dx, cell[0] * 28 + dy))
+
+    assert at((0, 0)) == COLORS["wall"] and at((5, 3), 1, 1) == COLORS["wall"]
+    assert at((3, 4)) == (255 - 40 * 3, 255 - 40 * 4, 200) and at((4, 1)) == (95, 215, 200)
+    assert at((1, 1)) == COLORS["player"] and at((1, 1), 2, 2) == (215, 215, 200)
+    assert at((2, 3)) == COLORS["box_on_target"] and at((2, 3), 2, 2) == (175, 135, 200)
+    assert at((4, 2), 7, 14) == COLORS["target"] and at((4, 2)) == (95, 175, 200)
+    floors = {at((r, q)) for r in range(1, 5) for q in range(1, 5) if (r, q) not in {(1, 1), (2, 3), (4, 2)}}
+    assert len(floors) == 13  # every empty floor cell has a colour of its own
+    plain = Sokoban(size=6, cell=28)
+    plain.reset({"seed": 0})
+    _set(plain, (1, 1), {(2, 3)}, {(4, 2), (2, 3)})
+    assert plain.render().getpixel((4 * 28 + 14, 3 * 28 + 14)) == COLORS["floor"]
+    with pytest.raises(ValueError, match="floor must be one of plain, coordinates, got 'tiles'"):
+        Sokoban(floor="tiles")
+
+
 def test_equal_states_give_equal_anchors_across_episodes():
     a, b = Sokoban(), Sokoban()
     oa, ob = a.reset({"seed": 5}), b.reset({"seed": 5})

@@ -334,6 +334,10 @@ def test_config_checks_name_the_fix(tmp_path):
         _cfg(tmp_path, "algorithm.credit=gigpo", "algorithm.credit_args={gama: 0.9}")
     with pytest.raises(ConfigError, match="choose one"):
         _cfg(tmp_path, "rollout.environment=sokoban")
+    with pytest.raises(ConfigError, match=r"^rollout\.environment_args: floor must be one of plain, coordinates"):
+        load_config(CONFIGS / "sokoban_grpo.yaml", [f"output_dir={tmp_path}", "rollout.environment_args.floor=tiles"])
+    with pytest.raises(ConfigError, match=r"^rollout\.environment_args: size must be >= 4"):
+        load_config(CONFIGS / "sokoban_grpo.yaml", [f"output_dir={tmp_path}", "rollout.environment_args.size=3"])
     with pytest.raises(ConfigError, match=r"rollout\.tool_limits\.timeout"):
         _cfg(tmp_path, "rollout.tool_limits={timeout: 1}")
     with pytest.raises(ConfigError, match="min_new_tokens"):

@@ -16,7 +16,8 @@ the rules, not ported, to stay small and dependency-free:
 - **Rewards** (gym_sokoban's defaults): −0.1 per step, +1 for a box pushed onto a target, −1 for a box pushed off
   one, +10 when every box is on a target (the episode ends); the episode also ends after ``max_steps`` steps.
 - **Observation**: the rendered room (``cell`` pixels per cell: dark grey walls, light floor, red targets, brown
-  boxes, green boxes on targets, a blue player) and a fixed instruction text (``instruction``, default
+  boxes, green boxes on targets, a blue player; ``floor="coordinates"`` colours each floor cell by its row and column,
+  :meth:`Sokoban.render`) and a fixed instruction text (``instruction``, default
   :data:`INSTRUCTION`; no step counter, so equal states give equal observations). The image is the GiGPO anchor
   state: :func:`~mmgrpo.tools.state_anchor`. ``visual=False`` gives the room as text instead (gym_sokoban's
   symbols, verl-agent's text mode), for text-only policies; the text is then the anchor.
@@ -39,6 +40,8 @@ COLORS = dict(
     wall=(64, 64, 64), floor=(232, 232, 232), target=(220, 40, 40), box=(150, 95, 40), box_on_target=(40, 160, 70),
     player=(40, 80, 210),
 )  # fmt: skip
+FLOORS = ("plain", "coordinates")
+"""Floor renderings: one light grey, or each floor cell's colour giving its row and column (:meth:`Sokoban.render`)."""
 TEXT_LEGEND = "(# wall, _ floor, O target, X box, √ box on target, P you, S you on a target)"
 INSTRUCTION = (
     "Push every brown box onto a red target. You are the blue square; green boxes are on targets. Reply with "
@@ -57,6 +60,7 @@ class Sokoban:
         pulls: int | None = None,
         max_steps: int = 15,
         cell: int = 16,
+        floor: str = "plain",
         visual: bool = True,
         step_reward: float = -0.1,
         box_on_target_reward: float = 1.0,
@@ -68,7 +72,10 @@ class Sokoban:
             raise ValueError(f"size must be >= 4 (a wall border around at least 2x2 floor), got {size}")
         if not 1 <= boxes <= (size - 2) ** 2 // 3:
             raise ValueError(f"boxes must be from 1 to {(size - 2) ** 2 // 3} for size {size}, got {boxes}")
+        if floor not in FLOORS:
+            raise ValueError(f"floor must be one of {', '.join(FLOORS)}, got {floor!r}")
         self.size, self.n_boxes, self.max_steps, self.cell, self.visual = size, boxes, max_steps, cell, visual
+        self.floor = floor
         self.pulls = pulls if pulls is not None else 3 * size
         self.rewards = dict(step=step_reward, on=box_on_target_reward, off=box_off_target_reward, solved=solved_reward)
         self.instruction = instruction
@@ -168,8 +175,17 @@ class Sokoban:
         return "\n".join(rows)
 
     def render(self) -> Image.Image:
-        """The room as an RGB image of ``size·cell`` pixels a side (deterministic)."""
+        """The room as an RGB image of ``size·cell`` pixels a side (deterministic).
+
+        ``floor="coordinates"`` paints each floor cell in a colour of its own position, (255 − k·row,
+        255 − k·column, 200) with k = min(40, 240 // (size − 1)), and draws targets, boxes and the player over the
+        middle half of the cell, so that the floor's colour shows around them: where a thing stands is then in its
+        vision patch's pixels, not only in the patch's position. A randomly initialised tiny model learns to read
+        the first and not the second in our budgets (docs/agents.md, "The Sokoban task"); a pretrained VLM, as in
+        verl-agent, needs neither."""
         c, n = self.cell, self.size
+        coordinates, k = self.floor == "coordinates", min(40, 240 // (n - 1))
+        inset, ring = (c // 4, c // 4) if coordinates else (3, 2)  # object margin, target outline margin
         image = Image.new("RGB", (n * c, n * c), COLORS["floor"])
         draw = ImageDraw.Draw(image)
         for r in range(n):
@@ -177,13 +193,19 @@ class Sokoban:
                 x, y = q * c, r * c
                 if self._wall((r, q)):
                     draw.rectangle([x, y, x + c - 1, y + c - 1], fill=COLORS["wall"])
-                elif (r, q) in self.targets:
-                    draw.rectangle([x + 2, y + 2, x + c - 3, y + c - 3], outline=COLORS["target"], width=2)
+                    continue
+                if coordinates:
+                    fill = (255 - k * r, 255 - k * q, 200)
+                    draw.rectangle([x, y, x + c - 1, y + c - 1], fill=fill)
+                if (r, q) in self.targets:
+                    draw.rectangle(
+                        [x + ring, y + ring, x + c - 1 - ring, y + c - 1 - ring], outline=COLORS["target"], width=2
+                    )
                 if (r, q) in self.boxes:
                     color = COLORS["box_on_target"] if (r, q) in self.targets else COLORS["box"]
-                    draw.rectangle([x + 3, y + 3, x + c - 4, y + c - 4], fill=color)
+                    draw.rectangle([x + inset, y + inset, x + c - 1 - inset, y + c - 1 - inset], fill=color)
                 if (r, q) == self.player:
-                    draw.ellipse([x + 3, y + 3, x + c - 4, y + c - 4], fill=COLORS["player"])
+                    draw.ellipse([x + inset, y + inset, x + c - 1 - inset, y + c - 1 - inset], fill=COLORS["player"])
         return image
 
     def _wall(self, cell: tuple[int, int]) -> bool:
