@@ -350,6 +350,11 @@ class CheckpointConfig:
     """Step checkpoints to keep, >= 1 (older ones are deleted after a new one is complete; final/ is kept apart)."""
     save_final: bool = True
     """Save the final model in Hugging Face format under checkpoints/final."""
+    after_warmup: bool = False
+    """Also save a checkpoint right after the warm-up and its evaluation, as step 0 (``checkpoints/step-000000``).
+    ``resume`` from it skips the warm-up; its ``model/`` directory, given as ``model.args.name_or_path`` with
+    ``warmup.steps: 0``, starts other runs (another credit assignment, another GRPO setting) from the same warm-up
+    (docs/agents.md, "The Sokoban task")."""
     sharded: bool | None = None
     """Step checkpoints in the sharded layout (``torch.distributed.checkpoint``: each process writes its own shards
     of the weights and optimizer state, nothing is gathered on one process; resumable on as many processes or fewer;

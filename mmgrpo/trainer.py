@@ -539,6 +539,8 @@ class Trainer:
         if isinstance(self.adapter, SyncReference):  # the KL anchors to the warmed-up policy
             self.adapter.sync_reference()
         self._evaluate("warmup")
+        if self.cfg.checkpoint.after_warmup:  # step-0: resumable, and its model/ can start other runs
+            self._save(0)
 
     def _evaluate(self, stage: str, step: int | None = None) -> dict[str, float]:
         """Held-out evaluation as stage ``eval/<stage>/*`` (:mod:`mmgrpo.evaluation`): the task's metric, or the
@@ -608,13 +610,12 @@ class Trainer:
 
     def _save(self, step: int, final: bool = False) -> Path:
         """Checkpoint with the optimizer, scheduler, trainer state, config and model card (all processes)."""
-        cfg = self.cfg
         return ckpt.save(
             self.acc,
             self.adapter,
             self.out,
             step,
-            keep_last=cfg.checkpoint.keep_last,
+            keep_last=self.cfg.checkpoint.keep_last,
             final=final,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
@@ -622,9 +623,9 @@ class Trainer:
                 **self.state.state_dict(),
                 **({"sampler": self.sampler.state_dict()} if self.sampler.observes else {}),
             },
-            config_text=dump_config(cfg),
-            model_files=run_dir.model_files(cfg, self.adapter, step),
-            sharded=cfg.checkpoint.sharded,
+            config_text=dump_config(self.cfg),
+            model_files=run_dir.model_files(self.cfg, self.adapter, step),
+            sharded=self.cfg.checkpoint.sharded,
         )
 
     def _finish(self) -> None:
