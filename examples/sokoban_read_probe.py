@@ -9,6 +9,7 @@ label that needs only where one object is). The majority label's share is printe
 the image stays at it.
 
     OMP_NUM_THREADS=1 python examples/sokoban_read_probe.py --label solver --lr 3e-3 --steps 400
+    OMP_NUM_THREADS=1 python examples/sokoban_read_probe.py --label solver --cell 28 --floor coordinates --steps 1500
 """
 
 from __future__ import annotations
@@ -32,13 +33,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--cell", type=int, default=14)
+    p.add_argument("--floor", choices=("plain", "coordinates"), default="plain")
     p.add_argument("--output_dir", default="runs/sokoban_read_probe")
     a = p.parse_args()
     torch.manual_seed(0)
     cfg = load_config("configs/sokoban_grpo.yaml", [f"output_dir={a.output_dir}", "logging.progress=false"])
     trainer = Trainer(cfg)  # the shipped config's model and task (train levels only)
     model, processor = trainer.adapter.model, trainer.adapter.processor
-    game = Sokoban(size=6, pulls=4, max_steps=5, cell=a.cell)
+    game = Sokoban(size=6, pulls=4, max_steps=5, cell=a.cell, floor=a.floor)
 
     def example(row: dict) -> tuple:
         game.reset(row)
