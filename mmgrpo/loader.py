@@ -240,6 +240,10 @@ def validate(cfg: TrainConfig) -> None:
             f"stop_after: {cfg.stop_after} is past steps={cfg.steps}, so the run would never stop there; "
             f"set stop_after <= {cfg.steps} or raise steps"
         )
+    if cfg.checkpoint.after_warmup and cfg.warmup.steps == 0:
+        raise ConfigError(
+            "checkpoint.after_warmup: true but warmup.steps is 0, so there is no warm-up to save; set both"
+        )
     if a.surrogate == "reinforce" and a.epochs != 1:
         raise ConfigError("algorithm.epochs: surrogate=reinforce is on-policy; set epochs=1 or use ppo_clip")
     if a.updates_per_epoch > a.group_size * a.prompts_per_step:

@@ -79,7 +79,7 @@ def check_config(cfg: TrainConfig) -> None:
             )
     if not r.multi_turn:
         return
-    from mmgrpo.tools import ENVIRONMENTS, load_tools, run_tool_call  # deferred: loads the built-in tools
+    from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
 
     try:
         load_tools(tool_specs(r.tools))
@@ -92,8 +92,8 @@ def check_config(cfg: TrainConfig) -> None:
         if r.environment not in ENVIRONMENTS:
             raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
         check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
-        try:  # the values too (e.g. a room too small, an unknown floor), as the first rollout would build it
-            ENVIRONMENTS.get(r.environment)(**r.environment_args)
+        try:  # the values too (e.g. a room too small, an unknown floor): built as the first rollout builds it
+            make_environment(r.environment, **r.environment_args)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"rollout.environment_args: {e}") from None
     if r.engine != "native" and cfg.model.adapter not in ("vlm", "video", "audio_llm"):

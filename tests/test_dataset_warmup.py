@@ -4,8 +4,10 @@ gets past the answer format before GRPO (held-out format reward 0 before the war
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
+from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,12 +65,10 @@ def test_warmup_trainable_moves_only_the_named_parameters(mmgrpo_cache):
     """``warmup.trainable: [vision_model, connector]`` (LLaVA's first stage): a warm-up step moves the SmolVLM's
     vision tower and connector, leaves the language model bit-equal, and afterwards every parameter trains again with
     no gradient left over; a name that matches nothing is one ConfigError listing what names contain."""
-    import pytest
     import torch
     from accelerate import Accelerator
 
     from mmgrpo import warmup
-    from mmgrpo.config import ConfigError
     from tests.adapter_cases import CASES, build
 
     adapter = build("vlm_idefics3", lora=False)
@@ -134,3 +134,5 @@ def test_a_checkpoint_after_the_warmup_resumes_past_it_and_starts_other_runs(tmp
     )  # fmt: skip
     for key in ("reward/format", "reward/accuracy"):
         assert other[f"eval/before/{key}"] == first[f"eval/warmup/{key}"]
+    with pytest.raises(ConfigError, match=r"^checkpoint\.after_warmup: true but warmup\.steps is 0"):
+        load_config(None, [*base, f"output_dir={tmp_path / 'c'}", "warmup.steps=0", "checkpoint.after_warmup=true"])

@@ -180,9 +180,9 @@ class Sokoban:
         ``floor="coordinates"`` paints each floor cell in a colour of its own position, (255 − k·row,
         255 − k·column, 200) with k = min(40, 240 // (size − 1)), and draws targets, boxes and the player over the
         middle half of the cell, so that the floor's colour shows around them: where a thing stands is then in its
-        vision patch's pixels, not only in the patch's position. A randomly initialised tiny model learns to read
-        the first and not the second in our budgets (docs/agents.md, "The Sokoban task"); a pretrained VLM, as in
-        verl-agent, needs neither."""
+        vision patch's pixels, not only in the patch's position. Supervised on the solver's move, the randomly
+        initialised tiny model learns it on this floor and not on the plain one within 1500 steps (docs/agents.md,
+        "The Sokoban task"); a pretrained VLM, as in verl-agent, needs neither."""
         c, n = self.cell, self.size
         coordinates, k = self.floor == "coordinates", min(40, 240 // (n - 1))
         inset, ring = (c // 4, c // 4) if coordinates else (3, 2)  # object margin, target outline margin
