@@ -427,6 +427,10 @@ class RolloutConfig:
     max_images: Annotated[int, Range(ge=0)] = 8
     """Observation images (and video frames) per trajectory at most; further ones are left out and the
     observation's text says so."""
+    observation_images: Literal["before_text", "after_text"] = "before_text"
+    """Where a turn's images go in its message: before_text (as Qwen's and TRL's processors place a user message's
+    media) | after_text (after the text, next to the policy's reply; the environment's first observation too). The
+    tiny model trained from scratch reads a Sokoban room only with the image after the text (docs/agents.md)."""
     chat_template: str = "auto"
     """Chat template of tool-using rollouts: auto (the model's when it renders 'tool' messages, else
     qwen2.5_vl_tools) | model | qwen2.5_vl_tools (ours: Qwen2.5-VL + Qwen2.5's tool section, tool replies as a user

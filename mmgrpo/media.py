@@ -169,7 +169,8 @@ def count_parts(messages: list, kind: str) -> int:
     return n
 
 
-PLACEHOLDERS = {"<image>": "image", "<video>": "video"}
+IMAGE_PLACEHOLDER = "<image>"
+PLACEHOLDERS = {IMAGE_PLACEHOLDER: "image", "<video>": "video"}
 """Media placeholders in prompt text (EasyR1, LLaVA, Video-R1 data): each becomes that kind's part at its place."""
 
 _PLACEHOLDER = re.compile("|".join(map(re.escape, PLACEHOLDERS)))

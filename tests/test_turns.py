@@ -254,6 +254,47 @@ def test_environment_turns_step_the_game_and_key_anchors_by_its_images(tiny_vlm_
     assert rollout.state.media[0]["image_grid_thw"].shape[0] == 2  # the states after turns 0 and 1
 
 
+@pytest.mark.parametrize("layout", ["before_text", "after_text"])
+def test_observation_images_go_before_or_after_their_text(tiny_vlm_path, layout):
+    """rollout.observation_images places each observation's image pads before its text (the default, as Qwen's and
+    TRL's processors place a user message's media) or after it, next to the reply: the first observation in the
+    prompt (after the row's prompt and the observation's text) and each later one in its own user turn. Either way the log-probs
+    of the trajectory equal a teacher-forced forward over the conversation rendered from its chat messages."""
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
+    adapter.use_turns(
+        RolloutConfig(
+            environment="sokoban",
+            max_turns=2,
+            max_total_tokens=600,
+            observation_images=layout,
+            environment_args={"instruction": "Your move?"},
+        )
+    )
+    script(adapter, {0: ["<action>up</action>", "<action>left</action>"]})
+    row = {"prompt": "Play.", "seed": 3}
+    rollout = adapter.rollout([row], group_size=1)
+    state, tok = rollout.state, adapter.tokenizer
+
+    def pads_before_move(ids: list[int]) -> bool:
+        """Whether the image pads come before the observation's text ("... Your move?") in ``ids``."""
+        text = tok.decode(ids)
+        return text.rindex("<|image_pad|>") < text.rindex("move?")
+
+    prompt = state.encodings[0]["input_ids"][0].tolist()
+    n = int(state.valid[0].sum())
+    observation = state.completion_ids[0, :n][state.action[0, :n] == 0].tolist()
+    assert pads_before_move(prompt) == pads_before_move(observation) == (layout == "before_text")
+    parts = [p["type"] for m in rollout.extras["messages"][0] if m["role"] == "user" for p in m["content"]]
+    assert parts == (["image", "text"] if layout == "before_text" else ["text", "image"])
+
+    env_row = adapter.turns.environments([row], 1)[0][0]  # the prompt row, the level's first image in it
+    ids, Lp, want = _teacher_forced(adapter, {**env_row, "image": env_row["images"][0]}, rollout.extras["messages"][0])
+    assert ids[: Lp + n].tolist() == prompt + state.completion_ids[0, :n].tolist()
+    logp = adapter.logprobs(rollout, torch.arange(1)).detach()[0, :n]
+    act = state.action[0, :n].bool()
+    torch.testing.assert_close(logp[act], want[Lp : Lp + n][act], rtol=0, atol=1e-5)
+
+
 def _cfg(tmp_path, *extra):
     return load_config(
         None,

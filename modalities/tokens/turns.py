@@ -64,6 +64,7 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
+from mmgrpo.media import IMAGE_PLACEHOLDER
 from mmgrpo.multiturn import tool_specs
 from mmgrpo.types import Rollout, Transcript
 
@@ -249,6 +250,7 @@ class TurnRunner:
 
         self.adapter = adapter
         self.settings = settings
+        self.images_last = settings.observation_images == "after_text"
         self.tools = load_tools(tool_specs(settings.tools))
         self.schemas = render_tool_schemas(self.tools)
         self.limits = {**LIMITS, **check_kwargs(run_tool_call, settings.tool_limits, "rollout.tool_limits", skip=3)}
@@ -350,7 +352,12 @@ class TurnRunner:
             if len(keep) < len(new):
                 why = f"rollout.max_images={self.settings.max_images}" if self.image_encoder else "the model takes none"
                 text += f"\n({len(new) - len(keep)} image(s) not shown: {why})"
-            parts = [{"type": "image", "image": img} for img in keep] + [{"type": "text", "text": text}]
+            parts = [{"type": "image", "image": img} for img in keep]
+            parts = (
+                [{"type": "text", "text": text}, *parts]
+                if self.images_last
+                else [*parts, {"type": "text", "text": text}]
+            )
             messages.append({"role": role, "content": parts})
             images += keep
         plain = [{**m, "content": [{"type": "image"} if "image" in p else p for p in m["content"]]} for m in messages]
@@ -386,7 +393,8 @@ class TurnRunner:
 
     def environments(self, prompts: list[dict], group_size: int) -> tuple[list[dict], list]:
         """With ``rollout.environment``: one environment per trajectory, reset from its row, and the prompts with the
-        first observation appended (its text after the row's prompt, its images after the row's images; the G
+        first observation appended (its text after the row's prompt, its images after the row's images, and with
+        ``observation_images: after_text`` all of them after the text, as placeholders; the G
         trajectories of a row start from one state, so the prompt stays shared). Without: the prompts unchanged."""
         s = self.settings
         if s.environment is None:
@@ -406,6 +414,10 @@ class TurnRunner:
                 )
             images = [*(row.get("images") or ([row["image"]] if row.get("image") is not None else [])), *first.images]
             text = "\n".join(x for x in (row.get("prompt", ""), first.text) if x)
+            if self.images_last and images:  # placeholders at the end put the images there (mmgrpo.media)
+                text += IMAGE_PLACEHOLDER * (
+                    len(first.images) if IMAGE_PLACEHOLDER in row.get("prompt", "") else len(images)
+                )
             rows.append({**row, "prompt": text, "images": images or None, "image": None})
         return rows, envs
 
