@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mmgrpo.media import write_mp4
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (235, 215, 40)}
 
 
@@ -99,20 +101,6 @@ def _moving_square(rng: random.Random, size: int, frames: int, direction: str) -
         frame[py : py + side, px : px + side] = COLOURS["yellow"]
         out.append(frame)
     return out
-
-
-def write_mp4(path: Path, frames: list[np.ndarray], fps: int) -> None:
-    """H.264 mp4 with PyAV (yuv420p, even sides)."""
-    import av
-
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
 
 
 def write_video_r1(root: Path, n: int = 8, seed: int = 0, size: int = 56, frames: int = 8, fps: int = 4) -> Path:

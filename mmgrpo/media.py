@@ -285,3 +285,30 @@ __all__ = [
     "open_image",
     "placeholder_kinds",
 ]
+
+
+def write_mp4(path: str | Path, frames: list, fps: float = 4.0, lossless: bool = False) -> None:
+    """Write RGB frames (PIL images or [H, W, 3] uint8 arrays) as an H.264 mp4 with PyAV, yuv420p.
+
+    Odd sides are resized up to even ones (yuv420p needs them). ``lossless``: crf 0 with the ultrafast preset, for
+    task files whose pixels the rewards and tests read back; otherwise libx264's default quality (evaluation
+    samples, example datasets)."""
+    import av
+    import numpy as np
+
+    arrays = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else np.asarray(f) for f in frames]
+    h, w = arrays[0].shape[:2]
+    w2, h2 = w + w % 2, h + h % 2
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=max(1, round(fps)))
+        stream.width, stream.height, stream.pix_fmt = w2, h2, "yuv420p"
+        if lossless:
+            stream.options = {"crf": "0", "preset": "ultrafast"}
+        for arr in arrays:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr, dtype=np.uint8), format="rgb24")
+            if (arr.shape[1], arr.shape[0]) != (w2, h2):
+                frame = av.VideoFrame.from_image(Image.fromarray(arr).resize((w2, h2)))
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmgrpo.media import write_mp4
 from mmgrpo.types import Transcript
 
 INPUT_KEYS = ("image", "images", "video", "audio")
@@ -81,23 +82,6 @@ def kind_of(value: Any) -> str:
             return "file"
         return "text"
     return "other"
-
-
-def write_mp4(path: Path, frames: list[Image.Image], fps: float = 4.0) -> None:
-    """H.264 mp4 of RGB frames (even sizes: the encoder's yuv420p needs them) with PyAV."""
-    import av
-
-    w, h = frames[0].size
-    w2, h2 = w + w % 2, h + h % 2
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=max(1, round(fps)))
-        stream.width, stream.height, stream.pix_fmt = w2, h2, "yuv420p"
-        for frame in frames:
-            img = frame if frame.size == (w2, h2) else frame.resize((w2, h2))
-            for packet in stream.encode(av.VideoFrame.from_image(img)):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
 
 
 def save_value(value: Any, directory: Path, stem: str) -> dict:

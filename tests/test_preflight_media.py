@@ -31,7 +31,7 @@ def _wav(path, seconds=0.5, rate=16000):
 
 
 def _mp4(path, n=8):
-    from mmgrpo.tasks.video_motion import write_mp4
+    from mmgrpo.media import write_mp4
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_mp4(path, [np.full((32, 32, 3), 10 * i, dtype=np.uint8) for i in range(n)], 4)

@@ -258,8 +258,9 @@ def test_environment_turns_step_the_game_and_key_anchors_by_its_images(tiny_vlm_
 def test_observation_images_go_before_or_after_their_text(tiny_vlm_path, layout):
     """rollout.observation_images places each observation's image pads before its text (the default, as Qwen's and
     TRL's processors place a user message's media) or after it, next to the reply: the first observation in the
-    prompt (after the row's prompt and the observation's text) and each later one in its own user turn. Either way the log-probs
-    of the trajectory equal a teacher-forced forward over the conversation rendered from its chat messages."""
+    prompt (after the row's prompt and the observation's text) and each later one in its own user turn. Either way
+    the log-probs of the trajectory equal a teacher-forced forward over the conversation rendered from its chat
+    messages."""
     adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
     adapter.use_turns(
         RolloutConfig(

@@ -37,6 +37,7 @@ import numpy as np
 
 from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError, Range
+from mmgrpo.media import write_mp4
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 
@@ -143,25 +144,9 @@ def publish_videos(video_dir: Path, clips: list[tuple[dict, list[np.ndarray]]], 
 
     def write(tmp: Path) -> None:
         for row, frames in clips:
-            write_mp4(tmp / Path(row["video"]).name, frames, fps)
+            write_mp4(tmp / Path(row["video"]).name, frames, fps, lossless=True)
 
     publish_dir(video_dir, write, key)
-
-
-def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> None:
-    """Write RGB frames as H.264 (lossless crf 0, yuv420p) with PyAV."""
-    import av
-
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=round(fps))
-        stream.width, stream.height = frames[0].shape[1], frames[0].shape[0]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "0", "preset": "ultrafast"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
 
 
 # ------------------------------------------------------------------------------------------------- task
