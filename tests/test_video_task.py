@@ -73,6 +73,34 @@ def test_rendering_is_cached_and_keyed_by_options(task, mmgrpo_cache):
     assert other.video_dir != task.video_dir and len(other.eval_rows()) == 1
 
 
+def test_a_cache_folder_published_by_another_process_is_kept_and_a_broken_one_replaced(tmp_path):
+    """Two processes building one cache folder: the one that finishes second keeps the first one's folder (whose
+    files a reader may already be opening) instead of deleting it to put its own in place; a folder left without
+    its marker by an interrupted attempt is replaced. No sibling folder is left behind."""
+    from mmgrpo.cache import publish_dir
+
+    target = tmp_path / "videos"
+
+    def theirs(folder):
+        (folder / "clip.mp4").write_text("theirs")
+
+    def ours_while_they_publish(folder):  # the other process publishes while this one is writing
+        (folder / "clip.mp4").write_text("ours")
+        publish_dir(target, theirs, {"by": "them"})
+        assert (target / "clip.mp4").read_text() == "theirs"
+
+    publish_dir(target, ours_while_they_publish, {"by": "us"})
+    assert (target / "clip.mp4").read_text() == "theirs" and "them" in (target / "complete.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["videos"]
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "clip.mp4").write_text("half")  # no complete.json: an interrupted attempt
+    publish_dir(broken, theirs, {"by": "them"})
+    assert (broken / "clip.mp4").read_text() == "theirs" and (broken / "complete.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "videos"]
+
+
 def test_warmup_targets_are_format_only(task):
     rows = task.warmup_rows(seed=0)
     assert len(rows) == len(task.train_rows())
