@@ -271,22 +271,6 @@ def add_media_parts(messages: list, counts: dict[str, int]) -> list:
     return out
 
 
-__all__ = [
-    "MEDIA_KINDS",
-    "PLACEHOLDERS",
-    "add_media_parts",
-    "as_list",
-    "check_media_content",
-    "count_parts",
-    "decode_audio",
-    "decode_video",
-    "media_content",
-    "media_counts",
-    "open_image",
-    "placeholder_kinds",
-]
-
-
 def write_mp4(path: str | Path, frames: list, fps: float = 4.0, lossless: bool = False) -> None:
     """Write RGB frames (PIL images or [H, W, 3] uint8 arrays) as an H.264 mp4 with PyAV, yuv420p.
 
@@ -305,10 +289,27 @@ def write_mp4(path: str | Path, frames: list, fps: float = 4.0, lossless: bool =
         if lossless:
             stream.options = {"crf": "0", "preset": "ultrafast"}
         for arr in arrays:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr, dtype=np.uint8), format="rgb24")
             if (arr.shape[1], arr.shape[0]) != (w2, h2):
-                frame = av.VideoFrame.from_image(Image.fromarray(arr).resize((w2, h2)))
+                arr = np.asarray(Image.fromarray(arr).resize((w2, h2)))
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr, dtype=np.uint8), format="rgb24")
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+
+
+__all__ = [
+    "MEDIA_KINDS",
+    "PLACEHOLDERS",
+    "add_media_parts",
+    "as_list",
+    "check_media_content",
+    "count_parts",
+    "decode_audio",
+    "decode_video",
+    "media_content",
+    "media_counts",
+    "open_image",
+    "placeholder_kinds",
+    "write_mp4",
+]
