@@ -11,8 +11,9 @@ the image stays at it.
     OMP_NUM_THREADS=1 python examples/sokoban_read_probe.py --label solver --lr 3e-3 --steps 400
     OMP_NUM_THREADS=1 python examples/sokoban_read_probe.py --label solver --cell 28 --floor coordinates --steps 1500
 
-``--text`` sets the message's text (``task``: the Sokoban task's instruction and "Your move?", what the rollout
-shows), ``--image_first`` puts the image before it (default: after it, next to the answer).
+``--text`` sets the message's text (``task``: the task's default instruction, ``mmgrpo.tasks.sokoban.PROMPT``, and
+"Your move?", what the rollout showed before the shipped configs set ``task.args.prompt: "Sokoban."``),
+``--image_first`` puts the image before it (default: after it, next to the answer).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import torch
 
 from mmgrpo.loader import load_config
-from mmgrpo.tasks.sokoban import expert_move
+from mmgrpo.tasks.sokoban import PROMPT, expert_move
 from mmgrpo.tools.gridworld import ACTIONS, Sokoban
 from mmgrpo.trainer import Trainer
 
@@ -37,7 +38,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--cell", type=int, default=14)
     p.add_argument("--floor", choices=("plain", "coordinates"), default="plain")
-    p.add_argument("--text", default="Sokoban. Your move?", help="the message's text; 'task': the task's instruction")
+    p.add_argument(
+        "--text", default="Sokoban. Your move?", help="the message's text; 'task': the task's default instruction"
+    )
     p.add_argument("--image_first", action="store_true", help="the image before the text (as the default rollout)")
     p.add_argument("--output_dir", default="runs/sokoban_read_probe")
     a = p.parse_args()
@@ -56,7 +59,7 @@ def main() -> None:
     data, val = data[:-200], data[-200:]
     prefix = processor.tokenizer("<action>", add_special_tokens=False)["input_ids"]
     first = [processor.tokenizer(f"<action>{m}", add_special_tokens=False)["input_ids"][len(prefix)] for m in ACTIONS]
-    words = trainer.task.train_rows()[0]["prompt"] + "\nYour move?" if a.text == "task" else a.text
+    words = PROMPT + "\nYour move?" if a.text == "task" else a.text
     parts = [{"type": "text", "text": words}, {"type": "image"}]
     messages = [{"role": "user", "content": parts[::-1] if a.image_first else parts}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True) + "<action>"
