@@ -48,9 +48,17 @@ INSTRUCTION = (
     "your move as <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
 )
 
+GRID_INSTRUCTION = (
+    "Walk onto the red square. You are the blue dot. Reply with your move as <action>up</action>, "
+    "<action>down</action>, <action>left</action> or <action>right</action>."
+)
+
 
 class Sokoban:
     """One Sokoban episode (module docstring); satisfies :class:`~mmgrpo.tools.Environment`."""
+
+    filled_targets = False
+    """Targets drawn as an outline (a box or the player shows inside it); :class:`GridWorld` fills its goal."""
 
     def __init__(
         self,
@@ -108,23 +116,27 @@ class Sokoban:
         else:
             reward += self._move(MOVES[action])
             obs = self.observe()
-        solved = self.boxes == set(self.targets)
-        if solved:
+        if self.solved:
             reward += self.rewards["solved"]
-        self.done = solved or self.steps >= self.max_steps
+        self.done = self.solved or self.steps >= self.max_steps
         obs.reward = reward
         return obs, reward, self.done
 
+    @property
+    def solved(self) -> bool:
+        """Whether the current state wins the level (every box on a target)."""
+        return self._goal(self.player, frozenset(self.boxes))
+
     def shortest_solution(self, limit: int = 50) -> list[str] | None:
-        """The fewest moves that put every box on a target from the current state (breadth-first search over
-        (player, boxes)), or ``None`` when none of at most ``limit`` moves does. For level statistics and tests; the
-        environment never calls it."""
+        """The fewest moves that win the level from the current state (breadth-first search over (player, boxes),
+        ties in the order of :data:`ACTIONS`), or ``None`` when none of at most ``limit`` moves does. For level
+        statistics, the tasks' expert and tests; the environment never calls it."""
         start = (self.player, frozenset(self.boxes))
         seen, frontier = {start}, [(start, [])]
         for _ in range(limit):
             nxt = []
             for (player, boxes), path in frontier:
-                if boxes == self.targets:
+                if self._goal(player, boxes):
                     return path
                 for name, (dr, dq) in MOVES.items():
                     cell = (player[0] + dr, player[1] + dq)
@@ -141,7 +153,7 @@ class Sokoban:
                         seen.add(state)
                         nxt.append((state, [*path, name]))
             frontier = nxt
-        return next((path for (_, boxes), path in frontier if boxes == self.targets), None)
+        return next((path for (player, boxes), path in frontier if self._goal(player, boxes)), None)
 
     # ----------------------------------------------------------------------------------------------- internals
 
@@ -197,7 +209,9 @@ class Sokoban:
                 if coordinates:
                     fill = (255 - k * r, 255 - k * q, 200)
                     draw.rectangle([x, y, x + c - 1, y + c - 1], fill=fill)
-                if (r, q) in self.targets:
+                if (r, q) in self.targets and self.filled_targets:
+                    draw.rectangle([x + inset, y + inset, x + c - 1 - inset, y + c - 1 - inset], fill=COLORS["target"])
+                elif (r, q) in self.targets:
                     draw.rectangle(
                         [x + ring, y + ring, x + c - 1 - ring, y + c - 1 - ring], outline=COLORS["target"], width=2
                     )
@@ -207,6 +221,10 @@ class Sokoban:
                 if (r, q) == self.player:
                     draw.ellipse([x + inset, y + inset, x + c - 1 - inset, y + c - 1 - inset], fill=COLORS["player"])
         return image
+
+    def _goal(self, player: tuple[int, int], boxes: frozenset) -> bool:
+        """Whether (player, boxes) wins: every box on a target."""
+        return boxes == self.targets
 
     def _wall(self, cell: tuple[int, int]) -> bool:
         r, q = cell
@@ -254,4 +272,54 @@ class Sokoban:
         raise RuntimeError("sokoban: no level after 1000 draws; raise pulls")
 
 
+class GridWorld(Sokoban):
+    """``gridworld``: walk onto the goal. Sokoban's room, rules and rendering without boxes: one red goal square
+    (filled) and the blue player at distinct floor cells at least ``min_distance`` apart (Manhattan); the level is
+    won, +``solved_reward``, when the player stands on the goal. Every move is legal (walking into the wall leaves the
+    player where it is); text without an action is an invalid action, as in Sokoban.
+
+    The issue's "grid world" form of the visual multi-step game, next to Sokoban: the move that wins is one of
+    the (at most two) moves toward the goal, so what a policy must read from the image is where two things stand,
+    not three and a push. verl-agent's ``gym_cards``/``alfworld`` are its text and card cousins; the visual navigation
+    of its ``webshop``-free suites is the same idea on larger maps."""
+
+    filled_targets = True
+
+    def __init__(
+        self,
+        *,
+        size: int = 6,
+        min_distance: int = 2,
+        max_steps: int = 8,
+        cell: int = 16,
+        floor: str = "plain",
+        visual: bool = True,
+        step_reward: float = 0.0,
+        solved_reward: float = 10.0,
+        instruction: str = GRID_INSTRUCTION,
+    ):
+        super().__init__(
+            size=size, max_steps=max_steps, cell=cell, floor=floor, visual=visual, step_reward=step_reward,
+            solved_reward=solved_reward, instruction=instruction,
+        )  # fmt: skip
+        if not 1 <= min_distance <= 2 * (size - 3):
+            raise ValueError(
+                f"min_distance must be from 1 to {2 * (size - 3)} (the room's diagonal) for size {size}, got "
+                f"{min_distance}"
+            )
+        self.n_boxes, self.min_distance = 0, min_distance
+
+    def _goal(self, player: tuple[int, int], boxes: frozenset) -> bool:
+        return player in self.targets
+
+    def _generate(self, rng: random.Random) -> None:
+        floor = [(r, q) for r in range(1, self.size - 1) for q in range(1, self.size - 1)]
+        while True:  # min_distance is at most the diagonal, so a draw succeeds
+            goal, player = rng.sample(floor, 2)
+            if abs(goal[0] - player[0]) + abs(goal[1] - player[1]) >= self.min_distance:
+                self.targets, self.boxes, self.player = frozenset([goal]), set(), player
+                return
+
+
 ENVIRONMENTS.add("sokoban", Sokoban)
+ENVIRONMENTS.add("gridworld", GridWorld)

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     arithmetic,
     dataset,
     flow_shapes,
+    gridworld,
     shapes,
     sokoban,
     spoken_digits,

@@ -109,11 +109,16 @@ class SokobanTask:
 
     def __init__(self, args: SokobanArgs):
         try:
-            self.game = Sokoban(size=args.size, boxes=args.boxes, pulls=args.pulls, max_steps=args.max_steps)
+            self.game = self.make_game(args)
         except ValueError as e:
             raise ConfigError(f"task.args: {e}") from None
         self.args = args
         self._train, self._eval = self._split()
+
+    @staticmethod
+    def make_game(args: SokobanArgs) -> Sokoban:
+        """The game of the task's levels (the level options of ``args``); a task of another game overrides it."""
+        return Sokoban(size=args.size, boxes=args.boxes, pulls=args.pulls, max_steps=args.max_steps)
 
     def _row(self, seed: int) -> dict:
         self.game.reset({"seed": seed})
@@ -175,7 +180,7 @@ class SokobanTask:
             obs, _, _ = self.game.step(turn)
             steps += 1
             invalid += int(obs.invalid)
-        return self.game.boxes == set(self.game.targets), steps, invalid
+        return self.game.solved, steps, invalid
 
     def random_success(self, rows: list[dict]) -> float:
         """A uniformly random mover's success rate on ``rows`` (``RANDOM_PLAYS`` plays each, seeded by the level)."""
@@ -186,7 +191,7 @@ class SokobanTask:
                 self.game.reset(row)
                 while not self.game.done:
                     self.game.step(f"<action>{rng.choice(ACTIONS)}</action>")
-                wins += self.game.boxes == set(self.game.targets)
+                wins += self.game.solved
         return wins / (RANDOM_PLAYS * max(1, len(rows)))
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:

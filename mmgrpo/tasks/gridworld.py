@@ -1,0 +1,72 @@
+"""``gridworld``: levels of the visual grid world (``mmgrpo.tools.GridWorld``: walk the blue dot onto the red square)
+for multi-turn GRPO / GiGPO with the built-in tiny model on a CPU.
+
+The "grid world" form of the issue's visual multi-step game, beside :mod:`mmgrpo.tasks.sokoban`, whose splits,
+noisy-expert warm-up and held-out metrics it shares (:class:`~mmgrpo.tasks.sokoban.SokobanTask`; only the game
+differs). At the defaults (6×6 room with the wall border, so 4×4 floor; goal at least 2 moves away; 6 moves) a level
+takes 2–6 moves (3.1 on average), about 170 distinct levels come out of the seeds, and a uniformly random mover
+wins about 14 % of them, so a random-initialised policy's groups are mostly all-lost and the warm-up is what makes
+wins to compare. The winning move from any room is a move toward the goal: the policy must read where two things
+stand in the image, which the tiny model learns within a short warm-up, where Sokoban's three things and a push took
+it thousands of steps and still left the greedy policy near a random mover (docs/agents.md, "The grid world").
+
+Rows: ``{"prompt", "seed", "min_moves"}`` as Sokoban's; play with ``rollout.environment: gridworld``, whose
+``environment_args`` must give this task's level options (``size``, ``min_distance``, ``max_steps``;
+``tests/test_gridworld_task.py`` checks the shipped configs). Metrics: Sokoban's (``success_rate``: the player on the
+goal within ``max_steps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from mmgrpo.config import Range
+from mmgrpo.plugins import TASKS, TaskSpec
+from mmgrpo.tasks.sokoban import SokobanTask
+from mmgrpo.tools.gridworld import GridWorld
+
+PROMPT = (
+    "Grid world. Walk onto the red square; you are the blue dot. Each turn, reply with one move: "
+    "<action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."
+)
+
+
+@dataclass
+class GridWorldArgs:
+    """Options under ``task.args`` for ``task.name: gridworld`` (level options as ``rollout.environment_args``)."""
+
+    size: Annotated[int, Range(ge=4)] = 6
+    """Room side in cells, the wall border included (``rollout.environment_args.size``)."""
+    min_distance: Annotated[int, Range(ge=1)] = 2
+    """Fewest moves from the player to the goal (Manhattan distance; ``rollout.environment_args.min_distance``)."""
+    max_steps: Annotated[int, Range(ge=1)] = 6
+    """Moves per episode (``rollout.environment_args.max_steps``; ``rollout.max_turns`` should equal it)."""
+    train_size: Annotated[int, Range(ge=1)] = 2000
+    """Rows in the train split (levels repeat, as the seeds give them)."""
+    eval_size: Annotated[int, Range(ge=1)] = 100
+    """Rows in the held-out split (levels repeat, as the seeds give them; none is a train level)."""
+    eval_fraction: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.3
+    """Share of the distinct levels held out (by a hash of the level)."""
+    warmup_turns: Annotated[int, Range(ge=1)] = 6
+    """Moves per warm-up target at most, each a turn (fewer when a move wins); as many as ``max_steps``."""
+    warmup_expert_eps: Annotated[float, Range(ge=0.0, le=1.0)] = 0.25
+    """ε of the warm-up's noisy expert: the share of target moves drawn uniformly at random instead of the shortest
+    path's first move (0: the expert alone; 1: random moves only)."""
+    prompt: str = PROMPT
+    """The instruction each row carries (the first observation's text follows it)."""
+    seed: int = 1234
+    """Base of the level seeds: seed·10⁶ + i."""
+
+
+class GridWorldTask(SokobanTask):
+    """Sokoban's task on the grid world (module docstring)."""
+
+    @staticmethod
+    def make_game(args: GridWorldArgs) -> GridWorld:
+        return GridWorld(size=args.size, min_distance=args.min_distance, max_steps=args.max_steps)
+
+
+build_gridworld_task = TASKS.register("gridworld")(
+    TaskSpec(args=GridWorldArgs, cls=GridWorldTask, load=lambda a, seed: GridWorldTask(a))
+)
