@@ -278,10 +278,10 @@ class GridWorld(Sokoban):
     won, +``solved_reward``, when the player stands on the goal. Every move is legal (walking into the wall leaves the
     player where it is); text without an action is an invalid action, as in Sokoban.
 
-    The issue's "grid world" form of the visual multi-step game, next to Sokoban: the move that wins is one of
-    the (at most two) moves toward the goal, so what a policy must read from the image is where two things stand,
-    not three and a push. verl-agent's ``gym_cards``/``alfworld`` are its text and card cousins; the visual navigation
-    of its ``webshop``-free suites is the same idea on larger maps."""
+    The "grid world" form of the visual multi-step game, next to Sokoban: a winning move is one of the (at most
+    two) moves toward the goal, so what a policy must read from the image is where two things stand, not three
+    things and a push. The shortest path (:meth:`Sokoban.shortest_solution`) breaks ties in the order of
+    :data:`ACTIONS`, so vertical moves come first."""
 
     filled_targets = True
 
