@@ -66,6 +66,18 @@ def test_rules_on_a_hand_worked_level():
     assert done and not game.solved  # out of moves
 
 
+def test_distance_shaping_pays_each_move_its_progress_and_telescopes():
+    """Potential-based shaping (Ng et al. 1999) with w = 0.5, goal at (3, 2), player from (1, 1): a move toward the
+    goal +0.5, away -0.5, into the wall 0; the episode's shaped sum is w·(first distance - last distance)."""
+    game = GridWorld(distance_reward=0.5, max_steps=6)
+    game.reset({"seed": 0})
+    game.player, game.targets = (1, 1), frozenset([(3, 2)])
+    moves = ["up", "down", "right", "left", "down", "right"]  # wall, closer, closer, away, closer, closer: on the goal
+    rewards = [game.step(f"<action>{m}</action>")[1] for m in moves]
+    assert rewards == [0.0, 0.5, 0.5, -0.5, 0.5, 10.5] and game.solved
+    assert sum(rewards) - 10.0 == 0.5 * (3 - 0)
+
+
 def test_the_goal_is_filled_red_and_the_player_blue():
     game = GridWorld(cell=28, floor="coordinates")
     game.reset({"seed": 3})

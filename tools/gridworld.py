@@ -281,7 +281,14 @@ class GridWorld(Sokoban):
     The "grid world" form of the visual multi-step game, next to Sokoban: a winning move is one of the (at most
     two) moves toward the goal, so what a policy must read from the image is where two things stand, not three
     things and a push. The shortest path (:meth:`Sokoban.shortest_solution`) breaks ties in the order of
-    :data:`ACTIONS`, so vertical moves come first."""
+    :data:`ACTIONS`, so vertical moves come first.
+
+    ``distance_reward`` w > 0 adds potential-based shaping (Ng, Harada & Russell 1999, "Policy invariance under
+    reward transformations", ICML, Theorem 1, with γ = 1 and potential Φ(s) = −w·distance(s)): each move earns
+    w·(distance before − distance after). The shaped rewards of an episode telescope to w·(first distance − last
+    distance), so the optimal policies are the unshaped game's, and each turn's reward says whether that move
+    helped: the per-turn signal that step-level credit (GiGPO's γ-discounted step returns, MT-GRPO's turn rewards)
+    can use and a trajectory-level advantage sums away. 0 (the default) is the sparse game."""
 
     filled_targets = True
 
@@ -296,6 +303,7 @@ class GridWorld(Sokoban):
         visual: bool = True,
         step_reward: float = 0.0,
         solved_reward: float = 10.0,
+        distance_reward: float = 0.0,
         instruction: str = GRID_INSTRUCTION,
     ):
         super().__init__(
@@ -307,10 +315,22 @@ class GridWorld(Sokoban):
                 f"min_distance must be from 1 to {2 * (size - 3)} (the room's diagonal) for size {size}, got "
                 f"{min_distance}"
             )
-        self.n_boxes, self.min_distance = 0, min_distance
+        self.n_boxes, self.min_distance, self.distance_reward = 0, min_distance, distance_reward
+
+    def distance(self) -> int:
+        """Moves from the player to the goal (Manhattan distance: the floor has no inner walls)."""
+        (goal,) = self.targets
+        return abs(goal[0] - self.player[0]) + abs(goal[1] - self.player[1])
 
     def _goal(self, player: tuple[int, int], boxes: frozenset) -> bool:
         return player in self.targets
+
+    def _move(self, d: tuple[int, int]) -> float:
+        """Move the player by ``d``; the shaping reward ``distance_reward · (distance before − distance after)``
+        (+1·w a move toward the goal, −1·w away, 0 into the wall)."""
+        before = self.distance()
+        super()._move(d)
+        return self.distance_reward * (before - self.distance())
 
     def _generate(self, rng: random.Random) -> None:
         floor = [(r, q) for r in range(1, self.size - 1) for q in range(1, self.size - 1)]
