@@ -88,6 +88,12 @@ def test_the_goal_is_filled_red_and_the_player_blue():
         assert image.getpixel((cell[1] * 28 + 14, cell[0] * 28 + 14)) == COLORS[colour]
     corner = (goal[1] * 28 + 1, goal[0] * 28 + 1)  # the floor's colour shows around the goal
     assert image.getpixel(corner) not in (COLORS["target"], COLORS["floor"])
+    game.border = False  # the floor alone: 4x4 cells, 112x112 pixels (one tiny-Qwen2.5-VL image token a cell)
+    floor = game.render()
+    assert floor.size == (4 * 28, 4 * 28)
+    for cell, colour in ((goal, "target"), (game.player, "player")):  # every cell one up and one left
+        assert floor.getpixel(((cell[1] - 1) * 28 + 14, (cell[0] - 1) * 28 + 14)) == COLORS[colour]
+    assert floor.crop((0, 0, 112, 112)).tobytes() == image.crop((28, 28, 140, 140)).tobytes()
 
 
 def test_splits_share_no_level_and_the_expert_wins_every_level_in_its_shortest_path(task):

@@ -69,6 +69,7 @@ class Sokoban:
         max_steps: int = 15,
         cell: int = 16,
         floor: str = "plain",
+        border: bool = True,
         visual: bool = True,
         step_reward: float = -0.1,
         box_on_target_reward: float = 1.0,
@@ -83,7 +84,7 @@ class Sokoban:
         if floor not in FLOORS:
             raise ValueError(f"floor must be one of {', '.join(FLOORS)}, got {floor!r}")
         self.size, self.n_boxes, self.max_steps, self.cell, self.visual = size, boxes, max_steps, cell, visual
-        self.floor = floor
+        self.floor, self.border = floor, border
         self.pulls = pulls if pulls is not None else 3 * size
         self.rewards = dict(step=step_reward, on=box_on_target_reward, off=box_off_target_reward, solved=solved_reward)
         self.instruction = instruction
@@ -194,15 +195,22 @@ class Sokoban:
         middle half of the cell, so that the floor's colour shows around them: where a thing stands is then in its
         vision patch's pixels, not only in the patch's position. Supervised on the solver's move, the randomly
         initialised tiny model learns it on this floor and not on the plain one within 1500 steps (docs/agents.md,
-        "The Sokoban task"); a pretrained VLM, as in verl-agent, needs neither."""
+        "The Sokoban task"); a pretrained VLM, as in verl-agent, needs neither.
+
+        ``border=False`` leaves out the wall ring (every level has it and no other wall), so the image is the floor
+        alone, ``(size − 2)·cell`` pixels a side. With 4×4 floor cells of 28 pixels that is 112×112, which the tiny
+        Qwen2.5-VL processor (at most 112×112 pixels, 14-pixel patches merged 2×2) takes unresized: each image token
+        is one cell. The whole 6×6 room at 28 pixels (168×168) is resized to 112×112 there, and a cell straddles
+        patches."""
         c, n = self.cell, self.size
         coordinates, k = self.floor == "coordinates", min(40, 240 // (n - 1))
         inset, ring = (c // 4, c // 4) if coordinates else (3, 2)  # object margin, target outline margin
-        image = Image.new("RGB", (n * c, n * c), COLORS["floor"])
+        skip = 0 if self.border else 1  # border=False: the floor alone, the wall ring left out
+        image = Image.new("RGB", ((n - 2 * skip) * c, (n - 2 * skip) * c), COLORS["floor"])
         draw = ImageDraw.Draw(image)
-        for r in range(n):
-            for q in range(n):
-                x, y = q * c, r * c
+        for r in range(skip, n - skip):
+            for q in range(skip, n - skip):
+                x, y = (q - skip) * c, (r - skip) * c
                 if self._wall((r, q)):
                     draw.rectangle([x, y, x + c - 1, y + c - 1], fill=COLORS["wall"])
                     continue
@@ -300,6 +308,7 @@ class GridWorld(Sokoban):
         max_steps: int = 8,
         cell: int = 16,
         floor: str = "plain",
+        border: bool = True,
         visual: bool = True,
         step_reward: float = 0.0,
         solved_reward: float = 10.0,
@@ -307,8 +316,8 @@ class GridWorld(Sokoban):
         instruction: str = GRID_INSTRUCTION,
     ):
         super().__init__(
-            size=size, max_steps=max_steps, cell=cell, floor=floor, visual=visual, step_reward=step_reward,
-            solved_reward=solved_reward, instruction=instruction,
+            size=size, max_steps=max_steps, cell=cell, floor=floor, border=border, visual=visual,
+            step_reward=step_reward, solved_reward=solved_reward, instruction=instruction,
         )  # fmt: skip
         if not 1 <= min_distance <= 2 * (size - 3):
             raise ValueError(
