@@ -121,13 +121,11 @@ def test_warmup_targets_at_eps_0_walk_the_shortest_path():
         assert all(parse_action(turn, ACTIONS)[0] is not None for turn in row["target"])
 
 
-def test_score_counts_a_win_only_on_the_goal(task):
-    rows = task.eval_rows()[:2]
-    paths = []
-    for row in rows:
-        task.game.reset(row)
-        paths.append([f"<action>{a}</action>" for a in task.game.shortest_solution()])
-    scores = task.score([Transcript(paths[0]), Transcript(paths[1][:-1])], rows)  # the second stops one short
+def test_score_counts_a_win_only_on_the_goal():
+    expert = GridWorldTask(GridWorldArgs(train_size=20, eval_size=2, warmup_expert_eps=0.0))
+    rows = expert.warmup_rows(seed=0)[:2]  # two train levels, each with its shortest path as the target
+    paths = [row["target"] for row in rows]
+    scores = expert.score([Transcript(paths[0]), Transcript(paths[1][:-1])], rows)  # the second stops one short
     assert scores["success_rate"] == 0.5
     assert scores["mean_steps"] == pytest.approx((len(paths[0]) + len(paths[1]) - 1) / 2)
     assert 0.0 < scores["random_success"] < 0.5

@@ -23,7 +23,7 @@ from typing import Annotated
 
 from mmgrpo.config import Range
 from mmgrpo.plugins import TASKS, TaskSpec
-from mmgrpo.tasks.sokoban import SokobanTask
+from mmgrpo.tasks.sokoban import LevelTaskArgs, SokobanTask
 from mmgrpo.tools.gridworld import GridWorld
 
 PROMPT = (
@@ -33,8 +33,9 @@ PROMPT = (
 
 
 @dataclass
-class GridWorldArgs:
-    """Options under ``task.args`` for ``task.name: gridworld`` (level options as ``rollout.environment_args``)."""
+class GridWorldArgs(LevelTaskArgs):
+    """Options under ``task.args`` for ``task.name: gridworld`` (level options as ``rollout.environment_args``; the
+    splits and warm-up as Sokoban's, :class:`~mmgrpo.tasks.sokoban.LevelTaskArgs`)."""
 
     size: Annotated[int, Range(ge=4)] = 6
     """Room side in cells, the wall border included (``rollout.environment_args.size``)."""
@@ -42,21 +43,10 @@ class GridWorldArgs:
     """Fewest moves from the player to the goal (Manhattan distance; ``rollout.environment_args.min_distance``)."""
     max_steps: Annotated[int, Range(ge=1)] = 6
     """Moves per episode (``rollout.environment_args.max_steps``; ``rollout.max_turns`` should equal it)."""
-    train_size: Annotated[int, Range(ge=1)] = 2000
-    """Rows in the train split (levels repeat, as the seeds give them)."""
-    eval_size: Annotated[int, Range(ge=1)] = 100
-    """Rows in the held-out split (levels repeat, as the seeds give them; none is a train level)."""
-    eval_fraction: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.3
-    """Share of the distinct levels held out (by a hash of the level)."""
     warmup_turns: Annotated[int, Range(ge=1)] = 6
     """Moves per warm-up target at most, each a turn (fewer when a move wins); as many as ``max_steps``."""
-    warmup_expert_eps: Annotated[float, Range(ge=0.0, le=1.0)] = 0.25
-    """ε of the warm-up's noisy expert: the share of target moves drawn uniformly at random instead of the shortest
-    path's first move (0: the expert alone; 1: random moves only)."""
     prompt: str = PROMPT
     """The instruction each row carries (the first observation's text follows it)."""
-    seed: int = 1234
-    """Base of the level seeds: seed·10⁶ + i."""
 
 
 class GridWorldTask(SokobanTask):

@@ -64,17 +64,9 @@ SCAN_LIMIT = 1_000_000
 
 
 @dataclass
-class SokobanArgs:
-    """Options under ``task.args`` for ``task.name: sokoban`` (level options as ``rollout.environment_args``)."""
+class LevelTaskArgs:
+    """The options a level task shares (splits, warm-up, instruction); a game's task adds its level options."""
 
-    size: Annotated[int, Range(ge=4)] = 6
-    """Room side in cells, the wall border included (``rollout.environment_args.size``)."""
-    boxes: Annotated[int, Range(ge=1)] = 1
-    """Boxes (and targets) per level (``rollout.environment_args.boxes``)."""
-    pulls: Annotated[int, Range(ge=1)] = 4
-    """Random reverse moves that generate a level: few make short levels (``rollout.environment_args.pulls``)."""
-    max_steps: Annotated[int, Range(ge=1)] = 5
-    """Moves per episode (``rollout.environment_args.max_steps``; ``rollout.max_turns`` should equal it)."""
     train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split (levels repeat, as the seeds give them)."""
     eval_size: Annotated[int, Range(ge=1)] = 100
@@ -91,6 +83,20 @@ class SokobanArgs:
     """The instruction each row carries (the first observation's text follows it)."""
     seed: int = 1234
     """Base of the level seeds: seed·10⁶ + i."""
+
+
+@dataclass
+class SokobanArgs(LevelTaskArgs):
+    """Options under ``task.args`` for ``task.name: sokoban`` (level options as ``rollout.environment_args``)."""
+
+    size: Annotated[int, Range(ge=4)] = 6
+    """Room side in cells, the wall border included (``rollout.environment_args.size``)."""
+    boxes: Annotated[int, Range(ge=1)] = 1
+    """Boxes (and targets) per level (``rollout.environment_args.boxes``)."""
+    pulls: Annotated[int, Range(ge=1)] = 4
+    """Random reverse moves that generate a level: few make short levels (``rollout.environment_args.pulls``)."""
+    max_steps: Annotated[int, Range(ge=1)] = 5
+    """Moves per episode (``rollout.environment_args.max_steps``; ``rollout.max_turns`` should equal it)."""
 
 
 def level_text(env: Sokoban, seed: int) -> str:
@@ -116,7 +122,7 @@ class SokobanTask:
         self._train, self._eval = self._split()
 
     @staticmethod
-    def make_game(args: SokobanArgs) -> Sokoban:
+    def make_game(args: LevelTaskArgs) -> Sokoban:
         """The game of the task's levels (the level options of ``args``); a task of another game overrides it."""
         return Sokoban(size=args.size, boxes=args.boxes, pulls=args.pulls, max_steps=args.max_steps)
 
