@@ -141,14 +141,20 @@ class Transcript(str):
     messages: tuple[dict, ...]
     """Every message in order: ``{"role": "assistant" | "tool" | "user", "text": str, "images": [PIL.Image, ...]}``,
     the tool or environment observations with the images the policy was shown (crops, frames, rendered states)."""
+    turn_rewards: tuple[float, ...]
+    """The reward each turn's observation carried (an environment's step reward; 0 where none), the ``turn_rewards``
+    column a training rollout gives the rewards (``env_return``): the demo scores an answer with it."""
 
-    def __new__(cls, turns: Sequence[str], cut_last: bool = False, messages: Sequence[dict] = ()) -> Transcript:
+    def __new__(
+        cls, turns: Sequence[str], cut_last: bool = False, messages: Sequence[dict] = (), turn_rewards: Sequence = ()
+    ) -> Transcript:
         out = super().__new__(cls, "\n".join(turns))
         out.turns, out.cut_last, out.messages = tuple(turns), bool(cut_last), tuple(messages)
+        out.turn_rewards = tuple(float(r) for r in turn_rewards)
         return out
 
     def __reduce__(self) -> tuple:
-        return (Transcript, (self.turns, self.cut_last, self.messages))
+        return (Transcript, (self.turns, self.cut_last, self.messages, self.turn_rewards))
 
 
 class EngineError(RuntimeError):

@@ -254,6 +254,35 @@ def test_environment_turns_step_the_game_and_key_anchors_by_its_images(tiny_vlm_
     assert rollout.state.media[0]["image_grid_thw"].shape[0] == 2  # the states after turns 0 and 1
 
 
+def test_the_demo_scores_a_game_answer_with_its_turn_rewards(tiny_vlm_path):
+    """A greedy game answer (a ``Transcript``) keeps the environment's reward of each turn, so the demo's reward line
+    scores ``env_return`` as training does: on a grid-world level with shaping, a wall bump (0), the moves toward the
+    goal (+1 each) and the winning move (+1 + 10) sum to 10 + the distance, for the greedy answer and a sampled one."""
+    from mmgrpo.demo.answer import score
+    from mmgrpo.rewards.runner import RewardRunner
+    from mmgrpo.tools import GridWorld
+    from mmgrpo.types import Transcript
+
+    env = {"distance_reward": 1.0, "max_steps": 6}
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
+    adapter.use_turns(RolloutConfig(environment="gridworld", environment_args=env, max_turns=6, max_total_tokens=600))
+    game = GridWorld(**env)
+    row = next({"prompt": "Walk.", "seed": s} for s in range(100) if game.reset({"seed": s}) and game.player[0] == 1)
+    moves = [f"<action>{a}</action>" for a in game.shortest_solution()]
+    turns = ["<action>up</action>", *moves]  # the player stands on the top row: up walks into the wall
+    script(adapter, dict.fromkeys(range(2), turns))
+    greedy = adapter.evaluate([row])[0]
+    assert isinstance(greedy, Transcript) and greedy.turns == tuple(turns)
+    assert greedy.turn_rewards == (0.0, *[1.0] * (len(moves) - 1), 11.0)
+    rollout = adapter.rollout([row], group_size=1)
+    runner = RewardRunner([("env_return", 1.0, {})], isolation="thread")
+    extras = {"turn_rewards": [list(greedy.turn_rewards), *rollout.extras["turn_rewards"]]}
+    lines = score(runner, [greedy, *rollout.outputs], row, True, extras)
+    total = 10.0 + len(moves)
+    assert lines == [f"reward {total:.3f} (env_return={total:.3f})"] * 2
+    assert score(runner, [greedy], row, True)[0].startswith("reward n/a")  # without the turn rewards: not applicable
+
+
 @pytest.mark.parametrize("layout", ["before_text", "after_text"])
 def test_observation_images_go_before_or_after_their_text(tiny_vlm_path, layout):
     """rollout.observation_images places each observation's image pads before its text (the default, as Qwen's and

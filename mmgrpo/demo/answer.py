@@ -9,6 +9,7 @@ import torch
 from mmgrpo import samples as sample_files
 from mmgrpo.demo.kinds import MEDIA_KEYS, UPLOAD_SUFFIXES
 from mmgrpo.demo.run import DemoError, Models
+from mmgrpo.types import Transcript
 
 
 def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | None]:
@@ -45,8 +46,9 @@ def _check_upload(path: str | None, kind: str) -> None:
         raise DemoError(f"upload {Path(path).name}: {kind} files must be one of {sorted(UPLOAD_SUFFIXES[kind])}")
 
 
-def score(rewards, outputs: list, row: dict, with_ground_truth: bool) -> list[str]:
-    """One line per output: the weighted reward and each reward function's value ("n/a" where it cannot apply)."""
+def score(rewards, outputs: list, row: dict, with_ground_truth: bool, extras: dict | None = None) -> list[str]:
+    """One line per output: the weighted reward and each reward function's value ("n/a" where it cannot apply);
+    ``extras``: per-output columns a rollout gives the rewards (a multi-turn answer's ``turn_rewards``)."""
     from mmgrpo.advantages import combine_rewards
     from mmgrpo.rewards import score_rows
 
@@ -54,7 +56,7 @@ def score(rewards, outputs: list, row: dict, with_ground_truth: bool) -> list[st
         return ["reward n/a (no reward loaded: see the note at the top of the page)"] * len(outputs)
     shown = row if with_ground_truth else {"prompt": row["prompt"]}
     try:
-        scores, _ = score_rows(rewards, outputs, [shown], len(outputs))  # [n, K]: one group of the row's outputs
+        scores, _ = score_rows(rewards, outputs, [shown], len(outputs), extras)  # [n, K]: one group, the row's
     except Exception as e:
         return [f"reward n/a ({type(e).__name__})"] * len(outputs)
     total = combine_rewards(scores.view(1, len(outputs), -1), rewards.weights)[0]  # [n]
@@ -72,11 +74,15 @@ def answer(models: Models, row: dict, seed: int, group: int, with_ground_truth: 
     for name, adapter in (("base", base), ("trained", trained)):
         torch.manual_seed(seed)
         greedy = adapter.evaluate([row])[0]
-        sampled = []
+        sampled, extras = [], None
         if group > 0:
             torch.manual_seed(seed)
-            sampled = list(adapter.rollout([row], group).outputs)
-        lines = score(rewards, [greedy] + sampled, row, with_ground_truth)
+            rollout = adapter.rollout([row], group)
+            sampled = list(rollout.outputs)
+        if isinstance(greedy, Transcript):  # multi-turn: the environment's turn rewards, as training scores them
+            later = rollout.extras["turn_rewards"] if sampled else []
+            extras = {"turn_rewards": [list(greedy.turn_rewards), *later]}
+        lines = score(rewards, [greedy] + sampled, row, with_ground_truth, extras)
         shown = [
             sample_files.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)
         ]

@@ -728,7 +728,7 @@ def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict])
         rows, envs = runner.environments(prompts, 1)
         encodings = [adapter._encode_prompt(row) for row in rows]
         _, trajs = runner.rollout(rows, encodings, 1, None, envs, greedy=True)
-    return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript) for t in trajs]
+    return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript, turn_rewards=t.turn_rewards) for t in trajs]
 
 
 # -------------------------------------------------------------------------------------------- log-probs
