@@ -4,15 +4,14 @@ task's level-disjoint splits, expert warm-up and score (Sokoban's, on the other 
 from pathlib import Path
 
 import pytest
-import yaml
 
 from mmgrpo.config import ConfigError
-from mmgrpo.loader import load_config
 from mmgrpo.tasks.gridworld import GridWorldArgs, GridWorldTask
 from mmgrpo.tasks.sokoban import expert_move, level_text
 from mmgrpo.tools import GridWorld, make_environment, parse_action
 from mmgrpo.tools.gridworld import ACTIONS, COLORS
 from mmgrpo.types import Transcript
+from tests.test_sokoban_task import check_credit_twins
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {credit: ROOT / "configs" / f"gridworld_{credit}.yaml" for credit in ("grpo", "gigpo")}
@@ -132,21 +131,7 @@ def test_score_counts_a_win_only_on_the_goal():
 
 
 def test_shipped_configs_differ_only_in_credit_and_match_the_task(tmp_path):
-    raw = {k: yaml.safe_load(p.read_text()) for k, p in CONFIGS.items()}
-    for cfg in raw.values():
-        cfg.pop("output_dir")
-    gigpo_algo, grpo_algo = raw["gigpo"].pop("algorithm"), raw["grpo"].pop("algorithm")
-    assert raw["gigpo"] == raw["grpo"]
-    assert grpo_algo.pop("credit") == "trajectory" and gigpo_algo.pop("credit") == "gigpo"
-    assert gigpo_algo.pop("credit_args") == {"outcome_on_last_turn": False}
-    assert gigpo_algo == grpo_algo
-    for credit, path in CONFIGS.items():
-        cfg = load_config(path, [f"output_dir={tmp_path / credit}"])
-        env, level = cfg.rollout.environment_args, cfg.task.args
-        assert cfg.rollout.environment == "gridworld" and [r.name for r in cfg.rewards] == ["env_return"]
-        assert all(env[k] == level[k] for k in ("size", "min_distance", "max_steps")), (env, level)
-        assert cfg.rollout.max_turns == level["max_steps"]
-        GridWorld(**env)  # the options build the game
+    check_credit_twins(CONFIGS, tmp_path, "gridworld", ("size", "min_distance", "max_steps"), GridWorld)
 
 
 def test_bad_level_options_are_refused_at_load():

@@ -187,8 +187,10 @@ def test_gigpo_without_the_outcome_counts_the_environments_return_once():
     assert _gigpo(True).tolist() == pytest.approx([22.0, -22.0])  # env_return added on top: twice the return
 
 
-def test_shipped_configs_differ_only_in_credit_and_match_the_task(tmp_path):
-    raw = {k: yaml.safe_load(p.read_text()) for k, p in CONFIGS.items()}
+def check_credit_twins(configs: dict, tmp_path, environment: str, level_keys: tuple[str, ...], game) -> None:
+    """A game's shipped GRPO and GiGPO configs: equal but for the credit (gigpo counting ``env_return`` once), the
+    environment's level options equal to the task's, one turn per move, and options that build the game."""
+    raw = {k: yaml.safe_load(p.read_text()) for k, p in configs.items()}
     for cfg in raw.values():
         cfg.pop("output_dir")
     gigpo_algo, grpo_algo = raw["gigpo"].pop("algorithm"), raw["grpo"].pop("algorithm")
@@ -196,13 +198,17 @@ def test_shipped_configs_differ_only_in_credit_and_match_the_task(tmp_path):
     assert grpo_algo["credit"] == "trajectory" and gigpo_algo.pop("credit") == "gigpo"
     assert gigpo_algo.pop("credit_args") == {"outcome_on_last_turn": False}
     assert {**gigpo_algo, "credit": "trajectory"} == grpo_algo
-    for credit, path in CONFIGS.items():
+    for credit, path in configs.items():
         cfg = load_config(path, [f"output_dir={tmp_path / credit}"])
         env, level = cfg.rollout.environment_args, cfg.task.args
-        assert cfg.rollout.environment == "sokoban" and [r.name for r in cfg.rewards] == ["env_return"]
-        assert all(env[k] == level[k] for k in ("size", "boxes", "pulls", "max_steps")), (env, level)
+        assert cfg.rollout.environment == environment and [r.name for r in cfg.rewards] == ["env_return"]
+        assert all(env[k] == level[k] for k in level_keys), (env, level)
         assert cfg.rollout.max_turns == level["max_steps"]
-        Sokoban(**env)  # the options build the game
+        game(**env)  # the options build the game
+
+
+def test_shipped_configs_differ_only_in_credit_and_match_the_task(tmp_path):
+    check_credit_twins(CONFIGS, tmp_path, "sokoban", ("size", "boxes", "pulls", "max_steps"), Sokoban)
 
 
 def test_gigpo_with_env_return_and_the_outcome_added_is_refused(tmp_path):

@@ -117,9 +117,10 @@ class Sokoban:
         else:
             reward += self._move(MOVES[action])
             obs = self.observe()
-        if self.solved:
+        solved = self.solved
+        if solved:
             reward += self.rewards["solved"]
-        self.done = self.solved or self.steps >= self.max_steps
+        self.done = solved or self.steps >= self.max_steps
         obs.reward = reward
         return obs, reward, self.done
 
@@ -343,10 +344,11 @@ class GridWorld(Sokoban):
 
     def _generate(self, rng: random.Random) -> None:
         floor = [(r, q) for r in range(1, self.size - 1) for q in range(1, self.size - 1)]
+        self.boxes = set()
         while True:  # min_distance is at most the diagonal, so a draw succeeds
-            goal, player = rng.sample(floor, 2)
-            if abs(goal[0] - player[0]) + abs(goal[1] - player[1]) >= self.min_distance:
-                self.targets, self.boxes, self.player = frozenset([goal]), set(), player
+            goal, self.player = rng.sample(floor, 2)
+            self.targets = frozenset([goal])
+            if self.distance() >= self.min_distance:
                 return
 
 

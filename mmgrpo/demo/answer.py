@@ -74,14 +74,14 @@ def answer(models: Models, row: dict, seed: int, group: int, with_ground_truth: 
     for name, adapter in (("base", base), ("trained", trained)):
         torch.manual_seed(seed)
         greedy = adapter.evaluate([row])[0]
-        sampled, extras = [], None
+        multi_turn = isinstance(greedy, Transcript)  # scored with its turn rewards, as training scores it
+        sampled, turn_rewards = [], [list(greedy.turn_rewards)] if multi_turn else []
         if group > 0:
             torch.manual_seed(seed)
             rollout = adapter.rollout([row], group)
             sampled = list(rollout.outputs)
-        if isinstance(greedy, Transcript):  # multi-turn: the environment's turn rewards, as training scores them
-            later = rollout.extras["turn_rewards"] if sampled else []
-            extras = {"turn_rewards": [list(greedy.turn_rewards), *later]}
+            turn_rewards += rollout.extras["turn_rewards"] if multi_turn else []
+        extras = {"turn_rewards": turn_rewards} if multi_turn else None
         lines = score(rewards, [greedy] + sampled, row, with_ground_truth, extras)
         shown = [
             sample_files.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)
