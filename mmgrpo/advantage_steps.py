@@ -8,8 +8,8 @@
 2. ``algorithm.filter_zero_variance``: groups whose rewards are all equal leave the update (their mask rows are
    zeroed; DAPO's dynamic-sampling filter without resampling, arXiv 2503.14476 §3.2);
 3. the shaper ``algorithm.shaping`` (``SHAPERS``, [P, G] → [B, T]; ``none`` broadcasts), with ``shaping_args``, or,
-   for multi-turn rollouts with ``algorithm.credit`` other than ``trajectory``, its per-turn credit
-   (:func:`mmgrpo.multiturn.unit_advantages`: GiGPO, MT-GRPO);
+   for multi-turn rollouts with ``algorithm.credit`` other than ``trajectory``, its per-turn credit (``CREDITS``
+   of :mod:`mmgrpo.credit`: GiGPO, MT-GRPO; :func:`mmgrpo.multiturn.unit_advantages`), with ``credit_args``;
 4. ``algorithm.token_weighting`` (``TOKEN_WEIGHTINGS``: TW-GRPO's per-position weights, arXiv 2505.24718) times
    the per-unit advantages, with ``token_weighting_args``.
 
@@ -27,7 +27,7 @@ from typing import Any
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import multiturn, shaping
+from mmgrpo import credit, multiturn, shaping
 from mmgrpo.options import as_kwargs, resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
@@ -98,12 +98,12 @@ def _shape(state: AdvantageState, step: Step) -> None:
 
 @STEP_KINDS.register("credit")
 def _credit(state: AdvantageState, step: Step) -> None:
-    """[P, G] → [B, T] by a multi-turn credit assignment (``algorithm.credit``,
-    :func:`mmgrpo.multiturn.unit_advantages`; its options are the algorithm section, which holds ``credit_args``),
-    in place of the shaper."""
+    """[P, G] → [B, T] by a multi-turn credit assignment (``algorithm.credit``, ``CREDITS``,
+    :func:`mmgrpo.multiturn.unit_advantages`), in place of the shaper."""
     r = state.rollout
     inputs = shaping.ShapingInputs(state.mask, state.combined, r.unit_sigmas, r.unit_values)
-    state.unit = multiturn.unit_advantages(step.options, state.advantages, inputs, r, state.metrics)  # [B, T]
+    unit = multiturn.unit_advantages(step.name, step.options, state.advantages, inputs, r, state.metrics)  # [B, T]
+    state.unit = unit
 
 
 @STEP_KINDS.register("token_weighting")
@@ -134,7 +134,9 @@ def build(a: Any) -> list[Step]:
     if a.filter_zero_variance:
         steps.append(Step("filter_zero_variance", "zero_variance", NoOptions()))
     if a.credit != "trajectory":  # multi-turn credit (GiGPO, MT-GRPO) replaces the per-sample shaper
-        steps.append(Step("credit", a.credit, a))
+        steps.append(
+            Step("credit", a.credit, resolve(credit.CREDITS, a.credit, a.credit_args, "algorithm.credit_args"))
+        )
     else:
         shaper = resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
         steps.append(Step("shaping", a.shaping, shaper))

@@ -254,15 +254,16 @@ class AlgorithmConfig:
     difficulty_augmentation: DifficultyAugmentationConfig = field(default_factory=DifficultyAugmentationConfig)
     """DeepVideo-R1 difficulty-aware augmentation: hints for hard groups, noisier video for easy ones, resampled
     (docs/variants.md; video adapter)."""
-    credit: Literal["trajectory", "gigpo", "mt_grpo"] = "trajectory"
-    """Credit across the turns of multi-turn rollouts (rollout.tools; mmgrpo/credit.py, docs/agents.md): trajectory
-    (one advantage per trajectory, every turn's tokens get it: GRPO) | gigpo (episode advantage + ω · step advantage
-    within anchor-state groups, arXiv 2505.10978) | mt_grpo (turn-level advantage from per-turn rewards,
+    credit: str = "trajectory"
+    """Credit across the turns of multi-turn rollouts (registry mmgrpo.credit.CREDITS; rollout.tools, docs/agents.md):
+    trajectory (one advantage per trajectory, every turn's tokens get it: GRPO) | gigpo (episode advantage + ω · step
+    advantage within anchor-state groups, arXiv 2505.10978) | mt_grpo (turn-level advantage from per-turn rewards,
     arXiv 2505.11821)."""
     credit_args: dict[str, Any] = field(default_factory=dict)
-    """Options of the credit assignment, checked against its function in mmgrpo/credit.py: gigpo {gamma,
-    step_advantage_w (ω), mode, outcome_on_last_turn (default true: the configured reward is added to the last
-    turn's; false with a reward that is the environment's return, env_return)} | mt_grpo {turn_advantage_coef}."""
+    """Options of the credit assignment, checked against its dataclass in mmgrpo/credit.py: gigpo {gamma,
+    step_advantage_w (ω), mode, invalid_penalty, eps, similarity_thresh, outcome_on_last_turn (default true: the
+    configured reward is added to the last turn's; false with a reward that is the environment's return,
+    env_return)} | mt_grpo {turn_advantage_coef, advantage_est, discount_factor, eps} | trajectory {}."""
 
 
 @dataclass

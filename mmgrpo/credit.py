@@ -5,10 +5,19 @@ turns (steps) ``s = 0..S-1`` interleaved with tool / environment observations. T
 ``b`` and turn ``s``: ``turn_mask[b, s]`` (the turn exists), ``turn_rewards[b, s]`` (environment reward after the
 turn's action), ``invalid[b, s]`` (the action did not parse / was not allowed), ``anchor_keys[b][s]`` (a hashable
 key of the observation the turn's action was taken from; :func:`mmgrpo.tools.state_anchor`), and per token
-``turn_of_token[b, t]`` (the turn a generated token belongs to, −1 for prompt / observation tokens). Three options:
+``turn_of_token[b, t]`` (the turn a generated token belongs to, −1 for prompt / observation tokens). Three credit
+functions, registered in :data:`CREDITS` (``algorithm.credit``) with one signature::
+
+    credit_fn(advantages: Tensor[P, G], outcome: Tensor[B], turns: TurnInputs, options) -> (Tensor[B, S], metrics)
+
+each with a frozen options dataclass (``algorithm.credit_args``, checked at load, :func:`mmgrpo.options.resolve`).
+The registered functions only unpack :class:`TurnInputs` and the options into the math functions below, which keep
+plain tensors and keyword parameters:
 
 * ``trajectory`` (default) — one advantage per trajectory (the usual group estimator of :mod:`mmgrpo.advantages`)
-  broadcast to every action token: :func:`trajectory_turn_advantages`.
+  broadcast to every action token: :func:`trajectory_turn_advantages`. The advantage pipeline runs no credit step
+  for it: the configured shaper does the broadcast (:mod:`mmgrpo.advantage_steps`; with ``shaping: none`` the same
+  numbers, as ``tests/test_credits.py`` checks), and single-turn rollouts take that path too.
 * ``gigpo`` — GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
   arXiv 2505.10978), as verl-agent computes it (``gigpo/core_gigpo.py`` ``compute_step_discounted_returns``,
   ``episode_norm_reward``, ``build_step_group``, ``step_norm_reward``, ``compute_gigpo_outcome_advantage``;
@@ -49,14 +58,19 @@ once per rollout).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from difflib import SequenceMatcher
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
-CREDIT_MODES = ("trajectory", "gigpo", "mt_grpo")
-"""The ``credit`` options: trajectory-level GRPO (default), GiGPO, MT-GRPO."""
+from mmgrpo.config import Range
+from mmgrpo.registry import Registry
+from mmgrpo.shaping import NoOptions
+
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 MT_GRPO_ESTIMATORS = ("aae", "cae")
 
@@ -380,3 +394,120 @@ def _check_turns(turn_mask: Tensor, per_turn: dict[str, Tensor | None], per_samp
                 raise ValueError(
                     f"{name} must have shape {list(want)} to match turn_mask {[B, S]}, got {list(t.shape)}"
                 )
+
+
+# ------------------------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class TurnInputs:
+    """What a credit function reads about B multi-turn trajectories, padded to S turns (the longest one's);
+    :func:`mmgrpo.multiturn.turn_inputs` builds it from a rollout's columns.
+
+    Shape:
+        turn_mask: [B, S] float32, 1 for the turns that exist
+        turn_rewards: [B, S] float32, the environment / tool reward after each turn's action (0 in the padding)
+        invalid: [B, S] float32, 1 where the turn's action was invalid (its observation an error)
+        anchors: B lists, key s the state turn s acted from (:func:`mmgrpo.tools.state_anchor`)
+        first_result_turn: [B] long, the first turn after a tool result (−1: none)
+        group: [B] long, the episode group (prompt) of each trajectory
+    """
+
+    turn_mask: Tensor  # [B, S]
+    turn_rewards: Tensor  # [B, S]
+    invalid: Tensor  # [B, S]
+    anchors: Sequence[Sequence[Hashable]]
+    first_result_turn: Tensor  # [B]
+    group: Tensor  # [B]
+
+
+CreditFn = Callable[[Tensor, Tensor, TurnInputs, Any], tuple[Tensor, dict[str, Tensor]]]
+"""``credit_fn(advantages [P, G], outcome [B], turns, options) -> (per-turn advantages [B, S], metrics)``."""
+
+CREDITS: Registry[CreditFn] = Registry("credit")
+"""``algorithm.credit`` → its credit function and options dataclass (module docstring)."""
+
+
+@dataclass(frozen=True)
+class GiGPOOptions:
+    """``algorithm.credit_args`` of ``gigpo``: :func:`gigpo_advantages`'s options (its other parameters come from
+    the rollout), and where the outcome reward goes."""
+
+    gamma: float = 0.95
+    """γ, the discount of the step returns (verl-agent's scripts; its config default is 1.0)."""
+    step_advantage_w: float = 1.0
+    """ω, the weight of the step (anchor-state) advantage."""
+    mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm"
+    """mean_norm: subtract the group mean (verl-agent's default) | mean_std_norm: and divide by std + eps."""
+    invalid_penalty: float = 0.1
+    """c, subtracted from the episode score and the step return of an invalid turn."""
+    eps: float = 1e-6
+    """Added to the std in mean_std_norm."""
+    similarity_thresh: Annotated[float, Range(gt=0, lt=1)] | None = None
+    """null: anchors match exactly | a ratio in (0, 1): text anchors clustered by similarity (enable_similarity)."""
+    outcome_on_last_turn: bool = True
+    """Add the outcome reward (the configured rewards, combined) to the last turn's reward, so R_b = Σ_s r_{b,s};
+    false when the configured reward already is the environment's return (env_return), which would count twice."""
+
+
+@dataclass(frozen=True)
+class MTGRPOOptions:
+    """``algorithm.credit_args`` of ``mt_grpo``: :func:`mt_grpo_advantages`'s options."""
+
+    turn_advantage_coef: float = 1.0
+    """λ, the weight of the turn-level advantage on the turns before the first tool result."""
+    advantage_est: Literal["aae", "cae"] = "aae"
+    """aae: the paper's Â^O + λ·Â^T | cae: the normalised cumulative reward r^T + δ·r^O."""
+    discount_factor: float = 1.0
+    """δ of cae."""
+    eps: float = 1e-4
+    """Added to the std (1e-4 as in the source)."""
+
+
+@CREDITS.register("trajectory", options=NoOptions)
+def trajectory_credit(
+    advantages: Tensor, outcome: Tensor, turns: TurnInputs, options: NoOptions
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO over whole trajectories: :func:`trajectory_turn_advantages` of the group estimator's advantages.
+
+    Shape:
+        advantages: [P, G]; outcome: [B] (unused) -> [B, S]
+    """
+    return trajectory_turn_advantages(advantages.reshape(-1), turns.turn_mask), {}  # [B, S]
+
+
+@CREDITS.register("gigpo", options=GiGPOOptions)
+def gigpo_credit(
+    advantages: Tensor, outcome: Tensor, turns: TurnInputs, options: GiGPOOptions
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GiGPO (:func:`gigpo_advantages`) on the turn rewards, the outcome added to each trajectory's last turn
+    unless ``options.outcome_on_last_turn`` is false (the episode return R_b = Σ_s r_{b,s}, as in verl-agent, where
+    the environment's final step reward carries the success).
+
+    Shape:
+        advantages: [P, G] (unused); outcome: [B] -> [B, S]
+    """
+    rewards = turns.turn_rewards  # [B, S]
+    if options.outcome_on_last_turn:
+        last = (turns.turn_mask.sum(1).long() - 1).clamp(min=0)  # [B]
+        rewards = rewards.clone()
+        rewards[torch.arange(len(last)), last] += outcome
+    kwargs = dataclasses.asdict(options)  # the other fields are gigpo_advantages's keyword parameters
+    del kwargs["outcome_on_last_turn"]
+    return gigpo_advantages(rewards, turns.turn_mask, turns.anchors, turns.group, invalid=turns.invalid, **kwargs)
+
+
+@CREDITS.register("mt_grpo", options=MTGRPOOptions)
+def mt_grpo_credit(
+    advantages: Tensor, outcome: Tensor, turns: TurnInputs, options: MTGRPOOptions
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """MT-GRPO (:func:`mt_grpo_advantages`) with r^O = the outcome reward and r^T = the trajectory's summed turn
+    rewards.
+
+    Shape:
+        advantages: [P, G] (unused); outcome: [B] -> [B, S]
+    """
+    turn_reward = (turns.turn_rewards * turns.turn_mask).sum(1)  # [B]
+    return mt_grpo_advantages(
+        outcome, turn_reward, turns.first_result_turn, turns.turn_mask, turns.group, **dataclasses.asdict(options)
+    )

@@ -8,16 +8,15 @@ per turn: the tool/environment reward after the turn's action, whether its obser
 
 :func:`unit_advantages` turns them into the per-token advantages ``[B, T]`` the loss takes, by ``algorithm.credit``:
 
-* ``trajectory``: the group advantage of the trajectory through the configured per-unit shaping (unchanged GRPO:
-  every action token of every turn gets it; observation tokens have mask 0);
-* ``gigpo``: :func:`mmgrpo.credit.gigpo_advantages` with the outcome reward (the combined reward of the configured
-  reward functions) added to the last turn's reward, so the episode return is R_b = Σ_s r_{b,s} as in verl-agent,
-  where the environment's final step reward carries the success. ``algorithm.credit_args.outcome_on_last_turn:
-  false`` leaves the outcome out (R_b = the environment's return alone) for a configured reward that already is
-  that return (``env_return``: the trajectory reward of ``credit: trajectory`` on an environment), which would
-  otherwise be counted twice;
-* ``mt_grpo``: :func:`mmgrpo.credit.mt_grpo_advantages` with r^O = the combined reward, r^T = the summed turn
-  rewards, and the first tool result = the turn after the first turn whose observation was not an error.
+* ``trajectory``: no credit step: the group advantage of the trajectory goes through the configured per-unit
+  shaping (unchanged GRPO: every action token of every turn gets it; observation tokens have mask 0);
+* the others: the credit function of :data:`mmgrpo.credit.CREDITS` with its resolved ``algorithm.credit_args``, fed
+  :func:`turn_inputs` and the outcome reward (the combined reward of the configured reward functions):
+  ``gigpo`` (:func:`mmgrpo.credit.gigpo_credit`: the outcome added to the last turn's reward, so R_b = Σ_s r_{b,s}
+  as in verl-agent; ``outcome_on_last_turn: false`` leaves it out for a configured reward that already is the
+  environment's return, ``env_return``, which would otherwise be counted twice), ``mt_grpo``
+  (:func:`mmgrpo.credit.mt_grpo_credit`: r^O = the combined reward, r^T = the summed turn rewards; the first tool
+  result = the turn after the first turn whose observation was not an error).
 
 The per-turn advantages ``[B, S]`` reach the tokens through :func:`mmgrpo.credit.turn_to_token_advantages`.
 """
@@ -30,18 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmgrpo import credit, shaping
-from mmgrpo.config import AlgorithmConfig, ConfigError, TrainConfig, check_kwargs
+from mmgrpo import credit, options, shaping
+from mmgrpo.config import ConfigError, TrainConfig, check_kwargs
 from mmgrpo.types import MultiTurn, Rollout
 
-CREDIT_FUNCTIONS = {"gigpo": credit.gigpo_advantages, "mt_grpo": credit.mt_grpo_advantages}
-"""``algorithm.credit`` → the function whose keyword options ``algorithm.credit_args`` may set."""
-CREDIT_ARG_SKIP = {"gigpo": 4, "mt_grpo": 5}
-"""Positional (per-rollout) parameters of each credit function, not options."""
-_ROLLOUT_FED = {"invalid", "episode_rewards"}
-"""Keyword parameters the rollout fills, not options."""
-OUTCOME_OPTION = "outcome_on_last_turn"
-"""``algorithm.credit_args`` option of ``gigpo`` read here, not by the credit function (module docstring)."""
 RETURN_REWARDS = {"env_return"}
 """Rewards that are the environment's return (the summed turn rewards), which gigpo reads from the turns already."""
 
@@ -58,25 +49,7 @@ def check_config(cfg: TrainConfig) -> None:
                 f"rewards: {reward.name!r} reads what a multi-turn rollout records (tool calls, turn rewards), but "
                 f"this config has no {need}; set it, or use a one-turn reward such as accuracy"
             )
-    if a.credit != "trajectory" and not r.multi_turn:
-        raise ConfigError(
-            f"algorithm.credit: {a.credit} assigns credit across turns, but rollouts are single-turn; set "
-            "rollout.tools (e.g. [crop]) or rollout.environment, or keep algorithm.credit: trajectory"
-        )
-    if a.credit == "trajectory" and a.credit_args:
-        raise ConfigError(f"algorithm.credit_args: trajectory credit has no options, got {a.credit_args}")
-    if a.credit != "trajectory":
-        options = dict(a.credit_args)
-        for key in _ROLLOUT_FED & set(options):
-            raise ConfigError(f"algorithm.credit_args.{key}: filled from the rollout, not an option")
-        if a.credit == "gigpo":
-            _check_outcome_option(cfg, options.pop(OUTCOME_OPTION, True))
-        check_kwargs(CREDIT_FUNCTIONS[a.credit], options, "algorithm.credit_args", skip=CREDIT_ARG_SKIP[a.credit])
-        if a.shaping != "none":
-            raise ConfigError(
-                f"algorithm.shaping: {a.shaping} with algorithm.credit: {a.credit}: the per-turn credit sets the "
-                "per-token advantages itself; set algorithm.shaping: none"
-            )
+    _check_credit(cfg)
     if not r.multi_turn:
         return
     from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
@@ -117,16 +90,34 @@ def check_config(cfg: TrainConfig) -> None:
         )
 
 
-def _check_outcome_option(cfg: TrainConfig, add: Any) -> None:
-    """gigpo's ``outcome_on_last_turn``: a bool, and false when a configured reward is the environment's return."""
-    if not isinstance(add, bool):
-        raise ConfigError(f"algorithm.credit_args.{OUTCOME_OPTION}: true or false, got {add!r}")
-    twice = sorted({spec.name for spec in cfg.rewards} & RETURN_REWARDS)
-    if add and twice:
+def _check_credit(cfg: TrainConfig) -> None:
+    """``algorithm.credit`` against :data:`mmgrpo.credit.CREDITS`, ``credit_args`` against its options dataclass,
+    and both against the rollout, the shaping and the rewards (one line each)."""
+    r, a = cfg.rollout, cfg.algorithm
+    if a.credit not in credit.CREDITS:
         raise ConfigError(
-            f"algorithm.credit: gigpo with the reward {twice[0]} (the environment's return): gigpo adds the configured "
-            f"reward to the last turn's reward, so the return would count twice; set algorithm.credit_args."
-            f"{OUTCOME_OPTION}: false (the episode return is then the environment's, as in verl-agent)"
+            f"algorithm.credit: {a.credit!r} is not allowed; choose one of: {', '.join(credit.CREDITS.names())}"
+        )
+    if a.credit != "trajectory" and not r.multi_turn:
+        raise ConfigError(
+            f"algorithm.credit: {a.credit} assigns credit across turns, but rollouts are single-turn; set "
+            "rollout.tools (e.g. [crop]) or rollout.environment, or keep algorithm.credit: trajectory"
+        )
+    opts = options.resolve(credit.CREDITS, a.credit, a.credit_args, "algorithm.credit_args")
+    if a.credit == "trajectory":
+        return
+    if a.shaping != "none":
+        raise ConfigError(
+            f"algorithm.shaping: {a.shaping} with algorithm.credit: {a.credit}: the per-turn credit sets the "
+            "per-token advantages itself; set algorithm.shaping: none"
+        )
+    twice = sorted({spec.name for spec in cfg.rewards} & RETURN_REWARDS)
+    if getattr(opts, "outcome_on_last_turn", False) and twice:
+        raise ConfigError(
+            f"algorithm.credit: {a.credit} with the reward {twice[0]} (the environment's return): {a.credit} adds the "
+            f"configured reward to the last turn's reward, so the return would count twice; set "
+            f"algorithm.credit_args.outcome_on_last_turn: false (the episode return is then the environment's, as in "
+            "verl-agent)"
         )
 
 
@@ -163,61 +154,40 @@ def use_turns(adapter: Any, settings: Any) -> None:
     adapter.use_turns(settings)
 
 
-def turn_inputs(rollout: Rollout) -> dict[str, Any]:
-    """The per-turn tensors of a multi-turn rollout (module docstring).
+def turn_inputs(rollout: Rollout) -> credit.TurnInputs:
+    """The per-turn tensors of a multi-turn rollout (module docstring), padded by :func:`mmgrpo.credit.pad_turns`.
 
     Shape:
         returns turn_mask [B, S], turn_rewards [B, S], invalid [B, S] (S = the most turns of any trajectory),
-        anchors (B lists of S_b keys), first_result_turn [B] (−1: no tool result)
+        anchors (B lists of S_b keys), first_result_turn [B] (−1: no tool result), group [B]
     """
     ex = rollout.extras
     if rollout.turn_of_token is None or "num_turns" not in ex:
         raise ValueError("per-turn credit needs a multi-turn rollout (rollout.tools): no turn_of_token / num_turns")
     turns = [int(n) for n in ex["num_turns"]]
-    B, S = len(turns), max(1, max(turns))
-    mask = torch.zeros((B, S))  # [B, S]
-    rewards = torch.zeros((B, S))  # [B, S]
-    invalid = torch.zeros((B, S))  # [B, S]
-    first = torch.full((B,), -1, dtype=torch.long)  # [B]
+    rewards, mask = credit.pad_turns([row[:n] for row, n in zip(ex["turn_rewards"], turns)])  # [B, S]
+    invalid, _ = credit.pad_turns([row[:n] for row, n in zip(ex["turn_invalid"], turns)])  # [B, S]
+    first = torch.full((len(turns),), -1, dtype=torch.long)  # [B]
     for b, n in enumerate(turns):
-        mask[b, :n] = 1
-        rewards[b, :n] = torch.tensor([float(x) for x in ex["turn_rewards"][b][:n]])
-        invalid[b, :n] = torch.tensor([float(x) for x in ex["turn_invalid"][b][:n]])
         called = n - 1 if n > 1 else 0  # turns 0..n-2 were answered by an observation (the last turn was not)
         ok = [s for s in range(called) if not ex["turn_invalid"][b][s]]
         if ok:
             first[b] = ok[0] + 1
-    return {"turn_mask": mask, "turn_rewards": rewards, "invalid": invalid, "anchors": ex["anchors"], "first": first}
+    return credit.TurnInputs(mask, rewards, invalid, ex["anchors"], first, rollout.prompt_index.long())
 
 
 def unit_advantages(
-    a: AlgorithmConfig, advantages: Tensor, inputs: shaping.ShapingInputs, rollout: Rollout, metrics: dict
+    name: str, opts: Any, advantages: Tensor, inputs: shaping.ShapingInputs, rollout: Rollout, metrics: dict
 ) -> Tensor:
-    """Per-token advantages ``[B, T]`` of ``algorithm.credit`` (module docstring); adds ``credit/*`` to ``metrics``.
+    """Per-token advantages ``[B, T]`` of credit function ``name`` of :data:`mmgrpo.credit.CREDITS` with its
+    resolved options ``opts`` (module docstring); adds its ``credit/*`` metrics to ``metrics``.
 
     Shape:
         advantages: [P, G] the group estimator's; inputs.rewards: [P, G] combined rewards (NaN: none applied)
         returns [B, T]
     """
-    if a.credit == "trajectory":
-        return shaping.shape_advantages(a.shaping, advantages, inputs, a.shaping_args)  # [B, T]
-    t = turn_inputs(rollout)
     outcome = torch.nan_to_num(inputs.rewards.float().reshape(-1))  # [B]
-    group = rollout.prompt_index.long()  # [B]
-    if a.credit == "gigpo":  # the outcome is the last turn's reward: R_b = Σ_s r_{b,s}
-        options = dict(a.credit_args)
-        last = (t["turn_mask"].sum(1).long() - 1).clamp(min=0)  # [B]
-        rewards = t["turn_rewards"].clone()  # [B, S]
-        if options.pop(OUTCOME_OPTION, True):
-            rewards[torch.arange(len(last)), last] += outcome
-        per_turn, mets = credit.gigpo_advantages(
-            rewards, t["turn_mask"], t["anchors"], group, invalid=t["invalid"], **options
-        )  # [B, S]
-    else:
-        turn_reward = (t["turn_rewards"] * t["turn_mask"]).sum(1)  # [B]
-        per_turn, mets = credit.mt_grpo_advantages(
-            outcome, turn_reward, t["first"], t["turn_mask"], group, **a.credit_args
-        )  # [B, S]
+    per_turn, mets = credit.CREDITS.get(name)(advantages, outcome, turn_inputs(rollout), opts)  # [B, S]
     metrics.update(mets)
     return credit.turn_to_token_advantages(per_turn, rollout.turn_of_token) * inputs.mask  # [B, T]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmgrpo import multiturn, shaping
+from mmgrpo import advantage_steps, multiturn
 from mmgrpo.config import AlgorithmConfig
 from mmgrpo.types import Rollout
 
@@ -38,9 +38,9 @@ def _advantages(credit: str, **args) -> tuple[torch.Tensor, dict]:
     rewards = torch.tensor([[1.0, 0.0]])  # [P, G] combined outcome rewards
     a = AlgorithmConfig(group_size=2, credit=credit, credit_args=args)
     advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)  # [P, G]
-    metrics: dict = {}
-    inputs = shaping.ShapingInputs(rollout.mask, rewards)
-    return multiturn.unit_advantages(a, advantages, inputs, rollout, metrics), metrics
+    state = advantage_steps.AdvantageState(advantages, rewards, rollout.mask, rollout, adapter=None)
+    advantage_steps.run(advantage_steps.build(a), state)  # the trainer's pipeline: credit step or shaper
+    return state.unit, state.metrics
 
 
 def test_gigpo_puts_the_outcome_on_the_last_turn_and_groups_turn_0_by_the_shared_prompt():
@@ -73,7 +73,7 @@ def test_first_tool_result_skips_failed_calls_and_the_last_turn():
     rollout.extras["num_turns"] = [3, 2]
     rollout.extras["turn_rewards"] = [[0.0, 0.0, 0.0], [0.0, 0.0]]
     rollout.extras["turn_invalid"] = [[True, False, False], [True, False]]
-    first = multiturn.turn_inputs(rollout)["first"]
+    first = multiturn.turn_inputs(rollout).first_result_turn
     assert first.tolist() == [2, -1]  # trajectory 0: turn 1's call gave the first result; trajectory 1: none
 
 

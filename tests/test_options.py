@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgrpo import advantage_steps, advantages, losses, options, sampling, schedules, shaping
+from mmgrpo import advantage_steps, advantages, credit, losses, options, sampling, schedules, shaping
 from mmgrpo.config import AlgorithmConfig, ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.registry import Registry
@@ -136,4 +136,4 @@ def test_multi_turn_credit_takes_the_shapers_place_in_the_pipeline():
         ("advantage_transform", "difficulty"),
         ("credit", "gigpo"),
     ]
-    assert advantage_steps.build(a)[1].options is a  # unit_advantages reads algorithm.credit_args from it
+    assert advantage_steps.build(a)[1].options == credit.GiGPOOptions()  # algorithm.credit_args, resolved

@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from mmgrpo import multiturn, shaping
-from mmgrpo.config import AlgorithmConfig, ConfigError
+from mmgrpo.config import ConfigError
+from mmgrpo.credit import GiGPOOptions
 from mmgrpo.loader import load_config
 from mmgrpo.rewards import load_reward
 from mmgrpo.tasks.sokoban import SokobanArgs, SokobanTask, expert_move, level_text
@@ -176,9 +177,9 @@ def _gigpo(outcome_on_last_turn: bool) -> torch.Tensor:
         },
     )
     rewards = torch.tensor([[10.9, -0.1]])  # [P, G] env_return
-    a = AlgorithmConfig(group_size=2, credit="gigpo", credit_args={"outcome_on_last_turn": outcome_on_last_turn})
+    options = GiGPOOptions(outcome_on_last_turn=outcome_on_last_turn)
     inputs = shaping.ShapingInputs(rollout.mask, rewards)
-    return multiturn.unit_advantages(a, rewards - rewards.mean(), inputs, rollout, {})[:, 0]
+    return multiturn.unit_advantages("gigpo", options, rewards - rewards.mean(), inputs, rollout, {})[:, 0]
 
 
 def test_gigpo_without_the_outcome_counts_the_environments_return_once():
