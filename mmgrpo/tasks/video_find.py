@@ -30,7 +30,6 @@ a quarter of the time; GRPO has to teach the choice. Without tools (the baseline
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -39,12 +38,11 @@ from typing import Annotated
 
 import numpy as np
 
-from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores, warmup_call_pick
 from mmgrpo.tasks.shapes import COLOURS
-from mmgrpo.tasks.video_motion import _background, publish_videos
+from mmgrpo.tasks.video_motion import _background, publish_splits, video_cache_dir
 
 TOOL_PROMPT = (
     "Something flashes between {start}s and {end}s. What colour is it? It is too brief to see here: first look "
@@ -138,11 +136,12 @@ class VideoFindTask:
             if f + a.flash_frames - 1 in frames and not self._sampled & set(range(f, f + a.flash_frames))
         ]
 
+    def _drawn(self) -> dict:
+        """The options that draw the videos (the cache key)."""
+        return {k: v for k, v in asdict(self.args).items() if k not in _NOT_DRAWN}
+
     def _default_dir(self) -> Path:
-        content = {k: v for k, v in asdict(self.args).items() if k not in _NOT_DRAWN}
-        content["render_version"] = RENDER_VERSION
-        digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
-        return cache_dir() / "video_find" / digest
+        return video_cache_dir("video_find", self._drawn(), RENDER_VERSION)
 
     def _rows(self, n: int, seed: int, split: str) -> list[tuple[dict, list[np.ndarray]]]:
         a, rng = self.args, random.Random(seed)
@@ -178,11 +177,7 @@ class VideoFindTask:
         a = self.args
         train = self._rows(a.train_size, a.seed * 2 + 1, "train")
         evals = self._rows(a.eval_size, a.seed * 2 + 2, "eval")
-
-        publish_videos(
-            self.video_dir, train + evals, a.fps, {k: v for k, v in asdict(a).items() if k not in _NOT_DRAWN}
-        )
-        return [r for r, _ in train], [r for r, _ in evals]
+        return publish_splits(self.video_dir, train, evals, fps=a.fps, key=self._drawn())
 
     def train_rows(self) -> list[dict]:
         return self._train

@@ -138,7 +138,11 @@ def when_frames(rng: random.Random, size: int, n: int, fps: float) -> tuple[list
     return frames, (start, end)
 
 
-def publish_videos(video_dir: Path, clips: list[tuple[dict, list[np.ndarray]]], fps: float, key: dict) -> None:
+Clips = list[tuple[dict, list[np.ndarray]]]
+"""``(row, frames)`` pairs: a row and the frames of the video it names (kept only until written)."""
+
+
+def publish_videos(video_dir: Path, clips: Clips, fps: float, key: dict) -> None:
     """Write each ``(row, frames)`` as the mp4 its row names (``row["video"]``'s file name) and publish the folder
     whole under ``video_dir`` (:func:`mmgrpo.cache.publish_dir`, ``key`` the options that drew the files)."""
 
@@ -147,6 +151,20 @@ def publish_videos(video_dir: Path, clips: list[tuple[dict, list[np.ndarray]]], 
             write_mp4(tmp / Path(row["video"]).name, frames, fps, lossless=True)
 
     publish_dir(video_dir, write, key)
+
+
+def publish_splits(video_dir: Path, train: Clips, evals: Clips, fps: float, key: dict) -> tuple[list[dict], list[dict]]:
+    """The rows of the train and eval clips, once every clip's mp4 is published (:func:`publish_videos`)."""
+    publish_videos(video_dir, train + evals, fps, key)
+    return [r for r, _ in train], [r for r, _ in evals]
+
+
+def video_cache_dir(task: str, drawn: dict, render_version: int) -> Path:
+    """The default ``video_dir`` of a synthetic video task: ``task``'s folder of the cache, named by a digest of the
+    options that draw the videos (``drawn``) and the drawing code's ``render_version``."""
+    content = dict(drawn, render_version=render_version)
+    digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / task / digest
 
 
 # ------------------------------------------------------------------------------------------------- task
@@ -170,10 +188,8 @@ class VideoMotionTask:
         self._train, self._eval = self._build()
 
     def _default_dir(self) -> Path:
-        content = {k: v for k, v in asdict(self.args).items() if k != "video_dir"}
-        content["render_version"] = RENDER_VERSION
-        digest = hashlib.sha1(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
-        return cache_dir() / "video_motion" / digest
+        drawn = {k: v for k, v in asdict(self.args).items() if k != "video_dir"}
+        return video_cache_dir("video_motion", drawn, RENDER_VERSION)
 
     def _rows(self, n: int, seed: int, split: str, shuffled: bool) -> list[tuple[dict, list[np.ndarray]]]:
         """Rows and their frames (frames only kept until written)."""
@@ -204,9 +220,7 @@ class VideoMotionTask:
         a = self.args
         train = self._rows(a.train_size, a.seed * 2 + 1, "train", shuffled=False)
         evals = self._rows(a.eval_size, a.seed * 2 + 2, "eval", shuffled=a.eval_shuffled)
-
-        publish_videos(self.video_dir, train + evals, a.fps, asdict(a))
-        return [r for r, _ in train], [r for r, _ in evals]
+        return publish_splits(self.video_dir, train, evals, fps=a.fps, key=asdict(a))
 
     def train_rows(self) -> list[dict]:
         return self._train

@@ -6,6 +6,9 @@ registry with one signature::
 
     selector(num_steps: int, batch_size: int, group_size: int, *, generator, iteration, **params) -> StepPlan
 
+Each rule below is written over a :class:`StepGrid` (those five arguments) and registered under that signature
+by ``_selector``.
+
 - ``fraction``       Flow-GRPO (Liu et al. 2025, arXiv 2505.05470, §5.1; yifan123/flow_grpo ``scripts/train_sd3.py``,
                      ``timestep_fraction``): every step is SDE; the first ⌊f·T⌋ steps are trained (f = 0.99 trains
                      9 of 10: the last, near-clean step is skipped).
@@ -35,6 +38,7 @@ The adapter additionally masks out transitions whose kernel is deterministic (st
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,85 +69,88 @@ class StepPlan:
     post: Callable[[Tensor, torch.Generator | None], Tensor] | None = None
 
 
-def _full(batch_size: int, num_steps: int, value: bool = True) -> Tensor:
-    return torch.full((batch_size, num_steps), value, dtype=torch.bool)
+@dataclass(frozen=True)
+class StepGrid:
+    """What every selector is given: ``num_steps`` transitions (T) of ``batch_size`` samples (B = P·G, group-major,
+    ``group_size`` G), the generator of the rollout's draws and the training iteration."""
+
+    num_steps: int
+    batch_size: int
+    group_size: int
+    generator: torch.Generator | None = None
+    iteration: int = 0
+
+    def full(self, value: bool = True) -> Tensor:
+        """Every transition of every sample set to ``value``. Shape: [B, T] bool."""
+        return torch.full((self.batch_size, self.num_steps), value, dtype=torch.bool)
+
+    def window(self, start: int, window: int) -> StepPlan:
+        """The transitions [start, start + window) of every sample SDE and trained, the others ODE."""
+        sde = self.full(False)  # [B, T]
+        sde[:, start : start + window] = True
+        return StepPlan(sde=sde, train=sde.clone())
+
+    def randint(self, low: int, high: int) -> int:
+        """Uniform integer in [low, high] (inclusive), drawn from the generator."""
+        return int(torch.randint(low, high + 1, (1,), generator=self.generator).item())
 
 
-def _window_plan(batch_size: int, num_steps: int, start: int, window: int) -> StepPlan:
-    sde = _full(batch_size, num_steps, False)
-    sde[:, start : start + window] = True
-    return StepPlan(sde=sde, train=sde.clone())
+def _selector(name: str) -> Callable[[Callable[..., StepPlan]], Callable[..., StepPlan]]:
+    """Register ``rule(grid: StepGrid, **params) -> StepPlan`` as step selector ``name``, called with the registry's
+    one signature ``selector(num_steps, batch_size, group_size, *, generator=None, iteration=0, **params)``."""
+
+    def register(rule: Callable[..., StepPlan]) -> Callable[..., StepPlan]:
+        @functools.wraps(rule)
+        def selector(
+            num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0, **params
+        ) -> StepPlan:
+            return rule(StepGrid(num_steps, batch_size, group_size, generator, iteration), **params)
+
+        STEP_SELECTORS.add(name, selector)
+        return selector
+
+    return register
 
 
-def _randint(low: int, high: int, generator: torch.Generator | None) -> int:
-    """Uniform integer in [low, high] (inclusive)."""
-    return int(torch.randint(low, high + 1, (1,), generator=generator).item())
-
-
-@STEP_SELECTORS.register("fraction")
-def fraction(
-    num_steps: int, batch_size: int, group_size: int, *, generator=None, iteration: int = 0, fraction: float = 0.99
-) -> StepPlan:
+@_selector("fraction")
+def fraction(grid: StepGrid, fraction: float = 0.99) -> StepPlan:
     """All steps SDE; the first ⌊fraction·T⌋ trained (Flow-GRPO ``timestep_fraction``, default 0.99)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"steps.fraction must be in (0, 1], got {fraction}")
-    train = _full(batch_size, num_steps, False)
-    train[:, : max(1, int(num_steps * fraction))] = True
-    return StepPlan(sde=_full(batch_size, num_steps), train=train)
+    train = grid.full(False)  # [B, T]
+    train[:, : max(1, int(grid.num_steps * fraction))] = True
+    return StepPlan(sde=grid.full(), train=train)
 
 
-@STEP_SELECTORS.register("random_subset")
-def random_subset(
-    num_steps: int,
-    batch_size: int,
-    group_size: int,
-    *,
-    generator=None,
-    iteration: int = 0,
-    fraction: float = 0.6,
-    exclude_last: bool = True,
-) -> StepPlan:
+@_selector("random_subset")
+def random_subset(grid: StepGrid, fraction: float = 0.6, exclude_last: bool = True) -> StepPlan:
     """All steps SDE; each sample trains a random ⌊fraction·T'⌋ of its steps (DanceGRPO 0.6, last excluded)."""
-    usable = num_steps - 1 if exclude_last else num_steps
+    usable = grid.num_steps - 1 if exclude_last else grid.num_steps
     k = max(1, int(usable * fraction))
-    order = torch.rand(batch_size, usable, generator=generator).argsort(dim=1)[:, :k]  # [B, k]
-    train = _full(batch_size, num_steps, False)
+    order = torch.rand(grid.batch_size, usable, generator=grid.generator).argsort(dim=1)[:, :k]  # [B, k]
+    train = grid.full(False)  # [B, T]
     train.scatter_(1, order, True)
-    return StepPlan(sde=_full(batch_size, num_steps), train=train)
+    return StepPlan(sde=grid.full(), train=train)
 
 
-@STEP_SELECTORS.register("sde_window")
-def sde_window(
-    num_steps: int,
-    batch_size: int,
-    group_size: int,
-    *,
-    generator=None,
-    iteration: int = 0,
-    window: int = 3,
-    low: int = 0,
-    high: int | None = None,
-) -> StepPlan:
+@_selector("sde_window")
+def sde_window(grid: StepGrid, window: int = 3, low: int = 0, high: int | None = None) -> StepPlan:
     """Flow-GRPO-Fast: one SDE+trained window [s, s+window), s ~ U{low, …, high − window}; high = T//2 by default."""
+    T = grid.num_steps
     if window == 0:
-        return _window_plan(batch_size, num_steps, 0, num_steps - 1)
-    high = num_steps // 2 if high is None else high
-    if not 0 <= low <= high - window or high > num_steps:
+        return grid.window(0, T - 1)
+    high = T // 2 if high is None else high
+    if not 0 <= low <= high - window or high > T:
         raise ValueError(
-            f"steps: sde_window needs 0 <= low <= high - window and high <= T={num_steps}; "
+            f"steps: sde_window needs 0 <= low <= high - window and high <= T={T}; "
             f"got low={low}, high={high}, window={window}"
         )
-    return _window_plan(batch_size, num_steps, _randint(low, high - window, generator), window)
+    return grid.window(grid.randint(low, high - window), window)
 
 
-@STEP_SELECTORS.register("sliding_window")
+@_selector("sliding_window")
 def sliding_window(
-    num_steps: int,
-    batch_size: int,
-    group_size: int,
-    *,
-    generator=None,
-    iteration: int = 0,
+    grid: StepGrid,
     window: int = 4,
     stride: int = 1,
     every: int = 25,
@@ -156,41 +163,32 @@ def sliding_window(
     The window lives inside the first ``max_steps`` = T − 1 steps by default (MixGRPO clips at S − 2, i.e. the
     last transition is never stochastic); past the end it rolls back to 0 (``roll_back``) or stays at the end.
     """
-    max_steps = num_steps - 1 if max_steps is None else max_steps
+    max_steps = grid.num_steps - 1 if max_steps is None else max_steps
     window = min(window, max_steps)
     last_start = max_steps - window
     if strategy == "random":
-        start = _randint(0, last_start, generator)
+        start = grid.randint(0, last_start)
     elif strategy == "progressive":
-        start = (iteration // max(every, 1)) * stride
+        start = (grid.iteration // max(every, 1)) * stride
         if start > last_start:
             start = start % (last_start + 1) if roll_back else last_start
     else:
         raise ValueError(f"steps.strategy must be progressive | random, got {strategy!r}")
-    return _window_plan(batch_size, num_steps, start, window)
+    return grid.window(start, window)
 
 
-@STEP_SELECTORS.register("branching")
-def branching(
-    num_steps: int,
-    batch_size: int,
-    group_size: int,
-    *,
-    generator=None,
-    iteration: int = 0,
-    low: int = 0,
-    high: int | None = None,
-) -> StepPlan:
+@_selector("branching")
+def branching(grid: StepGrid, low: int = 0, high: int | None = None) -> StepPlan:
     """TempFlow-GRPO branching: per group one branch step k ~ U{low, …, high − 1}; only k is SDE and trained.
 
     ``high`` defaults to T − 1 (the last, near-clean step is not a branch point). Shared initial noise.
     """
-    high = num_steps - 1 if high is None else high
-    if not 0 <= low < high <= num_steps:
-        raise ValueError(f"steps: branching needs 0 <= low < high <= T={num_steps}, got low={low}, high={high}")
-    groups = batch_size // group_size
-    k = torch.randint(low, high, (groups,), generator=generator).repeat_interleave(group_size)  # [B]
-    sde = torch.nn.functional.one_hot(k, num_steps).bool()  # [B, T]
+    T, G = grid.num_steps, grid.group_size
+    high = T - 1 if high is None else high
+    if not 0 <= low < high <= T:
+        raise ValueError(f"steps: branching needs 0 <= low < high <= T={T}, got low={low}, high={high}")
+    k = torch.randint(low, high, (grid.batch_size // G,), generator=grid.generator).repeat_interleave(G)  # [B]
+    sde = torch.nn.functional.one_hot(k, T).bool()  # [B, T]
     return StepPlan(sde=sde, train=sde.clone(), shared_noise=True)
 
 
@@ -249,14 +247,9 @@ def sample_chunks(
     return train
 
 
-@STEP_SELECTORS.register("chunks")
+@_selector("chunks")
 def chunks(
-    num_steps: int,
-    batch_size: int,
-    group_size: int,
-    *,
-    generator=None,
-    iteration: int = 0,
+    grid: StepGrid,
     chunk_sizes: list[int] | None = None,
     fraction: float = 1.0,
     weighting: str = "uniform",
@@ -267,20 +260,21 @@ def chunks(
 
     ``chunk_sizes`` must equal ``algorithm.chunk_sizes`` (the chunk ratio); GCPO trains 50% of the chunks.
     """
-    sizes = chunk_sizes or [num_steps]
-    chunk_ids(sizes, num_steps)  # validate early
-    train = _full(batch_size, num_steps)
+    sizes = chunk_sizes or [grid.num_steps]
+    chunk_ids(sizes, grid.num_steps)  # validate early
+    train = grid.full()  # [B, T]
     if exclude_last:
         train[:, -1] = False
 
     def post(latents: Tensor, gen: torch.Generator | None) -> Tensor:
         return sample_chunks(latents, sizes, fraction, weighting, probs, exclude_last, gen)
 
-    return StepPlan(sde=_full(batch_size, num_steps), train=train, post=None if fraction >= 1 else post)
+    return StepPlan(sde=grid.full(), train=train, post=None if fraction >= 1 else post)
 
 
 __all__ = [
     "STEP_SELECTORS",
+    "StepGrid",
     "StepPlan",
     "branching",
     "chunk_ids",
