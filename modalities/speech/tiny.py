@@ -30,7 +30,7 @@ import torch
 
 from .. import real_models
 from .._hf import cached_build
-from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, train_byte_level_bpe
+from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save, train_byte_level_bpe
 
 TINY_WHISPER = "tiny-whisper"
 WHISPER_ENGINE = "tiny-whisper-engine"
@@ -100,6 +100,16 @@ def whisper_special_tokens(chunk_length: int) -> tuple[list[str], list[str]]:
     return special, timestamps
 
 
+def whisper_feature_extractor(num_mel_bins: int, chunk_length: int):
+    """A ``WhisperFeatureExtractor`` (Whisper's and Qwen2-Audio's): ``num_mel_bins`` log-mel bins, 16 kHz, hop 160,
+    ``chunk_length``-second windows."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=chunk_length
+    )
+
+
 def build_whisper_tokenizer(sizes: TinyWhisperSizes):
     """A ``WhisperTokenizer`` with a locally trained BPE and Whisper's special-token layout."""
     from transformers import AddedToken, WhisperTokenizer
@@ -114,7 +124,7 @@ def build_whisper_tokenizer(sizes: TinyWhisperSizes):
 
 def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyWhisperSizes | None = None) -> Path:
     """Write a tiny ``WhisperForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
-    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
+    from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperProcessor
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     s = sizes or TinyWhisperSizes()
@@ -153,18 +163,9 @@ def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyW
     g.begin_suppress_tokens = [eot]
     g.suppress_tokens = []
     g._from_model_config = False  # keep these fields when loading (else regenerated from the model config)
-    fe = WhisperFeatureExtractor(
-        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
-    )
+    fe = whisper_feature_extractor(s.num_mel_bins, s.chunk_length)
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
-    return _save(directory, model, processor)
-
-
-def _save(directory: str | os.PathLike, model, processor) -> Path:
-    directory = Path(directory)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    return save(directory, model, processor)
 
 
 def resolve_model_path(name: str, seed: int = 0) -> str:
@@ -226,12 +227,7 @@ def build_tiny_qwen2_audio(
     directory: str | os.PathLike, seed: int = 0, sizes: TinyQwen2AudioSizes | None = None
 ) -> Path:
     """Write a tiny ``Qwen2AudioForConditionalGeneration`` (config, random weights, processor) to ``directory``."""
-    from transformers import (
-        Qwen2AudioConfig,
-        Qwen2AudioForConditionalGeneration,
-        Qwen2AudioProcessor,
-        WhisperFeatureExtractor,
-    )
+    from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor
 
     s = sizes or TinyQwen2AudioSizes()
     tok = build_qwen_audio_tokenizer(s.bpe_vocab)
@@ -250,11 +246,9 @@ def build_tiny_qwen2_audio(
         audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"),
     )
     model = init_model(Qwen2AudioForConditionalGeneration, config, seed, tok)
-    fe = WhisperFeatureExtractor(
-        feature_size=s.num_mel_bins, sampling_rate=16000, hop_length=160, chunk_length=s.chunk_length
-    )
+    fe = whisper_feature_extractor(s.num_mel_bins, s.chunk_length)
     processor = Qwen2AudioProcessor(feature_extractor=fe, tokenizer=tok, chat_template=QWEN_AUDIO_CHAT_TEMPLATE)
-    return _save(directory, model, processor)
+    return save(directory, model, processor)
 
 
 QWEN2_AUDIO_ENGINE_SIZES = TinyQwen2AudioSizes(
