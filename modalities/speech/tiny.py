@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.compat import keep_generation_fields
+
 from .. import real_models
 from .._hf import cached_build
 from .._tiny import TinyDecoderSizes, init_model, qwen2_decoder_config, qwen_tokenizer, save, train_byte_level_bpe
@@ -162,7 +164,7 @@ def build_tiny_whisper(directory: str | os.PathLike, seed: int = 0, sizes: TinyW
     g.max_initial_timestamp_index = 50
     g.begin_suppress_tokens = [eot]
     g.suppress_tokens = []
-    g._from_model_config = False  # keep these fields when loading (else regenerated from the model config)
+    keep_generation_fields(g)  # keep these fields when loading (else regenerated from the model config)
     fe = whisper_feature_extractor(s.num_mel_bins, s.chunk_length)
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
     return save(directory, model, processor)
