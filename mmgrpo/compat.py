@@ -8,6 +8,12 @@ environment, where this file runs as a script: ``python mmgrpo/compat.py vllm``)
 attribute and deep import of those libraries in the source is listed here. Upgrading a dependency is then one test
 run: a touchpoint that disappeared fails by name, before a user's run hits it.
 
+A private attribute (``x._name``, read or set) is reached only through the named function of this module its
+touchpoint names (``accessor``: :func:`no_split_modules`, :func:`attn_implementation`, :func:`has_forward_hooks`,
+:func:`graph_task_id`, :func:`flux_pack_latents`, :func:`flux_latent_image_ids`, :func:`tensorboard_file_writer`,
+:func:`keep_generation_fields`): ``tests/test_compat.py`` fails on a library's private attribute, or on any
+``getattr(x, "_name")`` string, anywhere else in ``mmgrpo/``, ``modalities/``, ``rewards/`` and ``tools/``.
+
 Standard library only (it runs in ``.venv-vllm``, where mmgrpo is not installed); it imports no part of mmgrpo, so
 the core may list the modalities' touchpoints without importing them (docs/architecture.md's dependency rule).
 Sources: each library's own files at the versions the setup scripts install (transformers 5.x, diffusers 0.3x,
@@ -20,7 +26,9 @@ import importlib
 import inspect
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,13 +37,15 @@ class Touchpoint:
 
     ``target`` is ``module:attribute.path``; a ``Name()`` step instantiates with no arguments (an attribute set in
     ``__init__``). ``parameter``: the callable at ``target`` must accept an argument of that name. ``env``: the name
-    must be one of the library's documented environment variables (``module:dict`` holding them)."""
+    must be one of the library's documented environment variables (``module:dict`` holding them). ``accessor``: the
+    function of this module the code reaches a private attribute through (every private attribute has one)."""
 
     library: str
     target: str
     used_in: str
     why: str
     parameter: str | None = None
+    accessor: str | None = None
 
     @property
     def name(self) -> str:
@@ -73,8 +83,10 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "transformers",
         "transformers:GenerationConfig()._from_model_config",
-        "modalities/speech/tiny.py, modalities/ar_image/tiny.py, modalities/ar_image/adapter.py",
+        "modalities/speech/tiny.py, modalities/speech/ct2_convert.py, modalities/ar_image/tiny.py, "
+        "modalities/ar_image/adapter.py",
         "set False so a saved generation config keeps its fields (else regenerated from the model config on load)",
+        accessor="keep_generation_fields",
     ),
     Touchpoint(
         "transformers",
@@ -95,6 +107,15 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "transformers:PretrainedConfig()._attn_implementation",
         "modalities/tokens/prefix_sharing.py",
         "the attention kernel the shared-prefix forward must mask for (eager adds the mask itself)",
+        accessor="attn_implementation",
+    ),
+    Touchpoint(
+        "transformers",
+        "transformers:PreTrainedModel._no_split_modules",
+        "mmgrpo/sharding.py (block_classes)",
+        "the blocks FSDP's transformer-based wrap policy shards separately; missing: no class named, accelerate's "
+        "default wrapping",
+        accessor="no_split_modules",
     ),
     Touchpoint(
         "transformers",
@@ -128,6 +149,12 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "transformers",
+        "transformers.utils:get_json_schema",
+        "tools/base.py (FunctionTool, function_schema)",
+        "a plain function's OpenAI tool schema from its signature and Google docstring (transformers.utils path)",
+    ),
+    Touchpoint(
+        "transformers",
         "transformers.video_utils:VideoMetadata",
         "modalities/tokens/video.py",
         "the sampled frames' metadata the processor turns into second_per_grid_ts",
@@ -138,12 +165,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "diffusers:FluxPipeline._pack_latents",
         "modalities/flow/adapter.py (the FLUX forward)",
         "FLUX's 2x2 latent packing [n, c, h, w] -> [n, hw/4, 4c]",
+        accessor="flux_pack_latents",
     ),
     Touchpoint(
         "diffusers",
         "diffusers:FluxPipeline._prepare_latent_image_ids",
         "modalities/flow/adapter.py (the FLUX forward)",
         "FLUX's latent position ids",
+        accessor="flux_latent_image_ids",
     ),
     Touchpoint(
         "diffusers",
@@ -157,6 +186,7 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "torch.utils.tensorboard:SummaryWriter._get_file_writer",
         "mmgrpo/tracking.py (samples)",
         "a video sample is written as a GIF image summary through the writer's file writer",
+        accessor="tensorboard_file_writer",
     ),
     Touchpoint(
         "tensorboard",
@@ -170,18 +200,21 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "torch:_C._current_graph_task_id",
         "modalities/tokens/logprobs.py (TiedGrad)",
         "tells backwards apart for the fused head's deferred tied gradient; missing: plain autograd (fallback)",
+        accessor="graph_task_id",
     ),
     Touchpoint(
         "torch",
         "torch.nn:Module()._forward_hooks",
         "modalities/tokens/logprobs.py",
         "a head with hooks is not fused (its hooks would be skipped)",
+        accessor="has_forward_hooks",
     ),
     Touchpoint(
         "torch",
         "torch.nn:Module()._forward_pre_hooks",
         "modalities/tokens/logprobs.py",
         "as _forward_hooks",
+        accessor="has_forward_hooks",
     ),
     # ---------------------------------------------------------------------------------------------------- vLLM
     Touchpoint(
@@ -279,6 +312,64 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "its set_num_threads warning is filtered by this logger name",
     ),
 )
+
+
+# --------------------------------------------------------------------------------------------------- accessors
+# The one place the code reads or sets a private attribute of another library's object (each named by its
+# touchpoint's ``accessor``). They take the object and touch nothing else: no import at module level.
+
+
+def no_split_modules(model: Any) -> list[str]:
+    """transformers' ``PreTrainedModel._no_split_modules``: the block class names a model (or any of the sub-models a
+    composite may hold) declares unsplittable; [] where it lists none or is no transformers model."""
+    return list(getattr(model, "_no_split_modules", None) or [])
+
+
+def attn_implementation(config: Any) -> str | None:
+    """The attention kernel a transformers config selects (``PretrainedConfig._attn_implementation``: ``eager``,
+    ``sdpa``, ``flash_attention_2``, ...); None where the config has none."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def has_forward_hooks(module: Any) -> bool:
+    """A torch module with forward hooks or forward pre-hooks registered (``Module._forward_hooks``,
+    ``Module._forward_pre_hooks``)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def graph_task_id() -> Callable[[], int] | None:
+    """torch's ``torch._C._current_graph_task_id`` (called inside a backward: the id of the running one), or None where
+    this torch has none."""
+    import torch  # here, not at the top: this file runs in environments without torch (``.venv-vllm``'s check)
+
+    return getattr(torch._C, "_current_graph_task_id", None)
+
+
+def flux_pack_latents(pipe: Any, latents: Any, n: int, c: int, h: int, w: int) -> Any:
+    """FLUX's 2x2 latent packing (diffusers' ``FluxPipeline._pack_latents``).
+
+    Shape: latents [n, c, h, w] -> [n, hw/4, 4c]."""
+    return pipe._pack_latents(latents, n, c, h, w)
+
+
+def flux_latent_image_ids(pipe: Any, n: int, h: int, w: int, device: Any, dtype: Any) -> Any:
+    """FLUX's position ids of an ``h x w`` grid of packed latents (diffusers'
+    ``FluxPipeline._prepare_latent_image_ids``).
+
+    Shape: [h·w, 3]."""
+    return pipe._prepare_latent_image_ids(n, h, w, device, dtype)
+
+
+def tensorboard_file_writer(writer: Any) -> Any:
+    """The event-file writer of a ``torch.utils.tensorboard.SummaryWriter`` (``_get_file_writer``): summaries the
+    writer has no method for (a GIF image summary) are added to it."""
+    return writer._get_file_writer()
+
+
+def keep_generation_fields(generation_config: Any) -> None:
+    """Mark a transformers ``GenerationConfig`` standalone (``_from_model_config = False``): saved and loaded again,
+    it keeps the fields set on it instead of being regenerated from the model config."""
+    generation_config._from_model_config = False
 
 
 def resolve(target: str) -> object:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mmgrpo.compat import no_split_modules
+
 
 def is_sharded(module: torch.nn.Module) -> bool:
     """True when ``module`` is an FSDP2 root (its weights are DTensor shards)."""
@@ -104,7 +106,7 @@ def block_classes(module: torch.nn.Module) -> list[str]:
     CLIP tower names ``CLIPTextEmbeddings``, SigLIP's its text embeddings and pooling head), and accelerate's
     ``FullyShardedDataParallelPlugin.set_auto_wrap_policy`` raises on a listed class the model does not contain."""
     present = {type(m).__name__ for m in module.modules()}
-    return sorted(name for name in getattr(module, "_no_split_modules", None) or [] if name in present)
+    return sorted(name for name in no_split_modules(module) if name in present)
 
 
 def local(t: Tensor) -> Tensor:

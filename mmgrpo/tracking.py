@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from mmgrpo.compat import tensorboard_file_writer
+
 MEDIA = ("image", "audio", "video")
 GIF_MAX_FRAMES = 32  # frames of a sample video shown in TensorBoard (the mp4 in samples/ holds them all)
 
@@ -101,7 +103,7 @@ def _tensorboard(writer, stage: str, records: list[dict], run_dir: Path, step: i
             else:  # video: as SummaryWriter.add_video stores it, a GIF in an image summary
                 gif, h, w = _gif(path)
                 image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=gif)
-                writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+                tensorboard_file_writer(writer).add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
     header = "| # | prompt | answer | input | output |\n|---|---|---|---|---|\n"
     rows = "".join(
         f"| {i} | {_cell(r, 'prompt')} | {_cell(r, 'answer')} | {_cell(r, 'input')} | {_cell(r, 'output')} |\n"

@@ -1,7 +1,8 @@
 """The compatibility list (issue 35 item 1, ``mmgrpo/compat.py``): every private or version-fragile touchpoint of
 vLLM, diffusers, transformers, tensorboard and torch is present in the installed version (vLLM's in the engine's
 environment), the check reports a missing one by name, and no private attribute or deep import of those libraries
-in the source is missing from the list."""
+in the source is missing from the list. Issue 49: a private attribute of a library's object (or any ``getattr(x,
+"_name")`` string) appears nowhere but in ``mmgrpo/compat.py``, reached through the function its touchpoint names."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_a_missing_touchpoint_is_one_line_naming_it_and_its_use():
 
 # ------------------------------------------------------------------------------------ the list is complete
 
-SOURCES = [p for d in ("mmgrpo", "modalities", "rewards") for p in (ROOT / d).rglob("*.py")]
+SOURCES = [p for d in ("mmgrpo", "modalities", "rewards", "tools") for p in (ROOT / d).rglob("*.py")]
 STDLIB_PRIVATE = {"_exit"}  # os._exit
 
 
@@ -118,6 +119,84 @@ def test_the_completeness_check_finds_an_unlisted_touchpoint():
     code = "from diffusers.pipelines.x import _y\n\ndef f(pipe):\n    return pipe._unpack(1) + pipe._pack_latents\n"
     tree = ast.parse(code)
     assert sorted(unlisted({"m.py": tree}, {"_pack_latents"})) == ["m.py: _unpack", "m.py: diffusers.pipelines.x._y"]
+
+
+# ------------------------------------------------------------------ private attributes only inside compat.py
+
+COMPAT = "mmgrpo/compat.py"
+ATTRIBUTE_BY_NAME = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def outside_compat(trees: dict[str, ast.AST]) -> list[str]:
+    """``file:line: what`` of every private attribute of another library's object (``x._name`` our code does not
+    define, read or set) and of every ``getattr(x, "_name")`` string (of any object, ours too: a private member
+    reached by name hides from the checks above) in a file other than ``mmgrpo/compat.py``."""
+    ours = _our_names(list(trees.values())) | STDLIB_PRIVATE
+    out = []
+    for path, tree in trees.items():
+        if path == COMPAT:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in ours:
+                if not n.attr.startswith("_mmgrpo"):  # _mmgrpo*: ours, set on a library's objects
+                    out.append(f"{path}:{n.lineno}: {ast.unparse(n)}")
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ATTRIBUTE_BY_NAME:
+                name = n.args[1] if len(n.args) > 1 else None
+                if isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
+                    out.append(f"{path}:{n.lineno}: {ast.unparse(n)}")
+    return out
+
+
+def test_no_private_touchpoint_outside_compat():
+    """Every private attribute of transformers, diffusers, torch, tensorboard objects is read (or set) through a
+    named function of ``mmgrpo/compat.py``; ``getattr(x, "_name")`` strings nowhere else (issue 49)."""
+    trees = {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in SOURCES}
+    assert COMPAT in trees and any(path.startswith("tools/") for path in trees)  # the scan covers compat and tools
+    assert outside_compat(trees) == []
+
+
+def test_the_outside_check_finds_private_reads_and_getattr_strings():
+    code = (
+        "import torch\n\ndef f(model, x):\n    model._hidden = 1\n    y = getattr(x, '_ours', None)\n"
+        "    hasattr(torch, '__version__')\n    return torch._C._graph(), getattr(x, 'public')\n"
+    )
+    trees = {"modalities/m.py": ast.parse(code), COMPAT: ast.parse(code)}
+    assert outside_compat(trees) == [
+        "modalities/m.py:4: model._hidden",
+        "modalities/m.py:5: getattr(x, '_ours', None)",
+        "modalities/m.py:7: torch._C._graph",
+        "modalities/m.py:7: torch._C",
+    ]
+
+
+def _reads(function: ast.FunctionDef) -> set[str]:
+    """The private attribute names a function of compat.py reads or sets (``x._name`` and ``getattr(x, "_name")``)."""
+    names = {n.attr for n in ast.walk(function) if isinstance(n, ast.Attribute) and _private(n.attr)}
+    for n in ast.walk(function):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ATTRIBUTE_BY_NAME:
+            if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
+                names.add(n.args[1].value)
+    return names
+
+
+def test_each_private_touchpoint_has_its_accessor_and_each_accessor_its_touchpoint():
+    """A touchpoint whose target ends in a private attribute names the compat.py function that reaches it, and that
+    function touches it; every other public function of compat.py beyond the checks is such an accessor."""
+    tree = ast.parse((ROOT / COMPAT).read_text())
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    private = [tp for tp in TOUCHPOINTS if _private(tp.name)]
+    assert {tp.name for tp in private} >= {"_no_split_modules", "_attn_implementation", "_current_graph_task_id"}
+    for tp in private:
+        assert tp.accessor in functions, f"{tp.target}: accessor {tp.accessor!r} is not a function of compat.py"
+        assert tp.name in _reads(functions[tp.accessor]), f"{tp.accessor} does not touch {tp.name}"
+    accessors = {tp.accessor for tp in TOUCHPOINTS if tp.accessor is not None}
+    public = {name for name in functions if not name.startswith("_")} - {"resolve", "problem", "problems"}
+    assert public == accessors
+    assert callable(compat.graph_task_id) and compat.no_split_modules(object()) == []
 
 
 def test_every_dependency_declares_the_floor_the_floor_job_installs(tmp_path):

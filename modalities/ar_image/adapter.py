@@ -55,6 +55,7 @@ from PIL import Image
 from torch import Tensor
 
 from mmgrpo import noise, sharding
+from mmgrpo.compat import keep_generation_fields
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
@@ -430,7 +431,7 @@ class ARImageAdapter(TokenPolicy):
         model = self._unwrapped()
         gen = self._base(model).generation_config
         gen.generation_kwargs = {**(getattr(gen, "generation_kwargs", None) or {}), "boi_token_id": self.family.boi_id}
-        gen._from_model_config = False
+        keep_generation_fields(gen)
         _hf.save_policy(model, directory, self.args.name_or_path)
         self.processor.save_pretrained(directory)  # tokenizer + image processor
 

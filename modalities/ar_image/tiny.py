@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.compat import keep_generation_fields
+
 from .. import _hf
 from ..flow.tiny import WORDS as FLOW_WORDS
 
@@ -133,7 +135,7 @@ def build_tiny_janus(seed: int = 0):
     gc.generation_kwargs = {"boi_token_id": tok.convert_tokens_to_ids("<begin_of_image>")}
     # GenerationConfig drops attributes it has no default for (generation_kwargs, which Janus's image generate
     # reads) when the saved file says it came from the model config; saved as a standalone config, it keeps them.
-    gc._from_model_config = False
+    keep_generation_fields(gc)
     return model, tok
 
 

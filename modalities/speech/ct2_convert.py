@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from mmgrpo.compat import keep_generation_fields
+
 BINARY_VERSION = 6
 DTYPES = {0: torch.float32, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.float16, 5: torch.bfloat16}
 GELU = 3  # CTranslate2's ActivationType: ReLU, GELUTanh, Swish, GELU, ...
@@ -237,7 +239,7 @@ def convert_whisper(source: str | os.PathLike, directory: str | os.PathLike) -> 
     g.suppress_tokens = list(extra["suppress_ids"])
     g.begin_suppress_tokens = list(extra["suppress_ids_begin"])
     g.alignment_heads = [list(h) for h in extra.get("alignment_heads", [])]
-    g._from_model_config = False  # keep these fields when loading (else regenerated from the model config)
+    keep_generation_fields(g)  # keep these fields when loading (else regenerated from the model config)
     fe = WhisperFeatureExtractor(feature_size=sizes["num_mel_bins"], sampling_rate=16000, hop_length=160)
     processor = WhisperProcessor(feature_extractor=fe, tokenizer=tok)
     directory.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from mmgrpo.compat import graph_task_id, has_forward_hooks
 from mmgrpo.hostmem import trim_heap
 
 from .. import _hf
@@ -360,7 +361,7 @@ def fusable_head(model: torch.nn.Module, head: torch.nn.Module | None = None) ->
         head = get() if get is not None else None
     if type(head) is not torch.nn.Linear or type(head.weight) is not torch.nn.Parameter:
         return None  # a LoRA / quantised head, or a DTensor shard (FSDP2)
-    if head._forward_hooks or head._forward_pre_hooks:
+    if has_forward_hooks(head):
         return None  # a hook expects the logits
     config = getattr(core, "config", None)
     configs = [config, getattr(config, "get_text_config", lambda: None)()] if config is not None else []
@@ -410,12 +411,6 @@ def tied_embedding_grad(model: torch.nn.Module, head: torch.nn.Linear | None) ->
             del emb.forward
         else:
             emb.forward = saved
-
-
-def graph_task_id() -> Callable[[], int] | None:
-    """torch's private ``torch._C._current_graph_task_id`` (the id of the running backward), or None where this torch
-    has none: :func:`tied_embedding_grad` then leaves the tied gradient to autograd."""
-    return getattr(torch._C, "_current_graph_task_id", None)
 
 
 class TiedGrad:

@@ -77,6 +77,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo import noise
+from mmgrpo.compat import attn_implementation
 
 from .. import _hf
 from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
@@ -164,7 +165,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     if not sliding_layers and (one_window or getattr(text, "use_sliding_window", False)):  # Mistral with a window
         return f"sliding-window attention (window {window}) keeps a different cache (sliding_window: null shares)"
     if checkpointing(model):
-        kernel = getattr(text, "_attn_implementation", None)
+        kernel = attn_implementation(text)
         if kernel not in PACKED_KERNELS:
             return f"gradient checkpointing needs a custom attention mask, which {kernel!r} attention does not take"
     return None
@@ -393,7 +394,7 @@ def _packed_mask(model: torch.nn.Module, allowed: Tensor, positions: Tensor) -> 
     dtype = next(model.parameters()).dtype
 
     def kernel_form(mask: Tensor) -> Tensor:  # [U, S, S] → [U, 1, S, S]
-        if text._attn_implementation == "eager":  # eager adds the mask
+        if attn_implementation(text) == "eager":  # eager adds the mask
             return torch.zeros(mask[:, None].shape, dtype=dtype, device=mask.device).masked_fill(
                 ~mask[:, None], torch.finfo(dtype).min
             )
