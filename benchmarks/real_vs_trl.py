@@ -164,21 +164,15 @@ def _reward_of(metrics) -> float | None:
 
 def run_trl(cfg, task, device: str, every: int, meter: Meter, out: Path) -> dict:
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl_side import grpo_trainer, record_prompt_ids, use_gpu_head_rule
 
     from mmgrpo import schedules
     from mmgrpo.modalities.real_models import resolve
     from mmgrpo.tasks.eval_rewards import EvalRewards
 
     if device == "cpu":
-        # TRL's fused lm_head (add_fused_lm_head, trl/trainer/utils.py) scores only the completion positions on
-        # CUDA/XPU and every position on CPU: on a CPU run, follow the GPU rule, what every TRL user on a GPU gets
-        # (benchmarks/vs_trl.py --trl-fused-head compact does the same).
-        import trl.trainer.utils as trl_utils
-
-        trl_utils._use_triton = lambda device: True
+        use_gpu_head_rule()  # as benchmarks/vs_trl.py --trl-fused-head compact
     model_dir = resolve(cfg.model.args["name_or_path"], "vlm")
     if model_dir is None:
         raise SystemExit(f"{cfg.model.args['name_or_path']} is not set up: bash scripts/setup_real_models.sh")
@@ -203,34 +197,23 @@ def run_trl(cfg, task, device: str, every: int, meter: Meter, out: Path) -> dict
         optimizer, lambda s: schedules.lr_lambda(s, o.warmup_steps, cfg.steps, o.schedule)
     )
     B = a.prompts_per_step * a.group_size
-    args = GRPOConfig(
+    config = dict(
         output_dir=str(out / "trl_out"),
         per_device_train_batch_size=B,
-        gradient_accumulation_steps=1,
         num_generations=a.group_size,
         max_completion_length=margs["max_new_tokens"],
         num_iterations=a.epochs,
         beta=a.beta,
         learning_rate=o.lr,
         max_grad_norm=o.max_grad_norm,
-        epsilon=0.2,
         temperature=margs["temperature"],
-        top_p=1.0,
-        top_k=0,
         loss_type="dapo",
         scale_rewards="group",
         max_steps=cfg.steps,
         logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        bf16=False,
-        fp16=False,
         use_cpu=device == "cpu",
         gradient_checkpointing=False,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
         seed=cfg.seed,
-        log_completions=False,
     )
     seen: dict = {}
 
@@ -252,24 +235,13 @@ def run_trl(cfg, task, device: str, every: int, meter: Meter, out: Path) -> dict
             if logs and "reward" in logs:
                 meter.rewards.append(float(logs["reward"]))
 
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[reward],
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        optimizers=(optimizer, scheduler),
-        callbacks=[Hooks()],
-    )
-    tokenize = trainer._tokenize_prompts
+    trainer = grpo_trainer(model, tokenizer, reward, rows, Hooks(), optimizers=(optimizer, scheduler), **config)
 
-    def tokenize_and_record(prompts):
-        result = tokenize(prompts)
-        for p, ids in zip(prompts, result[0]):  # the ids TRL feeds, by question: compared with ours at the end
+    def record(prompts, prompt_ids):
+        for p, ids in zip(prompts, prompt_ids):  # the ids TRL feeds, by question: compared with ours at the end
             seen.setdefault("by_text", {}).setdefault(p[-1]["content"], [int(i) for i in ids])
-        return result
 
-    trainer._tokenize_prompts = tokenize_and_record
+    record_prompt_ids(trainer, record)
     trainer.train()
     first = task.train_rows()[0]["prompt"]
     recorded = seen.get("by_text", {})

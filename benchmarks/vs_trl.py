@@ -345,18 +345,12 @@ def _write_profile(prof, step_s: float, rollout_s: float, path: str) -> None:
 
 def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     import torch
-    from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl_side import grpo_trainer, record_prompt_ids, use_gpu_head_rule
 
     B, T = spec.prompts * spec.group_size, spec.completion_tokens
     if spec.trl_fused_head == "compact":
-        # TRL's add_fused_lm_head (trl/trainer/utils.py) scores only the labelled (completion) positions when
-        # kernels.chunked_logprob._use_triton(device) holds (CUDA/XPU) and every position elsewhere (CPU): run
-        # the GPU rule on CPU, to see what that costs TRL here. The chunked kernel itself stays on its CPU path.
-        import trl.trainer.utils as trl_utils
-
-        trl_utils._use_triton = lambda device: True
+        use_gpu_head_rule()  # to see what TRL's GPU rule for its lm_head costs it here
     if spec.arch == "qwen2_5_vl":
         model = AutoModelForImageTextToText.from_pretrained(
             spec.model_dir, dtype=torch.float32, attn_implementation="sdpa"
@@ -378,34 +372,23 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     else:
         rows, model, processor, suppressed = _trl_arch(spec)
     total = spec.warmup + spec.steps + (1 if spec.flops else 0)
-    args = GRPOConfig(
+    config = dict(
         output_dir=str(Path(spec.result).parent / f"trl_out_{os.getpid()}"),
         per_device_train_batch_size=B,
-        gradient_accumulation_steps=1,
         num_generations=spec.group_size,
         max_completion_length=T,
         num_iterations=1,
         beta=0.0,
         learning_rate=1e-5,
         max_grad_norm=1.0,
-        epsilon=0.2,
         temperature=1.0,
-        top_p=1.0,
-        top_k=0,
         generation_kwargs={"min_new_tokens": T, "suppress_tokens": suppressed},
         max_steps=total,
         logging_steps=10_000,
-        save_strategy="no",
-        report_to="none",
-        bf16=False,
-        fp16=False,
         use_cpu=True,
         gradient_checkpointing=spec.toolkit == "trl_ckpt",
-        dataloader_num_workers=0,
         dataloader_pin_memory=False,
-        disable_tqdm=True,
         seed=spec.seed,
-        log_completions=False,
     )
     flop_step = spec.warmup + spec.steps if spec.flops else -1
 
@@ -423,24 +406,10 @@ def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
                 mode.__exit__(None, None, None)
                 flop_box["flops"] = mode.get_total_flops()
 
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[bench_reward],
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=processor,
-        callbacks=[Timer()],
-    )
+    trainer = grpo_trainer(model, processor, bench_reward, rows, Timer(), **config)
     trainer._generate_single_turn = clock.wrap(trainer._generate_single_turn)
     seen: dict = {}
-    tokenize = trainer._tokenize_prompts
-
-    def tokenize_and_record(prompts):
-        out = tokenize(prompts)
-        seen.setdefault("prompt_lengths", sorted({len(ids) for ids in out[0]}))
-        return out
-
-    trainer._tokenize_prompts = tokenize_and_record
+    record_prompt_ids(trainer, lambda prompts, ids: seen.setdefault("prompt_lengths", sorted({len(x) for x in ids})))
     trainer.train()
     return {"prompt_lengths": seen.get("prompt_lengths")}
 
