@@ -3,8 +3,8 @@ Fine-Tuning via Difficulty-aware Regressive GRPO", arXiv 2506.07464, NeurIPS 202
 Reg-GRPO): move each prompt towards a solvable difficulty, so that its group's rewards differ and GRPO's advantage
 does not vanish.
 
-What is implemented (``algorithm.difficulty_augmentation``; the trainer calls :meth:`DifficultyAugmenter.step` after
-scoring the step's rollouts):
+What is implemented (``algorithm.difficulty_augmentation``; the rollout step ``difficulty_augmentation`` of
+:mod:`mmgrpo.rollout_steps` runs it after scoring the step's rollouts, with the helpers here):
 
 * difficulty of a group: ΔR = (mean reward of the reference window: the batch mean rewards of the last W = ``window``
   steps, the paper's W = 100) − (the group's mean reward). The window holds the steps *before* this one; the batch
@@ -34,15 +34,10 @@ Where the paper is silent or this departs from it:
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-
-from mmgrpo import noise
-from mmgrpo.advantages import combine_rewards
-from mmgrpo.rewards import RewardRunner, score_rows
 
 RESAMPLE_NOISE = 0xA06
 """Tag mixed into the seed of the augmented rollout's keyed noise (apart from the step's first rollout)."""
@@ -82,80 +77,29 @@ def hint_prefix(text: str, units: int, separator: str | None) -> str:
     return separator.join(text.split(separator)[:units])
 
 
-class DifficultyAugmenter:
-    """The reference window and the augmentation of one step's rows (module docstring)."""
+def augment_rows(
+    adapter: VideoAugment, rows: list[dict], delta: list[float], seeds: list[int], options: Any
+) -> tuple[list[dict], Tensor, Tensor]:
+    """Rows with hints (ΔR > 0 and a ``hint_column``) or frame noise (ΔR < 0); [P] bool masks of each.
 
-    def __init__(self, options: Any, seed: int, rewards: RewardRunner, group_size: int):
-        self.options = options  # a DifficultyAugmentationConfig
-        self.seed = seed
-        self.rewards = rewards
-        self.group_size = group_size
-        self.window: deque[float] = deque(maxlen=options.window)  # batch mean rewards of the last W steps
-
-    def augment_rows(
-        self, adapter: VideoAugment, rows: list[dict], delta: list[float], seeds: list[int]
-    ) -> tuple[list[dict], Tensor, Tensor]:
-        """Rows with hints (ΔR > 0 and a ``hint_column``) or frame noise (ΔR < 0); [P] bool masks of each."""
-        o = self.options
-        out, hinted, noised = [], torch.zeros(len(rows), dtype=torch.bool), torch.zeros(len(rows), dtype=torch.bool)
-        for i, (row, d, seed) in enumerate(zip(rows, delta, seeds, strict=True)):
-            if d > 0 and row.get(o.hint_column) is not None:
-                if not isinstance(row.get("prompt"), str):
-                    raise ValueError(
-                        f"algorithm.difficulty_augmentation: row {i}'s prompt is not a string, so no hint can be "
-                        "appended; use string prompts or turn the augmentation off"
-                    )
-                hint = hint_prefix(str(row[o.hint_column]), hint_units(d), o.hint_separator)
-                row = {**row, "prompt": row["prompt"] + o.hint_template.format(hint=hint)}
-                hinted[i] = True
-            elif d < 0:
-                new = adapter.augment_video(row, o.noise_std * noise_scale(d), seed)
-                noised[i] = new is not row
-                row = new
-            out.append(row)
-        return out, hinted, noised
-
-    def step(
-        self,
-        adapter: Any,
-        rows: list[dict],
-        rollout: Any,
-        scores: Tensor,
-        keys: noise.NoiseKeys | None,
-        positions: list[int],
-        step: int,
-        trainer_state: Any = None,
-    ) -> tuple[list[dict], Any, Tensor, dict[str, float]]:
-        """Measure ΔR on the scored first rollout, augment the rows, roll them out and score them again.
-
-        ``scores`` [B, K] of ``rollout`` (B = P·G); ``keys`` the step's rollout keys, ``positions`` [P] the prompts'
-        global positions (the frame-noise keys). Returns the rows, rollout and scores [B, K] the step trains on, and
-        the reward metrics of the second scoring with the ``augment/*`` metrics.
-        """
-        P = len(rows)
-        combined = combine_rewards(scores.view(P, self.group_size, -1), self.rewards.weights)  # [P, G] NaN: n/a
-        group_means = combined.nanmean(1).nan_to_num(0.0)  # [P]
-        window_mean = sum(self.window) / len(self.window) if self.window else None
-        self.window.append(float(group_means.mean()))
-        metrics = {"augment/window_mean": window_mean or 0.0, "augment/hinted_fraction": 0.0}
-        metrics |= {"augment/noised_fraction": 0.0, "augment/delta_mean": 0.0}
-        if window_mean is None:  # the first step: no reference yet
-            return rows, rollout, scores, metrics
-        delta = difficulty(window_mean, group_means)  # [P]
-        seeds = [noise.mix(self.seed, FRAME_NOISE, step, p) for p in positions]
-        new_rows, hinted, noised = self.augment_rows(adapter, rows, delta.tolist(), seeds)
-        if keys is not None:  # the second rollout's noise: the step's positions under a seed of its own
-            keys = noise.NoiseKeys(noise.mix(keys.seed, RESAMPLE_NOISE), keys.step, keys.positions, keys.group_size)
-        again = adapter.rollout(new_rows, self.group_size, keys)
-        new_scores, score_metrics = score_rows(
-            self.rewards,
-            again.outputs,
-            new_rows,
-            self.group_size,
-            again.extras,
-            group_index=True,
-            trainer_state=trainer_state,
-        )  # [B, K]
-        metrics |= {"augment/hinted_fraction": float(hinted.float().mean())}
-        metrics |= {"augment/noised_fraction": float(noised.float().mean()), "augment/delta_mean": float(delta.mean())}
-        return new_rows, again, new_scores, {**score_metrics, **metrics}
+    ``options`` is the ``algorithm.difficulty_augmentation`` section; ``seeds`` [P] the frame-noise seed of each row.
+    The rows themselves are not changed (hinted or noised rows are copies).
+    """
+    o = options
+    out, hinted, noised = [], torch.zeros(len(rows), dtype=torch.bool), torch.zeros(len(rows), dtype=torch.bool)
+    for i, (row, d, seed) in enumerate(zip(rows, delta, seeds, strict=True)):
+        if d > 0 and row.get(o.hint_column) is not None:
+            if not isinstance(row.get("prompt"), str):
+                raise ValueError(
+                    f"algorithm.difficulty_augmentation: row {i}'s prompt is not a string, so no hint can be "
+                    "appended; use string prompts or turn the augmentation off"
+                )
+            hint = hint_prefix(str(row[o.hint_column]), hint_units(d), o.hint_separator)
+            row = {**row, "prompt": row["prompt"] + o.hint_template.format(hint=hint)}
+            hinted[i] = True
+        elif d < 0:
+            new = adapter.augment_video(row, o.noise_std * noise_scale(d), seed)
+            noised[i] = new is not row
+            row = new
+        out.append(row)
+    return out, hinted, noised

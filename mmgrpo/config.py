@@ -254,6 +254,9 @@ class AlgorithmConfig:
     difficulty_augmentation: DifficultyAugmentationConfig = field(default_factory=DifficultyAugmentationConfig)
     """DeepVideo-R1 difficulty-aware augmentation: hints for hard groups, noisier video for easy ones, resampled
     (docs/variants.md; video adapter)."""
+    rollout_steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Further rollout-level variants, by name → options, in pipeline order (registry
+    mmgrpo.rollout_steps.ROLLOUT_STEPS; the built-in ones keep their own sections above). docs/architecture.md."""
     credit: str = "trajectory"
     """Credit across the turns of multi-turn rollouts (registry mmgrpo.credit.CREDITS; rollout.tools, docs/agents.md):
     trajectory (one advantage per trajectory, every turn's tokens get it: GRPO) | gigpo (episode advantage + ω · step
@@ -677,15 +680,9 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 def variant_methods(a: AlgorithmConfig) -> dict[str, str]:
     """Adapter methods the variants of docs/variants.md need: {method: the setting that needs it}."""
-    need = {}
-    if a.gt_injection.enabled:
-        need["inject"] = "algorithm.gt_injection.enabled"
+    need = {}  # the rollout steps' hooks: mmgrpo.rollout_steps.check_config
     if a.token_weighting == "tw_grpo":
         need["vocab_logits"] = "algorithm.token_weighting: tw_grpo"
-    if a.dynamic_sampling.enabled:
-        need["merge_states"] = "algorithm.dynamic_sampling.enabled"
-    if a.difficulty_augmentation.enabled:
-        need["augment_video"] = "algorithm.difficulty_augmentation.enabled"
     return need
 
 

@@ -82,3 +82,15 @@ def engine_is_weights(
         "engine/capped_fraction": capped.detach(),
     }
     return weights, metrics
+
+
+def rollout_is_weights(rollout, settings) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The bounded weights π_old / π_engine [B, T] of an engine-sampled ``rollout`` and their metrics, as the
+    ``rollout`` config section ``settings`` sets them (``is_mode``, ``is_clip_max``, ``is_clip_min``); ``(None, {})``
+    for a rollout the trainer sampled itself, or with ``is_mode: none``."""
+    if rollout.engine_logprobs is None or settings.is_mode == "none":
+        return None, {}
+    logprobs = (rollout.old_logprobs, rollout.engine_logprobs, rollout.mask)  # [B, T] each
+    return engine_is_weights(
+        *logprobs, mode=settings.is_mode, clip_max=settings.is_clip_max, clip_min=settings.is_clip_min
+    )  # [B, T]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmgrpo import advantages, losses, multiturn, options, sampling, schedules, shaping
+from mmgrpo import advantages, losses, multiturn, options, rollout_steps, sampling, schedules, shaping
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -111,7 +111,8 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
                     f"(its optional capabilities: {offer}); change that setting or the adapter"
                 )
         a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name
-        for method, why in variant_methods(a).items():
+        hooks = {**variant_methods(a), **rollout_steps.check_config(a, cfg.rollout.multi_turn)}
+        for method, why in hooks.items():
             if not has_method(adapter_class, method):
                 raise ConfigError(
                     f"{why} needs an adapter with {method}(); model.adapter {cfg.model.adapter!r} has none "
@@ -252,6 +253,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     options.resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
     _validate_variants(a)
+    rollout_steps.check_config(a, cfg.rollout.multi_turn)  # names, options, combinations (the hooks: below)
     objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units
     if (a.surrogate == "dgpo") != (objective == "dgpo"):
         raise ConfigError(
@@ -321,11 +323,6 @@ def _validate_variants(a: AlgorithmConfig) -> None:
         raise ConfigError(f"algorithm.sampler_args: the sequential sampler has no options, got {a.sampler_args}")
     options.resolve(sampling.SAMPLERS, a.sampler, a.sampler_args, "algorithm.sampler_args")
     losses.resolve_options(a)  # surrogate_args, aggregation_args, kl_args against each component's dataclass
-    if a.difficulty_augmentation.enabled and (a.dynamic_sampling.enabled or a.gt_injection.enabled):
-        raise ConfigError(
-            "algorithm.difficulty_augmentation: not combined with dynamic_sampling or gt_injection (the augmented "
-            "second rollout would skip them); turn one of them off"
-        )
     extra = set(a.token_weighting_args) - ({"alpha", "chunk"} if a.token_weighting == "tw_grpo" else set())
     if extra:
         raise ConfigError(

@@ -28,14 +28,12 @@ from accelerate.utils import DistributedType, gather_object, set_seed
 
 from mmgrpo import (
     advantage_steps,
-    augmentation,
-    dynamic_sampling,
     evaluation,
     importance,
-    injection,
     losses,
     multiturn,
     noise,
+    rollout_steps,
     run_dir,
     sampling,
     schedules,
@@ -113,7 +111,8 @@ class Trainer:
         need = required_capabilities(
             kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
         )
-        missing = missing_method(self.adapter, {**need, **variant_methods(a)})  # + docs/variants.md hooks
+        hooks = {**variant_methods(a), **rollout_steps.check_config(a, cfg.rollout.multi_turn)}  # docs/variants.md
+        missing = missing_method(self.adapter, {**need, **hooks})
         if missing is not None:
             raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
@@ -135,9 +134,7 @@ class Trainer:
         self.sampler = sampling.build_sampler(
             cfg.algorithm, len(self.task.train_rows()), self.acc.num_processes, self.acc.process_index, cfg.seed
         )
-        self.augmenter = augmentation.DifficultyAugmenter(
-            a.difficulty_augmentation, cfg.seed, self.rewards, a.group_size
-        )
+        self.rollout_steps = rollout_steps.build(a)  # injection, augmentation, refill, the sampler's observation
         set_seed(cfg.seed, device_specific=True)  # per-process RNG (rollout_noise: per_process; dropout), same weights
         self.summary: dict[str, float] = {
             "train/processes": self.acc.num_processes,
@@ -221,39 +218,14 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
         t0 = time.perf_counter()
-        rows = self._sample_rows(step)
-        keys = None
-        if self.cfg.rollout_noise == "keyed":  # noise per (seed, step, global prompt, sample): world-size invariant
-            keys = noise.NoiseKeys(self.cfg.seed, step, tuple(self.sampler.positions(step)), a.group_size)
-        if self.engine is not None:
-            self._push_engine_weights(version=step + 1)
-        rollout = self.adapter.rollout(rows, a.group_size, keys)
-        gt = a.gt_injection
-        if gt.enabled:  # TempSamp-R1: one slot per group becomes the ground truth, teacher-forced (mmgrpo/injection.py)
-            injected = injection.inject_ground_truth(
-                self.adapter, rollout, rows, column=gt.column, template=gt.template, slot=gt.slot
-            )  # [B]
-        t1 = time.perf_counter()
-        is_weights, engine_metrics = None, {}
-        if rollout.engine_logprobs is not None and self.cfg.rollout.is_mode != "none":
-            r = self.cfg.rollout
-            logprobs = (rollout.old_logprobs, rollout.engine_logprobs, rollout.mask)  # [B, T] each
-            is_weights, engine_metrics = importance.engine_is_weights(
-                *logprobs, mode=r.is_mode, clip_max=r.is_clip_max, clip_min=r.is_clip_min
-            )  # [B, T]
-
-        state = self._trl_state(step)  # extras: the token adapters' completion_ids; group_index: group-aware rewards
-        scores, reward_metrics = score_rows(
-            self.rewards, rollout.outputs, rows, a.group_size, rollout.extras, group_index=True, trainer_state=state
-        )  # [B, K]
-        self._step_rows = self.sampler.indices(step)  # dataset rows of the P groups (the variance sampler's keys)
-        if a.difficulty_augmentation.enabled:  # DeepVideo-R1: hint hard groups, noise easy ones' video, roll out again
-            where = (keys, self.sampler.positions(step), step, state)
-            rows, rollout, scores, aug = self.augmenter.step(self.adapter, rows, rollout, scores, *where)
-            reward_metrics.update(aug)
-        if a.dynamic_sampling.enabled:  # DAPO: refill zero-variance groups with fresh prompts
-            rows, rollout, scores, reward_metrics = self._refill(step, rows, rollout, scores, reward_metrics)
-        rewards = scores.view(len(rows), a.group_size, -1)  # [P, G, K]
+        self._rollout_s = 0.0
+        self._sync_engine(step)
+        ctx = self._rollout_context(step)  # what the rollout steps may use (mmgrpo/rollout_steps.py)
+        first = self._rollout(ctx, self._sample_rows(step), self.sampler.indices(step), ctx.keys(self.cfg.seed))
+        batch = rollout_steps.run(self.rollout_steps, ctx, first)  # augmentation, refill, the sampler's observation
+        rollout, rows = batch.rollout, batch.rows
+        rewards = batch.scores.view(len(rows), a.group_size, -1)  # [P, G, K]
+        is_weights, engine_metrics = importance.rollout_is_weights(rollout, self.cfg.rollout)  # [B, T] or None
         t2 = time.perf_counter()
 
         scale = adv_lib.DEFAULT_SCALE[a.estimator] if a.scale == "auto" else a.scale
@@ -267,35 +239,23 @@ class Trainer:
             eps=a.eps,
         )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
-        if self.sampler.observes:  # variance-aware samplers: every process sees all groups
-            seen = (
-                torch.tensor(self._step_rows),
-                combined,
-                sampling.distinct_n(rollout.outputs, a.group_size),
-            )
-            self.sampler.observe(*(self.acc.gather(t.to(self.acc.device)).cpu() for t in seen))
-        if gt.enabled:
-            adv_metrics["gt/injected_fraction"] = injected.float().mean()  # share of the B samples
         shaped = advantage_steps.AdvantageState(advantages, combined, rollout.mask.clone(), rollout, self.adapter)
         shaped.metrics = adv_metrics  # transforms → zero-variance filter → shaping → token weights (declared)
         advantage_steps.run(self.advantage_steps, shaped)
         unit_adv, mask = shaped.unit, shaped.mask  # [B, T] each
-        ref = None
-        if a.beta > 0 and losses.options_class(losses.KL_ESTIMATORS.get(a.kl)).reads == "ref_logprobs":
-            ref = torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
 
         beta = schedules.beta_at(a.beta_schedule, step, self.cfg.steps, a.beta, a.beta_schedule_args)
-        update_metrics = self._update(rollout, unit_adv, mask, ref, beta, is_weights)
+        update_metrics = self._update(rollout, unit_adv, mask, self._ref_logprobs(rollout), beta, is_weights)
         update_metrics["kl/beta"] = torch.tensor(beta)
         t3 = time.perf_counter()
 
         metrics = {k: float(v) for k, v in {**adv_metrics, **update_metrics, **engine_metrics}.items()}
-        metrics.update(reward_metrics)
+        metrics.update(batch.metrics)  # the rewards' and the rollout steps' metrics
         metrics.update(step_metrics.completion_summary(rollout, mask))
         metrics.update(
             {
-                "perf/rollout_s": t1 - t0,
-                "perf/reward_s": t2 - t1,
+                "perf/rollout_s": self._rollout_s,
+                "perf/reward_s": t2 - t0 - self._rollout_s,
                 "perf/update_s": t3 - t2,
                 "perf/step_s": t3 - t0,
                 "optim/lr": self.scheduler.get_last_lr()[0],
@@ -309,41 +269,56 @@ class Trainer:
             )
         return metrics
 
-    def _refill(self, step: int, rows: list, rollout, scores: torch.Tensor, reward_metrics: dict) -> tuple:
-        """DAPO dynamic sampling (:func:`mmgrpo.dynamic_sampling.refill`); returns (rows, rollout, scores [B, K],
-        metrics) of the kept groups."""
-        a, G, P = self.cfg.algorithm, self.cfg.algorithm.group_size, len(rows)
+    def _rollout(self, ctx: rollout_steps.RolloutContext, rows: list[dict], indices: list[int], keys) -> rollout_steps.RolloutBatch:
+        """The one rollout of the step and of every rollout step: G samples per row (noise ``keys``), the ``sample``
+        rollout steps (ground-truth injection), then the rewards: a :class:`~mmgrpo.rollout_steps.RolloutBatch`."""
+        t0 = time.perf_counter()
+        rollout = self.adapter.rollout(rows, self.cfg.algorithm.group_size, keys)
+        steps_metrics = rollout_steps.apply_sample_steps(self.rollout_steps, ctx, rows, rollout)
+        self._rollout_s += time.perf_counter() - t0
+        scores, metrics = score_rows(  # extras: the token adapters' completion_ids; group_index: group-aware rewards
+            self.rewards,
+            rollout.outputs,
+            rows,
+            self.cfg.algorithm.group_size,
+            rollout.extras,
+            group_index=True,
+            trainer_state=self._trl_state(ctx.step),
+        )  # [B, K]
+        return rollout_steps.RolloutBatch(rows, rollout, scores, list(indices), {**steps_metrics, **metrics})
 
-        def generate(k: int) -> tuple:  # generation batch k: P random rows, rolled out and scored
-            idx = dynamic_sampling.refill_indices(
-                len(self.task.train_rows()), P, seed=self.cfg.seed, step=step, batch=k, rank=self.acc.process_index
-            )
-            more = self._sample_rows(step, idx)
-            keys = None
-            if self.cfg.rollout_noise == "keyed":  # the step's positions under a seed of this generation batch
-                seed = noise.mix(self.cfg.seed, 0x5EED, k)
-                keys = noise.NoiseKeys(seed, step, tuple(self.sampler.positions(step)), G)
-            r = self.adapter.rollout(more, G, keys)
-            if a.gt_injection.enabled:
-                gt = a.gt_injection
-                injection.inject_ground_truth(
-                    self.adapter, r, more, column=gt.column, template=gt.template, slot=gt.slot
-                )
-            sc, mets = score_rows(self.rewards, r.outputs, more, G, r.extras, group_index=True)  # [B, K]
-            reward_metrics["reward/errors"] = reward_metrics.get("reward/errors", 0.0) + mets.get("reward/errors", 0.0)
-            return more, r, sc, idx
-
-        first = (rows, rollout, scores, self._step_rows)
-        max_batches = a.dynamic_sampling.max_num_gen_batches
-        new_rows, self._step_rows, merged, new_scores, n_batches, short = dynamic_sampling.refill(
-            self.acc, self.adapter, first, self.rewards.weights, max_batches, generate
+    def _rollout_context(self, step: int) -> rollout_steps.RolloutContext:
+        """The run as the rollout steps see it during ``step``."""
+        G, positions = self.cfg.algorithm.group_size, tuple(self.sampler.positions(step))
+        keyed = self.cfg.rollout_noise == "keyed"  # noise per (seed, step, global prompt, sample): world-size invariant
+        ctx = rollout_steps.RolloutContext(
+            step=step,
+            group_size=G,
+            weights=self.rewards.weights,
+            reward_names=self.rewards.names,
+            adapter=self.adapter,
+            positions=list(positions),
+            seed=self.cfg.seed,
+            keys=lambda seed, at=positions: noise.NoiseKeys(seed, step, tuple(at), G) if keyed else None,
+            rollout=lambda rows, indices, keys: self._rollout(ctx, rows, indices, keys),  # (ctx: bound below)
+            read_rows=lambda indices: self._sample_rows(step, indices),
+            n_rows=len(self.task.train_rows()),
+            acc=self.acc,
+            sampler=self.sampler,
         )
-        for k, name in enumerate(self.rewards.names):  # the kept groups' reward means
-            if f"reward/{name}" in reward_metrics:
-                reward_metrics[f"reward/{name}"] = float(new_scores[:, k].nanmean())
-        reward_metrics["data/dynamic_gen_batches"] = float(n_batches)
-        reward_metrics["data/dynamic_short_groups"] = float(short)
-        return new_rows, merged, new_scores, reward_metrics
+        return ctx
+
+    def _ref_logprobs(self, rollout) -> torch.Tensor | None:
+        """The reference policy's log-probs [B, T] where the KL estimator reads them (β > 0), else None."""
+        a = self.cfg.algorithm
+        if a.beta > 0 and losses.options_class(losses.KL_ESTIMATORS.get(a.kl)).reads == "ref_logprobs":
+            return torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
+        return None
+
+    def _sync_engine(self, step: int) -> None:
+        """Before the step's rollouts: the rollout engine (if any) gets the policy's weights as version step + 1."""
+        if self.engine is not None:
+            self._push_engine_weights(version=step + 1)
 
     def _sample_rows(self, step: int, indices: list[int] | None = None) -> list[dict]:
         """The step's rows (or ``indices``); a row that cannot be read is skipped (warned, counted) for the next one

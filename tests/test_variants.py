@@ -704,28 +704,67 @@ class _FakeVideoAdapter:
         return SimpleNamespace(outputs=outputs, extras={}, batch_size=len(outputs))
 
 
+def _augmentation_context(adapter, runner, step, keys, positions):
+    """The run as the augmentation step sees it: the fake adapter's rollouts, scored by ``runner``."""
+    from mmgrpo import rollout_steps
+    from mmgrpo.rewards import score_rows
+
+    def rollout(rows, indices, keys):
+        r = adapter.rollout(rows, 2, keys)
+        scores, metrics = score_rows(runner, r.outputs, rows, 2, r.extras, group_index=True)
+        return rollout_steps.RolloutBatch(rows, r, scores, indices, metrics)
+
+    return rollout_steps.RolloutContext(
+        step=step,
+        group_size=2,
+        weights=runner.weights,
+        reward_names=runner.names,
+        adapter=adapter,
+        positions=positions,
+        seed=7,
+        keys=lambda seed, at=None: None if keys is None else noise_keys(seed, keys),
+        rollout=rollout,
+        read_rows=lambda indices: [],
+        n_rows=3,
+        acc=None,
+        sampler=None,
+    )
+
+
+def noise_keys(seed, keys):
+    from mmgrpo import noise
+
+    return noise.NoiseKeys(seed, keys.step, keys.positions, keys.group_size)
+
+
 def test_difficulty_augmentation_by_hand():
-    from mmgrpo import augmentation, noise
-    from mmgrpo.config import DifficultyAugmentationConfig
+    from mmgrpo import augmentation, noise, rollout_steps
+    from mmgrpo.config import AlgorithmConfig, DifficultyAugmentationConfig
     from mmgrpo.rewards import RewardRunner
 
     opts = DifficultyAugmentationConfig(enabled=True, window=2, hint_template=" Hint: {hint}", noise_std=10.0)
     runner = RewardRunner([("tests.test_variants:length_reward", 1.0, {})], isolation="thread")
-    aug = augmentation.DifficultyAugmenter(opts, seed=7, rewards=runner, group_size=2)
+    (aug,) = rollout_steps.build(AlgorithmConfig(difficulty_augmentation=opts))
     ad = _FakeVideoAdapter()
     rows = [
         {"prompt": "Q0", "video": "a.mp4", "reasoning": "the bar moves from left to right"},
         {"prompt": "Q1", "video": "b.mp4", "reasoning": "x y"},
         {"prompt": "Q2", "video": "c.mp4"},
     ]
+
+    def step(scores, keys, positions, n):
+        batch = rollout_steps.RolloutBatch(rows, "first", scores, [0, 1, 2], {})
+        out = rollout_steps.run([aug], _augmentation_context(ad, runner, n, keys, positions), batch)
+        return out.rows, out.rollout, out.scores, out.metrics
+
     # step 0: group means [0.5, 1.0, 0.75] -> batch mean 0.75; empty window: nothing is augmented or resampled
     s0 = torch.tensor([[1.0], [0.0], [1.0], [1.0], [0.5], [1.0]])  # [B, K], B = 3 prompts x G = 2
-    out_rows, _, out_scores, m = aug.step(ad, rows, "first", s0, None, [0, 1, 2], 0)
+    out_rows, _, out_scores, m = step(s0, None, [0, 1, 2], 0)
     assert out_rows is rows and out_scores is s0 and ad.rolled == [] and m["augment/hinted_fraction"] == 0.0
     # step 1: group means [0.0, 2.5, 0.75], window mean 0.75 -> dR = [0.75, -1.75, 0.0]
     s1 = torch.tensor([[0.0], [0.0], [2.0], [3.0], [0.5], [1.0]])
     keys = noise.NoiseKeys(3, 1, (10, 11, 12), 2)
-    out_rows, again, out_scores, m = aug.step(ad, rows, "first", s1, keys, [10, 11, 12], 1)
+    out_rows, again, out_scores, m = step(s1, keys, [10, 11, 12], 1)
     assert again.outputs == ["abcd", "abcd", "abc", "abc", "abc", "abc"]  # the step trains on the second rollout
     # hard: round(0.75) + 1 = 2 words of the reasoning
     assert out_rows[0]["prompt"] == "Q0 Hint: the bar" and "video_noise_std" not in out_rows[0]
@@ -741,9 +780,9 @@ def test_difficulty_augmentation_by_hand():
     assert m["augment/window_mean"] == 0.75 and m["augment/delta_mean"] == pytest.approx((0.75 - 1.75) / 3)
     assert m["augment/hinted_fraction"] == pytest.approx(1 / 3) and m["augment/noised_fraction"] == pytest.approx(1 / 3)
     # the window keeps W = 2 batch means: [0.75, 3.25 / 3]; step 2 measures against their mean
-    assert list(aug.window) == pytest.approx([0.75, 3.25 / 3])
-    aug.step(ad, rows, "first", s0, None, [0, 1, 2], 2)
-    assert list(aug.window) == pytest.approx([3.25 / 3, 0.75])  # the oldest left the window
+    assert list(aug.memory["window"]) == pytest.approx([0.75, 3.25 / 3])
+    step(s0, None, [0, 1, 2], 2)
+    assert list(aug.memory["window"]) == pytest.approx([3.25 / 3, 0.75])  # the oldest left the window
     # hint units: round half to even, + 1; word or separator units
     assert [augmentation.hint_units(d) for d in (0.2, 0.5, 1.5, 2.4, -3.0)] == [1, 1, 3, 3, 4]
     assert augmentation.hint_prefix("a. b. c", 2, ". ") == "a. b"

@@ -1,0 +1,332 @@
+"""The rollout-level variants, one declared pipeline: what goes into the step's P groups before the advantages.
+
+The advantage side has :mod:`mmgrpo.advantage_steps`; this is its twin for everything before the rewards meet the
+estimator. Each variant is a registered :class:`RolloutStep` in :data:`ROLLOUT_STEPS`, with a typed options dataclass
+(checked at load, :func:`check_config`), and runs at one of two stages:
+
+* ``sample``: changes each fresh rollout before it is scored, ``apply(ctx, rows, rollout, options) -> metrics``.
+  The trainer's one ``_rollout`` (sample → these steps → score) applies them to every rollout of the step, so a
+  refill or an augmented rollout gets them too (TempSamp-R1's ground-truth injection, :mod:`mmgrpo.injection`);
+* ``batch``: sees the step's scored groups and may replace them, ``apply(ctx, batch, options, memory) ->
+  RolloutBatch``, in the declared order (DeepVideo-R1's difficulty augmentation, :mod:`mmgrpo.augmentation`; DAPO's
+  dynamic-sampling refill, :mod:`mmgrpo.dynamic_sampling`; the variance-aware sampler's observation of the kept
+  groups, :mod:`mmgrpo.sampling`). ``memory`` is the step's own dict, kept across training steps (the augmentation's
+  window of batch means).
+
+A step reaches the run only through the :class:`RolloutContext` the trainer hands it (roll out and score rows, the
+step's noise keys, read dataset rows, the adapter, the accelerator's collectives), never through the trainer.
+
+Configuration: the built-in steps keep their own sections (``algorithm.gt_injection``, ``algorithm.dynamic_sampling``,
+``algorithm.difficulty_augmentation``: on when ``enabled``; the observation is on with a sampler that observes);
+any other registered step is turned on by ``algorithm.rollout_steps: {name: {options}}``, in the order written,
+after the built-in batch steps and before the sampler's observation. A new rollout-level variant is one function (or
+one file) and its registration::
+
+    @dataclass(frozen=True)
+    class MyOptions:
+        strength: float = 1.0
+        \"\"\"What it does.\"\"\"
+
+    def my_apply(ctx: RolloutContext, batch: RolloutBatch, options: MyOptions, memory: dict) -> RolloutBatch:
+        ...  # e.g. ctx.rollout(rows, indices, ctx.keys(seed)) for more samples; return the batch to train on
+
+    ROLLOUT_STEPS.add("my_step", RolloutStep("batch", my_apply), MyOptions)
+
+The trainer does not change (docs/architecture.md, "Adding a rollout step").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from mmgrpo import augmentation, dynamic_sampling, injection, noise, sampling
+from mmgrpo import advantages as adv_lib
+from mmgrpo.config import (
+    ConfigError,
+    DifficultyAugmentationConfig,
+    DynamicSamplingConfig,
+    GroundTruthInjectionConfig,
+)
+from mmgrpo.options import resolve
+from mmgrpo.registry import Registry
+from mmgrpo.shaping import NoOptions
+from mmgrpo.types import Rollout
+
+
+@dataclass
+class RolloutBatch:
+    """The step's scored groups, what the batch steps read and replace.
+
+    Shape:
+        scores: [B, K] each reward function's score of each sample (NaN = not applicable), B = P·G
+    """
+
+    rows: list[dict]
+    """The P rows the groups were sampled from (as rolled out: an augmented row carries its hint)."""
+    rollout: Rollout
+    scores: Tensor  # [B, K]
+    indices: list[int]
+    """[P] the dataset rows of the groups (the variance sampler's keys)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The reward metrics of the scoring, then each step's own."""
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What a step may use of the run during one training step; the trainer builds it."""
+
+    step: int
+    """The training step (0-based)."""
+    group_size: int
+    """G."""
+    weights: Tensor  # [K]
+    """The reward functions' weights (combined rewards: :func:`mmgrpo.advantages.combine_rewards`)."""
+    reward_names: list[str]
+    """[K] the reward functions' names (``reward/<name>`` metrics)."""
+    adapter: Any
+    """The policy adapter (a step calls only the capability its registration names in ``needs``)."""
+    positions: list[int]
+    """[P] the step's global prompt positions (keys of per-prompt randomness, world-size invariant)."""
+    seed: int
+    """The run's seed."""
+    keys: Callable[..., noise.NoiseKeys | None]
+    """``keys(seed, positions=the step's)``: rollout noise keys of ``positions`` at this step under ``seed`` (None
+    under ``rollout_noise: per_process``); a rollout of fewer rows passes their positions."""
+    rollout: Callable[[list[dict], list[int], noise.NoiseKeys | None], RolloutBatch]
+    """``rollout(rows, indices, keys)``: sample G per row, apply the sample steps, score: a new :class:`RolloutBatch`."""
+    read_rows: Callable[[list[int]], list[dict]]
+    """``read_rows(indices)``: dataset rows (a row that cannot be read is skipped for the next, and counted)."""
+    n_rows: int
+    """Training rows in the dataset."""
+    acc: Any
+    """The accelerator: collectives (``reduce``, ``gather``), ``num_processes``, ``process_index``, ``device``."""
+    sampler: Any
+    """The prompt sampler (:mod:`mmgrpo.sampling`)."""
+
+
+@dataclass(frozen=True)
+class RolloutStep:
+    """A registered rollout-level variant."""
+
+    stage: Literal["sample", "batch"]
+    """``sample``: ``apply(ctx, rows, rollout, options) -> metrics`` on each fresh rollout before scoring;
+    ``batch``: ``apply(ctx, batch, options, memory) -> RolloutBatch`` once per step after scoring."""
+    apply: Callable[..., Any]
+    needs: str | None = None
+    """The adapter method the step calls (checked at load: a one-line refusal naming the setting)."""
+    section: str | None = None
+    """``algorithm.<section>``, the config section (with ``enabled``) that holds its options, for the built-in steps;
+    None: configured through ``algorithm.rollout_steps``."""
+    excludes: tuple[str, ...] = ()
+    """Steps it is not combined with (refused at load)."""
+    multi_turn: bool = False
+    """Whether it works with multi-turn rollouts (``rollout.tools`` / ``rollout.environment``)."""
+
+
+ROLLOUT_STEPS: Registry[RolloutStep] = Registry("rollout step")
+"""Name → :class:`RolloutStep`, with its options dataclass (:meth:`~mmgrpo.registry.Registry.options_class`)."""
+
+OBSERVE = "observe_sampler"
+"""The sampler's observation of the kept groups: on with a sampler that observes (``algorithm.sampler: variance``)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a run's pipeline: registered step ``name`` with its resolved ``options`` and its ``memory``."""
+
+    name: str
+    options: Any
+    memory: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def spec(self) -> RolloutStep:
+        return ROLLOUT_STEPS.get(self.name)
+
+
+# ------------------------------------------------------------------------------------------- built-in steps
+
+
+def _inject(ctx: RolloutContext, rows: list[dict], rollout: Rollout, o: GroundTruthInjectionConfig) -> dict:
+    """TempSamp-R1: slot ``o.slot`` of each group becomes the row's ground truth, teacher-forced."""
+    injected = injection.inject_ground_truth(
+        ctx.adapter, rollout, rows, column=o.column, template=o.template, slot=o.slot
+    )  # [B]
+    return {"gt/injected_fraction": float(injected.float().mean())}  # share of the B samples
+
+
+def _augment(ctx: RolloutContext, batch: RolloutBatch, o: DifficultyAugmentationConfig, memory: dict) -> RolloutBatch:
+    """DeepVideo-R1: measure ΔR against the window of past batch means, augment the rows, roll out and score again."""
+    window = memory.setdefault("window", deque(maxlen=o.window))  # batch mean rewards of the last W steps
+    P, G = len(batch.rows), ctx.group_size
+    combined = adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights)  # [P, G] NaN: n/a
+    group_means = combined.nanmean(1).nan_to_num(0.0)  # [P]
+    window_mean = sum(window) / len(window) if window else None
+    window.append(float(group_means.mean()))
+    metrics = {"augment/window_mean": window_mean or 0.0, "augment/hinted_fraction": 0.0}
+    metrics |= {"augment/noised_fraction": 0.0, "augment/delta_mean": 0.0}
+    if window_mean is None:  # the first step: no reference yet
+        batch.metrics.update(metrics)
+        return batch
+    delta = augmentation.difficulty(window_mean, group_means)  # [P]
+    seeds = [noise.mix(ctx.seed, augmentation.FRAME_NOISE, ctx.step, p) for p in ctx.positions]
+    rows, hinted, noised = augmentation.augment_rows(ctx.adapter, batch.rows, delta.tolist(), seeds, o)
+    again = ctx.rollout(rows, batch.indices, ctx.keys(noise.mix(ctx.seed, augmentation.RESAMPLE_NOISE)))
+    metrics |= {"augment/hinted_fraction": float(hinted.float().mean())}
+    metrics |= {"augment/noised_fraction": float(noised.float().mean()), "augment/delta_mean": float(delta.mean())}
+    again.metrics.update(metrics)
+    return again
+
+
+def _refill(ctx: RolloutContext, batch: RolloutBatch, o: DynamicSamplingConfig, memory: dict) -> RolloutBatch:
+    """DAPO: replace the zero-variance groups by groups of fresh prompts (:func:`mmgrpo.dynamic_sampling.refill`)."""
+    P = len(batch.rows)
+    metrics = dict(batch.metrics)
+
+    def generate(k: int) -> tuple:  # generation batch k: P random rows, rolled out and scored
+        idx = dynamic_sampling.refill_indices(
+            ctx.n_rows, P, seed=ctx.seed, step=ctx.step, batch=k, rank=ctx.acc.process_index
+        )
+        more = ctx.rollout(ctx.read_rows(idx), idx, ctx.keys(noise.mix(ctx.seed, 0x5EED, k)))
+        metrics["reward/errors"] = metrics.get("reward/errors", 0.0) + more.metrics.get("reward/errors", 0.0)
+        return more.rows, more.rollout, more.scores, idx
+
+    first = (batch.rows, batch.rollout, batch.scores, batch.indices)
+    rows, indices, merged, scores, n_batches, short = dynamic_sampling.refill(
+        ctx.acc, ctx.adapter, first, ctx.weights, o.max_num_gen_batches, generate
+    )
+    for k, name in enumerate(ctx.reward_names):  # the kept groups' reward means
+        if f"reward/{name}" in metrics:
+            metrics[f"reward/{name}"] = float(scores[:, k].nanmean())
+    metrics["data/dynamic_gen_batches"] = float(n_batches)
+    metrics["data/dynamic_short_groups"] = float(short)
+    return RolloutBatch(rows, merged, scores, indices, metrics)
+
+
+def _observe(ctx: RolloutContext, batch: RolloutBatch, o: NoOptions, memory: dict) -> RolloutBatch:
+    """The variance-aware sampler records every process's groups: their rows, combined rewards and diversity."""
+    P, G = len(batch.rows), ctx.group_size
+    seen = (
+        torch.tensor(batch.indices),  # [P]
+        adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights),  # [P, G]
+        sampling.distinct_n(batch.rollout.outputs, G),  # [P]
+    )
+    ctx.sampler.observe(*(ctx.acc.gather(t.to(ctx.acc.device)).cpu() for t in seen))
+    return batch
+
+
+ROLLOUT_STEPS.add(
+    "gt_injection",
+    RolloutStep("sample", _inject, needs="inject", section="gt_injection"),
+    GroundTruthInjectionConfig,
+)
+ROLLOUT_STEPS.add(
+    "difficulty_augmentation",
+    RolloutStep(
+        "batch",
+        _augment,
+        needs="augment_video",
+        section="difficulty_augmentation",
+        excludes=("dynamic_sampling", "gt_injection"),  # the augmented second rollout would skip them
+    ),
+    DifficultyAugmentationConfig,
+)
+ROLLOUT_STEPS.add(
+    "dynamic_sampling",
+    RolloutStep("batch", _refill, needs="merge_states", section="dynamic_sampling"),
+    DynamicSamplingConfig,
+)
+ROLLOUT_STEPS.add(OBSERVE, RolloutStep("batch", _observe, multi_turn=True), NoOptions)
+BUILTIN_ORDER = ("gt_injection", "difficulty_augmentation", "dynamic_sampling")
+"""The built-in steps with a config section, in pipeline order (the sampler's observation comes last)."""
+
+
+# ------------------------------------------------------------------------------------------- the pipeline
+
+
+def configured(a: Any) -> list[tuple[str, Any]]:
+    """``(name, options)`` of each step ``a`` (an ``AlgorithmConfig``) turns on, in pipeline order, options resolved
+    (a :class:`~mmgrpo.config.ConfigError` for an unknown name or option, as at load)."""
+    steps = [(name, getattr(a, ROLLOUT_STEPS.get(name).section)) for name in BUILTIN_ORDER]
+    steps = [(name, o) for name, o in steps if o.enabled]
+    for name, args in a.rollout_steps.items():
+        if name not in ROLLOUT_STEPS:
+            raise ConfigError(
+                f"algorithm.rollout_steps: unknown rollout step {name!r}; registered: {', '.join(ROLLOUT_STEPS)}"
+            )
+        section = ROLLOUT_STEPS.get(name).section
+        if section is not None or name == OBSERVE:
+            where = f"algorithm.{section}.enabled: true" if section else "algorithm.sampler: variance"
+            raise ConfigError(f"algorithm.rollout_steps.{name}: turned on by {where}, not listed here")
+        steps.append((name, resolve(ROLLOUT_STEPS, name, args, f"algorithm.rollout_steps.{name}")))
+    if sampling.SAMPLERS.get(a.sampler).observes:
+        steps.append((OBSERVE, NoOptions()))
+    return steps
+
+
+def check_config(a: Any, multi_turn: bool) -> dict[str, str]:
+    """Refuse, in one line, what the configured steps do not support (unknown names or options, combinations they
+    exclude, multi-turn rollouts); returns the adapter methods they need, ``{method: the setting that needs it}``."""
+    steps = configured(a)
+    names = [name for name, _ in steps]
+    need = {}
+    for name in names:
+        spec = ROLLOUT_STEPS.get(name)
+        where = f"algorithm.{spec.section}" if spec.section else f"algorithm.rollout_steps.{name}"
+        setting = f"{where}.enabled" if spec.section else where
+        if set(spec.excludes) & set(names):
+            raise ConfigError(
+                f"{where}: not combined with {' or '.join(spec.excludes)} (its second rollout would skip them); turn "
+                "one of them off"
+            )
+        if multi_turn and not spec.multi_turn:
+            raise ConfigError(f"{setting} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
+        if spec.needs is not None:
+            need[spec.needs] = setting
+    return need
+
+
+def build(a: Any) -> list[Step]:
+    """The configured pipeline of ``a`` (an ``AlgorithmConfig``), each step with fresh memory."""
+    return [Step(name, options) for name, options in configured(a)]
+
+
+def sample_steps(steps: list[Step]) -> list[Step]:
+    """The steps applied to every fresh rollout before it is scored."""
+    return [s for s in steps if s.spec.stage == "sample"]
+
+
+def apply_sample_steps(steps: list[Step], ctx: RolloutContext, rows: list[dict], rollout: Rollout) -> dict:
+    """Apply the ``sample`` steps to ``rollout`` (in place); their metrics."""
+    metrics: dict[str, float] = {}
+    for s in sample_steps(steps):
+        metrics.update(s.spec.apply(ctx, rows, rollout, s.options))
+    return metrics
+
+
+def run(steps: list[Step], ctx: RolloutContext, batch: RolloutBatch) -> RolloutBatch:
+    """Apply the ``batch`` steps in order to the step's first scored batch; the batch the step trains on."""
+    for s in steps:
+        if s.spec.stage == "batch":
+            batch = s.spec.apply(ctx, batch, s.options, s.memory)
+    return batch
+
+
+__all__ = [
+    "OBSERVE",
+    "ROLLOUT_STEPS",
+    "RolloutBatch",
+    "RolloutContext",
+    "RolloutStep",
+    "Step",
+    "apply_sample_steps",
+    "build",
+    "check_config",
+    "configured",
+    "run",
+]
