@@ -31,7 +31,7 @@ from torch import Tensor
 
 from mmgrpo import credit, options, shaping
 from mmgrpo.config import ConfigError, TrainConfig, check_kwargs
-from mmgrpo.types import MultiTurn, Rollout
+from mmgrpo.types import Rollout
 
 RETURN_REWARDS = {"env_return"}
 """Rewards that are the environment's return (the summed turn rewards), which gigpo reads from the turns already."""
@@ -140,18 +140,6 @@ def tool_specs(names: list[str]) -> list[Any]:
             ) from None
         out.append(fn)
     return out
-
-
-def use_turns(adapter: Any, settings: Any) -> None:
-    """Switch ``adapter`` to multi-turn rollouts when ``settings`` (the ``rollout`` section) names tools (the
-    trainer checked the :class:`~mmgrpo.types.MultiTurn` capability at load)."""
-    if not settings.multi_turn:
-        return
-    if not isinstance(adapter, MultiTurn):  # a plugin adapter without a spec: not checked at load
-        raise ConfigError(
-            f"rollout.tools / rollout.environment need an adapter with use_turns(); {type(adapter).__name__} has none"
-        )
-    adapter.use_turns(settings)
 
 
 def turn_inputs(rollout: Rollout) -> credit.TurnInputs:

@@ -5,8 +5,8 @@ options dataclass of its ``model.args`` / ``task.args``, the class it builds and
 validated options. :func:`mmgrpo.loader.validate` reads the specs before anything is built: the options are checked
 against the dataclass (a typo names the field and the allowed ones) and the class has the optional capabilities the
 config needs (:mod:`mmgrpo.types`). A spec is called like a builder,
-``spec(args: dict, *, seed=0[, lora=, dtype=, need_reference=])``; a third-party plugin may register a plain
-function of that signature instead (its options and capabilities are then checked once it is built).
+``spec(args: dict, *, seed=0[, lora=, dtype=, need_reference=, rollout=])``; a third-party plugin may register a
+plain function of that signature instead (its options and capabilities are then checked once it is built).
 Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is
 (:func:`mmgrpo.loader.load_builtins` imports both).
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from mmgrpo.config import LoraConfig, from_dict
+from mmgrpo.config import LoraConfig, RolloutConfig, from_dict
 from mmgrpo.registry import Registry
 
 Options = TypeVar("Options")
@@ -35,6 +35,10 @@ class BuildContext:
     """``model.dtype``: float32 | bfloat16 | float16."""
     need_reference: bool = False
     """Keep a frozen copy of the policy as the KL reference (β > 0 without LoRA, whose reference is the base)."""
+    rollout: RolloutConfig | None = None
+    """The config's ``rollout`` section: when it names tools or an environment, an adapter that declares
+    :class:`~mmgrpo.types.MultiTurn` builds its multi-turn driver from it (``modalities/tokens/turns.py``); None or
+    neither: single-turn rollouts."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,9 @@ class AdapterSpec(Generic[Options]):
         lora: LoraConfig | None = None,
         dtype: str = "float32",
         need_reference: bool = False,
+        rollout: RolloutConfig | None = None,
     ) -> Any:
-        return self.load(self.options(args), BuildContext(seed, lora, dtype, need_reference))
+        return self.load(self.options(args), BuildContext(seed, lora, dtype, need_reference, rollout=rollout))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from mmgrpo import (
     evaluation,
     importance,
     losses,
-    multiturn,
     noise,
     rollout_steps,
     run_dir,
@@ -97,6 +96,7 @@ class Trainer:
                 lora=cfg.model.lora,
                 dtype=cfg.model.dtype,
                 need_reference=cfg.algorithm.beta > 0,
+                rollout=cfg.rollout,  # tools / an environment: the adapter is built with its turn driver (agents.md)
             )
         rt = cfg.reward_runtime
         self.rewards = RewardRunner(
@@ -109,7 +109,8 @@ class Trainer:
         )
         a = cfg.algorithm  # plugins registered without a spec (no declared class) are checked here, once built
         need = required_capabilities(
-            kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine
+            kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine,
+            tools=cfg.rollout.multi_turn,
         )
         hooks = {**variant_methods(a), **rollout_steps.check_config(a, cfg.rollout.multi_turn)}  # docs/variants.md
         missing = missing_method(self.adapter, {**need, **hooks})
@@ -124,7 +125,6 @@ class Trainer:
         self.adapter.model, self.optimizer = self.acc.prepare(self.adapter.model, self.optimizer)
         if (reference := frozen_reference(self.adapter)) is not None:  # prepare moved the policy, not its frozen copy
             reference.to(self.acc.device)
-        multiturn.use_turns(self.adapter, cfg.rollout)  # rollout.tools: multi-turn, tool-using rollouts (agents.md)
         self.engine = self._load_engine(fsdp is not None)  # vLLM: reachable (or started here) now, pushed each step
         if self.engine is not None:
             self.adapter.use_engine(self.engine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -292,28 +292,39 @@ class UsesEngine(Protocol):
 
 @runtime_checkable
 class MultiTurn(Protocol):
-    """Multi-turn, tool-using rollouts (``rollout.tools``): the adapter parses tool calls in its chat template's
-    format, runs the tools and appends their observations (mask 0) until the trajectory ends (docs/agents.md)."""
+    """Multi-turn, tool-using rollouts (``rollout.tools`` / ``rollout.environment``): the adapter parses tool calls in
+    its chat template's format, runs the tools (or steps the environment) and appends their observations (mask 0)
+    until the trajectory ends (docs/agents.md).
 
-    def use_turns(self, settings: Any) -> None:
-        """Roll out multi-turn trajectories from now on, as ``settings`` (the ``rollout`` config section) says."""
-        ...
+    A declared property of the class (``multi_turn = True``), not a method: the adapter is given the ``rollout``
+    section when it is built (:class:`mmgrpo.plugins.BuildContext`) and builds its turn driver then; nothing switches
+    it on afterwards."""
+
+    multi_turn: ClassVar[bool]
 
 
 ADAPTER_CAPABILITIES: dict[str, type] = {
     "use_engine": UsesEngine,
-    "use_turns": MultiTurn,
+    "multi_turn": MultiTurn,
     "exact_kl": ExactKL,
     "ratio_norm_inputs": RatioNormInputs,
     "supervised_loss": SupervisedLoss,
     "sync_reference": SyncReference,
 }
-"""Capability name (the method the class defines) → protocol."""
+"""Capability name (the method the class defines, or the class attribute it sets to True) → protocol."""
+
+
+def declares(obj: object, name: str) -> bool:
+    """Whether ``obj`` (an instance or a class) has capability ``name``: a method of that name, or a class attribute
+    of that name set to True (a declared property, :class:`MultiTurn`)."""
+    value = getattr(obj, name, None)
+    return value is True or callable(value)
 
 
 def capabilities(cls: type) -> frozenset[str]:
-    """The optional capabilities an adapter class implements (methods defined on the class; no instance needed)."""
-    return frozenset(name for name in ADAPTER_CAPABILITIES if callable(getattr(cls, name, None)))
+    """The optional capabilities an adapter class implements (methods defined on the class, properties it declares;
+    no instance needed)."""
+    return frozenset(name for name in ADAPTER_CAPABILITIES if declares(cls, name))
 
 
 def required_capabilities(
@@ -322,7 +333,7 @@ def required_capabilities(
     """Adapter capabilities a configuration needs, each with the config field that needs it."""
     need = {}
     if tools:
-        need["use_turns"] = "rollout.tools"
+        need["multi_turn"] = "rollout.tools"
     if engine != "native":
         need["use_engine"] = f"rollout.engine: {engine}"
     if kl == "gaussian_exact":
@@ -364,10 +375,9 @@ def has_method(obj: object, name: str) -> bool:
 
 def missing_method(adapter: object, needed: dict[str, str]) -> tuple[str, str] | None:
     """The first ``(method, why)`` of ``needed`` the adapter lacks: a capability of :data:`ADAPTER_CAPABILITIES`
-    (by its protocol) or a variant hook (:func:`has_method`); ``None`` when it has them all."""
+    (:func:`declares`) or a variant hook (:func:`has_method`); ``None`` when it has them all."""
     for name, why in needed.items():
-        protocol = ADAPTER_CAPABILITIES.get(name)
-        if not (isinstance(adapter, protocol) if protocol is not None else has_method(adapter, name)):
+        if not (declares(adapter, name) if name in ADAPTER_CAPABILITIES else has_method(adapter, name)):
             return name, why
     return None
 

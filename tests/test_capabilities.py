@@ -21,19 +21,19 @@ def test_declared_capabilities_of_the_builtin_adapters():
         "supervised_loss",
         "sync_reference",
         "use_engine",
-        "use_turns",
+        "multi_turn",
     }  # vLLM: text + images
     assert capabilities(VideoAdapter) == {
         "supervised_loss",
         "sync_reference",
         "use_engine",
-        "use_turns",
+        "multi_turn",
     }  # vLLM: + videos
     assert capabilities(AudioLLMAdapter) == {
         "supervised_loss",
         "sync_reference",
         "use_engine",
-        "use_turns",
+        "multi_turn",
     }  # vLLM: + audio
     assert capabilities(WhisperAdapter) == {"supervised_loss", "sync_reference", "use_engine"}  # vLLM: enc-dec
     assert capabilities(FlowAdapter) == {"exact_kl", "ratio_norm_inputs"}

@@ -156,11 +156,11 @@ def _serve(tmp_path_factory, config: str, model: str):
         proc.wait(timeout=60)
 
 
-def _adapter(url: str):
+def _adapter(url: str, rollout=None):
     from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 
     adapter = build_vlm_adapter(
-        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0
+        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0}, seed=0, rollout=rollout
     )
     return _connect(adapter, url)
 
@@ -349,8 +349,7 @@ def test_engine_two_turn_image_trajectory_equals_native_after_a_weight_push(serv
     from tests.test_turns import CROP
 
     url, _ = server
-    adapter = _adapter(url)
-    adapter.use_turns(RolloutConfig(tools=["crop"], max_turns=2, max_total_tokens=300))
+    adapter = _adapter(url, rollout=RolloutConfig(tools=["crop"], max_turns=2, max_total_tokens=300))
     rows = ShapesTask(ShapesArgs(train_size=3, eval_size=1, image_size=112)).train_rows()
     _assert_two_turns_on_the_engine_equal_native(adapter, rows, CROP, seed=11)
 
@@ -369,7 +368,7 @@ def _assert_two_turns_on_the_engine_equal_native(adapter, rows: list[dict], call
     def greedy() -> TurnState:
         with adapter._media_scope():
             encodings = [adapter._encode_prompt(r) for r in rows]
-            state, _ = adapter.turns.rollout(rows, encodings, 1, None, [None] * len(rows), greedy=True)
+            state, _ = adapter.driver.trajectories(rows, encodings, 1, None, [None] * len(rows), greedy=True)
         return state
 
     engine_state = greedy()
@@ -386,14 +385,16 @@ def _assert_two_turns_on_the_engine_equal_native(adapter, rows: list[dict], call
     return engine_state
 
 
-def _video_adapter(url: str, side: int = 112):
+def _video_adapter(url: str, side: int = 112, rollout=None):
     """The video adapter on the engine-sized model, video_motion's sampling (4 frames at 2 fps) with ``side``-pixel
     frames."""
     from mmgrpo.modalities.video.adapter import build_video_adapter
 
     video = {"fps": 2.0, "min_frames": 4, "max_frames": 8, "min_pixels": side * side, "max_pixels": side * side}
     adapter = build_video_adapter(
-        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video}, seed=0
+        {"name_or_path": "tiny-qwen2.5-vl-engine", "max_new_tokens": 8, "temperature": 1.0, "video": video},
+        seed=0,
+        rollout=rollout,
     )
     return _connect(adapter, url)
 
@@ -427,8 +428,8 @@ def test_engine_two_turn_video_trajectory_equals_native_after_a_weight_push(serv
     from mmgrpo.config import RolloutConfig
 
     url, _ = server
-    adapter = _video_adapter(url)
-    adapter.use_turns(RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300))
+    settings = RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300)
+    adapter = _video_adapter(url, rollout=settings)
     call = '<tool_call>{"name": "select_frames", "arguments": {"start": 0, "end": 1, "num_frames": 2}}</tool_call>'
     state = _assert_two_turns_on_the_engine_equal_native(adapter, _video_rows(3), call, seed=13)
     assert all(m["image_grid_thw"].shape[0] == 2 for m in state.media)  # the two frames, as images
@@ -519,14 +520,16 @@ def test_engine_audio_greedy_equals_native_after_a_weight_push(audio_server):
     _assert_engine_matches_native(_audio_adapter(url, max_new_tokens=8), _audio_rows(4), seed=4, version=1)
 
 
-def _audio_adapter(url: str, max_new_tokens: int):
+def _audio_adapter(url: str, max_new_tokens: int, rollout=None):
     """The audio-LLM adapter on the engine-sized Qwen2-Audio, connected to ``url`` (skips without espeak-ng)."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed: no speech to synthesise")
     from mmgrpo.modalities.speech.audio_llm import build_audio_llm_adapter
 
     adapter = build_audio_llm_adapter(
-        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": max_new_tokens, "temperature": 1.0}, seed=0
+        {"name_or_path": "tiny-qwen2-audio-engine", "max_new_tokens": max_new_tokens, "temperature": 1.0},
+        seed=0,
+        rollout=rollout,
     )
     return _connect(adapter, url)
 
@@ -548,8 +551,8 @@ def test_engine_two_turn_audio_trajectory_equals_native_after_a_weight_push(audi
     from mmgrpo.config import RolloutConfig
 
     url, _ = audio_server
-    adapter = _audio_adapter(url, max_new_tokens=6)
-    adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
+    settings = RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300)
+    adapter = _audio_adapter(url, max_new_tokens=6, rollout=settings)
     call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
     _assert_two_turns_on_the_engine_equal_native(adapter, _audio_rows(3), call, seed=17)
 

@@ -30,15 +30,14 @@ def _rows(n=1):
 
 
 def _adapter(path, max_new_tokens=24, **rollout):
-    adapter = build_vlm_adapter({"name_or_path": path, "max_new_tokens": max_new_tokens})
-    adapter.use_turns(RolloutConfig(**{"tools": ["crop"], "max_total_tokens": 400, **rollout}))
-    return adapter
+    settings = RolloutConfig(**{"tools": ["crop"], "max_total_tokens": 400, **rollout})
+    return build_vlm_adapter({"name_or_path": path, "max_new_tokens": max_new_tokens}, rollout=settings)
 
 
 def script(adapter, turns, real_after=None):
     """Make trajectory b's turn k the text ``turns[b][k]`` (+ the end token); with ``real_after`` = k, turns from k
     on are sampled from the model. Returns the list of (rows, turn) the policy was asked for."""
-    runner, tok = adapter.turns, adapter.tokenizer
+    runner, tok = adapter.driver, adapter.tokenizer
     eos, sample, calls = int(adapter.eos_ids[0]), runner.sample_turn, []
 
     def scripted(encodings, n, greedy, keys, rows, turn):
@@ -59,7 +58,7 @@ def _teacher_forced(adapter, row, messages):
     """Log-probs of the assistant tokens of the conversation [row's prompt ; messages], rendered in one go by the
     chat template and processed with all its images, under the sampling distribution (temperature, media tokens
     banned). Returns (ids [L], prompt length, logprobs [L] aligned with ids: entry i scores token i)."""
-    runner, processor = adapter.turns, adapter.processor
+    runner, processor = adapter.driver, adapter.processor
     conv = adapter._messages(row, {"image": 1}) + [
         {**m, "content": [{"type": "image"} if "image" in p else p for p in m["content"]]}
         if isinstance(m["content"], list)
@@ -95,7 +94,7 @@ def test_two_turn_image_trajectory_equals_teacher_forced_conversation(tiny_vlm_p
     adapter = _adapter(tiny_vlm_path, chat_template=template)
     row = _rows(1)[0]
     prompt = adapter.processor.apply_chat_template(
-        adapter._messages(row, {"image": 1}), tokenize=False, **adapter.turns.template_kwargs()
+        adapter._messages(row, {"image": 1}), tokenize=False, **adapter.driver.template_kwargs()
     )
     assert ("# Tools: crop(bbox_2d). Call one as <tool_call>" in prompt) == (template != "auto")
     assert ('"description"' in prompt) == (template == "auto")
@@ -196,7 +195,7 @@ def test_hostile_tool_calls_become_bounded_observations(tiny_vlm_path):
     state = rollout.state
     obs_tokens = ((state.valid == 1) & (state.action == 0)).sum()
     assert obs_tokens < 1000
-    runner = adapter.turns  # a 10 MB argument (no policy turn is that long: the runner's answer to the text)
+    runner = adapter.driver  # a 10 MB argument (no policy turn is that long: the runner's answer to the text)
     from mmgrpo.modalities.tokens.turns import _Trajectory
     from mmgrpo.tools import ToolContext, run_tool_calls
 
@@ -240,8 +239,8 @@ def test_max_turns_token_budget_and_image_budget_end_trajectories(tiny_vlm_path)
 def test_environment_turns_step_the_game_and_key_anchors_by_its_images(tiny_vlm_path):
     """With rollout.environment: sokoban the first observation joins the prompt (its image after the row's), each turn
     is an env step with its reward, invalid actions are flagged, and the anchors are the rendered states."""
-    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
-    adapter.use_turns(RolloutConfig(environment="sokoban", max_turns=3, max_total_tokens=600))
+    settings = RolloutConfig(environment="sokoban", max_turns=3, max_total_tokens=600)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16}, rollout=settings)
     script(adapter, {b: ["<action>up</action>", "no move", "<action>left</action>"] for b in range(2)})
     row = {"prompt": "Play.", "seed": 3}
     rollout = adapter.rollout([row], group_size=2)
@@ -264,8 +263,8 @@ def test_the_demo_scores_a_game_answer_with_its_turn_rewards(tiny_vlm_path):
     from mmgrpo.types import Transcript
 
     env = {"distance_reward": 1.0, "max_steps": 6}
-    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
-    adapter.use_turns(RolloutConfig(environment="gridworld", environment_args=env, max_turns=6, max_total_tokens=600))
+    settings = RolloutConfig(environment="gridworld", environment_args=env, max_turns=6, max_total_tokens=600)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16}, rollout=settings)
     game = GridWorld(**env)
     row = next({"prompt": "Walk.", "seed": s} for s in range(100) if game.reset({"seed": s}) and game.player[0] == 1)
     moves = [f"<action>{a}</action>" for a in game.shortest_solution()]
@@ -290,16 +289,14 @@ def test_observation_images_go_before_or_after_their_text(tiny_vlm_path, layout)
     prompt (after the row's prompt and the observation's text) and each later one in its own user turn. Either way
     the log-probs of the trajectory equal a teacher-forced forward over the conversation rendered from its chat
     messages."""
-    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16})
-    adapter.use_turns(
-        RolloutConfig(
-            environment="sokoban",
-            max_turns=2,
-            max_total_tokens=600,
-            observation_images=layout,
-            environment_args={"instruction": "Your move?"},
-        )
+    settings = RolloutConfig(
+        environment="sokoban",
+        max_turns=2,
+        max_total_tokens=600,
+        observation_images=layout,
+        environment_args={"instruction": "Your move?"},
     )
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 16}, rollout=settings)
     script(adapter, {0: ["<action>up</action>", "<action>left</action>"]})
     row = {"prompt": "Play.", "seed": 3}
     rollout = adapter.rollout([row], group_size=1)
@@ -317,7 +314,7 @@ def test_observation_images_go_before_or_after_their_text(tiny_vlm_path, layout)
     parts = [p["type"] for m in rollout.extras["messages"][0] if m["role"] == "user" for p in m["content"]]
     assert parts == (["image", "text"] if layout == "before_text" else ["text", "image"])
 
-    env_row = adapter.turns.environments([row], 1)[0][0]  # the prompt row, the level's first image in it
+    env_row = adapter.driver.environments([row], 1)[0][0]  # the prompt row, the level's first image in it
     ids, Lp, want = _teacher_forced(adapter, {**env_row, "image": env_row["images"][0]}, rollout.extras["messages"][0])
     assert ids[: Lp + n].tolist() == prompt + state.completion_ids[0, :n].tolist()
     logp = adapter.logprobs(rollout, torch.arange(1)).detach()[0, :n]
@@ -393,7 +390,7 @@ def test_config_checks_name_the_fix(tmp_path):
         load_config(None, [f"output_dir={tmp_path}", "rewards=[{name: accuracy}]", "algorithm.credit=gigpo"])
     with pytest.raises(ConfigError, match="did you mean 'crop'"):
         _cfg(tmp_path, "rollout.tools=[crpo]")
-    with pytest.raises(ConfigError, match="use_turns"):
+    with pytest.raises(ConfigError, match="multi_turn"):
         load_config(
             None,
             [f"output_dir={tmp_path}", "rewards=[{name: accuracy}]", "model.adapter=flow", "task.name=flow_shapes",
@@ -427,10 +424,11 @@ def test_video_turns_insert_selected_frames_and_agree_with_the_training_forward(
 
     rows = VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=2, eval_size=1)).train_rows()
     sampling = {"fps": 3.0, "min_frames": 4, "max_frames": 8, "min_pixels": 3136, "max_pixels": 3136}
+    settings = RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300)
     adapter = build_video_adapter(
-        {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "video": sampling, "old_logprobs": "sampler"}
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "video": sampling, "old_logprobs": "sampler"},
+        rollout=settings,
     )
-    adapter.use_turns(RolloutConfig(tools=["select_frames"], tool_limits={"max_frames": 2}, max_total_tokens=300))
     call = '<tool_call>{"name": "select_frames", "arguments": {"start": 0, "end": 1, "num_frames": 2}}</tool_call>'
     script(adapter, {b: [call] for b in range(4)}, real_after=1)
     torch.manual_seed(0)
@@ -469,8 +467,10 @@ def test_audio_llm_turns_with_a_plain_function_tool(mmgrpo_cache):
 
     rows = SpokenDigitsTask(SpokenDigitsArgs(question="second_word", train_size=2, eval_size=1)).train_rows()
     path = resolve_model_path("tiny-qwen2-audio")
-    adapter = build_audio_llm_adapter({"name_or_path": path, "max_new_tokens": 6, "old_logprobs": "sampler"})
-    adapter.use_turns(RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300))
+    settings = RolloutConfig(tools=["tests.test_turns:lookup"], max_total_tokens=300)
+    adapter = build_audio_llm_adapter(
+        {"name_or_path": path, "max_new_tokens": 6, "old_logprobs": "sampler"}, rollout=settings
+    )
     call = '<tool_call>{"name": "lookup", "arguments": {"word": "seven"}}</tool_call>'
     script(adapter, {b: [call] for b in range(4)}, real_after=1)
     torch.manual_seed(0)
@@ -527,9 +527,8 @@ def test_deepeyes_reward_reads_the_rollouts_tool_calls(tiny_vlm_path):
 def test_auto_template_refuses_a_model_whose_template_is_not_qwens(mmgrpo_cache):
     """SmolVLM's template renders images as <image> and has no tool role: our Qwen tool template would change its
     prompts, so rollout.chat_template: auto refuses it and names the fix (a template file)."""
-    adapter = build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4})
     with pytest.raises(ConfigError, match=r"rollout\.chat_template: auto: .*Jinja file"):
-        adapter.use_turns(RolloutConfig(tools=["crop"]))
+        build_vlm_adapter({"name_or_path": "tiny-smolvlm", "max_new_tokens": 4}, rollout=RolloutConfig(tools=["crop"]))
 
 
 def test_the_demo_shows_a_multi_turn_answer_with_its_observation_images(tiny_vlm_path, tmp_path):

@@ -119,7 +119,14 @@ def build_policy(cfg, checkpoint: Path | None):
     load_builtins()
     build = ADAPTERS.get(cfg.model.adapter)
     lora = cfg.model.lora if checkpoint is not None else None  # the base is the model as named, without LoRA
-    adapter = build(cfg.model.args, seed=cfg.seed, lora=lora, dtype=cfg.model.dtype, need_reference=False)
+    adapter = build(
+        cfg.model.args,
+        seed=cfg.seed,
+        lora=lora,
+        dtype=cfg.model.dtype,
+        need_reference=False,
+        rollout=cfg.rollout,  # tools or an environment answer its turns, as in training (docs/agents.md)
+    )
     if checkpoint is not None:
         from safetensors import SafetensorError
 
@@ -132,10 +139,6 @@ def build_policy(cfg, checkpoint: Path | None):
                 f"{checkpoint}: weights do not match the model the run's config builds "
                 f"({len(missing)} missing, {len(unexpected)} unexpected, e.g. {(missing or unexpected)[0]})"
             )
-    if cfg.rollout.multi_turn:  # tools or an environment answer its turns, as in training (docs/agents.md)
-        from mmgrpo.multiturn import use_turns
-
-        use_turns(adapter, cfg.rollout)
     adapter.model.eval()
     return adapter
 

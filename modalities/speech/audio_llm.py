@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 
 import torch
 
-from mmgrpo.config import ConfigError, Range, from_dict
+from mmgrpo.config import ConfigError, Range, RolloutConfig, from_dict
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
 
 from .. import _hf, real_models
@@ -113,11 +113,18 @@ class AudioLLMAdapter(VLMAdapter):
     PIPELINE_TAG = "audio-text-to-text"
     TINY_MODULE = "mmgrpo.modalities.speech.tiny"
 
-    def __init__(self, model: torch.nn.Module, processor: Any, args: AudioLLMArgs, reference: torch.nn.Module | None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        args: AudioLLMArgs,
+        reference: torch.nn.Module | None,
+        rollout: RolloutConfig | None = None,
+    ):
         token_args: VLMArgs = from_dict(VLMArgs, args.token_args(), "model.args")
         sampling_rate = int(processor.feature_extractor.sampling_rate)
         audio = AudioEncoder(sampling_rate, args.silence_threshold, required=True)
-        super().__init__(model, processor, token_args, reference, encoders=[audio])
+        super().__init__(model, processor, token_args, reference, encoders=[audio], rollout=rollout)
         self.audio_args = args
         self.sampling_rate = sampling_rate
         vocab = self.tokenizer.get_vocab()
@@ -153,7 +160,7 @@ def _load_audio_llm(a: AudioLLMArgs, ctx: BuildContext) -> AudioLLMAdapter:
             f"model.args.name_or_path {a.name_or_path!r}: the audio_llm adapter needs prompt sharing, "
             f"which does not cover it: {reason}"
         )
-    return AudioLLMAdapter(model, processor, a, reference)
+    return AudioLLMAdapter(model, processor, a, reference, rollout=ctx.rollout)
 
 
 build_audio_llm_adapter = ADAPTERS.register("audio_llm")(

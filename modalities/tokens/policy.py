@@ -13,6 +13,8 @@ identically for every family:
 - ``ref_logprobs``: the frozen reference copy when there is one (full fine-tuning with β > 0), else the same
   model with its LoRA adapter disabled (peft's ``disable_adapter``) — the reference of TRL and verl with LoRA;
 - ``_batched_no_grad``: no-grad log-probs in ``args.forward_batch_size`` chunks (old/reference log-probs);
+- ``unwrapped``, ``token_logprobs``, ``batched_logprobs``, ``teacher_forced_loss``: the public names of these for the
+  rollout drivers (:class:`~.sampler.TokenSampler`; the private ones stay the implementation subclasses override);
 - ``sync_reference`` (after a supervised warm-up the KL anchors to the warmed-up model, as RLHF anchors to its
   SFT model), ``trainable_parameters`` and ``export_info`` (what the model card says about the saved model).
 
@@ -140,6 +142,27 @@ class TokenPolicy:
         adapter-disabled base model."""
         if self.reference is not None:
             self.reference.load_state_dict(sharding.full_state_dict(self._unwrapped()))  # FSDP: gathered
+
+    # ------------------------------------------------ public surface (modalities/tokens/sampler.py TokenSampler)
+
+    def unwrapped(self) -> torch.nn.Module:
+        """The policy without accelerate's wrappers (DDP / FSDP): its config, ``generate``, parameters."""
+        return self._unwrapped()
+
+    def token_logprobs(self, model: torch.nn.Module, state: Any, index: Tensor) -> Tensor:
+        """Log-probs [n, T] of the sampled units of rows ``index`` [n] of ``state`` under ``model``
+        (:meth:`_token_logprobs`), differentiable when grad is on."""
+        return self._token_logprobs(model, state, index)
+
+    def batched_logprobs(self, rollout: Rollout, model: torch.nn.Module) -> Tensor:
+        """Log-probs [B, T] of every row of ``rollout`` under ``model``, no grad, ``args.forward_batch_size`` rows
+        per forward (:meth:`_batched_no_grad`)."""
+        return self._batched_no_grad(rollout, model)
+
+    def teacher_forced_loss(self, targets: list[list[int]], cache: Any) -> Tensor:
+        """Mean token cross-entropy of ``targets`` given the prompts of ``cache`` (:meth:`_teacher_forced_loss`).
+        Shape: P lists of T_p ids → []."""
+        return self._teacher_forced_loss(targets, cache)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._unwrapped().parameters() if p.requires_grad]

@@ -70,10 +70,7 @@ from mmgrpo.types import Rollout, Transcript
 
 from . import prefix_sharing
 from .logprobs import head_outputs_hidden
-
-VLMAdapter = Any
-"""The token adapter a runner serves: ``modalities/vlm/adapter.py``'s ``VLMAdapter`` or one built on it (the video
-adapter); not imported here, which it imports."""
+from .sampler import TokenSampler
 
 TURN_NOISE = 0x7A12
 """Tag mixed into the seed of turns k ≥ 1 (turn 0 draws with the rollout's own keys)."""
@@ -243,9 +240,13 @@ def merge_media(encoding: dict[str, Tensor], media: list[dict[str, Tensor]]) -> 
 
 class TurnRunner:
     """Samples multi-turn trajectories for a token adapter (see the module docstring): tools (``rollout.tools``)
-    answer each turn's calls, or an environment (``rollout.environment``) answers each turn's action."""
+    answer each turn's calls, or an environment (``rollout.environment``) answers each turn's action.
 
-    def __init__(self, adapter: VLMAdapter, settings: RolloutConfig):
+    The multi-turn rollout driver (:class:`~.sampler.RolloutDriver`): the adapter is built with it when its config
+    has tools or an environment and hands it ``rollout`` / ``evaluate`` / ``supervised_loss``. It reads the adapter
+    only through :class:`~.sampler.TokenSampler`."""
+
+    def __init__(self, adapter: TokenSampler, settings: RolloutConfig):
         from mmgrpo.tools import LIMITS, load_tools, render_tool_schemas, run_tool_call  # deferred: plug-in registry
 
         self.adapter = adapter
@@ -257,11 +258,6 @@ class TurnRunner:
         tok = adapter.tokenizer
         model_template = getattr(adapter.processor, "chat_template", None) or getattr(tok, "chat_template", None)
         self.template = resolve_template(settings.chat_template, model_template, self._qwen_style(model_template))
-        if sharding.is_sharded(adapter._unwrapped()):
-            raise ConfigError(
-                "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
-                "forward of sharded weights is a collective; train with DDP processes (or one process)"
-            )
         if adapter.args.min_new_tokens:
             raise ConfigError(
                 "model.args.min_new_tokens > 0 is not supported with rollout.tools (the EOS ban would apply per turn "
@@ -381,7 +377,7 @@ class TurnRunner:
             if encoder.kind == "image":
                 images = encoder.load(row)
         ctx = ToolContext(images=images, row=row)
-        video = getattr(self.adapter, "video", None)
+        video = next((e for e in self.adapter.encoders if e.kind == "video"), None)  # the video adapter's VideoEncoder
         if video is not None and row.get("video") is not None:
             clip = video.clip(row)
             ctx.frames = [Image.fromarray(f.permute(1, 2, 0).clamp(0, 255).byte().numpy()) for f in clip.frames]
@@ -451,8 +447,8 @@ class TurnRunner:
         token) and the log-probs they were drawn with. The one place the policy acts (the tests script it here)."""
         a = self.adapter
         if a.engine is None:
-            return a._sample(encodings, n, greedy, keys)
-        return a._engine_sample(self._engine_requests(encodings, rows, turn), n, keys, greedy)
+            return a.sample(encodings, n, greedy, keys)
+        return a.engine_sample(self._engine_requests(encodings, rows, turn), n, keys, greedy)
 
     def _engine_requests(self, encodings: list[dict], rows: list[int], turn: int) -> list:
         """The engine's requests of a turn: turn 0 the prompts as text (the single-turn requests); later turns each
@@ -462,8 +458,8 @@ class TurnRunner:
 
         a, rows_of = self.adapter, self._rows
         if turn == 0:
-            return a._engine_prompts(rows_of, encodings)
-        config = a._unwrapped().config  # Qwen2-Audio's audio pad too: vLLM expands each placeholder again
+            return a.engine_prompts(rows_of, encodings)
+        config = a.unwrapped().config  # Qwen2-Audio's audio pad too: vLLM expands each placeholder again
         pads = set(media_pad_ids(a)) | {getattr(config, "audio_token_id", getattr(config, "audio_token_index", -1))}
         pads -= {-1}
         out = []
@@ -485,7 +481,7 @@ class TurnRunner:
         return ids, None
 
     @torch.no_grad()
-    def rollout(
+    def trajectories(
         self,
         prompts: list[dict],
         encodings: list[dict],
@@ -501,6 +497,11 @@ class TurnRunner:
         from mmgrpo.tools import Observation, state_anchor
 
         a, s, G = self.adapter, self.settings, group_size
+        if sharding.is_sharded(a.unwrapped()):  # known once accelerate has prepared the model: checked at first use
+            raise ConfigError(
+                "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
+                "forward of sharded weights is a collective; train with DDP processes (or one process)"
+            )
         B, T = len(prompts) * G, s.max_total_tokens
         trajs = [_Trajectory() for _ in range(B)]
         self._rows, self._trajs, self._G = prompts, trajs, G  # what the engine's requests are built from
@@ -648,6 +649,73 @@ class TurnRunner:
             out[b, : len(t.logps)] = torch.tensor(t.logps)
         return out
 
+    # ------------------------------------------------------------------------------------- rollout driver
+
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
+        """The multi-turn :class:`~mmgrpo.types.Rollout` of B = P·G trajectories (the adapter's ``rollout``)."""
+        a = self.adapter
+        with a.media_scope():
+            rows, envs = self.environments(prompts, group_size)
+            encodings = [a.encode_prompt(row) for row in rows]
+            columns = {k: v for encoder in a.encoders for k, v in encoder.columns(rows).items()}
+            state, trajs = self.trajectories(rows, encodings, group_size, keys, envs)
+        mask = state.action.float()  # [B, T]
+        truncated = torch.tensor([t.truncated for t in trajs])  # [B]
+        if a.args.mask_truncated:
+            mask = mask * (~truncated).float()[:, None]
+        rollout = Rollout(
+            outputs=["\n".join(t.texts) for t in trajs],
+            old_logprobs=torch.zeros_like(mask),
+            mask=mask,
+            group_size=group_size,
+            prompt_index=state.prompt_of.clone(),
+            truncated=truncated,
+            state=state,
+            turn_of_token=state.turn_of_token.clone(),
+        )
+        if a.engine is not None:  # sampled by vLLM: its log-probs for the importance correction, ours as old
+            rollout.engine_logprobs = self.sampler_logprobs(trajs) * mask  # [B, T]
+            rollout.old_logprobs = a.batched_logprobs(rollout, a.model) * mask  # [B, T]
+        elif a.args.old_logprobs == "sampler":  # as drawn by the decode loop: no extra forward
+            rollout.old_logprobs = self.sampler_logprobs(trajs) * mask  # [B, T]
+        else:
+            rollout.old_logprobs = a.batched_logprobs(rollout, a.model) * mask  # [B, T]
+        columns.update(a.image_columns(rows, encodings, columns.get("image_size")))
+        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
+        rollout.extras.update(trajectory_extras(trajs))
+        rollout.extras["completion_ids"] = [
+            [x for x, m in zip(row.tolist(), act.tolist()) if m] for row, act in zip(state.completion_ids, state.action)
+        ]
+        rollout.validate()
+        return rollout
+
+    def supervised_loss(self, rows: list[dict]) -> Tensor:
+        """Mean token cross-entropy of multi-turn targets (the warm-up's loss that teaches the tool-call format):
+        ``row["target"]`` is a list of assistant turns (a string: one turn), teacher-forced; the tools (or the
+        environment) answer each turn for real and their observations are context (mask 0), as in a rollout.
+
+        Shape: P rows → [] (over every target token, end tokens included)."""
+        a = self.adapter
+        script = [[row["target"]] if isinstance(row["target"], str) else list(row["target"]) for row in rows]
+        with a.media_scope():
+            prompts, envs = self.environments(rows, 1)
+            encodings = [a.encode_prompt(row) for row in prompts]
+            state, _ = self.trajectories(prompts, encodings, 1, None, envs, script=script)
+        logp = a.token_logprobs(a.model, state, torch.arange(len(rows)))  # [P, T]
+        action = state.action.to(logp.device).float()  # [P, T]
+        return -(logp * action).sum() / action.sum().clamp_min(1.0)
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[Transcript]:
+        """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text (joined by
+        newlines, the turns kept apart, the whole exchange with its images: :class:`~mmgrpo.types.Transcript`)."""
+        a = self.adapter
+        with a.media_scope():
+            rows, envs = self.environments(prompts, 1)
+            encodings = [a.encode_prompt(row) for row in rows]
+            _, trajs = self.trajectories(rows, encodings, 1, None, envs, greedy=True)
+        return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript, turn_rewards=t.turn_rewards) for t in trajs]
+
 
 def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
     """Reward columns of multi-turn trajectories, B values each: ``tool_calls`` (calls run, DeepEyes' tool bonus
@@ -666,89 +734,24 @@ def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
     }
 
 
-def turn_rollout(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict], group_size: int, keys) -> Rollout:
-    """The multi-turn :class:`~mmgrpo.types.Rollout` of a token adapter (``VLMAdapter.rollout`` with tools)."""
-    with adapter._media_scope():
-        rows, envs = runner.environments(prompts, group_size)
-        encodings = [adapter._encode_prompt(row) for row in rows]
-        columns = {k: v for encoder in adapter.encoders for k, v in encoder.columns(rows).items()}
-        state, trajs = runner.rollout(rows, encodings, group_size, keys, envs)
-    mask = state.action.float()  # [B, T]
-    truncated = torch.tensor([t.truncated for t in trajs])  # [B]
-    if adapter.args.mask_truncated:
-        mask = mask * (~truncated).float()[:, None]
-    rollout = Rollout(
-        outputs=["\n".join(t.texts) for t in trajs],
-        old_logprobs=torch.zeros_like(mask),
-        mask=mask,
-        group_size=group_size,
-        prompt_index=state.prompt_of.clone(),
-        truncated=truncated,
-        state=state,
-        turn_of_token=state.turn_of_token.clone(),
-    )
-    if adapter.engine is not None:  # sampled by vLLM: its log-probs for the importance correction, ours as old
-        rollout.engine_logprobs = runner.sampler_logprobs(trajs) * mask  # [B, T]
-        rollout.old_logprobs = adapter._batched_no_grad(rollout, adapter.model) * mask  # [B, T]
-    elif adapter.args.old_logprobs == "sampler":  # as drawn by the decode loop: no extra forward
-        rollout.old_logprobs = runner.sampler_logprobs(trajs) * mask  # [B, T]
-    else:
-        rollout.old_logprobs = adapter._batched_no_grad(rollout, adapter.model) * mask  # [B, T]
-    columns.update(adapter._image_columns(rows, encodings, columns.get("image_size")))
-    rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
-    rollout.extras.update(trajectory_extras(trajs))
-    rollout.extras["completion_ids"] = [
-        [x for x, m in zip(row.tolist(), act.tolist()) if m] for row, act in zip(state.completion_ids, state.action)
-    ]
-    rollout.validate()
-    return rollout
-
-
-def supervised_turn_loss(adapter: VLMAdapter, runner: TurnRunner, rows: list[dict]) -> Tensor:
-    """Mean token cross-entropy of multi-turn targets (the warm-up's loss that teaches the tool-call format):
-    ``row["target"]`` is a list of assistant turns (a string: one turn), teacher-forced; the tools (or the
-    environment) answer each turn for real and their observations are context (mask 0), as in a rollout.
-
-    Shape: P rows → [] (over every target token, end tokens included)."""
-    script = [[row["target"]] if isinstance(row["target"], str) else list(row["target"]) for row in rows]
-    with adapter._media_scope():
-        prompts, envs = runner.environments(rows, 1)
-        encodings = [adapter._encode_prompt(row) for row in prompts]
-        state, _ = runner.rollout(prompts, encodings, 1, None, envs, script=script)
-    logp = adapter._token_logprobs(adapter.model, state, torch.arange(len(rows)))  # [P, T]
-    action = state.action.to(logp.device).float()  # [P, T]
-    return -(logp * action).sum() / action.sum().clamp_min(1.0)
-
-
-@torch.no_grad()
-def evaluate_turns(adapter: VLMAdapter, runner: TurnRunner, prompts: list[dict]) -> list[Transcript]:
-    """Greedy multi-turn trajectories of held-out prompts, one per prompt: the assistant turns' text (joined by
-    newlines, the turns kept apart, the whole exchange with its images: :class:`~mmgrpo.types.Transcript`)."""
-    with adapter._media_scope():
-        rows, envs = runner.environments(prompts, 1)
-        encodings = [adapter._encode_prompt(row) for row in rows]
-        _, trajs = runner.rollout(rows, encodings, 1, None, envs, greedy=True)
-    return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript, turn_rewards=t.turn_rewards) for t in trajs]
-
-
 # -------------------------------------------------------------------------------------------- log-probs
 
 
-def media_token_types(adapter: VLMAdapter, ids: Tensor) -> Tensor:
+def media_token_types(adapter: TokenSampler, ids: Tensor) -> Tensor:
     """``mm_token_type_ids`` of ``ids``: 1 at image pads, 2 at video pads, 0 elsewhere (what Qwen2.5-VL's
     ``get_rope_index`` reads to place the media). Shape: [n, L] → [n, L]."""
     image, video = media_pad_ids(adapter)
     return (ids == image).long() + 2 * (ids == video).long()
 
 
-def media_pad_ids(adapter: VLMAdapter) -> tuple[int, int]:
+def media_pad_ids(adapter: TokenSampler) -> tuple[int, int]:
     """The model's image and video pad token ids (−1 where it has none)."""
-    config = adapter._unwrapped().config
+    config = adapter.unwrapped().config
     return getattr(config, "image_token_id", -1), getattr(config, "video_token_id", -1)
 
 
 def trajectory_logits(
-    adapter: VLMAdapter, model: torch.nn.Module, state: TurnState, index: Tensor, head: torch.nn.Linear | None
+    adapter: TokenSampler, model: torch.nn.Module, state: TurnState, index: Tensor, head: torch.nn.Linear | None
 ) -> tuple[Tensor, Tensor]:
     """(targets [n, T], logits [n, T, V] — or hidden states [n, T, H] with ``head`` — predicting them) of
     trajectories ``index``: the policy's tokens as targets (observation and padding positions hold ``pad_id``, so
@@ -765,9 +768,9 @@ def trajectory_logits(
     media = [state.media[b] for b in index.tolist()]
     device = adapter.device
     with head_outputs_hidden(head):
-        if not any(media) and adapter._shares_prefix(model, "log-prob forward", adapter.args.prefix_sharing):
+        if not any(media) and adapter.shares_prefix(model, "log-prob forward", adapter.args.prefix_sharing):
             unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
-            batch = adapter._collate([state.encodings[p] for p in unique.tolist()])
+            batch = adapter.collate([state.encodings[p] for p in unique.tolist()])
             out = prefix_sharing.completion_logits(
                 model, batch, rows.to(device), comp[:, :t].to(device), valid[:, :t].to(device)
             )  # [n, t, V | H]
@@ -777,7 +780,7 @@ def trajectory_logits(
                     "multi-turn log-prob forward", "trajectories carry observation images"
                 )
             encodings = [merge_media(state.encodings[p], [m]) for p, m in zip(prompts.tolist(), media)]
-            batch = adapter._collate(encodings, comp[:, :t], valid[:, :t])
+            batch = adapter.collate(encodings, comp[:, :t], valid[:, :t])
             if "mm_token_type_ids" in batch:  # the observations' image pads too, for mRoPE over the whole sequence
                 batch["mm_token_type_ids"] = media_token_types(adapter, batch["input_ids"])
             out = model(**batch, logits_to_keep=t + 1, use_cache=False).logits[:, :-1]  # [n, t, V | H]

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo import noise
-from mmgrpo.config import ConfigError
+from mmgrpo.config import ConfigError, RolloutConfig
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
 from mmgrpo.types import Rollout
 
@@ -47,7 +47,7 @@ from .. import real_models
 from ..tokens.engine import EngineError, EnginePrompt
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
-from ..vlm.adapter import VLMAdapter, VLMArgs, _load_vlm
+from ..vlm.adapter import VLMAdapter, VLMArgs, load_vlm_model
 from ..vlm.tiny import resolve_model_path
 
 SHUFFLED_NOISE = 0x5F1E
@@ -84,7 +84,14 @@ class VideoAdapter(VLMAdapter):
 
     args: VideoArgs
 
-    def __init__(self, model: torch.nn.Module, processor: Any, args: VideoArgs, reference: torch.nn.Module | None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        args: VideoArgs,
+        reference: torch.nn.Module | None,
+        rollout: RolloutConfig | None = None,
+    ):
         if getattr(processor, "video_processor", None) is None:
             raise ConfigError(
                 f"model.args.name_or_path {args.name_or_path!r}: its processor {type(processor).__name__} has no "
@@ -93,7 +100,7 @@ class VideoAdapter(VLMAdapter):
         self.video = VideoEncoder(processor, args.video, args.decode_cache_mb)
         image_size = getattr(getattr(processor, "image_processor", None), "size", None)
         encoders = [ImageEncoder(args.min_pixels, args.max_pixels, image_size), self.video]
-        super().__init__(model, processor, args, reference, encoders=encoders)
+        super().__init__(model, processor, args, reference, encoders=encoders, rollout=rollout)
 
     def _engine_prompts(self, prompts: list[dict], encodings: list[dict[str, Tensor]]) -> list[EnginePrompt]:
         """The token policy's engine requests, after checking that vLLM would place each prompt as the trainer does."""
@@ -179,8 +186,9 @@ class VideoAdapter(VLMAdapter):
 def _load_video(a: VideoArgs, ctx: BuildContext) -> VideoAdapter:
     """The ``video`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`).
 
-    The video options are checked first; the model, processor, LoRA and reference come from the ``vlm`` builder
-    (with the options it knows), so both adapters load and validate the shared options the same way.
+    The video options are checked first; the model, processor, LoRA and reference come from the ``vlm`` family's
+    :func:`~..vlm.adapter.load_vlm_model` (with the options it knows), so both adapters load and validate the shared
+    options the same way.
     """
     v = a.video
     if v.nframes is None and (v.fps is None or v.fps <= 0):
@@ -195,8 +203,8 @@ def _load_video(a: VideoArgs, ctx: BuildContext) -> VideoAdapter:
     if n is not None and n < 1:
         raise ConfigError(f"model.args.temporal_contrast.num_shuffled: must be >= 1 or null (G // 2), got {n}")
     shared = {f.name: getattr(a, f.name) for f in fields(VLMArgs)}
-    base = _load_vlm(VLMArgs(**shared), ctx)
-    return VideoAdapter(base.model, base.processor, a, base.reference)
+    model, processor, reference = load_vlm_model(VLMArgs(**shared), ctx)
+    return VideoAdapter(model, processor, a, reference, rollout=ctx.rollout)
 
 
 build_video_adapter = ADAPTERS.register("video")(

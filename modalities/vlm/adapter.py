@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from mmgrpo import noise, sharding
-from mmgrpo.config import ConfigError, Range
+from mmgrpo.config import ConfigError, Range, RolloutConfig
 from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
 from mmgrpo.types import DataError, Rollout
@@ -50,14 +50,8 @@ from ..tokens.logprobs import (
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy
-from ..tokens.turns import (
-    TurnRunner,
-    TurnState,
-    evaluate_turns,
-    supervised_turn_loss,
-    trajectory_logits,
-    turn_rollout,
-)
+from ..tokens.sampler import RolloutDriver, TokenSampler
+from ..tokens.turns import TurnRunner, TurnState, trajectory_logits
 from . import smolvlm
 from .tiny import resolve_model_path
 
@@ -132,10 +126,17 @@ VLMState = CompletionState  # cache: PromptCache
 
 
 class VLMAdapter(EngineSampling, TokenPolicy):
-    """Token-level policy over a transformers VLM or causal LM (see the module docstring)."""
+    """Token-level policy over a transformers VLM or causal LM (see the module docstring).
+
+    It implements :class:`~..tokens.sampler.TokenSampler` and rolls out through the driver it is built with
+    (``rollout``: the config's ``rollout`` section): multi-turn trajectories (:class:`~..tokens.turns.TurnRunner`)
+    when it names tools or an environment, else one completion per sample (:class:`SingleTurn`)."""
 
     PIPELINE_TAG = "image-text-to-text"
     TINY_MODULE = "mmgrpo.modalities.vlm.tiny"
+    multi_turn: ClassVar[bool] = True
+    """Declared capability (:class:`mmgrpo.types.MultiTurn`): built with ``rollout.tools`` / ``rollout.environment``
+    it drives multi-turn trajectories."""
 
     def __init__(
         self,
@@ -144,6 +145,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         args: VLMArgs,
         reference: torch.nn.Module | None,
         encoders: list[MediaEncoder] | None = None,
+        rollout: RolloutConfig | None = None,
     ):
         self.model = model
         self.processor = processor
@@ -169,11 +171,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
-        self.turns: TurnRunner | None = None  # multi-turn tool use (use_turns, modalities/tokens/turns.py)
-
-    def use_turns(self, settings: Any) -> None:
-        """Roll out multi-turn, tool-using trajectories (``rollout.tools``; :mod:`..tokens.turns`)."""
-        self.turns = TurnRunner(self, settings)
+        turns = rollout is not None and rollout.multi_turn  # tools or an environment answer each turn
+        self.driver: RolloutDriver = TurnRunner(self, rollout) if turns else SingleTurn(self)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
@@ -251,7 +250,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         """The prompt as text (chat template applied, one placeholder per medium, not yet expanded)."""
         messages = self._messages(row, {kind: len(items) for kind, items in loaded.items()})
         if getattr(self.tokenizer, "chat_template", None) or getattr(self.processor, "chat_template", None):
-            kwargs = self.turns.template_kwargs() if self.turns is not None else {}  # the tools' template, schemas
+            kwargs = self.driver.template_kwargs()  # multi-turn: the tools' template and schemas
             return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return row["prompt"] if isinstance(row["prompt"], str) else str(messages)
 
@@ -330,7 +329,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
 
     # ---------------------------------------------------------------------------------------- sampling
 
-    def _shares_prefix(self, model: torch.nn.Module, what: str, enabled: bool) -> bool:
+    def shares_prefix(self, model: torch.nn.Module, what: str, enabled: bool) -> bool:
         """Whether ``what`` takes the prompt-sharing path (modalities/tokens/prefix_sharing.py); warns once if not
         covered."""
         if not enabled:
@@ -373,7 +372,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         was_training = model.training
         model.eval()
         try:
-            if self._shares_prefix(model, "sampling", self.args.kv_expand_rollout):
+            if self.shares_prefix(model, "sampling", self.args.kv_expand_rollout):
                 spec = self._sampling_spec(greedy=greedy, synced=synced)
                 completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec, keys)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
@@ -433,45 +432,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         return out
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
-        if self.turns is not None:  # tools: multi-turn trajectories (modalities/tokens/turns.py)
-            return turn_rollout(self, self.turns, prompts, group_size, keys)
-        engine_logprobs = sampler_logprobs = None
-        with self._media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
-            encodings = [self._encode_prompt(row) for row in prompts]
-            columns = {k: v for encoder in self.encoders for k, v in encoder.columns(prompts).items()}
-            if self.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
-                requests = self._engine_prompts(prompts, encodings)
-                completion_ids, engine_logprobs = self._engine_sample(requests, group_size, keys)
-        if self.engine is None:
-            completion_ids, sampler_logprobs = self._sample(encodings, group_size, False, keys)  # [B, T], group-major
-        prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
-        state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
-        mask = self._completion_mask(completion_ids).float()  # [B, T]
-        truncated = ~torch.isin(completion_ids, self.eos_ids).any(dim=1)  # [B]
-        if self.args.mask_truncated:
-            mask = mask * (~truncated).float()[:, None]
-        old = torch.zeros_like(mask)
-        rollout = Rollout(
-            outputs=self._decode(completion_ids),
-            old_logprobs=old,
-            mask=mask,
-            group_size=group_size,
-            prompt_index=prompt_of.clone(),
-            truncated=truncated,
-            state=state,
-            engine_logprobs=engine_logprobs,
-        )
-        if self.args.old_logprobs == "sampler" and sampler_logprobs is not None:
-            rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
-        else:
-            if self.args.old_logprobs == "sampler" and self.engine is None:
-                prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
-            rollout.old_logprobs = self._batched_no_grad(rollout, self.model) * mask  # [B, T]
-        columns.update(self._image_columns(prompts, encodings, columns.get("image_size")))
-        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
-        rollout.extras["completion_ids"] = completion_id_lists(completion_ids, self._completion_mask(completion_ids))
-        rollout.validate()
-        return rollout
+        return self.driver.rollout(prompts, group_size, keys)
 
     def merge_states(self, parts: list[tuple[VLMState, Tensor, Tensor]]) -> VLMState:
         """One state from samples [n] and their prompts [p] of several rollouts' states, in order (DAPO refill,
@@ -515,7 +476,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             rollout.outputs[row] = text
         rollout.old_logprobs[index] = self._token_logprobs(self.model, state, index).cpu() * mask  # [n, T]
 
-    def _image_columns(
+    def image_columns(
         self, prompts: list[dict], encodings: list[dict[str, Tensor]], loaded_sizes: list | None
     ) -> dict[str, list]:
         """Per-prompt reward columns for box rewards (``mmgrpo.rewards.visual``), when the prompts have images.
@@ -540,11 +501,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
 
     @torch.no_grad()
     def evaluate(self, prompts: list[dict]) -> list[str]:
-        if self.turns is not None:
-            return evaluate_turns(self, self.turns, prompts)
-        with self._media_scope():
-            encodings = [self._encode_prompt(row) for row in prompts]
-        return self._decode(self._sample(encodings, 1, greedy=True)[0])
+        return self.driver.evaluate(prompts)
 
     # --------------------------------------------------------------------------------------- log-probs
 
@@ -566,7 +523,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         prompts = state.prompt_of[index]  # [n]
         T = comp.shape[1]
         with head_outputs_hidden(head):  # head given: the forward returns hidden states [.., H] in place of logits
-            if self._shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
+            if self.shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
                 batch = self._collate([state.cache.encodings[p] for p in unique.tolist()])
                 comp = comp.to(self.device)
@@ -588,14 +545,121 @@ class VLMAdapter(EngineSampling, TokenPolicy):
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
         """Mean token cross-entropy of ``row['target']`` given the prompt (teacher forcing), for warm-up; with tools,
-        a list of assistant turns whose tool calls run between them (:func:`..tokens.turns.supervised_turn_loss`)."""
-        if self.turns is not None:
-            return supervised_turn_loss(self, self.turns, rows)
-        with self._media_scope():
-            encodings = [self._encode_prompt(row) for row in rows]
-        eos = self.tokenizer.convert_ids_to_tokens(int(self.eos_ids[0]))
-        targets = [self.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
-        return self._teacher_forced_loss(targets, PromptCache(encodings))
+        a list of assistant turns whose tool calls run between them (``TurnRunner.supervised_loss``)."""
+        return self.driver.supervised_loss(rows)
+
+    # ------------------------------------------- public surface (modalities/tokens/sampler.py TokenSampler)
+
+    def media_scope(self) -> AbstractContextManager[None]:
+        """Decoded media pinned for one batch (:meth:`_media_scope`)."""
+        return self._media_scope()
+
+    def encode_prompt(self, row: dict) -> dict[str, Tensor]:
+        """One row's processor outputs, ``input_ids`` [1, L_p] (:meth:`_encode_prompt`)."""
+        return self._encode_prompt(row)
+
+    def sample(
+        self, encodings: list[dict[str, Tensor]], n: int, greedy: bool, keys: noise.NoiseKeys | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``n`` completions [P·n, T] of each prompt and their sampler log-probs [P·n, T] (:meth:`_sample`)."""
+        return self._sample(encodings, n, greedy, keys)
+
+    def collate(
+        self,
+        encodings: list[dict[str, Tensor]],
+        completions: Tensor | None = None,
+        completion_mask: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """The prompts left-padded to [n, L] and ``completions`` [n, T] appended, on the device (:meth:`_collate`)."""
+        return self._collate(encodings, completions, completion_mask)
+
+    def completion_mask(self, completion_ids: Tensor) -> Tensor:
+        """1 up to and including the first EOS, 0 after it (:meth:`_completion_mask`). Shape: [n, T] → [n, T]."""
+        return self._completion_mask(completion_ids)
+
+    def decode(self, completion_ids: Tensor) -> list[str]:
+        """The texts of completions [n, T] (:meth:`_decode`)."""
+        return self._decode(completion_ids)
+
+    def engine_prompts(self, rows: list[dict], encodings: list[dict[str, Tensor]]) -> list[EnginePrompt]:
+        """The rollout engine's request of each row (:meth:`_engine_prompts`)."""
+        return self._engine_prompts(rows, encodings)
+
+    def engine_sample(
+        self, requests: list[EnginePrompt], n: int, keys: noise.NoiseKeys | None, greedy: bool = False
+    ) -> tuple[Tensor, Tensor]:
+        """``n`` completions [len·n, T] of each request on the engine and its log-probs (:meth:`_engine_sample`)."""
+        return self._engine_sample(requests, n, keys, greedy)
+
+
+class SingleTurn:
+    """One completion per sample: the token policy's rollout, greedy evaluation and warm-up loss without tools or an
+    environment (the single-turn :class:`~..tokens.sampler.RolloutDriver`; :class:`~..tokens.turns.TurnRunner` is
+    the multi-turn one). It reads the policy only through :class:`~..tokens.sampler.TokenSampler`."""
+
+    def __init__(self, policy: TokenSampler):
+        self.policy = policy
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """No extra ``apply_chat_template`` arguments: the model's own template, no tools."""
+        return {}
+
+    def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
+        """B = P·G completions (group-major) of the P ``prompts``, sampled natively or on the rollout engine."""
+        p = self.policy
+        engine_logprobs = sampler_logprobs = None
+        with p.media_scope():  # each prompt's media are decoded once for its G samples (and the engine's request)
+            encodings = [p.encode_prompt(row) for row in prompts]
+            columns = {k: v for encoder in p.encoders for k, v in encoder.columns(prompts).items()}
+            if p.engine is not None:  # completions from vLLM; old log-probs from this model below (as TRL)
+                requests = p.engine_prompts(prompts, encodings)
+                completion_ids, engine_logprobs = p.engine_sample(requests, group_size, keys)
+        if p.engine is None:
+            completion_ids, sampler_logprobs = p.sample(encodings, group_size, False, keys)  # [B, T], group-major
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
+        state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
+        mask = p.completion_mask(completion_ids).float()  # [B, T]
+        truncated = ~torch.isin(completion_ids, p.eos_ids).any(dim=1)  # [B]
+        if p.args.mask_truncated:
+            mask = mask * (~truncated).float()[:, None]
+        rollout = Rollout(
+            outputs=p.decode(completion_ids),
+            old_logprobs=torch.zeros_like(mask),
+            mask=mask,
+            group_size=group_size,
+            prompt_index=prompt_of.clone(),
+            truncated=truncated,
+            state=state,
+            engine_logprobs=engine_logprobs,
+        )
+        if p.args.old_logprobs == "sampler" and sampler_logprobs is not None:
+            rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
+        else:
+            if p.args.old_logprobs == "sampler" and p.engine is None:
+                prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
+            rollout.old_logprobs = p.batched_logprobs(rollout, p.model) * mask  # [B, T]
+        columns.update(p.image_columns(prompts, encodings, columns.get("image_size")))
+        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
+        rollout.extras["completion_ids"] = completion_id_lists(completion_ids, p.completion_mask(completion_ids))
+        rollout.validate()
+        return rollout
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[str]:
+        """One greedy completion per prompt."""
+        p = self.policy
+        with p.media_scope():
+            encodings = [p.encode_prompt(row) for row in prompts]
+        return p.decode(p.sample(encodings, 1, greedy=True)[0])
+
+    def supervised_loss(self, rows: list[dict]) -> Tensor:
+        """Mean token cross-entropy of ``row['target']`` + the end token given the prompt (teacher forcing)."""
+        p = self.policy
+        with p.media_scope():
+            encodings = [p.encode_prompt(row) for row in rows]
+        eos = p.tokenizer.convert_ids_to_tokens(int(p.eos_ids[0]))
+        targets = [p.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
+        return p.teacher_forced_loss(targets, PromptCache(encodings))
 
 
 def _pad_to_largest(values: list[Tensor]) -> list[Tensor]:
@@ -628,8 +692,15 @@ def _load(name_or_path: str, args: VLMArgs, dtype: torch.dtype, seed: int):
 
 
 def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
-    """The ``vlm`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`): model and processor, frozen vision
-    tower, checkpointing, then LoRA or the frozen reference."""
+    """The ``vlm`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`): the model (:func:`load_vlm_model`) and
+    the adapter, with its multi-turn driver when ``ctx.rollout`` names tools or an environment."""
+    model, processor, reference = load_vlm_model(a, ctx)
+    return VLMAdapter(model, processor, a, reference, rollout=ctx.rollout)
+
+
+def load_vlm_model(a: VLMArgs, ctx: BuildContext) -> tuple[torch.nn.Module, Any, torch.nn.Module | None]:
+    """(policy, processor, frozen reference or None) of the token families built on this one: model and processor,
+    frozen vision tower, checkpointing, then LoRA or the frozen reference."""
     if not 0 <= a.min_new_tokens <= a.max_new_tokens:
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
@@ -642,7 +713,7 @@ def _load_vlm(a: VLMArgs, ctx: BuildContext) -> VLMAdapter:
     if a.gradient_checkpointing:
         prefix_sharing.enable_checkpointing(model)
     model, reference = _hf.lora_or_reference(model, ctx)
-    return VLMAdapter(model, processor, a, reference)
+    return model, processor, reference
 
 
 build_vlm_adapter = ADAPTERS.register("vlm")(
