@@ -23,11 +23,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from mmgrpo.errors import ConfigError  # defined below the schema so rewards and tools raise it without importing it
 from mmgrpo.suggest import unknown_field
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the field and how to fix it."""
 
 
 @dataclass(frozen=True)

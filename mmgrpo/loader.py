@@ -27,6 +27,7 @@ from mmgrpo.config import (
 )
 from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
+from mmgrpo.rewards.agents import ROLLOUT_NEEDS
 from mmgrpo.sizing import check_step_fits
 from mmgrpo.types import EngineRollout, capabilities, has_method, required_capabilities
 
@@ -277,6 +278,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     _check_weight_sync(cfg.rollout)
     _check_capabilities(cfg, ADAPTERS.get(cfg.model.adapter), TASKS.get(cfg.task.name))
+    _check_reward_needs(cfg)  # rewards that read what a multi-turn rollout records
     multiturn.check_config(cfg)  # rollout.tools and algorithm.credit (docs/agents.md)
     _check_engine_sampling(cfg, ADAPTERS.get(cfg.model.adapter))
     _check_trackers(cfg.logging.trackers)
@@ -340,6 +342,19 @@ def _validate_variants(a: AlgorithmConfig) -> None:
                 f"groups: set algorithm.minibatch_size to a multiple of group_size={G} (got {a.minibatch_size}) "
                 f"and prompts_per_step to a multiple of updates_per_epoch (got {a.prompts_per_step} and "
                 f"{a.updates_per_epoch})"
+            )
+
+
+def _check_reward_needs(cfg: TrainConfig) -> None:
+    """A reward that reads what a multi-turn rollout records (:data:`mmgrpo.rewards.agents.ROLLOUT_NEEDS`: tool
+    calls, turn rewards) needs the setting that makes one (``rollout.tools`` / ``rollout.environment``)."""
+    r = cfg.rollout
+    for reward in cfg.rewards:
+        need = ROLLOUT_NEEDS.get(reward.name)
+        if need and not (r.environment is not None if need == "rollout.environment" else r.multi_turn):
+            raise ConfigError(
+                f"rewards: {reward.name!r} reads what a multi-turn rollout records (tool calls, turn rewards), but "
+                f"this config has no {need}; set it, or use a one-turn reward such as accuracy"
             )
 
 

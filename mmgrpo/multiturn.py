@@ -39,16 +39,7 @@ RETURN_REWARDS = {"env_return"}
 
 def check_config(cfg: TrainConfig) -> None:
     """``rollout.tools`` and ``algorithm.credit`` against each other and the rest of the config (one line each)."""
-    r, a = cfg.rollout, cfg.algorithm
-    from mmgrpo.rewards.agents import ROLLOUT_NEEDS
-
-    for reward in cfg.rewards:
-        need = ROLLOUT_NEEDS.get(reward.name)
-        if need and not (r.environment is not None if need == "rollout.environment" else r.multi_turn):
-            raise ConfigError(
-                f"rewards: {reward.name!r} reads what a multi-turn rollout records (tool calls, turn rewards), but "
-                f"this config has no {need}; set it, or use a one-turn reward such as accuracy"
-            )
+    r, a = cfg.rollout, cfg.algorithm  # rewards that need a multi-turn rollout: checked by mmgrpo.loader
     _check_credit(cfg)
     if not r.multi_turn:
         return

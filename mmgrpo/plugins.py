@@ -5,8 +5,9 @@ options dataclass of its ``model.args`` / ``task.args``, the class it builds and
 validated options. :func:`mmgrpo.loader.validate` reads the specs before anything is built: the options are checked
 against the dataclass (a typo names the field and the allowed ones) and the class has the optional capabilities the
 config needs (:mod:`mmgrpo.types`). A spec is called like a builder,
-``spec(args: dict, *, seed=0[, lora=, dtype=, need_reference=, rollout=])``; a third-party plugin may register a
-plain function of that signature instead (its options and capabilities are then checked once it is built).
+``spec(args: dict, *, seed=0[, lora=, dtype=, need_reference=, reward_scorer=, rollout=])``; a third-party plugin
+may register a plain function of that signature instead (its options and capabilities are then checked once it is
+built).
 Built-in adapters register when :mod:`mmgrpo.modalities` is imported, built-in tasks when :mod:`mmgrpo.tasks` is
 (:func:`mmgrpo.loader.load_builtins` imports both).
 """
@@ -21,6 +22,12 @@ from mmgrpo.config import LoraConfig, RolloutConfig, from_dict
 from mmgrpo.registry import Registry
 
 Options = TypeVar("Options")
+
+
+RewardScorer = Callable[[list[tuple[Any, float, dict]], str], Callable[[list, list[dict], int], Any]]
+"""``reward_scorer(entries, where) -> score``: ``entries`` are ``(name, weight, kwargs)``, ``where`` the config field
+they came from (named by its errors); ``score(outputs, rows, G) -> Tensor[B]`` is Σ_k w_k·reward_k of the B = P·G
+outputs answering the P rows (:class:`mmgrpo.rewards.WeightedScore`)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,10 @@ class BuildContext:
     """The config's ``rollout`` section: when it names tools or an environment, an adapter that declares
     :class:`~mmgrpo.types.MultiTurn` builds its multi-turn driver from it (``modalities/tokens/turns.py``); None or
     neither: single-turn rollouts."""
+    reward_scorer: RewardScorer | None = None
+    """Builds one scoring callable from reward entries, for a family that scores its own intermediate outputs (the
+    flow adapter's ``value_rewards``); the trainer passes :func:`mmgrpo.rewards.weighted_scorer`, so no family
+    builds a reward runner itself. None: the builder has none (the demo, which never rolls out)."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +115,11 @@ class AdapterSpec(Generic[Options]):
         lora: LoraConfig | None = None,
         dtype: str = "float32",
         need_reference: bool = False,
+        reward_scorer: RewardScorer | None = None,
         rollout: RolloutConfig | None = None,
     ) -> Any:
-        return self.load(self.options(args), BuildContext(seed, lora, dtype, need_reference, rollout=rollout))
+        ctx = BuildContext(seed, lora, dtype, need_reference, reward_scorer=reward_scorer, rollout=rollout)
+        return self.load(self.options(args), ctx)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from mmgrpo.loader import load_builtins, load_engine
 from mmgrpo.optim import build_optimizer
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
-from mmgrpo.rewards import RewardRunner, score_rows
+from mmgrpo.rewards import RewardRunner, score_rows, weighted_scorer
 from mmgrpo.types import (
     EngineRollout,
     ForwardRecord,
@@ -96,6 +96,7 @@ class Trainer:
                 lora=cfg.model.lora,
                 dtype=cfg.model.dtype,
                 need_reference=cfg.algorithm.beta > 0,
+                reward_scorer=weighted_scorer,  # families that score their own outputs (flow value_rewards)
                 rollout=cfg.rollout,  # tools / an environment: the adapter is built with its turn driver (agents.md)
             )
         rt = cfg.reward_runtime

@@ -6,7 +6,9 @@ Public API:
   (registry name, ``package.module:attr``, or the ``mmgrpo.rewards`` entry-point group);
 - :func:`check_reward_spec` — the load-time check of a reward's name, kwargs and weight;
 - :class:`RewardRunner`, :class:`RewardError` — weighted, routed, parallel evaluation with a timeout (threads, or
-  worker processes that are killed at the deadline);
+  worker processes that are killed at the deadline); :func:`score_rows` (outputs against their dataset rows);
+  :func:`weighted_scorer` / :class:`WeightedScore` — Σ_k w_k·reward_k as one callable, what the trainer hands an
+  adapter builder that scores its own intermediate outputs (the flow adapter's value rewards);
 - :mod:`~mmgrpo.rewards.parsing` — one parser for tags, boxes, points, numbers, choices and time spans;
 - the built-in rewards of :mod:`.text`, :mod:`.speech`, :mod:`.visual` and :mod:`.model_based`
   (``mmgrpo rewards list`` prints them; ``docs/rewards.md`` has formulas and sources).
@@ -24,7 +26,7 @@ from .registry import (
     load_reward,
     register_reward,
 )
-from .runner import RewardError, RewardRunner, score_rows
+from .runner import RewardError, RewardRunner, WeightedScore, score_rows, weighted_scorer
 from .speech import cer, corpus_wer, hallucination, wer
 from .text import (
     accuracy,
@@ -76,6 +78,7 @@ __all__ = [
     "RewardError",
     "RewardRunner",
     "UnknownRewardError",
+    "WeightedScore",
     "accuracy",
     "bleu",
     "box_giou",
@@ -116,5 +119,6 @@ __all__ = [
     "temporal_iou",
     "to_normalized",
     "tracking_iou",
+    "weighted_scorer",
     "wer",
 ]

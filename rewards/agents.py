@@ -28,7 +28,7 @@ from .registry import load_reward, register_reward
 
 ROLLOUT_NEEDS = {"deepeyes": "rollout.tools", "env_return": "rollout.environment"}
 """The rewards here that read what a multi-turn rollout records (``tool_calls``, ``turn_rewards``), and the setting
-that makes one: checked at load (``mmgrpo.multiturn.check_config``), before any model is built."""
+that makes one: checked at load (``mmgrpo.loader``), before any model is built."""
 
 MAX_ANSWER_CHARS = 1000
 """DeepEyes scores an answer this long or longer as wrong and badly formatted."""

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mmgrpo.config import ConfigError
+from mmgrpo.errors import ConfigError
 from mmgrpo.registry import Registry
 from mmgrpo.suggest import did_you_mean
 

@@ -65,6 +65,8 @@ from typing import Any
 
 import torch
 
+from mmgrpo.errors import ConfigError
+
 from .registry import REWARDS, load_reward
 
 logger = logging.getLogger("mmgrpo.rewards")
@@ -628,6 +630,39 @@ def score_rows(
     if group_index:
         columns.setdefault("group_index", [b // G for b in range(len(prompts))])
     return runner(outputs, prompts, columns, **call_kwargs)
+
+
+@dataclass
+class WeightedScore:
+    """``score(outputs, rows, group_size) -> Tensor[B]``: Σ_k w_k·reward_k of the B = P·G ``outputs`` answering the P
+    ``rows`` (group-major, as :func:`score_rows`). A plain sum: a reward's None (NaN) makes that sample's score NaN.
+    Built by :func:`weighted_scorer`; the flow adapter's dense values (``model.args.value_rewards``) are one,
+    passed to it by its builder (``mmgrpo.plugins.BuildContext.reward_scorer``)."""
+
+    runner: RewardRunner
+    weights: list[float]
+    """w_k, one per reward of ``runner``."""
+
+    def __call__(self, outputs: list, rows: list[dict], group_size: int) -> torch.Tensor:
+        scores, _ = score_rows(self.runner, outputs, rows, group_size)  # [B, K], NaN where a reward returned None
+        total = torch.zeros(len(outputs))  # [B]
+        for k, weight in enumerate(self.weights):
+            total += weight * scores[:, k]
+        return total
+
+
+def weighted_scorer(entries: Sequence[tuple[Any, float, dict]], where: str) -> WeightedScore:
+    """A :class:`WeightedScore` of ``entries`` ``(name_or_spec, weight, kwargs)`` (anything :func:`load_reward`
+    takes): rewards run in threads (a fork would copy the GPU context) with no deadline, as a direct call would. A
+    name or kwargs that do not load raise a :class:`~mmgrpo.errors.ConfigError` naming ``where[i]`` (the config
+    field the entries came from, e.g. ``model.args.value_rewards``)."""
+    fns = []
+    for i, (target, weight, kwargs) in enumerate(entries):
+        try:
+            fns.append((load_reward(target, **kwargs), float(weight)))
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"{where}[{i}]: {e}") from None
+    return WeightedScore(RewardRunner(fns, isolation="thread", timeout_s=None), [w for _, w in fns])
 
 
 class _RemoteError(Exception):

@@ -7,6 +7,7 @@ from mmgrpo import losses, shaping
 from mmgrpo.config import ConfigError, LoraConfig
 from mmgrpo.modalities.flow import kernels as K
 from mmgrpo.modalities.flow.adapter import FLOW_LORA_TARGETS, build_flow_adapter
+from mmgrpo.rewards import weighted_scorer
 from tests.numerics import adapter_reductions
 
 UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -31,7 +32,7 @@ def make(kind, lora=True, need_reference=False, **over):
     }
     targets = UNET_TARGETS if kind == "unet" else FLOW_LORA_TARGETS
     cfg = LoraConfig(enabled=lora, r=4, alpha=8, target_modules=targets)
-    return build_flow_adapter(args, seed=0, lora=cfg, need_reference=need_reference)
+    return build_flow_adapter(args, seed=0, lora=cfg, need_reference=need_reference, reward_scorer=weighted_scorer)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
@@ -238,7 +239,7 @@ def test_value_rewards_fill_unit_values(mmgrpo_cache):
 
 def test_dense_value_is_the_weighted_sum_of_the_value_rewards_none_is_nan(mmgrpo_cache):
     """V = Σ_k w_k·reward_k(decode(x̂₀)) over the prompts repeated G times; a reward's None makes the value NaN."""
-    from mmgrpo.rewards import RewardRunner
+    from mmgrpo.rewards import RewardRunner, WeightedScore
     from mmgrpo.tasks.flow_shapes import flow_shape_match  # registers it
 
     ad = make("sd3", value_rewards=[{"name": "flow_shape_match", "weight": 2.0}])
@@ -249,8 +250,7 @@ def test_dense_value_is_the_weighted_sum_of_the_value_rewards_none_is_nan(mmgrpo
         seen.update(prompts=prompts, tag=tag)
         return [None if t == "x" else 0.25 for t in tag]
 
-    ad._value_rewards = RewardRunner([("flow_shape_match", 2.0), (second, 0.5)])
-    ad._value_weights = [2.0, 0.5]
+    ad.value_score = WeightedScore(RewardRunner([("flow_shape_match", 2.0), (second, 0.5)]), [2.0, 0.5])
     x0 = torch.randn(4, *ad.backend.latent_shape(), generator=torch.Generator().manual_seed(0))  # [B, C, H, W]
     value = ad._value(x0, rows, 2)  # [B]
     prompts = [r["prompt"] for r in rows for _ in range(2)]
@@ -259,6 +259,22 @@ def test_dense_value_is_the_weighted_sum_of_the_value_rewards_none_is_nan(mmgrpo
     assert value[:2].isnan().all()
     expected = torch.zeros(2) + 2.0 * torch.tensor(match[2:], dtype=torch.float32) + 0.5 * torch.tensor([0.25, 0.25])
     assert torch.equal(value[2:], expected)
+
+
+def test_value_rewards_are_scored_by_the_builders_callable(mmgrpo_cache):
+    """The adapter runs no reward machinery of its own (issue 49): built without ``reward_scorer`` its rollout names
+    the fix in one line; the scorer's load error names the entry (``model.args.value_rewards[i]``)."""
+    import mmgrpo.tasks.flow_shapes  # noqa: F401 - registers flow_shape_match
+
+    args = {**KINDS["sd3"], "num_steps": T, "resolution": 32, "device": "cpu"}
+    bare = build_flow_adapter({**args, "value_rewards": [{"name": "flow_shape_match"}]})
+    assert bare.value_score is None
+    with pytest.raises(ConfigError, match=r"^model.args.value_rewards: .*without a reward scorer") as e:
+        bare.rollout(PROMPTS, 2)
+    assert "\n" not in str(e.value)
+    assert make("sd3", value_rewards=[{"name": "flow_shape_match", "weight": 2.0}]).value_score.weights == [2.0]
+    with pytest.raises(ConfigError, match=r"model.args.value_rewards\[1\]: .*no_such_reward"):
+        make("sd3", value_rewards=[{"name": "flow_shape_match"}, {"name": "no_such_reward"}])
 
 
 def test_evaluate_is_deterministic_and_seeded(adapter):

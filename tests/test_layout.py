@@ -1,5 +1,7 @@
 """The dependency rule of docs/architecture.md: tasks → rewards → core; modalities → core; the core imports
-neither modalities nor tasks (they register through ``mmgrpo.plugins``)."""
+neither modalities nor tasks (they register through ``mmgrpo.plugins``); between the core and rewards one direction:
+rewards (and tools) import only the core's base (errors, registry, suggest), and only the orchestration layer
+(loader, preflight, cli, trainer, row_check, demo) imports rewards."""
 
 import ast
 import subprocess
@@ -158,6 +160,89 @@ def test_no_import_circle_in_the_package():
     assert graph["mmgrpo.loader"] >= {"mmgrpo.config", "mmgrpo.plugins"}  # the graph sees imports
     assert "mmgrpo.modalities" in graph["mmgrpo.loader"]  # ... deferred ones too
     assert cycles(graph) == []
+
+
+# ---------------------------------------------------------------------------- core ↔ rewards: one direction
+
+BASE = {"mmgrpo.errors", "mmgrpo.registry", "mmgrpo.suggest"}
+"""The small base of the core that the reward and tool packages may import: ConfigError, the Registry class,
+did_you_mean. It imports nothing of mmgrpo outside itself."""
+LEAVES = ("mmgrpo.rewards", "mmgrpo.tools")
+"""Packages that sit on the base alone (docs/architecture.md, "Dependency rule")."""
+REWARD_USERS = (
+    "mmgrpo.loader",
+    "mmgrpo.preflight",
+    "mmgrpo.cli",
+    "mmgrpo.trainer",
+    "mmgrpo.row_check",
+    "mmgrpo.demo",
+    "mmgrpo.tasks",
+)
+"""The modules that load, check or run rewards (the orchestration layer, and the tasks above it): the only ones that
+import ``mmgrpo.rewards``. The math, the schema, the registries, the rollout steps and the modalities take a scoring
+callable as an argument instead (the flow adapter's value rewards: ``BuildContext.reward_scorer``)."""
+
+
+def _within(module: str, packages: tuple[str, ...] | set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def layering_problems(graph: dict[str, set[str]]) -> list[str]:
+    """``"a imports b"`` for each import that breaks the one direction core → rewards → base: the base importing
+    anything of mmgrpo outside itself, a reward or tool module importing anything but its own package and the base,
+    or a module outside :data:`REWARD_USERS` importing a reward module (deferred imports included)."""
+    out = []
+    for m in sorted(graph):
+        if m in BASE:
+            bad = graph[m] - BASE
+        elif _within(m, LEAVES):
+            own = next(p for p in LEAVES if _within(m, (p,)))
+            bad = {t for t in graph[m] if not _within(t, (own,)) and t not in BASE}
+        elif not _within(m, REWARD_USERS):
+            bad = {t for t in graph[m] if _within(t, ("mmgrpo.rewards",))}
+        else:
+            bad = set()
+        out += [f"{m} imports {t}" for t in sorted(bad)]
+    return out
+
+
+def test_core_and_rewards_depend_in_one_direction():
+    """docs/architecture.md's dependency rule on the AST import graph of every module of both sides: rewards and
+    tools import only the base; only the orchestration layer imports rewards; the base imports neither."""
+    graph = import_graph()
+    assert graph["mmgrpo.rewards.registry"] >= {"mmgrpo.errors", "mmgrpo.registry"}  # the graph sees the base
+    assert "mmgrpo.rewards" in graph["mmgrpo.trainer"] and "mmgrpo.rewards" in graph["mmgrpo.loader"]
+    assert layering_problems(graph) == []
+
+
+def test_the_layering_check_catches_each_wrong_direction():
+    """Not vacuous: a reward importing the schema, the base importing a reward, a math module or an adapter importing
+    a reward are each reported; the trainer and a task importing one are not."""
+    graph = {
+        "mmgrpo.rewards.runner": {"mmgrpo.config", "mmgrpo.errors", "mmgrpo.rewards.registry"},
+        "mmgrpo.tools.env": {"mmgrpo.rewards.parsing", "mmgrpo.registry"},
+        "mmgrpo.registry": {"mmgrpo.rewards"},
+        "mmgrpo.advantages": {"mmgrpo.rewards.runner"},
+        "mmgrpo.modalities.flow.adapter": {"mmgrpo.rewards"},
+        "mmgrpo.trainer": {"mmgrpo.rewards"},
+        "mmgrpo.tasks.shapes": {"mmgrpo.rewards.visual"},
+    }
+    assert layering_problems(graph) == [
+        "mmgrpo.advantages imports mmgrpo.rewards.runner",
+        "mmgrpo.modalities.flow.adapter imports mmgrpo.rewards",
+        "mmgrpo.registry imports mmgrpo.rewards",
+        "mmgrpo.rewards.runner imports mmgrpo.config",
+        "mmgrpo.tools.env imports mmgrpo.rewards.parsing",
+    ]
+
+
+@pytest.mark.parametrize("package", LEAVES)
+def test_importing_rewards_or_tools_loads_only_the_base_of_the_core(package):
+    """At run time too: a fresh interpreter importing ``mmgrpo.rewards`` (or ``mmgrpo.tools``) loads no core
+    module but the base (no config schema, no torch math, no trainer)."""
+    loaded = _imported_after([package])
+    assert package in loaded
+    assert [m for m in loaded if m != "mmgrpo" and not _within(m, {package, *BASE})] == []
 
 
 # ------------------------------------------------------------------------- the core reaches families via the loader

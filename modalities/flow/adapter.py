@@ -21,7 +21,8 @@ What this adapter guarantees (the adapter contract in ``docs/architecture.md``; 
   denoiser with the adapter disabled, or a frozen copy for full fine-tuning with ``need_reference``.
 - Rewards receive decoded PIL images. ``unit_sigmas`` holds each transition's σ_i (DDIM: the VP state mapped to
   the flow σ axis); ``unit_values`` holds dense values V(x_i) = reward(decode(x̂₀(x_i))) when
-  ``value_rewards`` is set (value-anchored shaping).
+  ``value_rewards`` is set (value-anchored shaping), scored by the callable the builder passes (``value_score``,
+  made by the trainer's ``BuildContext.reward_scorer``: the adapter runs no reward machinery of its own).
 - Sampling noise: under the trainer's ``rollout_noise: keyed`` (``mmgrpo.noise``) each sample's initial latent
   and per-step SDE noise come from its own generator keyed by (seed, step, global prompt position, sample), and
   the step plan from a generator keyed by (seed, step), so rollouts do not depend on the number of processes
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -46,10 +47,9 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from mmgrpo import noise
+from mmgrpo import compat, noise
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
-from mmgrpo.rewards import RewardRunner, score_rows
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
 
@@ -184,6 +184,10 @@ class _Backend:
     def x0(self, out: Tensor, x: Tensor, sched: dict[str, Tensor], i: int) -> Tensor:
         return K.x0_from_velocity(out, x, sched["coef"][i])
 
+    def max_sequence_length(self) -> int | None:
+        """The T5 length prompts are encoded with (None: no T5 encoder, the UNets)."""
+        return None
+
     @torch.no_grad()
     def decode(self, latents: Tensor) -> list:
         vae = self.pipe.vae
@@ -198,7 +202,7 @@ class _SD3Backend(_Backend):
         c = self.pipe.transformer.config.in_channels
         return c, self.height // self.vae_scale, self.width // self.vae_scale
 
-    def _max_len(self) -> int:
+    def max_sequence_length(self) -> int:
         tok = self.pipe.tokenizer_3
         return self.args.max_sequence_length or min(256, tok.model_max_length if tok is not None else 256)
 
@@ -210,7 +214,7 @@ class _SD3Backend(_Backend):
             prompt_3=texts,
             device=self.device,
             do_classifier_free_guidance=False,
-            max_sequence_length=self._max_len(),
+            max_sequence_length=self.max_sequence_length(),
         )
         return {"prompt_embeds": pe, "pooled": pooled}
 
@@ -253,21 +257,21 @@ class _FluxBackend(_SD3Backend):
         w = 2 * (self.width // (self.vae_scale * 2))
         return c, h, w
 
-    def _max_len(self) -> int:
+    def max_sequence_length(self) -> int:
         return self.args.max_sequence_length or min(256, self.pipe.tokenizer_2.model_max_length)
 
     @torch.no_grad()
     def encode(self, texts):
         pe, pooled, text_ids = self.pipe.encode_prompt(
-            prompt=texts, prompt_2=texts, device=self.device, max_sequence_length=self._max_len()
+            prompt=texts, prompt_2=texts, device=self.device, max_sequence_length=self.max_sequence_length()
         )
         return {"prompt_embeds": pe, "pooled": pooled, "text_ids": text_ids.unsqueeze(0).expand(len(texts), -1, -1)}
 
     def forward(self, model, x, t_model, cond):
         n, c, h, w = x.shape
         dtype = self.pipe.vae.dtype
-        packed = self.pipe._pack_latents(x.to(dtype), n, c, h, w)  # [n, hw/4, 4c]
-        img_ids = self.pipe._prepare_latent_image_ids(n, h // 2, w // 2, x.device, dtype)
+        packed = compat.flux_pack_latents(self.pipe, x.to(dtype), n, c, h, w)  # [n, hw/4, 4c]
+        img_ids = compat.flux_latent_image_ids(self.pipe, n, h // 2, w // 2, x.device, dtype)
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((n,), self.args.flux_guidance, device=x.device, dtype=torch.float32)
@@ -383,7 +387,16 @@ class FlowForward:
 class FlowAdapter:
     """``PolicyAdapter`` for flow-matching / diffusion text-to-image models. See the module docstring."""
 
-    def __init__(self, pipe, args: FlowArgs, *, seed: int = 0, lora: bool = False, reference=None):
+    def __init__(
+        self,
+        pipe,
+        args: FlowArgs,
+        *,
+        seed: int = 0,
+        lora: bool = False,
+        reference=None,
+        value_score: Callable[[list, list[dict], int], Tensor] | None = None,
+    ):
         self.pipe, self.args = pipe, args
         self.backend = _backend_for(pipe, args)
         self.model = pipe.unet if hasattr(pipe, "unet") else pipe.transformer
@@ -397,11 +410,7 @@ class FlowAdapter:
         self.selector = STEP_SELECTORS.get(args.steps)
         self.generator = None  # sampling noise and step plans use torch's global CPU RNG: checkpoints save it
         self.iteration = 0
-        value_fns = [_load_value_reward(spec, i) for i, spec in enumerate(args.value_rewards)]  # (fn, weight)
-        self._value_weights = [w for _, w in value_fns]
-        self._value_rewards = (  # threads (a fork would copy the GPU context), no deadline: as a direct call
-            RewardRunner(value_fns, isolation="thread", timeout_s=None) if value_fns else None
-        )
+        self.value_score = value_score  # Σ_k w_k·reward_k of decoded x̂₀ (model.args.value_rewards), from the builder
         if args.objective == "dgpo" and not self.backend.is_flow:
             raise ConfigError("model.args.objective: dgpo needs a flow-matching pipeline (SD3, FLUX), not a UNet")
 
@@ -519,7 +528,7 @@ class FlowAdapter:
         latents, means = [x], []
         logp = torch.zeros(B, T)
         std = torch.zeros(B, T)
-        values = torch.zeros(B, T) if self._value_rewards is not None else None
+        values = torch.zeros(B, T) if self._values_on() else None
         for i in range(T):
             t_i = sched["t_model"][i].expand(B).to(dev)
             out = self.velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
@@ -563,15 +572,23 @@ class FlowAdapter:
             unit_values=values,
         )
 
+    def _values_on(self) -> bool:
+        """Dense values are recorded: ``model.args.value_rewards`` is set and the builder passed its scorer."""
+        if self.args.value_rewards and self.value_score is None:
+            raise ConfigError(
+                "model.args.value_rewards: this flow adapter was built without a reward scorer; build it through the "
+                "trainer, or pass reward_scorer=mmgrpo.rewards.weighted_scorer to the adapter's builder"
+            )
+        return self.value_score is not None
+
     def _value(self, x0: Tensor, prompts: list[dict], G: int) -> Tensor:
-        """Σ_k w_k·reward_k(decode(x̂₀)) for every sample (dense value of the state). Shape: [B, C, H, W] -> [B]."""
+        """Σ_k w_k·reward_k(decode(x̂₀)) for every sample (dense value of the state), by the builder's
+        ``value_score`` (:class:`mmgrpo.rewards.WeightedScore`; NaN where a reward returned None).
+
+        Shape: [B, C, H, W] -> [B]."""
         images = self.backend.decode(x0)
         rows = [{**r, "prompt": str(r["prompt"])} for r in prompts]
-        scores, _ = score_rows(self._value_rewards, images, rows, G)  # [B, K], NaN where a reward returned None
-        total = torch.zeros(len(images))
-        for k, weight in enumerate(self._value_weights):  # a plain sum: NaN (None) makes the value NaN
-            total += weight * scores[:, k]
-        return total
+        return self.value_score(images, rows, G)  # [B]
 
     def _forward_units(self, model, rollout: Rollout, index: Tensor) -> tuple[Tensor, K.KernelOutput, Tensor, Tensor]:
         """Kernel outputs of the trained units of rows ``index`` under ``model`` (grad if enabled)."""
@@ -725,9 +742,9 @@ class FlowAdapter:
         }
         if a.negative_prompt:
             out["negative_prompt"] = a.negative_prompt
-        max_len = getattr(self.backend, "_max_len", None)  # T5-encoding backends (SD3, FLUX)
+        max_len = self.backend.max_sequence_length()  # T5-encoding backends (SD3, FLUX); None for UNets
         if max_len is not None:
-            out["max_sequence_length"] = int(max_len())
+            out["max_sequence_length"] = int(max_len)
         return out
 
     def evaluate(self, prompts: list[dict]) -> list:
@@ -762,8 +779,9 @@ def _text_seed(text: str, seed: int) -> int:
     return (int(hashlib.sha256(text.encode()).hexdigest()[:12], 16) + seed * 1_000_003) % (2**63)
 
 
-def _load_value_reward(spec: dict[str, Any], i: int):
-    """(callable, weight) from a ``value_rewards`` entry {name, weight, kwargs}."""
+def _value_reward_entry(spec: dict[str, Any], i: int) -> tuple[Any, float, dict]:
+    """``(name, weight, kwargs)`` of a ``value_rewards`` entry {name, weight, kwargs}, its shape checked (the builder's
+    reward scorer loads it)."""
     if not isinstance(spec, dict) or "name" not in spec:
         raise ConfigError(
             f"model.args.value_rewards[{i}]: expected {{name: ..., weight: 1.0, kwargs: {{}}}}, got {spec!r}"
@@ -773,18 +791,14 @@ def _load_value_reward(spec: dict[str, Any], i: int):
         raise ConfigError(
             f"model.args.value_rewards[{i}]: unknown keys {sorted(unknown)}; allowed: name, weight, kwargs"
         )
-    from mmgrpo.rewards.registry import load_reward
-
-    try:
-        fn = load_reward(spec["name"], **spec.get("kwargs", {}))
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"model.args.value_rewards[{i}]: {e}") from None
-    return fn, float(spec.get("weight", 1.0))
+    return spec["name"], float(spec.get("weight", 1.0)), spec.get("kwargs", {})
 
 
 def _load_flow(a: FlowArgs, ctx: BuildContext) -> FlowAdapter:
     """The ``flow`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`): the diffusers pipeline, frozen but for
-    the denoiser, then LoRA (diffusers' ``add_adapter``) or the frozen reference copy."""
+    the denoiser, then LoRA (diffusers' ``add_adapter``) or the frozen reference copy; ``value_rewards`` scored by
+    the context's reward scorer."""
+    entries = [_value_reward_entry(spec, i) for i, spec in enumerate(a.value_rewards)]
     if a.steps not in STEP_SELECTORS:
         allowed = ", ".join(STEP_SELECTORS.names())
         raise ConfigError(f"model.args.steps: {a.steps!r} is not allowed; choose one of: {allowed}")
@@ -817,7 +831,10 @@ def _load_flow(a: FlowArgs, ctx: BuildContext) -> FlowAdapter:
         if ctx.need_reference or a.objective == "dgpo":  # DGPO's units need the reference loss
             reference = copy.deepcopy(model).requires_grad_(False).eval()
     model.train()
-    return FlowAdapter(pipe, a, seed=ctx.seed, lora=use_lora, reference=reference)
+    value_score = None
+    if entries and ctx.reward_scorer is not None:
+        value_score = ctx.reward_scorer(entries, "model.args.value_rewards")
+    return FlowAdapter(pipe, a, seed=ctx.seed, lora=use_lora, reference=reference, value_score=value_score)
 
 
 build_flow_adapter = ADAPTERS.register("flow")(
