@@ -1,7 +1,9 @@
 """Multi-turn, tool-using rollouts of the token families: one trajectory = one token sequence.
 
-A token policy (:class:`~mmgrpo.modalities.vlm.adapter.VLMAdapter` and the video adapter built on it) with
-``rollout.tools`` set samples each of its B = P·G trajectories as a conversation:
+A token policy (:class:`~mmgrpo.modalities.vlm.adapter.VLMAdapter` and the video adapter built on it) built with
+``rollout.tools`` (or ``rollout.environment``) holds a :class:`TurnRunner` as its rollout driver, which reads it only
+through the public sampling protocol (:class:`.sampler.TokenSampler`), and samples each of its B = P·G trajectories
+as a conversation:
 
 1. **turn 0** through the adapter's own sampler: the P prompts are prefilled once and their KV cache expanded G
    ways (:mod:`.prefix_sharing`), exactly as a single-turn rollout (under keyed noise the first turn draws the
