@@ -29,6 +29,7 @@ ALLOWED = {  # (file, text of the line) → why this getattr/hasattr is not a ca
     ("tracking.py", 'hasattr(run, "log")'): "accelerate's tracker objects",
     ("tasks/dataset.py", "getattr(e, 'msg', e)"): "json.JSONDecodeError attributes",
     ("tasks/spoken_digits.py", "getattr(args, name)"): "an options field read by its name",
+    ("rollout_steps.py", "getattr(a, ROLLOUT_STEPS.get(name).section)"): "a built-in step's config section, by name",
     ("compat.py", "getattr(obj, part"): "a library's touchpoint resolved by its dotted name (the check itself)",
 }
 
