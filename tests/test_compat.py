@@ -131,6 +131,14 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+def _by_name(n: ast.AST) -> str | None:
+    """The attribute name of ``getattr(x, "name")`` (``hasattr`` / ``setattr`` / ``delattr``), else None."""
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ATTRIBUTE_BY_NAME and len(n.args) > 1:
+        name = n.args[1]
+        return name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
+    return None
+
+
 def outside_compat(trees: dict[str, ast.AST]) -> list[str]:
     """``file:line: what`` of every private attribute of another library's object (``x._name`` our code does not
     define, read or set) and of every ``getattr(x, "_name")`` string (of any object, ours too: a private member
@@ -144,10 +152,8 @@ def outside_compat(trees: dict[str, ast.AST]) -> list[str]:
             if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in ours:
                 if not n.attr.startswith("_mmgrpo"):  # _mmgrpo*: ours, set on a library's objects
                     out.append(f"{path}:{n.lineno}: {ast.unparse(n)}")
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ATTRIBUTE_BY_NAME:
-                name = n.args[1] if len(n.args) > 1 else None
-                if isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
-                    out.append(f"{path}:{n.lineno}: {ast.unparse(n)}")
+            elif _private(_by_name(n) or ""):
+                out.append(f"{path}:{n.lineno}: {ast.unparse(n)}")
     return out
 
 
@@ -176,11 +182,7 @@ def test_the_outside_check_finds_private_reads_and_getattr_strings():
 def _reads(function: ast.FunctionDef) -> set[str]:
     """The private attribute names a function of compat.py reads or sets (``x._name`` and ``getattr(x, "_name")``)."""
     names = {n.attr for n in ast.walk(function) if isinstance(n, ast.Attribute) and _private(n.attr)}
-    for n in ast.walk(function):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ATTRIBUTE_BY_NAME:
-            if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
-                names.add(n.args[1].value)
-    return names
+    return names | {_by_name(n) for n in ast.walk(function)} - {None}
 
 
 def test_each_private_touchpoint_has_its_accessor_and_each_accessor_its_touchpoint():
