@@ -175,7 +175,7 @@ def _one_trainer_step(tmp_path, monkeypatch, fused: bool) -> tuple[dict, dict, R
     runner = trainer.rewards  # the untrained model scores 0 everywhere: add the completion's length, for a gradient
 
     class WithLength:
-        weights = runner.weights
+        weights, names = runner.weights, runner.names
 
         def __call__(self, outputs, prompts, columns, **trainer_kwargs):
             scores, metrics = runner(outputs, prompts, columns, **trainer_kwargs)  # [B, K]
