@@ -29,7 +29,7 @@ from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
 from mmgrpo.rewards.agents import ROLLOUT_NEEDS
 from mmgrpo.sizing import check_step_fits
-from mmgrpo.types import EngineRollout, capabilities, has_method, required_capabilities
+from mmgrpo.types import EngineRollout, capabilities, capability_text, has_method, required_capabilities
 
 
 def load_builtins() -> None:
@@ -108,7 +108,7 @@ def _check_capabilities(cfg: TrainConfig, adapter_builder: Any, task_builder: An
             if name not in have:
                 offer = ", ".join(sorted(have)) or "none"
                 raise ConfigError(
-                    f"{why} needs an adapter with {name}(); model.adapter {cfg.model.adapter!r} has not "
+                    f"{why} needs an adapter with {capability_text(name)}; model.adapter {cfg.model.adapter!r} has not "
                     f"(its optional capabilities: {offer}); change that setting or the adapter"
                 )
         a = cfg.algorithm  # the variants' adapter hooks (docs/variants.md), by method name

@@ -45,8 +45,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from mmgrpo import augmentation, dynamic_sampling, injection, noise, sampling
 from mmgrpo import advantages as adv_lib
+from mmgrpo import augmentation, dynamic_sampling, injection, noise, sampling
 from mmgrpo.config import (
     ConfigError,
     DifficultyAugmentationConfig,
@@ -99,7 +99,8 @@ class RolloutContext:
     """``keys(seed, positions=the step's)``: rollout noise keys of ``positions`` at this step under ``seed`` (None
     under ``rollout_noise: per_process``); a rollout of fewer rows passes their positions."""
     rollout: Callable[[list[dict], list[int], noise.NoiseKeys | None], RolloutBatch]
-    """``rollout(rows, indices, keys)``: sample G per row, apply the sample steps, score: a new :class:`RolloutBatch`."""
+    """``rollout(rows, indices, keys)``: sample G per row, apply the sample steps, score; a new
+    :class:`RolloutBatch`."""
     read_rows: Callable[[list[int]], list[dict]]
     """``read_rows(indices)``: dataset rows (a row that cannot be read is skipped for the next, and counted)."""
     n_rows: int

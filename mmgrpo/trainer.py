@@ -58,6 +58,7 @@ from mmgrpo.types import (
     SupervisedLoss,
     SyncReference,
     TextTokenizer,
+    capability_text,
     frozen_reference,
     missing_method,
     required_capabilities,
@@ -110,13 +111,18 @@ class Trainer:
         )
         a = cfg.algorithm  # plugins registered without a spec (no declared class) are checked here, once built
         need = required_capabilities(
-            kl=a.kl, ratio_norm=a.ratio_norm, warmup_steps=cfg.warmup.steps, engine=cfg.rollout.engine,
+            kl=a.kl,
+            ratio_norm=a.ratio_norm,
+            warmup_steps=cfg.warmup.steps,
+            engine=cfg.rollout.engine,
             tools=cfg.rollout.multi_turn,
         )
         hooks = {**variant_methods(a), **rollout_steps.check_config(a, cfg.rollout.multi_turn)}  # docs/variants.md
         missing = missing_method(self.adapter, {**need, **hooks})
         if missing is not None:
-            raise ConfigError(f"{missing[1]} needs an adapter with {missing[0]}(); {cfg.model.adapter!r} has none")
+            raise ConfigError(
+                f"{missing[1]} needs an adapter with {capability_text(missing[0])}; {cfg.model.adapter!r} has none"
+            )
         fsdp = self.acc.state.fsdp_plugin if self.acc.distributed_type == DistributedType.FSDP else None
         self.optimizer, self.scheduler = build_optimizer(self.adapter, cfg, fsdp=fsdp is not None)
         if fsdp is not None and not fsdp.cpu_ram_efficient_loading:  # (that option broadcasts process 0's itself)
@@ -270,7 +276,9 @@ class Trainer:
             )
         return metrics
 
-    def _rollout(self, ctx: rollout_steps.RolloutContext, rows: list[dict], indices: list[int], keys) -> rollout_steps.RolloutBatch:
+    def _rollout(
+        self, ctx: rollout_steps.RolloutContext, rows: list[dict], indices: list[int], keys
+    ) -> rollout_steps.RolloutBatch:
         """The one rollout of the step and of every rollout step: G samples per row (noise ``keys``), the ``sample``
         rollout steps (ground-truth injection), then the rewards: a :class:`~mmgrpo.rollout_steps.RolloutBatch`."""
         t0 = time.perf_counter()
@@ -313,7 +321,9 @@ class Trainer:
         """The reference policy's log-probs [B, T] where the KL estimator reads them (β > 0), else None."""
         a = self.cfg.algorithm
         if a.beta > 0 and losses.options_class(losses.KL_ESTIMATORS.get(a.kl)).reads == "ref_logprobs":
-            return torch.cat([self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)])
+            return torch.cat(
+                [self.adapter.ref_logprobs(rollout, idx).cpu() for idx in self._chunks(rollout.batch_size)]
+            )
         return None
 
     def _sync_engine(self, step: int) -> None:

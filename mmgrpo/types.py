@@ -321,6 +321,12 @@ def declares(obj: object, name: str) -> bool:
     return value is True or callable(value)
 
 
+def capability_text(name: str) -> str:
+    """How an error names capability ``name``: ``name()`` for a method, ``multi_turn = True`` for a declared
+    property (:class:`MultiTurn`)."""
+    return f"{name} = True" if name == "multi_turn" else f"{name}()"
+
+
 def capabilities(cls: type) -> frozenset[str]:
     """The optional capabilities an adapter class implements (methods defined on the class, properties it declares;
     no instance needed)."""
