@@ -529,7 +529,7 @@ def test_llava_onevision_batches_prompts_of_different_tile_counts():
     adapter = build_vlm_adapter({"name_or_path": "tiny-llava-onevision", "max_new_tokens": 4})
     encodings = [adapter._encode_prompt(row) for row in _media_rows()]
     assert [e["pixel_values"].shape[1] for e in encodings] == [5, 7]
-    pixels = adapter._collate(encodings)["pixel_values"]  # [2, 7, 3, 28, 28]
+    pixels = adapter.collate(encodings)["pixel_values"]  # [2, 7, 3, 28, 28]
     assert pixels.shape == (2, 7, 3, 28, 28) and torch.equal(pixels[1], encodings[1]["pixel_values"][0])
     assert torch.equal(pixels[0, :5], encodings[0]["pixel_values"][0]) and not pixels[0, 5:].any()
 

@@ -106,7 +106,7 @@ def test_uint8_frames_encode_like_float_frames(task, tiny_vlm_path):
 def test_second_per_grid_ts_moves_the_logits(task, tiny_vlm_path):
     """The time axis is live in the model, so a dropped or defaulted second_per_grid_ts would change log-probs."""
     adapter = _adapter(tiny_vlm_path)
-    batch = adapter._collate([adapter._encode_prompt(task.train_rows()[0])])
+    batch = adapter.collate([adapter._encode_prompt(task.train_rows()[0])])
     model = adapter._unwrapped().eval()
     with torch.no_grad():
         a = model(**batch).logits[:, -1]

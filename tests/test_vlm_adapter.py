@@ -48,7 +48,7 @@ def test_logprobs_match_the_sampling_distribution(tiny_vlm_path):
     rows = _rows(2)
     torch.manual_seed(0)
     rollout = adapter.rollout(rows, group_size=2)
-    batch = adapter._collate(rollout.state.cache.encodings)
+    batch = adapter.collate(rollout.state.cache.encodings)
     torch.manual_seed(0)
     model = adapter._unwrapped()
     out = model.generate(

@@ -282,7 +282,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             )
         return {k: v[:, L - budget :] if v.dim() == 2 and v.shape[1] == L else v for k, v in enc.items()}
 
-    def _collate(
+    def collate(
         self,
         encodings: list[dict[str, Tensor]],
         completions: Tensor | None = None,
@@ -368,7 +368,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         :mod:`mmgrpo.modalities.tokens.decode`), their log-probs [B, T]."""
         model = self._unwrapped()
         synced = sharding.is_sharded(model)  # FSDP: every process runs as many forwards as the longest one
-        batch = self._collate(encodings)
+        batch = self.collate(encodings)
         was_training = model.training
         model.eval()
         try:
@@ -525,13 +525,13 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         with head_outputs_hidden(head):  # head given: the forward returns hidden states [.., H] in place of logits
             if self.shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
-                batch = self._collate([state.cache.encodings[p] for p in unique.tolist()])
+                batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
                 comp = comp.to(self.device)
                 out = prefix_sharing.completion_logits(
                     model, batch, rows.to(self.device), comp, self._completion_mask(comp)
                 )  # [n, T, V] logits or [n, T, H] hidden states, the model's dtype
             else:
-                batch = self._collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
+                batch = self.collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
                 out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
         return comp, out
 
@@ -563,15 +563,6 @@ class VLMAdapter(EngineSampling, TokenPolicy):
     ) -> tuple[Tensor, Tensor | None]:
         """``n`` completions [P·n, T] of each prompt and their sampler log-probs [P·n, T] (:meth:`_sample`)."""
         return self._sample(encodings, n, greedy, keys)
-
-    def collate(
-        self,
-        encodings: list[dict[str, Tensor]],
-        completions: Tensor | None = None,
-        completion_mask: Tensor | None = None,
-    ) -> dict[str, Tensor]:
-        """The prompts left-padded to [n, L] and ``completions`` [n, T] appended, on the device (:meth:`_collate`)."""
-        return self._collate(encodings, completions, completion_mask)
 
     def completion_mask(self, completion_ids: Tensor) -> Tensor:
         """1 up to and including the first EOS, 0 after it (:meth:`_completion_mask`). Shape: [n, T] → [n, T]."""
