@@ -82,6 +82,15 @@ class EngineModel:
     """Audio clips per prompt (the audio LLM's and Whisper's rows: one)."""
 
 
+def serves(
+    resolve: Callable[..., str], *, max_videos: int = 0, max_audios: int = 0
+) -> Callable[[Any, int], EngineModel]:
+    """The ``engine_model`` of a family whose options name the model in ``name_or_path``: the engine loads
+    ``resolve(name_or_path, seed=seed)`` (a built-in tiny name → its cached directory, as the adapter resolves it),
+    with these media limits per prompt."""
+    return lambda options, seed: EngineModel(resolve(options.name_or_path, seed=seed), max_videos, max_audios)
+
+
 @dataclass(frozen=True)
 class AdapterSpec(Generic[Options]):
     """A model family, declared: ``ADAPTERS.add("vlm", AdapterSpec(args=VLMArgs, cls=VLMAdapter, load=_load))``."""

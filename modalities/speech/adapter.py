@@ -46,7 +46,7 @@ from torch import Tensor
 
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Rollout
 
 from .. import _hf, real_models
@@ -366,7 +366,7 @@ build_whisper_adapter = ADAPTERS.register("whisper")(
         cls=WhisperAdapter,
         load=_load_whisper,
         inputs=Inputs(media=("audio",), media_required=True, prompt=False),  # the decoder prompt is the model's
-        engine_model=lambda a, seed: EngineModel(resolve_model_path(a.name_or_path, seed=seed), max_audios=1),
+        engine_model=serves(resolve_model_path, max_audios=1),
         load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),
     )
 )

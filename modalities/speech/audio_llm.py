@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 import torch
 
 from mmgrpo.config import ConfigError, Range, RolloutConfig, from_dict
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 
 from .. import _hf, real_models
 from ..tokens import prefix_sharing
@@ -169,7 +169,7 @@ build_audio_llm_adapter = ADAPTERS.register("audio_llm")(
         cls=AudioLLMAdapter,
         load=_load_audio_llm,
         inputs=Inputs(media=("audio",), media_required=True),
-        engine_model=lambda a, seed: EngineModel(resolve_model_path(a.name_or_path, seed=seed), max_audios=1),
+        engine_model=serves(resolve_model_path, max_audios=1),
         load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),  # resolve_model_path's family
     )
 )

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from mmgrpo import noise
 from mmgrpo.config import ConfigError, RolloutConfig
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Rollout
 
 from .. import real_models
@@ -213,7 +213,7 @@ build_video_adapter = ADAPTERS.register("video")(
         cls=VideoAdapter,
         load=_load_video,
         inputs=Inputs(media=("image", "video")),
-        engine_model=lambda a, seed: EngineModel(resolve_model_path(a.name_or_path, seed=seed), max_videos=1),
+        engine_model=serves(resolve_model_path, max_videos=1),
         load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # loads through the vlm family
     )
 )

@@ -37,7 +37,7 @@ from torch import Tensor
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range, RolloutConfig
 from mmgrpo.media import add_media_parts, check_media_content, media_content
-from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, EngineModel, Inputs
+from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import DataError, Rollout
 
 from .. import _hf, real_models
@@ -713,7 +713,7 @@ build_vlm_adapter = ADAPTERS.register("vlm")(
         cls=VLMAdapter,
         load=_load_vlm,
         inputs=Inputs(media=("image",)),
-        engine_model=lambda a, seed: EngineModel(resolve_model_path(a.name_or_path, seed=seed)),  # text + images
+        engine_model=serves(resolve_model_path),  # text + images
         # resolve_model_path's real models: not set up (or of another family) is one line before any model loads
         load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm") or smolvlm.load_problem(a.name_or_path),
     )
