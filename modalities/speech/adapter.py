@@ -57,7 +57,7 @@ from ..tokens.logprobs import (
     completion_id_lists,
     head_outputs_hidden,
 )
-from ..tokens.policy import CompletionState, TokenPolicy
+from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from .audio import load_audio
 from .tiny import resolve_model_path
 
@@ -265,27 +265,19 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
         else:
             completion_ids, sampler_logprobs = self._sample(cache, group_size, False, keys)  # [B, T]
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
-        mask = self._completion_mask(completion_ids).float()  # [B, T]
-        truncated = ~(completion_ids == self.eos_id).any(dim=1)  # [B]
-        if self.args.mask_truncated:
-            mask = mask * (~truncated).float()[:, None]
+        ended = (completion_ids == self.eos_id).any(dim=1)  # [B]
         state = SpeechState(completion_ids=completion_ids, prompt_of=prompt_of, cache=cache)
-        G = group_size
-        rollout = Rollout(
-            outputs=self._decode(completion_ids),
-            old_logprobs=torch.zeros_like(mask),
-            mask=mask,
-            group_size=G,
-            prompt_index=prompt_of.clone(),
-            truncated=truncated,
-            state=state,
-            engine_logprobs=engine_logprobs,
-            extras={
-                "audio_array": [w for w in cache.waveforms for _ in range(G)],
-                "sampling_rate": [self.sampling_rate] * len(prompt_of),
-                "completion_ids": completion_id_lists(completion_ids, self._completion_mask(completion_ids)),
-            },
+        to_end = self._completion_mask(completion_ids)  # [B, T] 1 up to and including the end token
+        outputs = self._decode(completion_ids)
+        rollout = sampled_rollout(
+            outputs, to_end.float(), ended, group_size, state, engine_logprobs, self.args.mask_truncated
         )
+        mask = rollout.mask  # [B, T]
+        rollout.extras = {
+            "audio_array": [w for w in cache.waveforms for _ in range(group_size)],
+            "sampling_rate": [self.sampling_rate] * len(prompt_of),
+            "completion_ids": completion_id_lists(completion_ids, to_end),
+        }
         if engine_logprobs is None:  # as drawn (== the training forward: tests/test_speech_whisper.py)
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T]
         else:

@@ -179,4 +179,25 @@ class TokenPolicy:
         )
 
 
-__all__ = ["TokenPolicy"]
+def sampled_rollout(
+    outputs: list, mask: Tensor, ended: Tensor, group_size: int, state: Any, engine: Tensor | None, mask_truncated: bool
+) -> Rollout:
+    """The :class:`Rollout` of B = P·G sampled completions (group-major), before its old log-probs (zeros until the
+    adapter sets them): ``mask`` [B, T] is 1 up to and including each end token, and under ``mask_truncated`` (DAPO's
+    overlong filter, ``model.args.mask_truncated``) 0 everywhere on a sample that never ended (``ended`` [B] false).
+    ``state`` is the adapter's, with ``prompt_of`` [B]; ``engine`` the rollout engine's log-probs [B, T] or None."""
+    if mask_truncated:
+        mask = mask * ended.float()[:, None]  # [B, T]
+    return Rollout(
+        outputs=outputs,
+        old_logprobs=torch.zeros_like(mask),
+        mask=mask,
+        group_size=group_size,
+        prompt_index=state.prompt_of.clone(),
+        truncated=~ended,
+        state=state,
+        engine_logprobs=engine,
+    )
+
+
+__all__ = ["TokenPolicy", "sampled_rollout"]

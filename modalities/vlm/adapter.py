@@ -49,7 +49,7 @@ from ..tokens.logprobs import (
     head_outputs_hidden,
 )
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
-from ..tokens.policy import CompletionState, TokenPolicy
+from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from ..tokens.sampler import RolloutDriver, TokenSampler
 from ..tokens.turns import TurnRunner, TurnState, trajectory_logits
 from . import smolvlm
@@ -610,19 +610,11 @@ class SingleTurn:
         prompt_of = torch.arange(len(prompts)).repeat_interleave(group_size)  # [B]
         state = VLMState(completion_ids=completion_ids, prompt_of=prompt_of, cache=PromptCache(encodings))
         mask = p.completion_mask(completion_ids).float()  # [B, T]
-        truncated = ~torch.isin(completion_ids, p.eos_ids).any(dim=1)  # [B]
-        if p.args.mask_truncated:
-            mask = mask * (~truncated).float()[:, None]
-        rollout = Rollout(
-            outputs=p.decode(completion_ids),
-            old_logprobs=torch.zeros_like(mask),
-            mask=mask,
-            group_size=group_size,
-            prompt_index=prompt_of.clone(),
-            truncated=truncated,
-            state=state,
-            engine_logprobs=engine_logprobs,
+        ended = torch.isin(completion_ids, p.eos_ids).any(dim=1)  # [B]
+        rollout = sampled_rollout(
+            p.decode(completion_ids), mask, ended, group_size, state, engine_logprobs, p.args.mask_truncated
         )
+        mask = rollout.mask  # [B, T]
         if p.args.old_logprobs == "sampler" and sampler_logprobs is not None:
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
         else:
