@@ -1,8 +1,9 @@
 """One options convention for every registered component: a frozen dataclass per component, checked at config load.
 
 A surrogate, aggregation, KL estimator (:mod:`mmgrpo.losses`), shaper (:mod:`mmgrpo.shaping`), token weighting,
-β schedule (:mod:`mmgrpo.schedules`), advantage transform (:mod:`mmgrpo.advantages`) or prompt sampler
-(:mod:`mmgrpo.sampling`) declares the dataclass of its options (:meth:`mmgrpo.registry.Registry.options_class`).
+β schedule (:mod:`mmgrpo.schedules`), advantage transform (:mod:`mmgrpo.advantages`), prompt sampler
+(:mod:`mmgrpo.sampling`), credit mode (:mod:`mmgrpo.credit`) or rollout step (:mod:`mmgrpo.rollout_steps`) declares
+the dataclass of its options (:meth:`mmgrpo.registry.Registry.options_class`).
 :func:`resolve` builds it from the config's ``algorithm.<x>_args`` mapping: an unknown key is one line naming the
 allowed keys and the closest one (:func:`mmgrpo.suggest.unknown_field`), a value of the wrong type or outside its
 ``Range`` one line naming the key (:func:`mmgrpo.config.from_dict`).
