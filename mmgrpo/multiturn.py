@@ -65,15 +65,11 @@ def check_config(cfg: TrainConfig) -> None:
             f"rollout.tools / rollout.environment with rollout.engine: vllm is wired for model.adapter: vlm, video "
             f"and audio_llm, not {cfg.model.adapter!r} yet; set rollout.engine: native"
         )
-    unsupported = {
-        "algorithm.gt_injection.enabled": a.gt_injection.enabled,
-        "algorithm.dynamic_sampling.enabled": a.dynamic_sampling.enabled,
-        "algorithm.difficulty_augmentation.enabled": a.difficulty_augmentation.enabled,
-        "algorithm.token_weighting: tw_grpo": a.token_weighting == "tw_grpo",
-    }
-    for name, on in unsupported.items():
-        if on:
-            raise ConfigError(f"{name} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
+    if a.token_weighting == "tw_grpo":  # (the rollout steps declare their own support: mmgrpo.rollout_steps)
+        raise ConfigError(
+            "algorithm.token_weighting: tw_grpo is not supported with rollout.tools (multi-turn rollouts) yet; "
+            "turn it off"
+        )
     if (cfg.model.args or {}).get("min_new_tokens", 0):
         raise ConfigError(
             "model.args.min_new_tokens > 0 with rollout.tools: the EOS ban would apply per turn when sampling but once "
