@@ -68,6 +68,27 @@ def group_ids(prompts: Sequence, columns: dict[str, Any], group_key: str) -> lis
     return out
 
 
+def option(name: str, default: Any, annotation: str) -> inspect.Parameter:
+    """A keyword-only option of a reward's public signature (``annotation`` as text)."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def reward_signature(options: Sequence[inspect.Parameter]) -> inspect.Signature:
+    """The public signature of a reward whose decorator writes it:
+    ``(completions, *, prompts=None, <options>, **columns) -> list[float | None]`` (annotations as text, as the
+    rewards' modules write them under ``from __future__ import annotations``)."""
+    P = inspect.Parameter
+    return inspect.Signature(
+        [
+            P("completions", P.POSITIONAL_OR_KEYWORD, annotation="list"),
+            P("prompts", P.KEYWORD_ONLY, default=None, annotation="list | None"),
+            *options,
+            P("columns", P.VAR_KEYWORD, annotation="Any"),
+        ],
+        return_annotation="list[float | None]",
+    )
+
+
 def whole_completion(completion: Any, which: Which, require_tags: bool) -> Any:
     """The ``extract`` of :func:`per_answer` for rewards that read the completion themselves (their own tag)."""
     return completion
@@ -130,19 +151,12 @@ def per_answer(
                 out.append(score(extract(c, which, require_tags), gt, **ctx, **opts))
             return out
 
-        P = inspect.Parameter
-        reward.__signature__ = inspect.Signature(
-            [
-                P("completions", P.POSITIONAL_OR_KEYWORD, annotation="list"),
-                P("prompts", P.KEYWORD_ONLY, default=None, annotation="list | None"),
-                P("which", P.KEYWORD_ONLY, default="last", annotation="Which"),
-                P("answer_key", P.KEYWORD_ONLY, default=column_key, annotation="str"),
-                P("require_tags", P.KEYWORD_ONLY, default=tags_default, annotation="bool"),
-                *options,
-                P("columns", P.VAR_KEYWORD, annotation="Any"),
-            ],
-            return_annotation="list[float | None]",
-        )
+        shared = [
+            option("which", "last", "Which"),
+            option("answer_key", column_key, "str"),
+            option("require_tags", tags_default, "bool"),
+        ]
+        reward.__signature__ = reward_signature([*shared, *options])
         return reward
 
     return deco

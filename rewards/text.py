@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import logging
 import math
 import operator
@@ -24,9 +25,10 @@ import string
 import threading
 import unicodedata
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
-from ._common import group_ids, lengths, per_answer
+from ._common import group_ids, lengths, option, per_answer, reward_signature
 from .parsing import (
     NUMBER_PATTERN as _NUM_PATTERN,
 )
@@ -703,8 +705,59 @@ def bleu(
 # --- length and repetition --------------------------------------------------------------------------------
 
 
-def _correct(completions: list, columns: dict, which: Which, answer_key: str, require_tags: bool) -> list[float | None]:
-    return accuracy(completions, which=which, answer_key=answer_key, require_tags=require_tags, **columns)
+def per_length(
+    name: str, *, grouped: bool = False
+) -> Callable[[Callable[..., list[float | None]]], Callable[..., list[float | None]]]:
+    """The shape of the length rewards: write the rule on correctness and lengths only.
+
+    The decorated function ``rule(correct, lens, [groups,] *, <options>)`` gets, for the B completions,
+    ``correct`` (1/0 as :func:`accuracy` scores them, ``None`` where the ground truth is ``None``), ``lens`` (the
+    lengths in ``unit``, :func:`~mmgrpo.rewards._common.lengths`) and, with ``grouped``, ``groups`` (the
+    ``group_key`` column, else equal prompts: :func:`~mmgrpo.rewards._common.group_ids`). The decorator returns
+    the reward with the public signature
+    ``(completions, *, prompts=None, <options>, unit="tokens", [group_key="group_id",] which="last",
+    answer_key="answer", require_tags=True, **columns)`` and its annotations (what YAML ``kwargs`` are checked and
+    coerced against).
+    """
+    shared = [
+        option("unit", "tokens", "str"),
+        *([option("group_key", "group_id", "str")] if grouped else []),
+        option("which", "last", "Which"),
+        option("answer_key", "answer", "str"),
+        option("require_tags", True, "bool"),
+    ]
+
+    def deco(rule: Callable[..., list[float | None]]) -> Callable[..., list[float | None]]:
+        options = [p for p in inspect.signature(rule).parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+        @functools.wraps(rule)
+        def reward(
+            completions: list,
+            *,
+            prompts: list | None = None,
+            unit: str = "tokens",
+            which: Which = "last",
+            answer_key: str = "answer",
+            require_tags: bool = True,
+            **kwargs: Any,
+        ) -> list[float | None]:
+            opts = {p.name: kwargs.pop(p.name) for p in options if p.name in kwargs}
+            group_key = kwargs.pop("group_key", "group_id") if grouped else None
+            columns = kwargs
+            correct = accuracy(completions, which=which, answer_key=answer_key, require_tags=require_tags, **columns)
+            lens = lengths(completions, columns, unit, name)
+            if not grouped:
+                return rule(correct, lens, **opts)
+            groups = group_ids(prompts if prompts is not None else [None] * len(completions), columns, group_key)
+            return rule(correct, lens, groups, **opts)
+
+        reward.__signature__ = reward_signature([*options, *shared])
+        # the public parameters' annotations, not the rule's: check_kwargs reads them with typing.get_type_hints
+        reward.__annotations__ = {n: p.annotation for n, p in reward.__signature__.parameters.items()}
+        reward.__annotations__["return"] = reward.__signature__.return_annotation
+        return reward
+
+    return deco
 
 
 def cosine_interp(length: float, max_len: float, start: float, end: float) -> float:
@@ -716,21 +769,17 @@ def cosine_interp(length: float, max_len: float, start: float, end: float) -> fl
     "length_cosine",
     "cosine length reward: short correct answers earn most, short wrong ones lose most (Yeo et al. 2025)",
 )
+@per_length("length_cosine")
 def length_cosine(
-    completions: list,
+    correct: list[float | None],
+    lens: list[int],
     *,
-    prompts: list | None = None,
     max_len: int = 1000,
     correct_start: float = 1.0,
     correct_end: float = 0.5,
     wrong_start: float = -1.0,
     wrong_end: float = -0.5,
     exceed: float | None = None,
-    unit: str = "tokens",
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
 ) -> list[float | None]:
     """Cosine length-scaled correctness reward.
 
@@ -751,8 +800,6 @@ def length_cosine(
     """
     if max_len <= 0:
         raise ValueError(f"length_cosine: max_len must be > 0, got {max_len}")
-    correct = _correct(completions, columns, which, answer_key, require_tags)
-    lens = lengths(completions, columns, unit, "length_cosine")
     out: list[float | None] = []
     for c, L in zip(correct, lens):
         if c is None:
@@ -766,17 +813,8 @@ def length_cosine(
 
 
 @register_reward("length_kimi", "Kimi k1.5 group length penalty: 0.5 - (len-min)/(max-min), wrong answers capped at 0")
-def length_kimi(
-    completions: list,
-    *,
-    prompts: list | None = None,
-    unit: str = "tokens",
-    group_key: str = "group_id",
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
-) -> list[float | None]:
+@per_length("length_kimi", grouped=True)
+def length_kimi(correct: list[float | None], lens: list[int], groups: list[Any]) -> list[float | None]:
     """Kimi k1.5 length penalty, relative to the group.
 
     For the samples of one group (the ``group_key`` column if present, else equal prompts) with lengths
@@ -789,15 +827,11 @@ def length_kimi(
 
     Source: Kimi Team 2025, "Kimi k1.5: Scaling Reinforcement Learning with LLMs" (arXiv 2501.12599, §2.3.3).
     """
-    n = len(completions)
-    correct = _correct(completions, columns, which, answer_key, require_tags)
-    lens = lengths(completions, columns, unit, "length_kimi")
-    groups = group_ids(prompts if prompts is not None else [None] * n, columns, group_key)
     members: dict[Any, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         if correct[i] is not None:
             members[g].append(i)
-    out: list[float | None] = [None] * n
+    out: list[float | None] = [None] * len(correct)
     for idx in members.values():
         lo, hi = min(lens[i] for i in idx), max(lens[i] for i in idx)
         for i in idx:
@@ -810,20 +844,16 @@ def length_kimi(
     "length_band",
     "Video-R1 length bonus: +bonus for correct answers of length in [lo, hi] when >= min_correct of the group are",
 )
+@per_length("length_band", grouped=True)
 def length_band(
-    completions: list,
+    correct: list[float | None],
+    lens: list[int],
+    groups: list[Any],
     *,
-    prompts: list | None = None,
     lo: int = 320,
     hi: int = 512,
     bonus: float = 0.2,
     min_correct: int = 2,
-    unit: str = "tokens",
-    group_key: str = "group_id",
-    which: Which = "last",
-    answer_key: str = "answer",
-    require_tags: bool = True,
-    **columns: Any,
 ) -> list[float | None]:
     """Length-band bonus.
 
@@ -836,10 +866,6 @@ def length_band(
     ``r_acc > 0.1`` and 320–512 tokens when more than one sample of the group is correct. Video-R1 reads the
     correctness from its first reward column; here it is recomputed with :func:`accuracy`.
     """
-    n = len(completions)
-    correct = _correct(completions, columns, which, answer_key, require_tags)
-    lens = lengths(completions, columns, unit, "length_band")
-    groups = group_ids(prompts if prompts is not None else [None] * n, columns, group_key)
     n_correct: dict[Any, int] = defaultdict(int)
     for g, c in zip(groups, correct):
         n_correct[g] += bool(c)
