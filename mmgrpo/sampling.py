@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmgrpo.options import as_kwargs, resolve
+from mmgrpo.options import resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
 
@@ -67,7 +67,9 @@ class PromptSampler:
 
     observes: bool = False  # True: the trainer calls observe() after every step and checkpoints state_dict()
 
-    def __init__(self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int):
+    def __init__(
+        self, n_rows: int, prompts_per_step: int, world: int, rank: int, seed: int, options: NoOptions | None = None
+    ):
         self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
 
     def positions(self, step: int) -> list[int]:
@@ -142,29 +144,22 @@ class VarianceSampler(PromptSampler):
         world: int,
         rank: int,
         seed: int,
-        *,
-        mode: str = "weight",
-        alpha: float = 1.0,
-        beta: float = 0.0,
-        mixture_ratio: float = 0.5,
-        momentum: float = 0.0,
-        floor: float = 0.0,
-        unseen_score: float = 1.0,
-        min_variance: float = 0.0,
+        options: VarianceOptions = VarianceOptions(),
     ):
-        if mode not in ("weight", "filter"):
-            raise ValueError(f"algorithm.sampler_args.mode: {mode!r} is not allowed; choose one of: weight, filter")
-        if min(alpha, beta, floor, unseen_score, min_variance) < 0:
+        o = options
+        if o.mode not in ("weight", "filter"):
+            raise ValueError(f"algorithm.sampler_args.mode: {o.mode!r} is not allowed; choose one of: weight, filter")
+        if min(o.alpha, o.beta, o.floor, o.unseen_score, o.min_variance) < 0:
             raise ValueError("algorithm.sampler_args: alpha, beta, floor, unseen_score and min_variance must be >= 0")
-        if not (0 <= mixture_ratio <= 1 and 0 <= momentum < 1):
+        if not (0 <= o.mixture_ratio <= 1 and 0 <= o.momentum < 1):
             raise ValueError(
                 f"algorithm.sampler_args: mixture_ratio must be in [0, 1] and momentum in [0, 1), got "
-                f"{mixture_ratio} and {momentum}"
+                f"{o.mixture_ratio} and {o.momentum}"
             )
-        self.n, self.P, self.world, self.rank, self.seed = n_rows, prompts_per_step, world, rank, seed
-        self.mode, self.alpha, self.beta, self.floor = mode, alpha, beta, floor
-        self.mixture_ratio, self.momentum = mixture_ratio, momentum
-        self.unseen_score, self.min_variance = unseen_score, min_variance
+        super().__init__(n_rows, prompts_per_step, world, rank, seed)
+        self.mode, self.alpha, self.beta, self.floor = o.mode, o.alpha, o.beta, o.floor
+        self.mixture_ratio, self.momentum = o.mixture_ratio, o.momentum
+        self.unseen_score, self.min_variance = o.unseen_score, o.min_variance
         self.variance = torch.full((n_rows,), float("nan"))  # [N] last observed OVS; NaN = not seen
         self.diversity = torch.zeros(n_rows)  # [N] last observed TDS
         self._cache: tuple[int, list[int]] | None = None
@@ -270,7 +265,7 @@ def build_sampler(a, n_rows: int, world: int, rank: int, seed: int) -> PromptSam
     """The sampler ``algorithm.sampler`` names (``a``: the algorithm config): the sequential
     :class:`PromptSampler` or a :data:`SAMPLERS` class built with ``algorithm.sampler_args``."""
     options = resolve(SAMPLERS, a.sampler, a.sampler_args, "algorithm.sampler_args")
-    return SAMPLERS.get(a.sampler)(n_rows, a.prompts_per_step, world, rank, seed, **as_kwargs(options))
+    return SAMPLERS.get(a.sampler)(n_rows, a.prompts_per_step, world, rank, seed, options)
 
 
 def distinct_n(outputs: list, group_size: int, n: int = 3) -> Tensor:

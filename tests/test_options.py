@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,6 @@ REGISTRIES = {
     "token weighting": (shaping.TOKEN_WEIGHTINGS, 2),
     "beta schedule": (schedules.BETA_SCHEDULES, 3),
     "advantage transform": (advantages.ADVANTAGE_TRANSFORMS, 3),
-    "sampler": (sampling.SAMPLERS, 5),
 }
 LOSS_REGISTRIES = [losses.SURROGATES, losses.AGGREGATIONS, losses.KL_ESTIMATORS]
 
@@ -46,6 +46,18 @@ def test_every_component_declares_options_matching_its_keyword_parameters(regist
     fields = dataclasses.fields(cls)
     assert [p.name for p in params] == [f.name for f in fields]
     assert [p.default for p in params] == [f.default for f in fields]
+
+
+@pytest.mark.parametrize("name", sampling.SAMPLERS.names())
+def test_every_sampler_takes_its_registered_options_as_one_parameter(name):
+    """A sampler class is built with its options dataclass (``build_sampler``), not with the fields spread out: the
+    ``options`` parameter after the five positional ones is annotated with the class registered for it."""
+    cls = sampling.SAMPLERS.get(name)
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    assert [p.name for p in params] == ["n_rows", "prompts_per_step", "world", "rank", "seed", "options"]
+    options = sampling.SAMPLERS.options_class(name)
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
+    assert typing.get_type_hints(cls.__init__)["options"] in (options, options | None)
 
 
 @pytest.mark.parametrize("registry", LOSS_REGISTRIES, ids=lambda r: r.kind)

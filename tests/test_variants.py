@@ -12,7 +12,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.rewards import load_reward
 from mmgrpo.rewards.variants import tempsamp_shape
-from mmgrpo.sampling import VarianceSampler, distinct_n
+from mmgrpo.sampling import VarianceOptions, VarianceSampler, distinct_n
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -288,8 +288,8 @@ def test_tempsamp_shape_by_hand():
 
 
 def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
-    one = VarianceSampler(20, 4, 1, 0, seed=3, mixture_ratio=1.0)
-    two = [VarianceSampler(20, 2, 2, r, seed=3, mixture_ratio=1.0) for r in range(2)]
+    one = VarianceSampler(20, 4, 1, 0, seed=3, options=VarianceOptions(mixture_ratio=1.0))
+    two = [VarianceSampler(20, 2, 2, r, seed=3, options=VarianceOptions(mixture_ratio=1.0)) for r in range(2)]
     assert one.indices(0) == two[0].indices(0) + two[1].indices(0)
     assert one.positions(1) == two[0].positions(1) + two[1].positions(1)
     rows = torch.arange(20)
@@ -303,7 +303,7 @@ def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
     torch.testing.assert_close(one.weights()[:5], torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0]), atol=1e-6, rtol=0)
     assert all(set(one.indices(step)) == {0, 1, 2, 3} for step in range(1, 20))
     assert one.indices(1) == two[0].indices(1) + two[1].indices(1)
-    filt = VarianceSampler(20, 4, 1, 0, seed=3, mode="filter")
+    filt = VarianceSampler(20, 4, 1, 0, seed=3, options=VarianceOptions(mode="filter"))
     filt.observe(rows, rewards, torch.ones(20))
     assert all(set(filt.indices(s)) <= {0, 1, 2, 3} for s in range(5))
 
@@ -311,7 +311,7 @@ def test_variance_sampler_is_world_size_invariant_and_follows_the_scores():
 def test_variance_sampler_mixture_momentum_and_distinct_3():
     # MMR1 MixedCurriculumSampler: half of each step by weight (rows 0-3 only), half uniformly over the other rows,
     # interleaved weighted / uniform
-    mix = VarianceSampler(20, 4, 1, 0, seed=5, mixture_ratio=0.5)
+    mix = VarianceSampler(20, 4, 1, 0, seed=5, options=VarianceOptions(mixture_ratio=0.5))
     rewards = torch.zeros(20, 4)
     rewards[:4] = torch.tensor([1.0, 0.0, 1.0, 0.0])
     mix.observe(torch.arange(20), rewards, torch.zeros(20))
@@ -322,7 +322,7 @@ def test_variance_sampler_mixture_momentum_and_distinct_3():
         odd += rows[1::2]  # uniform over the 18 rows the weighted draw left: rows >= 4 with probability 16/18
     assert 0.75 < sum(r >= 4 for r in odd) / len(odd) < 0.98  # 100 draws: about 3 standard deviations
     # momentum m: new = m * old + (1 - m) * observed, for rows seen before
-    mom = VarianceSampler(4, 1, 1, 0, seed=0, momentum=0.75)
+    mom = VarianceSampler(4, 1, 1, 0, seed=0, options=VarianceOptions(momentum=0.75))
     mom.observe(torch.tensor([0]), torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]))  # first sight: 0.25, 1
     mom.observe(torch.tensor([0]), torch.tensor([[1.0, 1.0]]), torch.tensor([0.0]))  # variance 0, TDS 0
     assert float(mom.variance[0]) == pytest.approx(0.75 * 0.25)
@@ -334,12 +334,12 @@ def test_variance_sampler_mixture_momentum_and_distinct_3():
 def test_variance_sampler_state_round_trip_draws_the_same_rows():
     import json
 
-    a = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    a = VarianceSampler(30, 3, 1, 0, seed=1, options=VarianceOptions(beta=0.5))
     gen = torch.Generator().manual_seed(0)
     for step in range(4):
         rows = torch.tensor(a.indices(step))
         a.observe(rows, torch.randint(0, 2, (3, 4), generator=gen).float(), torch.rand(3, generator=gen))
-    b = VarianceSampler(30, 3, 1, 0, seed=1, beta=0.5)
+    b = VarianceSampler(30, 3, 1, 0, seed=1, options=VarianceOptions(beta=0.5))
     assert [b.indices(s) for s in range(4, 9)] != [a.indices(s) for s in range(4, 9)]  # fresh statistics differ
     b.load_state_dict(json.loads(json.dumps(a.state_dict(), allow_nan=False)))  # strict JSON: unseen rows -> null
     assert [b.indices(s) for s in range(4, 9)] == [a.indices(s) for s in range(4, 9)]
