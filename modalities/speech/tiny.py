@@ -60,15 +60,23 @@ class TinyWhisperSizes:
     """Sizes of the tiny Whisper (the architecture is the real one)."""
 
     d_model: int = 64
+    """Hidden size of the encoder and the decoder."""
     encoder_layers: int = 2
+    """Audio encoder layers."""
     decoder_layers: int = 2
+    """Text decoder layers."""
     heads: int = 4
+    """Attention heads of both; head_dim = d_model / heads."""
     ffn: int = 128
+    """MLP width of both."""
     num_mel_bins: int = 80
+    """Mel bins of the log-mel input (Whisper's 80)."""
     chunk_length: int = 3
     """Seconds of audio per input window (Whisper: 30); the encoder sees chunk_length·100 mel frames."""
     max_target_positions: int = 64
+    """Longest decoder sequence (prompt and transcript tokens)."""
     bpe_vocab: int = 400
+    """Tokenizer vocabulary: byte-level BPE merges learnt on the fixed corpus."""
 
 
 WHISPER_ENGINE_SIZES = TinyWhisperSizes(d_model=128, heads=2, ffn=256, chunk_length=30)
@@ -210,10 +218,15 @@ class TinyQwen2AudioSizes(TinyDecoderSizes):
     """Sizes of the tiny Qwen2-Audio (the architecture is the real one): the decoder's, then the audio encoder's."""
 
     audio_d_model: int = 64
+    """Hidden size of the audio encoder."""
     audio_layers: int = 2
+    """Audio encoder layers."""
     audio_heads: int = 4
+    """Audio encoder attention heads."""
     audio_ffn: int = 128
+    """Audio encoder MLP width."""
     num_mel_bins: int = 80
+    """Mel bins of the log-mel input."""
     chunk_length: int = 3
     """Seconds per audio window (Qwen2-Audio: 30); the audio encoder sees chunk_length·100 mel frames."""
     bpe_vocab: int = 400

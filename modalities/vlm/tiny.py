@@ -107,10 +107,15 @@ class TinySizes(TinyDecoderSizes):
     """Sizes of the tiny model (the architecture is the real Qwen2.5-VL): the decoder's, then the vision tower's."""
 
     vision_hidden: int = 32
+    """Hidden size of the vision tower (window-attention ViT)."""
     vision_depth: int = 2
+    """Vision blocks."""
     vision_heads: int = 2
+    """Vision attention heads."""
     vision_intermediate: int = 64
+    """Vision MLP width."""
     bpe_vocab: int = 512
+    """Tokenizer vocabulary: byte-level BPE merges learnt on the fixed corpus."""
     tool_vocabulary: bool = False
     """The tokenizer also learns merges on tool-call text and has TOOL_TOKENS as single tokens (tiny-qwen2.5-vl-tools);
     false leaves the tokenizer (and so the model) exactly as before."""
