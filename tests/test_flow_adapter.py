@@ -114,7 +114,13 @@ def test_guided_cfg_logprob_matches_naive_two_pass(mmgrpo_cache):
     v_u = be.forward(ad.model, x, st.t_model[1:2, t], st.cond.uncond)
     v = v_u + 2.0 * (v_c - v_u)
     naive = K.flow_sde(
-        v, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
+        v,
+        x,
+        st.coef[1:2, t],
+        st.coef_next[1:2, t],
+        noise_level=0.7,
+        sigma_max=float(st.coef[0, 1]),
+        draw=K.Draw(prev_sample=nxt),
     )
     budget = adapter_reductions(ad)  # w = 2 scales both branches' rounding
     budget.assert_logprobs_close(lp[0, t], naive.logprob[0], factor=2.0)
@@ -124,7 +130,13 @@ def test_guided_cfg_logprob_matches_naive_two_pass(mmgrpo_cache):
         budget.backward().assert_close(a, b, factor=2.0)
     # the unconditional branch matters: dropping it changes the gradient
     cond_only = K.flow_sde(
-        v_c, x, st.coef[1:2, t], st.coef_next[1:2, t], noise_level=0.7, sigma_max=float(st.coef[0, 1]), prev_sample=nxt
+        v_c,
+        x,
+        st.coef[1:2, t],
+        st.coef_next[1:2, t],
+        noise_level=0.7,
+        sigma_max=float(st.coef[0, 1]),
+        draw=K.Draw(prev_sample=nxt),
     )
     g_cond = torch.autograd.grad(cond_only.logprob[0], ad.trainable_parameters())
     assert any(not torch.allclose(a, b) for a, b in zip(g_batched, g_cond))

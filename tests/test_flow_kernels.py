@@ -1,5 +1,6 @@
 """Transition kernels: scheduler parity at zero noise, log-probs against torch.distributions, edge steps."""
 
+import dataclasses
 import math
 
 import pytest
@@ -57,7 +58,7 @@ def test_ddim_eta0_reproduces_ddim_scheduler_step(prediction_type, set_alpha_to_
         out = K.ddim(eps, x, a, ap, eta=0.0, prediction_type=prediction_type)
         torch.testing.assert_close(out.prev_sample, expected, atol=1e-6, rtol=0)
         # the stochastic step's mean is the scheduler's eta>0 step without its noise
-        sto = K.ddim(eps, x, a, ap, eta=1.0, prediction_type=prediction_type, noise=torch.zeros(SHAPE))
+        sto = K.ddim(eps, x, a, ap, eta=1.0, prediction_type=prediction_type, draw=K.Draw(noise=torch.zeros(SHAPE)))
         expected_sto = sch.step(eps, t, x, eta=1.0, variance_noise=torch.zeros(SHAPE), return_dict=False)[0]
         torch.testing.assert_close(sto.prev_sample, expected_sto, atol=1e-6, rtol=0)
         torch.testing.assert_close(sto.std, (sch._get_variance(t, prev_t) ** 0.5).expand(3).float(), atol=1e-7, rtol=0)
@@ -91,7 +92,7 @@ def test_logprob_is_independent_gaussian_density(name, level):
         torch.testing.assert_close(out.logprob, _normal_logprob(out.prev_sample, out.mean, out.std), atol=tol, rtol=0)
         # scoring the same sample again (training) gives the same log-prob: ratio == 1
         again = K.FLOW_KERNELS[name](
-            v, x, s, sn, noise_level=level, sigma_max=float(sig[1]), prev_sample=out.prev_sample
+            v, x, s, sn, noise_level=level, sigma_max=float(sig[1]), draw=K.Draw(prev_sample=out.prev_sample)
         )
         assert torch.equal(again.logprob, out.logprob)
         # sum reduction is the full log-density
@@ -113,14 +114,14 @@ def test_ddim_logprob_is_independent_gaussian_density():
 def test_flow_sde_coefficients_by_hand():
     sigma, sigma_next, a = 0.6, 0.45, 0.7
     x, v = torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3)
-    out = K.flow_sde(v, x, sigma, sigma_next, noise_level=a, noise=torch.zeros_like(x))
+    out = K.flow_sde(v, x, sigma, sigma_next, noise_level=a, draw=K.Draw(noise=torch.zeros_like(x)))
     s = a * math.sqrt(sigma / (1 - sigma))
     dt = sigma_next - sigma
     mean = x * (1 + s**2 * dt / (2 * sigma)) + v * (1 + s**2 * (1 - sigma) / (2 * sigma)) * dt
     torch.testing.assert_close(out.mean, mean, atol=1e-6, rtol=0)
     torch.testing.assert_close(out.std, torch.tensor([s * math.sqrt(-dt)]), atol=1e-7, rtol=0)
     # same mean as Dance-SDE with eta = s: x + v dt + (s^2 / 2σ) ε̂ dt
-    dance = K.dance_sde(v, x, sigma, sigma_next, noise_level=s, noise=torch.zeros_like(x))
+    dance = K.dance_sde(v, x, sigma, sigma_next, noise_level=s, draw=K.Draw(noise=torch.zeros_like(x)))
     torch.testing.assert_close(dance.mean, mean, atol=1e-6, rtol=0)
 
 
@@ -148,7 +149,9 @@ def test_flow_sde_preserves_gaussian_marginals():
     wrong = x.clone()
     for i in range(steps - 1):
         z = torch.randn(x.shape, generator=gen)
-        out = K.flow_sde(velocity(x, sig[i]), x, sig[i], sig[i + 1], noise_level=1.0, sigma_max=float(sig[1]), noise=z)
+        out = K.flow_sde(
+            velocity(x, sig[i]), x, sig[i], sig[i + 1], noise_level=1.0, sigma_max=float(sig[1]), draw=K.Draw(noise=z)
+        )
         x = out.prev_sample
         ode = K.ode(velocity(wrong, sig[i]), wrong, sig[i], sig[i + 1])
         wrong = ode.prev_sample + out.std.view(-1, 1, 1, 1) * z
@@ -185,12 +188,29 @@ def test_per_sample_sigmas_match_scalar_calls():
     x, v = torch.randn(SHAPE), torch.randn(SHAPE)
     idx = torch.tensor([1, 4, 7])
     nxt = torch.randn(SHAPE)
-    batched = K.flow_sde(v, x, sig[idx], sig[idx + 1], noise_level=0.7, prev_sample=nxt)
+    batched = K.flow_sde(v, x, sig[idx], sig[idx + 1], noise_level=0.7, draw=K.Draw(prev_sample=nxt))
     for j, i in enumerate(idx):
-        single = K.flow_sde(v[j : j + 1], x[j : j + 1], sig[i], sig[i + 1], noise_level=0.7, prev_sample=nxt[j : j + 1])
+        single = K.flow_sde(
+            v[j : j + 1], x[j : j + 1], sig[i], sig[i + 1], noise_level=0.7, draw=K.Draw(prev_sample=nxt[j : j + 1])
+        )
         torch.testing.assert_close(batched.logprob[j : j + 1], single.logprob, atol=1e-6, rtol=0)
 
 
 def test_vp_to_flow_sigma():
     a = torch.tensor([1.0, 0.5, 0.0])
     torch.testing.assert_close(K.vp_to_flow_sigma(a), torch.tensor([0.0, 0.5, 1.0]))
+
+
+def test_draw_bundles_noise_source_scoring_and_reduction():
+    """``Draw(generator=…)`` reproduces its draw, ``reduction="sum"`` is D× the mean, and the default draws anew."""
+    x, v = torch.randn(SHAPE), torch.randn(SHAPE)
+    for name in ["flow_sde", "dance_sde", "cps"]:
+        kernel = K.FLOW_KERNELS[name]
+        mean = kernel(v, x, 0.6, 0.5, draw=K.Draw(generator=torch.Generator().manual_seed(3)))
+        full = kernel(v, x, 0.6, 0.5, draw=K.Draw(generator=torch.Generator().manual_seed(3), reduction="sum"))
+        assert torch.equal(full.prev_sample, mean.prev_sample)
+        tol = _density_tol(full.prev_sample, full.mean, full.std, reduction="sum")
+        torch.testing.assert_close(full.logprob, mean.logprob * math.prod(SHAPE[1:]), atol=tol, rtol=0)
+        assert not torch.equal(kernel(v, x, 0.6, 0.5).prev_sample, kernel(v, x, 0.6, 0.5).prev_sample)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        K.SAMPLE.reduction = "sum"

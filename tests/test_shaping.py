@@ -104,7 +104,9 @@ def test_ratio_norm_equals_mean_noise_times_mean_shift():
     torch.manual_seed(0)
     x, v = torch.randn(4, 2, 3, 3), torch.randn(4, 2, 3, 3)
     old = K.flow_sde(v, x, 0.7, 0.6, noise_level=0.7)
-    new = K.flow_sde(v + 0.05 * torch.randn_like(v), x, 0.7, 0.6, noise_level=0.7, prev_sample=old.prev_sample)
+    new = K.flow_sde(
+        v + 0.05 * torch.randn_like(v), x, 0.7, 0.6, noise_level=0.7, draw=K.Draw(prev_sample=old.prev_sample)
+    )
     dmu = new.mean - old.mean
     log_ratio = (new.logprob - old.logprob).view(4, 1)
     msd = (dmu**2).mean(dim=(1, 2, 3)).view(4, 1)

@@ -439,8 +439,21 @@ class FlowAdapter:
                 self.reference.to(dev)
 
     def kernel(
-        self, out: Tensor, x: Tensor, coef: Tensor, coef_next: Tensor, sigma_max: float, *, stochastic=True, **kw
+        self,
+        out: Tensor,
+        x: Tensor,
+        coef: Tensor,
+        coef_next: Tensor,
+        sigma_max: float | None,
+        *,
+        stochastic=True,
+        draw: K.Draw = K.SAMPLE,
     ) -> K.KernelOutput:
+        """The configured kernel (the ODE / η = 0 step unless ``stochastic``) on a batch of transitions.
+
+        Shape:
+            out, x: [N, C, H, W]; coef, coef_next: [N] -> KernelOutput
+        """
         a = self.args
         if not self.backend.is_flow:
             return K.ddim(
@@ -448,15 +461,22 @@ class FlowAdapter:
                 x,
                 coef,
                 coef_next,
+                draw=draw,
                 eta=a.noise_level if stochastic else 0.0,
                 prediction_type=self.pipe.scheduler.config.prediction_type,
-                **kw,
             )
         if not stochastic:
-            return K.ode(out, x, coef, coef_next, **kw)
+            return K.ode(out, x, coef, coef_next, draw=draw)
         fn = K.FLOW_KERNELS[a.kernel]
         return fn(
-            out, x, coef, coef_next, noise_level=a.noise_level, sigma_max=sigma_max, cps_logprob=a.cps_logprob, **kw
+            out,
+            x,
+            coef,
+            coef_next,
+            draw=draw,
+            noise_level=a.noise_level,
+            sigma_max=sigma_max,
+            cps_logprob=a.cps_logprob,
         )
 
     def velocity(
@@ -534,8 +554,8 @@ class FlowAdapter:
             out = self.velocity(model, x, t_i, cond, prompt_of.to(dev), a.guidance_scale if guided else None)
             c, cn = sched["coef"][i].expand(B).to(dev), sched["coef_next"][i].expand(B).to(dev)
             eps = step_noise[:, i] if keys is not None else torch.randn(x.shape, generator=self.generator)
-            sde = self.kernel(out, x, c, cn, sigma_max, noise=eps.to(dev))
-            det = self.kernel(out, x, c, cn, sigma_max, stochastic=False, noise=torch.zeros_like(x))
+            sde = self.kernel(out, x, c, cn, sigma_max, draw=K.Draw(noise=eps.to(dev)))
+            det = self.kernel(out, x, c, cn, sigma_max, stochastic=False, draw=K.Draw(noise=torch.zeros_like(x)))
             on = plan.sde[:, i].to(dev)  # [B]
             on_d = on.view(-1, *([1] * (x.dim() - 1)))
             x_next = torch.where(on_d, sde.prev_sample, det.prev_sample)
@@ -611,7 +631,7 @@ class FlowAdapter:
         )
         sigma_max = float(st.coef[0, 1]) if st.coef.shape[1] > 1 else None
         coef, coef_next = st.coef[b, steps].to(dev), st.coef_next[b, steps].to(dev)
-        k = self.kernel(out, x, coef, coef_next, sigma_max, prev_sample=x_next)
+        k = self.kernel(out, x, coef, coef_next, sigma_max, draw=K.Draw(prev_sample=x_next))
         return m, k, rows, steps
 
     def logprobs(self, rollout: Rollout, index: Tensor) -> Tensor:

@@ -26,8 +26,9 @@ be masked out by the caller.
 **Departure from Flow-GRPO:** its CPS code drops the constants *and* the 1/(2s²) factor (ℓ = −mean_D (x'−μ)²).
 Here ``cps`` returns the exact Gaussian density by default; ``cps_logprob="flow_grpo"`` gives their form.
 
-All math runs in float32 whatever the model dtype ("bf16 can overflow", Flow-GRPO). Pass ``prev_sample`` to
-score a stored transition (training); leave it None to sample one (rollout), with ``noise`` or ``generator``.
+All math runs in float32 whatever the model dtype ("bf16 can overflow", Flow-GRPO). What a kernel does with its
+Gaussian is one ``Draw``: give ``prev_sample`` to score a stored transition (training); leave it None to sample one
+(rollout), with ``noise`` or ``generator``; ``reduction`` says how the log-density reduces over D.
 """
 
 from __future__ import annotations
@@ -40,6 +41,29 @@ import torch
 from torch import Tensor
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What one transition does with its Gaussian N(μ, std² I): draw x' or score a given x', and the reduction.
+
+    Shape:
+        prev_sample: [B, *D] or None
+        noise: [B, *D] or None
+    """
+
+    prev_sample: Tensor | None = None
+    """x_{i+1} to score (training); None draws a new one (rollout)."""
+    noise: Tensor | None = None
+    """The standard-normal z of the draw x' = μ + std·z; None draws z from ``generator``. Unused when scoring."""
+    generator: torch.Generator | None = None
+    """The generator z is drawn from when ``noise`` is None (None: torch's global one)."""
+    reduction: str = "mean"
+    """How the log-density reduces over the D latent elements: "mean" (Flow-GRPO, DDPO) or "sum" (true density)."""
+
+
+SAMPLE = Draw()
+"""The default ``Draw``: sample x' with torch's global generator, log-prob averaged over D."""
 
 
 @dataclass
@@ -81,21 +105,16 @@ def gaussian_logprob(x: Tensor, mean: Tensor, std: Tensor, reduction: str = "mea
     return torch.where(std.float().reshape(-1) > 0, lp, torch.zeros_like(lp))
 
 
-def _sample_or_score(
-    mean: Tensor,
-    std: Tensor,
-    prev_sample: Tensor | None,
-    noise: Tensor | None,
-    generator: torch.Generator | None,
-    reduction: str,
-) -> KernelOutput:
-    """Draw x' = mean + std·z (or take the given ``prev_sample``) and return its log-prob."""
+def _sample_or_score(mean: Tensor, std: Tensor, draw: Draw) -> KernelOutput:
+    """Draw x' = mean + std·z (or take ``draw.prev_sample``) and return its log-prob reduced by ``draw.reduction``."""
+    prev_sample = draw.prev_sample
     if prev_sample is None:
+        noise = draw.noise
         if noise is None:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+            noise = torch.randn(mean.shape, generator=draw.generator, device=mean.device, dtype=torch.float32)
         prev_sample = mean.detach() + _per_sample(std, mean) * noise.float()  # [B, *D]
     prev_sample = prev_sample.detach().float()
-    return KernelOutput(prev_sample, mean, std, gaussian_logprob(prev_sample, mean, std, reduction))
+    return KernelOutput(prev_sample, mean, std, gaussian_logprob(prev_sample, mean, std, draw.reduction))
 
 
 def _flow_terms(velocity: Tensor, sample: Tensor, sigma, sigma_next):
@@ -112,8 +131,7 @@ def ode(
     sigma: Tensor | float,
     sigma_next: Tensor | float,
     *,
-    prev_sample: Tensor | None = None,
-    reduction: str = "mean",
+    draw: Draw = SAMPLE,
     **_: object,
 ) -> KernelOutput:
     """Euler ODE step x' = x + v·(σ_{i+1} − σ_i); std 0 and log-prob 0 (deterministic, masked out).
@@ -124,7 +142,7 @@ def ode(
     v, x, _s, _s_next, dt = _flow_terms(velocity, sample, sigma, sigma_next)
     mean = x + v * dt  # [B, *D]
     zero = torch.zeros(x.shape[0], device=x.device)
-    out = mean.detach() if prev_sample is None else prev_sample.detach().float()
+    out = mean.detach() if draw.prev_sample is None else draw.prev_sample.detach().float()
     return KernelOutput(out, mean, zero, zero)
 
 
@@ -146,12 +164,9 @@ def flow_sde(
     sigma: Tensor | float,
     sigma_next: Tensor | float,
     *,
+    draw: Draw = SAMPLE,
     noise_level: float = 0.7,
     sigma_max: float | None = None,
-    prev_sample: Tensor | None = None,
-    noise: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    reduction: str = "mean",
     **_: object,
 ) -> KernelOutput:
     """Flow-GRPO SDE step (Liu et al. 2025, arXiv 2505.05470, eq. 9;
@@ -167,7 +182,7 @@ def flow_sde(
     s_i = _per_sample(flow_sde_noise(s.reshape(-1), noise_level, sigma_max), x)  # [B, 1, ...]
     mean = x * (1 + s_i**2 * dt / (2 * s)) + v * (1 + s_i**2 * (1 - s) / (2 * s)) * dt  # [B, *D]
     std = (s_i * (-dt).clamp_min(0).sqrt()).reshape(-1)  # [B]
-    return _sample_or_score(mean, std, prev_sample, noise, generator, reduction)
+    return _sample_or_score(mean, std, draw)
 
 
 def dance_sde(
@@ -176,11 +191,8 @@ def dance_sde(
     sigma: Tensor | float,
     sigma_next: Tensor | float,
     *,
+    draw: Draw = SAMPLE,
     noise_level: float = 0.3,
-    prev_sample: Tensor | None = None,
-    noise: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    reduction: str = "mean",
     **_: object,
 ) -> KernelOutput:
     """DanceGRPO SDE step (Xue et al. 2025, arXiv 2505.07818; XueZeyue/DanceGRPO ``fastvideo/train_grpo_flux.py``),
@@ -195,7 +207,7 @@ def dance_sde(
     eps_hat = x + (1 - s) * v  # [B, *D]
     mean = x + v * dt + (noise_level**2 / (2 * s)) * eps_hat * dt  # [B, *D]
     std = noise_level * torch.sqrt((-dt).reshape(-1).clamp_min(0))  # [B]
-    return _sample_or_score(mean, std, prev_sample, noise, generator, reduction)
+    return _sample_or_score(mean, std, draw)
 
 
 def cps(
@@ -204,11 +216,8 @@ def cps(
     sigma: Tensor | float,
     sigma_next: Tensor | float,
     *,
+    draw: Draw = SAMPLE,
     noise_level: float = 0.8,
-    prev_sample: Tensor | None = None,
-    noise: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    reduction: str = "mean",
     cps_logprob: str = "gaussian",
     **_: object,
 ) -> KernelOutput:
@@ -226,11 +235,11 @@ def cps(
     x0_hat = x - s * v
     eps_hat = x + (1 - s) * v
     mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - std_b**2).clamp_min(0)) * eps_hat  # [B, *D]
-    out = _sample_or_score(mean, std_b.reshape(-1), prev_sample, noise, generator, reduction)
+    out = _sample_or_score(mean, std_b.reshape(-1), draw)
     if cps_logprob == "flow_grpo":
         dims = tuple(range(1, x.dim()))
         sq = (out.prev_sample - mean) ** 2
-        lp = -(sq.mean(dims) if reduction == "mean" else sq.sum(dims))  # [B]
+        lp = -(sq.mean(dims) if draw.reduction == "mean" else sq.sum(dims))  # [B]
         out.logprob = torch.where(out.std > 0, lp, torch.zeros_like(lp))
     elif cps_logprob != "gaussian":
         raise ValueError(f"cps_logprob must be 'gaussian' or 'flow_grpo', got {cps_logprob!r}")
@@ -254,13 +263,10 @@ def ddim(
     alpha_prod: Tensor | float,
     alpha_prod_prev: Tensor | float,
     *,
+    draw: Draw = SAMPLE,
     eta: float = 1.0,
     prediction_type: str = "epsilon",
     clip_sample_range: float | None = None,
-    prev_sample: Tensor | None = None,
-    noise: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    reduction: str = "mean",
     **_: object,
 ) -> KernelOutput:
     """DDPO's DDIM step with log-prob (kvablack/ddpo-pytorch ``ddim_with_logprob.py``; diffusers
@@ -289,13 +295,13 @@ def ddim(
     std = ddim_std(a.reshape(-1), ap.reshape(-1), eta)  # [B]
     std_b = _per_sample(std, x)
     mean = ap.sqrt() * x0_hat + (1 - ap - std_b**2).clamp_min(0).sqrt() * eps_hat  # [B, *D]
-    return _sample_or_score(mean, std, prev_sample, noise, generator, reduction)
+    return _sample_or_score(mean, std, draw)
 
 
 FlowKernel = Callable[..., KernelOutput]
 
 FLOW_KERNELS: dict[str, FlowKernel] = {"ode": ode, "flow_sde": flow_sde, "dance_sde": dance_sde, "cps": cps}
-"""Kernels over rectified-flow sigmas: ``kernel(velocity, sample, sigma, sigma_next, **options)``."""
+"""Kernels over rectified-flow sigmas: ``kernel(velocity, sample, sigma, sigma_next, *, draw, **options)``."""
 
 KERNEL_NAMES = [*FLOW_KERNELS, "ddim"]
 
@@ -321,6 +327,8 @@ def vp_to_flow_sigma(alpha_prod: Tensor) -> Tensor:
 __all__ = [
     "FLOW_KERNELS",
     "KERNEL_NAMES",
+    "SAMPLE",
+    "Draw",
     "KernelOutput",
     "cps",
     "dance_sde",
