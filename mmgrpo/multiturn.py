@@ -99,7 +99,7 @@ def _check_credit(cfg: TrainConfig) -> None:
             "per-token advantages itself; set algorithm.shaping: none"
         )
     twice = sorted({spec.name for spec in cfg.rewards} & RETURN_REWARDS)
-    if getattr(opts, "outcome_on_last_turn", False) and twice:
+    if isinstance(opts, credit.GiGPOOptions) and opts.outcome_on_last_turn and twice:
         raise ConfigError(
             f"algorithm.credit: {a.credit} with the reward {twice[0]} (the environment's return): {a.credit} adds the "
             f"configured reward to the last turn's reward, so the return would count twice; set "

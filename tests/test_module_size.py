@@ -30,7 +30,6 @@ ALLOWED = {  # (file, text of the line) → why this getattr/hasattr is not a ca
     ("tasks/dataset.py", "getattr(e, 'msg', e)"): "json.JSONDecodeError attributes",
     ("tasks/spoken_digits.py", "getattr(args, name)"): "an options field read by its name",
     ("rollout_steps.py", "getattr(a, ROLLOUT_STEPS.get(name).section)"): "a built-in step's config section, by name",
-    ("compat.py", "getattr(obj, part"): "a library's touchpoint resolved by its dotted name (the check itself)",
 }
 
 
@@ -43,7 +42,7 @@ def test_no_capability_probes_outside_types():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):  # the core, tasks/ and demo/
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel == "types.py":
+        if rel in ("types.py", "compat.py"):  # compat.py: the library touchpoints' one home (tests/test_compat.py)
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\b(hasattr|getattr)\(", line) and not any(
