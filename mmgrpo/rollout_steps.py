@@ -11,7 +11,7 @@ estimator. Each variant is a registered :class:`RolloutStep` in :data:`ROLLOUT_S
   RolloutBatch``, in the declared order (DeepVideo-R1's difficulty augmentation, :mod:`mmgrpo.augmentation`; DAPO's
   dynamic-sampling refill, :mod:`mmgrpo.dynamic_sampling`; the variance-aware sampler's observation of the kept
   groups, :mod:`mmgrpo.sampling`). ``memory`` is the step's own dict, kept across training steps (the augmentation's
-  window of batch means).
+  window of batch means) and checkpointed where the step registers ``save``/``load`` (:func:`state_dict`).
 
 A step reaches the run only through the :class:`RolloutContext` the trainer hands it (roll out and score rows, the
 step's noise keys, read dataset rows, the adapter, the accelerator's collectives), never through the trainer.
@@ -37,16 +37,18 @@ The trainer does not change (docs/architecture.md, "Adding a rollout step").
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from accelerate.utils import gather_object
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import augmentation, dynamic_sampling, injection, noise, sampling
+from mmgrpo import augmentation, dynamic_sampling, gcpo, injection, noise, sampling
 from mmgrpo.config import (
     ConfigError,
     DifficultyAugmentationConfig,
@@ -57,6 +59,8 @@ from mmgrpo.options import resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
 from mmgrpo.types import Rollout
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,6 +113,9 @@ class RolloutContext:
     """The accelerator: collectives (``reduce``, ``gather``), ``num_processes``, ``process_index``, ``device``."""
     sampler: Any
     """The prompt sampler (:mod:`mmgrpo.sampling`)."""
+    score: Callable[[list[dict], list, dict[str, list]], tuple[Tensor, dict[str, float]]] | None = None
+    """``score(rows, outputs, extras)``: the rewards [n·G, K] (and their metrics) of ``outputs``, G per row
+    (group-major), e.g. after a step replaced some of them (:mod:`mmgrpo.gcpo`)."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +133,16 @@ class RolloutStep:
     None: configured through ``algorithm.rollout_steps``."""
     excludes: tuple[str, ...] = ()
     """Steps it is not combined with (refused at load)."""
+    why: str = "its second rollout would skip them"
+    """Why ``excludes`` are refused (the load-time message says it)."""
     multi_turn: bool = False
     """Whether it works with multi-turn rollouts (``rollout.tools`` / ``rollout.environment``)."""
+    save: Callable[[dict], Any] | None = None
+    """``save(memory) -> state``: the step's memory as the checkpoint keeps it (JSON: lists, dicts, numbers,
+    strings), one per process (:func:`state_dict`); None: not checkpointed, a resumed run starts it empty."""
+    load: Callable[[dict, Any], None] | None = None
+    """``load(memory, state)``: refill a fresh memory from what ``save`` returned, on resume
+    (:func:`load_state_dict`)."""
 
 
 ROLLOUT_STEPS: Registry[RolloutStep] = Registry("rollout step")
@@ -163,7 +178,7 @@ def _inject(ctx: RolloutContext, rows: list[dict], rollout: Rollout, o: GroundTr
 
 def _augment(ctx: RolloutContext, batch: RolloutBatch, o: DifficultyAugmentationConfig, memory: dict) -> RolloutBatch:
     """DeepVideo-R1: measure ΔR against the window of past batch means, augment the rows, roll out and score again."""
-    window = memory.setdefault("window", deque(maxlen=o.window))  # batch mean rewards of the last W steps
+    window = memory["window"] = deque(memory.get("window", ()), maxlen=o.window)  # batch means of the last W steps
     P, G = len(batch.rows), ctx.group_size
     combined = adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights)  # [P, G] NaN: n/a
     group_means = combined.nanmean(1).nan_to_num(0.0)  # [P]
@@ -234,6 +249,8 @@ ROLLOUT_STEPS.add(
         needs="augment_video",
         section="difficulty_augmentation",
         excludes=("dynamic_sampling", "gt_injection"),  # the augmented second rollout would skip them
+        save=lambda memory: {"window": list(memory.get("window", ()))},  # resumed with the same window
+        load=dict.update,
     ),
     DifficultyAugmentationConfig,
 )
@@ -243,6 +260,7 @@ ROLLOUT_STEPS.add(
     DynamicSamplingConfig,
 )
 ROLLOUT_STEPS.add(OBSERVE, RolloutStep("batch", _observe, multi_turn=True), NoOptions)
+ROLLOUT_STEPS.add("gcpo", RolloutStep("batch", gcpo.apply, needs="inject", **gcpo.REFUSES), gcpo.GCPOOptions)
 BUILTIN_ORDER = ("gt_injection", "difficulty_augmentation", "dynamic_sampling")
 """The built-in steps with a config section, in pipeline order (the sampler's observation comes last)."""
 
@@ -282,8 +300,7 @@ def check_config(a: Any, multi_turn: bool) -> dict[str, str]:
         setting = f"{where}.enabled" if spec.section else where
         if set(spec.excludes) & set(names):
             raise ConfigError(
-                f"{where}: not combined with {' or '.join(spec.excludes)} (its second rollout would skip them); turn "
-                "one of them off"
+                f"{where}: not combined with {' or '.join(spec.excludes)} ({spec.why}); turn one of them off"
             )
         if multi_turn and not spec.multi_turn:
             raise ConfigError(f"{setting} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
@@ -318,6 +335,36 @@ def run(steps: list[Step], ctx: RolloutContext, batch: RolloutBatch) -> RolloutB
     return batch
 
 
+def state_dict(steps: list[Step], acc: Any) -> dict:
+    """The checkpointed memory of ``steps`` (those registered with ``save``), every process's:
+    ``{"rollout_steps": {name: [state of process 0, 1, …]}}`` for ``trainer.json``, or ``{}`` when no step keeps
+    any. A collective under several processes (``acc``, the accelerator): every process calls it."""
+    mine = {s.name: s.spec.save(s.memory) for s in steps if s.spec.save is not None}
+    if not mine:
+        return {}
+    every = gather_object([mine]) if acc.num_processes > 1 else [mine]  # [world] of {name: state}
+    return {"rollout_steps": {name: [p[name] for p in every] for name in mine}}
+
+
+def load_state_dict(steps: list[Step], saved: dict, acc: Any) -> None:
+    """Refill each checkpointed step's memory with this process's state from ``saved`` (the trainer state a
+    checkpoint returned); a step saved by another number of processes starts empty, with a warning."""
+    states = saved.get("rollout_steps", {})
+    for s in steps:
+        if s.spec.load is None or s.name not in states:
+            continue
+        if len(states[s.name]) != acc.num_processes:
+            logger.warning(
+                "rollout step %s: its memory was saved by %d processes, resumed by %d: it starts empty",
+                s.name,
+                len(states[s.name]),
+                acc.num_processes,
+            )
+            continue
+        s.memory.clear()
+        s.spec.load(s.memory, states[s.name][acc.process_index])
+
+
 __all__ = [
     "OBSERVE",
     "ROLLOUT_STEPS",
@@ -329,5 +376,7 @@ __all__ = [
     "build",
     "check_config",
     "configured",
+    "load_state_dict",
     "run",
+    "state_dict",
 ]

@@ -588,6 +588,7 @@ class Trainer:
         self.state.load_state_dict(saved)
         if "sampler" in saved:  # variance-aware samplers' statistics
             self.sampler.load_state_dict(saved["sampler"])
+        rollout_steps.load_state_dict(self.rollout_steps, saved, self.acc)  # the steps' memory (replay buffers)
         if self.acc.is_main_process:
             run_dir.truncate_jsonl(self.out / "metrics.jsonl", self.state.step)
         self.acc.wait_for_everyone()
@@ -608,6 +609,7 @@ class Trainer:
             trainer_state={  # + a stateful sampler's statistics (algorithm.sampler: variance)
                 **self.state.state_dict(),
                 **({"sampler": self.sampler.state_dict()} if self.sampler.observes else {}),
+                **rollout_steps.state_dict(self.rollout_steps, self.acc),  # the steps' memory (a collective)
             },
             config_text=dump_config(self.cfg),
             model_files=run_dir.model_files(self.cfg, self.adapter, step),

@@ -41,8 +41,8 @@ def test_the_pipeline_follows_the_config_in_declared_order():
 
 
 def test_rollout_steps_config_errors_are_one_line_at_load():
-    with pytest.raises(ConfigError, match=r"^algorithm\.rollout_steps: unknown rollout step 'replay'; registered: "):
-        load_config(QUICK, ["algorithm.rollout_steps={replay: {}}"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.rollout_steps: unknown rollout step 'rerun'; registered: "):
+        load_config(QUICK, ["algorithm.rollout_steps={rerun: {}}"])
     with pytest.raises(ConfigError, match=r"^algorithm\.rollout_steps\.dynamic_sampling: turned on by algorithm\."):
         load_config(QUICK, ["algorithm.rollout_steps={dynamic_sampling: {}}"])
     with pytest.raises(ConfigError, match=r"^algorithm\.gt_injection\.enabled is not supported with rollout\.tools"):
@@ -103,3 +103,57 @@ def test_a_new_rollout_step_is_one_function_and_its_registration(tmp_path, mmgrp
     assert CALLS == [{"step": 0, "calls": 1, "G": 2}, {"step": 1, "calls": 2, "G": 2}]  # memory kept across steps
     records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["test/tag"] for r in records if "test/tag" in r] == [2.5, 2.5]
+
+
+# --- a step's memory in the checkpoint: save/load hooks, keyed by step name, one state per process ------------------
+
+
+def _count(ctx: RolloutContext, batch: RolloutBatch, options: DropLastGroupOptions, memory: dict) -> RolloutBatch:
+    """Count the steps seen and remember the last step's dataset rows (a memory of plain JSON values)."""
+    memory["calls"] = memory.get("calls", 0) + 1
+    memory["rows"] = list(batch.indices)
+    return batch
+
+
+class _OneProcess:
+    num_processes, process_index = 1, 0
+
+
+def test_step_memory_round_trips_through_the_trainer_state_by_name():
+    spec = RolloutStep("batch", _count, save=lambda m: {"calls": m["calls"]}, load=dict.update)
+    if "test_counter" not in ROLLOUT_STEPS:
+        ROLLOUT_STEPS.add("test_counter", spec, DropLastGroupOptions)
+    steps = [rollout_steps.Step("test_counter", DropLastGroupOptions(), {"calls": 3, "scratch": object()})]
+    steps.append(rollout_steps.Step(rollout_steps.OBSERVE, None, {"not": "saved"}))  # no hooks: not checkpointed
+    saved = json.loads(json.dumps(rollout_steps.state_dict(steps, _OneProcess())))  # as trainer.json holds it
+    assert saved == {"rollout_steps": {"test_counter": [{"calls": 3}]}}  # one state per process, by name
+    fresh = [rollout_steps.Step("test_counter", DropLastGroupOptions())]
+    fresh.append(rollout_steps.Step(rollout_steps.OBSERVE, None))
+    rollout_steps.load_state_dict(fresh, saved, _OneProcess())
+    assert fresh[0].memory == {"calls": 3} and fresh[1].memory == {}
+    two = {"rollout_steps": {"test_counter": [{"calls": 1}, {"calls": 2}]}}  # saved by 2 processes: starts empty
+    fresh = [rollout_steps.Step("test_counter", DropLastGroupOptions())]
+    rollout_steps.load_state_dict(fresh, two, _OneProcess())
+    assert fresh[0].memory == {}
+    assert rollout_steps.state_dict(fresh[:0], _OneProcess()) == {}  # no step keeps memory: trainer.json unchanged
+
+
+def test_a_resumed_run_gets_its_steps_memory_back(tmp_path, mmgrpo_cache):
+    from mmgrpo.trainer import Trainer, train
+
+    if "test_counter" not in ROLLOUT_STEPS:
+        spec = RolloutStep("batch", _count, save=lambda m: {"calls": m["calls"]}, load=dict.update)
+        ROLLOUT_STEPS.add("test_counter", spec, DropLastGroupOptions)
+    small = ["steps=3", "warmup.steps=0", "eval.before=false", "eval.after=false", "eval.every=0"]
+    small += ["algorithm.prompts_per_step=2", "algorithm.group_size=2", "algorithm.minibatch_size=4"]
+    small += ["model.args.max_new_tokens=3", "task.args.train_size=8", "task.args.eval_size=2"]
+    small += ["logging.trackers=[]", "logging.progress=false", "checkpoint.save_final=false"]
+    small += ["algorithm.rollout_steps={test_counter: {}}", f"output_dir={tmp_path / 'run'}"]
+    train(load_config(QUICK, [*small, "stop_after=2"]))
+    trainer_json = json.loads((tmp_path / "run/checkpoints/step-000002/state/trainer.json").read_text())
+    assert trainer_json["trainer"]["rollout_steps"] == {"test_counter": [{"calls": 2}]}
+    resumed = Trainer(load_config(QUICK, [*small, "resume=latest"]))
+    assert resumed.rollout_steps[0].memory == {}
+    resumed._maybe_resume()
+    resumed.close()
+    assert resumed.rollout_steps[0].memory == {"calls": 2}  # what it had after step 2, not what a fresh run has
