@@ -285,15 +285,7 @@ class Trainer:
         rollout = self.adapter.rollout(rows, self.cfg.algorithm.group_size, keys)
         steps_metrics = rollout_steps.apply_sample_steps(self.rollout_steps, ctx, rows, rollout)
         self._rollout_s += time.perf_counter() - t0
-        scores, metrics = score_rows(  # extras: the token adapters' completion_ids; group_index: group-aware rewards
-            self.rewards,
-            rollout.outputs,
-            rows,
-            self.cfg.algorithm.group_size,
-            rollout.extras,
-            group_index=True,
-            trainer_state=self._trl_state(ctx.step),
-        )  # [B, K]
+        scores, metrics = ctx.score(rows, rollout.outputs, rollout.extras)  # [B, K]
         return rollout_steps.RolloutBatch(rows, rollout, scores, list(indices), {**steps_metrics, **metrics})
 
     def _rollout_context(self, step: int) -> rollout_steps.RolloutContext:
@@ -314,6 +306,9 @@ class Trainer:
             n_rows=len(self.task.train_rows()),
             acc=self.acc,
             sampler=self.sampler,
+            score=lambda rows, outputs, extras: score_rows(  # extras: completion_ids; group_index: group-aware rewards
+                self.rewards, outputs, rows, G, extras, group_index=True, trainer_state=self._trl_state(step)
+            ),
         )
         return ctx
 

@@ -1,0 +1,122 @@
+"""GCPO: the reference answer joins a group only when every sample of the group failed ("go gold").
+
+GCPO (Wu & Liu 2025, "GCPO: When Contrast Fails, Go Gold", arXiv 2510.07790; code github.com/AchoWu/GCPO, not
+stored here and not read) observes that GRPO learns nothing from a group whose samples all failed: every reward
+is equal, every advantage zero. When that happens (and only then) one sample of the group is replaced by the
+golden answer (GA), the dataset's reference, so the group holds one success to contrast with. What is implemented
+(the paper's equations could not be retrieved here: the method as its abstract and the summaries state it, *our
+reading* of the details):
+
+* failure: a sample failed when its score s_b ≤ ``threshold`` (default 0: a wrong answer's accuracy), where s_b is
+  the reward ``reward`` names (default: the weighted sum of the rewards, as the advantage sees it); a group is
+  all-failed when every one of its G samples failed (a NaN score, "not applicable", is not a failure)::
+
+      inject_p = ∧_{g=1..G} [ s_{p,g} ≤ threshold ]                                 (our reading)
+
+* the gold sample: slot ``slot`` (−1 = the last) of each all-failed group becomes ``template`` filled from the
+  row's ``column`` + EOS, teacher-forced (its old log-probs are the current policy's, ratio 1 at the first update,
+  as :mod:`mmgrpo.injection` does for TempSamp-R1); the group is scored again (every sample: a group-aware reward
+  sees the new group) and its advantage comes from the configured group estimator over the G samples, the GA
+  included, as for any sample. E.g. G = 4, rewards (0, 0, 0, 1) with the GA last, GRPO with the unbiased std:
+  mean 0.25, std 0.5, A_GA = 1.5 and A = −0.5 for each failed sample;
+* every other group is left exactly as sampled (no slot replaced, no score changed).
+
+The paper pairs the injection with a sequence-level importance ratio and no KL term: those are separate keys here
+(``algorithm.surrogate: gspo``, ``algorithm.beta: 0``). Departures: the reward metrics of the step are those of
+the sampled completions (before the GA joins); rows without the ``column`` are never injected. Token adapters only
+(the :class:`~mmgrpo.injection.TeacherForcing` capability), single-turn rollouts; refused with
+``algorithm.gt_injection`` (which injects into every group) and ``algorithm.dynamic_sampling`` (which drops the
+all-failed groups before this step sees them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from mmgrpo import advantages as adv_lib
+from mmgrpo import injection
+from mmgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mmgrpo.rollout_steps import RolloutBatch, RolloutContext
+
+
+@dataclass(frozen=True)
+class GCPOOptions:
+    """``algorithm.rollout_steps: {gcpo: {...}}``."""
+
+    column: str = "answer"
+    """Dataset column holding the reference answer; rows without it are never injected."""
+    template: str = "<answer>{answer}</answer>"
+    """The gold completion: str.format with ``answer`` = the column's value (as ``algorithm.gt_injection.template``)."""
+    slot: int = -1
+    """Which sample of an all-failed group is replaced (−1 = the last)."""
+    reward: str | None = None
+    """The reward function (its ``rewards[].name``) whose score judges failure; None: the weighted sum of all."""
+    threshold: float = 0.0
+    """A sample failed when its score is ≤ this (0: a wrong answer of a 0/1 accuracy reward)."""
+
+
+REFUSES = {
+    "excludes": ("gt_injection", "dynamic_sampling"),
+    "why": "gt_injection injects into every group; dynamic_sampling drops the all-failed groups gcpo injects into",
+}
+"""What the registration (:data:`mmgrpo.rollout_steps.ROLLOUT_STEPS`) refuses at load, and why."""
+
+
+def all_failed(scores: Tensor, threshold: float) -> Tensor:
+    """The groups whose every sample failed: ``scores[p, g] ≤ threshold`` for all g (NaN never fails).
+
+    Shape:
+        scores: [P, G] → [P] bool
+    """
+    return (scores <= threshold).all(dim=1)  # [P]; NaN <= x is False
+
+
+def judged_scores(batch: RolloutBatch, ctx: RolloutContext, o: GCPOOptions) -> Tensor:
+    """The score that judges failure, [P, G]: reward ``o.reward``'s, or the weighted sum of all."""
+    P, G = len(batch.rows), ctx.group_size
+    if o.reward is None:
+        return adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights)  # [P, G]
+    if o.reward not in ctx.reward_names:
+        raise ConfigError(
+            f"algorithm.rollout_steps.gcpo.reward: {o.reward!r} is not a configured reward; "
+            f"use one of {', '.join(ctx.reward_names)} or null (the weighted sum)"
+        )
+    return batch.scores[:, ctx.reward_names.index(o.reward)].view(P, G)  # [P, G]
+
+
+def apply(ctx: RolloutContext, batch: RolloutBatch, o: GCPOOptions, memory: dict) -> RolloutBatch:
+    """GCPO (module docstring): the gold answer into slot ``o.slot`` of each all-failed group, teacher-forced;
+    those groups scored again; the others untouched. In place; logs ``gcpo/failed_groups`` and
+    ``gcpo/injected_groups`` (shares of the P groups)."""
+    P, G = len(batch.rows), ctx.group_size
+    if not -G <= o.slot < G:
+        raise ConfigError(f"algorithm.rollout_steps.gcpo.slot: {o.slot} is outside the group of {G} samples")
+    failed = all_failed(judged_scores(batch, ctx, o), o.threshold)  # [P]
+    texts = injection.ground_truth_texts(batch.rows, o.column, o.template)
+    groups = [p for p in range(P) if failed[p] and texts[p] is not None]
+    index = torch.tensor([p * G + o.slot % G for p in groups], dtype=torch.long)  # [n]
+    # called even with no group to inject: under FSDP every process must run the adapter's one forward
+    ctx.adapter.inject(batch.rollout, index, [texts[p] for p in groups])
+    if groups:
+        rescored, _ = ctx.score(*_groups_of(batch, groups, G))  # [n·G, K]
+        rows = torch.tensor([p * G + g for p in groups for g in range(G)], dtype=torch.long)  # [n·G]
+        batch.scores[rows] = rescored.to(batch.scores.dtype)
+    batch.metrics["gcpo/failed_groups"] = float(failed.float().mean())
+    batch.metrics["gcpo/injected_groups"] = len(groups) / P
+    return batch
+
+
+def _groups_of(batch: RolloutBatch, groups: list[int], G: int) -> tuple[list[dict], list, dict[str, list]]:
+    """``(rows, outputs, extras)`` of the groups ``groups`` (group-major), for :attr:`RolloutContext.score`."""
+    samples = [p * G + g for p in groups for g in range(G)]
+    extras = {key: [column[b] for b in samples] for key, column in batch.rollout.extras.items()}
+    return [batch.rows[p] for p in groups], [batch.rollout.outputs[b] for b in samples], extras
+
+
+__all__ = ["REFUSES", "GCPOOptions", "all_failed", "apply", "judged_scores"]
