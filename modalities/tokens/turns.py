@@ -496,24 +496,9 @@ class TurnRunner:
         """B = P·G trajectories of ``prompts`` (encoded: ``encodings``; ``envs``: B environments or Nones); their
         :class:`TurnState` and per-trajectory records. ``script`` (B lists of assistant turns) teacher-forces the
         policy's turns (the tools and environments still answer): a trajectory ends after its script's last turn."""
-        from mmgrpo.tools import Observation, state_anchor
-
-        a, s, G = self.adapter, self.settings, group_size
-        if sharding.is_sharded(a.unwrapped()):  # known once accelerate has prepared the model: checked at first use
-            raise ConfigError(
-                "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
-                "forward of sharded weights is a collective; train with DDP processes (or one process)"
-            )
-        B, T = len(prompts) * G, s.max_total_tokens
-        trajs = [_Trajectory() for _ in range(B)]
-        self._rows, self._trajs, self._G = prompts, trajs, G  # what the engine's requests are built from
-        contexts = [self.context(prompts[b // G]) for b in range(B)]
-        for b, t in enumerate(trajs):
-            t.anchors.append(
-                state_anchor(Observation(text=str(prompts[b // G].get("prompt")), images=contexts[b].images))
-            )
-        eos = set(a.eos_ids.tolist())
-        active = list(range(B))
+        s, G = self.settings, group_size
+        trajs, contexts = self.start(prompts, G)
+        active = list(range(len(trajs)))
         for turn in range(s.max_turns):
             if script is not None:
                 ids, logps = self._scripted(script, active, turn)  # [len(active), t]
@@ -523,35 +508,75 @@ class TurnRunner:
                 batch = self._continuations(encodings, trajs, active, G)
                 turn_keys = self._turn_keys(keys, turn, active)
                 ids, logps = self.sample_turn(batch, 1, greedy, turn_keys, active, turn)  # [len(active), T1] each
-            still = []
-            for j, b in enumerate(active):
-                t = trajs[b]
-                row_ids = ids[j].tolist()
-                end = next((i for i, x in enumerate(row_ids) if x in eos), None)
-                tokens = row_ids[: end + 1] if end is not None else row_ids
-                room = T - len(t.ids)
-                cut = len(tokens) > room
-                tokens = tokens[:room]
-                t.extend(tokens, True, turn)
-                t.logps += logps[j, : len(tokens)].tolist() if logps is not None else [0.0] * len(tokens)
-                text = a.tokenizer.decode([x for x in tokens if x not in eos], skip_special_tokens=True)
-                t.texts.append(text)
-                t.transcript.append({"role": "assistant", "text": text, "images": []})
-                t.messages.append({"role": "assistant", "content": text})
-                t.turn_rewards.append(0.0)
-                t.turn_invalid.append(False)
-                if end is None or cut:  # cut by max_new_tokens or the trajectory budget
-                    t.done = t.truncated = t.cut = True
-                    continue
-                if script is not None and turn + 1 >= len(script[b]):  # the script's last turn
-                    t.done = True
-                    continue
-                if self._respond(text, turn, t, contexts[b], envs[b], encodings[b // G]):
-                    still.append(b)
-            active = still
+            active = self.absorb_turn(ids, logps, trajs, active, turn, contexts, envs, encodings, G, script)
             if not active:
                 break
         return self._pack(trajs, encodings, G), trajs
+
+    def start(self, prompts: list[dict], group_size: int) -> tuple[list[_Trajectory], list]:
+        """B = P·G empty trajectories of ``prompts`` (group-major), each with its tool context and its first anchor
+        (the prompt and its images)."""
+        from mmgrpo.tools import Observation, state_anchor
+
+        a, G = self.adapter, group_size
+        if sharding.is_sharded(a.unwrapped()):  # known once accelerate has prepared the model: checked at first use
+            raise ConfigError(
+                "rollout.tools / rollout.environment under FSDP: processes run different numbers of turns, and every "
+                "forward of sharded weights is a collective; train with DDP processes (or one process)"
+            )
+        B = len(prompts) * G
+        trajs = [_Trajectory() for _ in range(B)]
+        self._rows, self._trajs, self._G = prompts, trajs, G  # what the engine's requests are built from
+        contexts = [self.context(prompts[b // G]) for b in range(B)]
+        for b, t in enumerate(trajs):
+            t.anchors.append(
+                state_anchor(Observation(text=str(prompts[b // G].get("prompt")), images=contexts[b].images))
+            )
+        return trajs, contexts
+
+    def absorb_turn(
+        self,
+        ids: Tensor,
+        logps: Tensor | None,
+        trajs: list[_Trajectory],
+        rows: list[int],
+        turn: int,
+        contexts: list,
+        envs: list,
+        encodings: list[dict],
+        G: int,
+        script: list[list[str]] | None = None,
+    ) -> list[int]:
+        """Append turn ``turn`` (sampled ids [len(rows), T1] and their log-probs) to trajectories ``rows`` and answer
+        it (tools or environment); the rows that go on."""
+        a, T = self.adapter, self.settings.max_total_tokens
+        eos = set(a.eos_ids.tolist())
+        still = []
+        for j, b in enumerate(rows):
+            t = trajs[b]
+            row_ids = ids[j].tolist()
+            end = next((i for i, x in enumerate(row_ids) if x in eos), None)
+            tokens = row_ids[: end + 1] if end is not None else row_ids
+            room = T - len(t.ids)
+            cut = len(tokens) > room
+            tokens = tokens[:room]
+            t.extend(tokens, True, turn)
+            t.logps += logps[j, : len(tokens)].tolist() if logps is not None else [0.0] * len(tokens)
+            text = a.tokenizer.decode([x for x in tokens if x not in eos], skip_special_tokens=True)
+            t.texts.append(text)
+            t.transcript.append({"role": "assistant", "text": text, "images": []})
+            t.messages.append({"role": "assistant", "content": text})
+            t.turn_rewards.append(0.0)
+            t.turn_invalid.append(False)
+            if end is None or cut:  # cut by max_new_tokens or the trajectory budget
+                t.done = t.truncated = t.cut = True
+                continue
+            if script is not None and turn + 1 >= len(script[b]):  # the script's last turn
+                t.done = True
+                continue
+            if self._respond(text, turn, t, contexts[b], envs[b], encodings[b // G]):
+                still.append(b)
+        return still
 
     def _respond(self, text: str, turn: int, t: _Trajectory, ctx: Any, env: Any, prompt: dict) -> bool:
         """Answer turn ``turn`` of trajectory ``t``: run its tool calls or step its environment, append the
