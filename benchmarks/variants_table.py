@@ -7,6 +7,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -41,6 +42,10 @@ Studies:
 - ``multichoice`` (the shapes task's multi-answer ``colours`` question, held-out exact-set accuracy):
   ``configs/variant_multichoice.yaml`` with the exact-match ``accuracy`` reward and as shipped (TW-GRPO's
   ``multiple_choice_partial``). Also reported: the held-out mean partial reward at the warm-up and after training.
+- ``scaffold`` (the real SmolLM2-135M-Instruct on one-step arithmetic word problems, ``configs/real_smollm2_arithmetic.yaml``
+  cut to fit a shared 2-core CPU: 6 steps of 2 prompts × G = 4, 50 held-out problems): GRPO vs Scaf-GRPO's hint
+  scaffolding (``algorithm.rollout_steps: {scaffold: {exemption_steps: 1}}``, ``task.args.hints: true``;
+  mmgrpo/scaffold.py). Needs ``bash scripts/setup_real_models.sh smollm2-135m-instruct``.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -141,6 +146,23 @@ STUDIES: dict[str, dict] = {
             ),
             "partial": ("configs/variant_multichoice.yaml", []),
         },
+    },
+    "scaffold": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/real_smollm2_arithmetic.yaml", []),
+            "scaf_grpo": (
+                "configs/real_smollm2_arithmetic.yaml",
+                ["task.args.hints=true", "algorithm.rollout_steps={scaffold: {exemption_steps: 1}}"],
+            ),
+        },
+        "overrides": [
+            "steps=6",
+            "algorithm.group_size=4",
+            "algorithm.minibatch_size=8",
+            "task.args.eval_size=50",
+            "checkpoint.save_final=false",
+        ],
     },
 }
 
