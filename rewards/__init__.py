@@ -45,6 +45,7 @@ from .text import (
     repetition_penalty,
     rouge,
 )
+from .tool_efficiency import otc  # noqa: F401  (OTC-PO, docs/variants.md)
 from .variants import self_consistency, step_rar, step_rvr, tempsamp_soft  # noqa: F401  (docs/variants.md)
 from .video import temporal_contrast, temporal_iou_frames  # noqa: F401  (T-GRPO contrast; frame-number IoU)
 from .visual import (

@@ -26,7 +26,7 @@ from typing import Any
 from .parsing import completion_text
 from .registry import load_reward, register_reward
 
-ROLLOUT_NEEDS = {"deepeyes": "rollout.tools", "env_return": "rollout.environment"}
+ROLLOUT_NEEDS = {"deepeyes": "rollout.tools", "otc": "rollout.tools", "env_return": "rollout.environment"}
 """The rewards here that read what a multi-turn rollout records (``tool_calls``, ``turn_rewards``), and the setting
 that makes one: checked at load (``mmgrpo.loader``), before any model is built."""
 
