@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study reg_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tempsamp --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study published --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gcpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
@@ -30,6 +31,9 @@ Studies:
 - ``tempsamp`` (video_motion, "when" grounding, held-out temporal IoU, 200 steps): ``configs/variant_tempsamp.yaml``
   without injection and with the plain ``temporal_iou`` reward (GRPO), with the soft shaping only, and as shipped
   (shaping + ground-truth injection).
+- ``gcpo`` (the same video_motion "when" task, plain ``temporal_iou`` + format, 200 steps):
+  ``configs/variant_gcpo.yaml`` without a rollout step (GRPO), with ``algorithm.gt_injection`` (the span in every
+  group, TempSamp-R1) and as shipped (GCPO: the span only in groups whose every IoU is <= 0.5).
 - ``step_grpo`` (the arithmetic task's two-change chains with R1-VL's ``### Step n:`` warm-up, 200 steps):
   ``configs/variant_step_grpo.yaml`` with the accuracy reward alone (``step_rar`` with ``step_weight: 0``: the final
   answer only, parsed as StepRAR parses it), with StepRAR alone, and as shipped (StepRAR + StepRVR, R1-VL's sum).
@@ -107,6 +111,22 @@ STUDIES: dict[str, dict] = {
             ),
             "soft_shaping": ("configs/variant_tempsamp.yaml", ["algorithm.gt_injection.enabled=false"]),
             "tempsamp": ("configs/variant_tempsamp.yaml", []),
+        },
+        "overrides": ["steps=200", "eval.every=50"],
+    },
+    "gcpo": {
+        "metric": "temporal_iou",
+        "runs": {
+            "grpo": ("configs/variant_gcpo.yaml", ["algorithm.rollout_steps={}"]),
+            "gt_injection": (
+                "configs/variant_gcpo.yaml",
+                [
+                    "algorithm.rollout_steps={}",
+                    "algorithm.gt_injection.enabled=true",
+                    "algorithm.gt_injection.template=<answer>{answer[0]:g} to {answer[1]:g}</answer>",
+                ],
+            ),
+            "gcpo": ("configs/variant_gcpo.yaml", []),
         },
         "overrides": ["steps=200", "eval.every=50"],
     },
