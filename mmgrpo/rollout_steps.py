@@ -48,13 +48,15 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import augmentation, dynamic_sampling, gcpo, injection, noise, sampling
+from mmgrpo import augmentation, budgets, dynamic_sampling, gcpo, injection, noise, sampling
 from mmgrpo.config import (
     ConfigError,
     DifficultyAugmentationConfig,
     DynamicSamplingConfig,
     GroundTruthInjectionConfig,
 )
+from mmgrpo.groups import Groups, Units
+from mmgrpo.groups import uniform as uniform_units
 from mmgrpo.options import resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
@@ -79,6 +81,13 @@ class RolloutBatch:
     """[P] the dataset rows of the groups (the variance sampler's keys)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The reward metrics of the scoring, then each step's own."""
+    groups: Groups | None = None
+    """How the B samples form the P groups (:mod:`mmgrpo.groups`); None: G each (set in ``__post_init__``), ragged
+    under a step with a ``plan`` (Knapsack RL's budgets)."""
+
+    def __post_init__(self) -> None:
+        if self.groups is None:
+            self.groups = Groups.uniform(len(self.rows), self.rollout.group_size)
 
 
 @dataclass(frozen=True)
@@ -100,11 +109,11 @@ class RolloutContext:
     seed: int
     """The run's seed."""
     keys: Callable[..., noise.NoiseKeys | None]
-    """``keys(seed, positions=the step's)``: rollout noise keys of ``positions`` at this step under ``seed`` (None
-    under ``rollout_noise: per_process``); a rollout of fewer rows passes their positions."""
-    rollout: Callable[[list[dict], list[int], noise.NoiseKeys | None], RolloutBatch]
-    """``rollout(rows, indices, keys)``: sample G per row, apply the sample steps, score; a new
-    :class:`RolloutBatch`."""
+    """``keys(seed, positions=the step's, n=G)``: rollout noise keys of ``positions`` (``n`` samples each) at this
+    step under ``seed`` (None under ``rollout_noise: per_process``); a rollout of fewer rows passes their positions."""
+    rollout: Callable[..., RolloutBatch]
+    """``rollout(rows, indices, keys, n=G)``: sample ``n`` per row, apply the sample steps, score; a new
+    :class:`RolloutBatch` (groups of ``n``: :mod:`mmgrpo.scaffold` samples one per hinted prompt)."""
     read_rows: Callable[[list[int]], list[dict]]
     """``read_rows(indices)``: dataset rows (a row that cannot be read is skipped for the next, and counted)."""
     n_rows: int
@@ -113,9 +122,9 @@ class RolloutContext:
     """The accelerator: collectives (``reduce``, ``gather``), ``num_processes``, ``process_index``, ``device``."""
     sampler: Any
     """The prompt sampler (:mod:`mmgrpo.sampling`)."""
-    score: Callable[[list[dict], list, dict[str, list]], tuple[Tensor, dict[str, float]]] | None = None
-    """``score(rows, outputs, extras)``: the rewards [n·G, K] (and their metrics) of ``outputs``, G per row
-    (group-major), e.g. after a step replaced some of them (:mod:`mmgrpo.gcpo`)."""
+    score: Callable[..., tuple[Tensor, dict[str, float]]] | None = None
+    """``score(rows, outputs, extras, n=G)``: the rewards [len(rows)·n, K] (and their metrics) of ``outputs``, ``n``
+    per row (group-major), e.g. after a step replaced some of them (:mod:`mmgrpo.gcpo`)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,13 @@ class RolloutStep:
     load: Callable[[dict, Any], None] | None = None
     """``load(memory, state)``: refill a fresh memory from what ``save`` returned, on resume
     (:func:`load_state_dict`)."""
+    plan: Callable[..., Units] | None = None
+    """``plan(ctx, rows, indices, keys, options, memory) -> Units``: the rows each of the step's rollouts samples and
+    the groups they form (:mod:`mmgrpo.groups`: a budget per prompt); None: G per row."""
+    check: Callable[[Any, Any], None] | None = None
+    """``check(algorithm, options)``: refuse at load, in one line, the other settings it cannot combine with."""
+    ragged: bool = False
+    """Whether it reads groups of unequal size (``batch.groups``), so it may run beside a step with a ``plan``."""
 
 
 ROLLOUT_STEPS: Registry[RolloutStep] = Registry("rollout step")
@@ -260,6 +276,19 @@ ROLLOUT_STEPS.add(
     DynamicSamplingConfig,
 )
 ROLLOUT_STEPS.add(OBSERVE, RolloutStep("batch", _observe, multi_turn=True), NoOptions)
+ROLLOUT_STEPS.add(
+    "knapsack_budget",
+    RolloutStep(
+        "batch",
+        budgets.observe,
+        plan=budgets.plan,
+        check=budgets.check,
+        ragged=True,
+        save=lambda memory: {"rates": dict(memory.get("rates", {}))},  # {dataset row: its last success rate}
+        load=dict.update,
+    ),
+    budgets.KnapsackOptions,
+)
 ROLLOUT_STEPS.add("gcpo", RolloutStep("batch", gcpo.apply, needs="inject", **gcpo.REFUSES), gcpo.GCPOOptions)
 BUILTIN_ORDER = ("gt_injection", "difficulty_augmentation", "dynamic_sampling")
 """The built-in steps with a config section, in pipeline order (the sampler's observation comes last)."""
@@ -302,6 +331,11 @@ def check_config(a: Any, multi_turn: bool) -> dict[str, str]:
             raise ConfigError(
                 f"{where}: not combined with {' or '.join(spec.excludes)} ({spec.why}); turn one of them off"
             )
+        planners = [n for n in names if ROLLOUT_STEPS.get(n).plan is not None and n != name]
+        if planners and not spec.ragged and spec.plan is None:
+            raise ConfigError(f"{setting}: not combined with {planners[0]} (it reads a fixed group size); turn one off")
+        if spec.check is not None:
+            spec.check(a, dict(steps)[name])
         if multi_turn and not spec.multi_turn:
             raise ConfigError(f"{setting} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
         if spec.needs is not None:
@@ -312,6 +346,15 @@ def check_config(a: Any, multi_turn: bool) -> dict[str, str]:
 def build(a: Any) -> list[Step]:
     """The configured pipeline of ``a`` (an ``AlgorithmConfig``), each step with fresh memory."""
     return [Step(name, options) for name, options in configured(a)]
+
+
+def plan(steps: list[Step], ctx: RolloutContext, rows: list[dict], indices: list[int], keys, G: int) -> Units:
+    """The rows a rollout samples and the groups they form: a step's ``plan`` (a budget per prompt), else G per
+    row (the fixed grid, unchanged)."""
+    for s in steps:
+        if s.spec.plan is not None:
+            return s.spec.plan(ctx, rows, indices, keys, s.options, s.memory)
+    return uniform_units(rows, keys, G)
 
 
 def sample_steps(steps: list[Step]) -> list[Step]:
@@ -377,6 +420,7 @@ __all__ = [
     "check_config",
     "configured",
     "load_state_dict",
+    "plan",
     "run",
     "state_dict",
 ]

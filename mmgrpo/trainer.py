@@ -277,15 +277,17 @@ class Trainer:
         return metrics
 
     def _rollout(
-        self, ctx: rollout_steps.RolloutContext, rows: list[dict], indices: list[int], keys
+        self, ctx: rollout_steps.RolloutContext, rows: list[dict], indices: list[int], keys, n: int = 0
     ) -> rollout_steps.RolloutBatch:
-        """The one rollout of the step and of every rollout step: G samples per row (noise ``keys``), the ``sample``
-        rollout steps (ground-truth injection), then the rewards: a :class:`~mmgrpo.rollout_steps.RolloutBatch`."""
+        """The one rollout of the step and of every rollout step: G samples per row (``n`` when given; noise ``keys``),
+        the ``sample`` rollout steps (ground-truth injection), then the rewards: a
+        :class:`~mmgrpo.rollout_steps.RolloutBatch`."""
         t0 = time.perf_counter()
-        rollout = self.adapter.rollout(rows, self.cfg.algorithm.group_size, keys)
+        G = n or self.cfg.algorithm.group_size
+        rollout = self.adapter.rollout(rows, G, keys)
         steps_metrics = rollout_steps.apply_sample_steps(self.rollout_steps, ctx, rows, rollout)
         self._rollout_s += time.perf_counter() - t0
-        scores, metrics = ctx.score(rows, rollout.outputs, rollout.extras)  # [B, K]
+        scores, metrics = ctx.score(rows, rollout.outputs, rollout.extras, G)  # [B, K]
         return rollout_steps.RolloutBatch(rows, rollout, scores, list(indices), {**steps_metrics, **metrics})
 
     def _rollout_context(self, step: int) -> rollout_steps.RolloutContext:
@@ -300,14 +302,14 @@ class Trainer:
             adapter=self.adapter,
             positions=list(positions),
             seed=self.cfg.seed,
-            keys=lambda seed, at=positions: noise.NoiseKeys(seed, step, tuple(at), G) if keyed else None,
-            rollout=lambda rows, indices, keys: self._rollout(ctx, rows, indices, keys),  # (ctx: bound below)
+            keys=lambda seed, at=positions, n=G: noise.NoiseKeys(seed, step, tuple(at), n) if keyed else None,
+            rollout=lambda rows, indices, keys, n=G: self._rollout(ctx, rows, indices, keys, n),  # (ctx: bound below)
             read_rows=lambda indices: self._sample_rows(step, indices),
             n_rows=len(self.task.train_rows()),
             acc=self.acc,
             sampler=self.sampler,
-            score=lambda rows, outputs, extras: score_rows(  # extras: completion_ids; group_index: group-aware rewards
-                self.rewards, outputs, rows, G, extras, group_index=True, trainer_state=self._trl_state(step)
+            score=lambda rows, outputs, extras, n=G: score_rows(  # extras: completion_ids; group_index: group-aware
+                self.rewards, outputs, rows, n, extras, group_index=True, trainer_state=self._trl_state(step)
             ),
         )
         return ctx
