@@ -13,7 +13,8 @@ Public API:
 - built-in tools ``crop`` / ``zoom`` (:class:`CropTool`, DeepEyes' ``bbox_2d`` interface) and ``select_frames``
   (:class:`SelectFramesTool`, a time span of the video → frames);
 - :class:`Environment`, :data:`ENVIRONMENTS`, :func:`make_environment`, :func:`parse_action` — multi-step games;
-  the built-in ``sokoban`` (:class:`Sokoban`) and ``gridworld`` (:class:`GridWorld`), rendered as images;
+  the built-in ``sokoban`` (:class:`Sokoban`), ``gridworld`` (:class:`GridWorld`) and ``gui`` (:class:`GuiApp`, a
+  small phone app), rendered as images;
 - :func:`anchor_key`, :func:`state_anchor` — hashable observation keys for GiGPO's anchor states.
 
 This package never imports :mod:`mmgrpo.modalities` or :mod:`mmgrpo.tasks`: the rollout hands tools their media
@@ -38,6 +39,7 @@ from .base import (
 )
 from .env import ENVIRONMENTS, Environment, make_environment, parse_action
 from .gridworld import GridWorld, Sokoban
+from .gui import GuiApp
 from .image import CropTool, clamp_box
 from .parsing import parse_tool_calls
 from .runner import LIMITS, run_tool_call, run_tool_calls
@@ -51,6 +53,7 @@ __all__ = [
     "Environment",
     "FunctionTool",
     "GridWorld",
+    "GuiApp",
     "Observation",
     "SelectFramesTool",
     "Sokoban",

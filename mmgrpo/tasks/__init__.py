@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     dataset,
     flow_shapes,
     gridworld,
+    gui,
     shapes,
     sokoban,
     spoken_digits,
