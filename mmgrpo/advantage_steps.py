@@ -28,6 +28,7 @@ from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo import credit, multiturn, shaping
+from mmgrpo.groups import Groups
 from mmgrpo.options import as_kwargs, resolve
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
@@ -50,6 +51,12 @@ class AdvantageState:
     adapter: Any
     metrics: dict[str, Tensor] = field(default_factory=dict)
     unit: Tensor | None = None  # [B, T] per-unit advantages, after the shaping step
+    groups: Groups | None = None
+    """How the B samples fill the [P, G] grid (:mod:`mmgrpo.groups`); None: P groups of G (``__post_init__``)."""
+
+    def __post_init__(self) -> None:
+        if self.groups is None:
+            self.groups = Groups.uniform(*self.advantages.shape)
 
 
 @dataclass(frozen=True)
@@ -72,9 +79,8 @@ STEP_KINDS: Registry[Callable[[AdvantageState, Step], None]] = Registry("advanta
 def _transform(state: AdvantageState, step: Step) -> None:
     """[P, G] → [P, G], given the sampling policy's mean log-probability of each sample's valid units."""
     r = state.rollout
-    P, G = state.advantages.shape
     m = r.mask.float()  # [B, T]
-    seq_lp = ((r.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0)).view(P, G)  # [P, G]
+    seq_lp = state.groups.grid((r.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0))  # [P, G]
     fn = adv_lib.ADVANTAGE_TRANSFORMS.get(step.name)
     state.advantages = fn(state.advantages, state.combined, seq_lp, **as_kwargs(step.options))  # [P, G]
 
@@ -83,17 +89,17 @@ def _transform(state: AdvantageState, step: Step) -> None:
 def _filter(state: AdvantageState, step: Step) -> None:
     """Zero the mask of groups whose rewards are all equal; logs the kept share of the P groups."""
     keep = ~adv_lib.zero_variance_groups(state.combined)  # [P]
-    G = state.combined.shape[1]
-    state.mask = state.mask * keep.repeat_interleave(G)[:, None].float()  # [B, T]
+    state.mask = state.mask * state.groups.repeat(keep)[:, None].float()  # [B, T]
     state.metrics["advantage/kept_group_fraction"] = keep.float().mean()
 
 
 @STEP_KINDS.register("shaping")
 def _shape(state: AdvantageState, step: Step) -> None:
-    """[P, G] → [B, T] by the shaper, zero outside the (filtered) mask."""
-    r = state.rollout
-    inputs = shaping.ShapingInputs(state.mask, state.combined, r.unit_sigmas, r.unit_values)
-    state.unit = shaping.shape_advantages(step.name, state.advantages, inputs, as_kwargs(step.options))  # [B, T]
+    """[P, G] → [B, T] by the shaper, zero outside the (filtered) mask; ragged groups reach it as [B, 1]."""
+    r, g = state.rollout, state.groups
+    inputs = shaping.ShapingInputs(state.mask, g.per_sample(state.combined), r.unit_sigmas, r.unit_values)
+    advantages = g.per_sample(state.advantages)  # [P, G], or [B, 1] for ragged groups
+    state.unit = shaping.shape_advantages(step.name, advantages, inputs, as_kwargs(step.options))  # [B, T]
 
 
 @STEP_KINDS.register("credit")

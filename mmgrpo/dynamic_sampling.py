@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
+from mmgrpo.groups import Groups
 from mmgrpo.types import Rollout
 
 
@@ -91,7 +92,13 @@ def kept_groups(zero_variance: Tensor) -> list[int]:
     return torch.nonzero(~zero_variance).flatten().tolist()
 
 
-__all__ = ["kept_groups", "merge_groups", "refill_indices", "select_groups"]
+def signal_groups(scores: Tensor, weights: Tensor, groups: Groups) -> list[int]:
+    """Indices of the groups whose combined reward varies (the ones DAPO keeps), over the groups of ``groups``
+    (ragged groups: each over its own samples, :mod:`mmgrpo.groups`). Shape: scores [B, K], weights [K]."""
+    return kept_groups(adv_lib.zero_variance_groups(adv_lib.combine_rewards(groups.grid(scores), weights)))
+
+
+__all__ = ["kept_groups", "merge_groups", "refill_indices", "select_groups", "signal_groups"]
 
 
 def refill(acc, adapter, first: tuple, weights: Tensor, max_batches: int, generate: Callable[[int], tuple]) -> tuple:
@@ -104,9 +111,7 @@ def refill(acc, adapter, first: tuple, weights: Tensor, max_batches: int, genera
     rows, rollout, scores, _ = first
     G, P = rollout.group_size, len(rows)
     batches = [first]
-    kept = lambda sc: kept_groups(
-        adv_lib.zero_variance_groups(adv_lib.combine_rewards(sc.view(-1, G, sc.shape[1]), weights))
-    )
+    kept = lambda sc: signal_groups(sc, weights, Groups.uniform(len(sc) // G, G))
     have = len(kept(scores))
     for k in range(1, max_batches):
         need = torch.tensor([float(have < P)], device=acc.device)
