@@ -231,7 +231,7 @@ class Trainer:
         first = self._rollout(ctx, self._sample_rows(step), self.sampler.indices(step), ctx.keys(self.cfg.seed))
         batch = rollout_steps.run(self.rollout_steps, ctx, first)  # augmentation, refill, the sampler's observation
         rollout, rows = batch.rollout, batch.rows
-        rewards = batch.scores.view(len(rows), a.group_size, -1)  # [P, G, K]
+        rewards = batch.groups.grid(batch.scores)  # [P, G, K] (G + R under replay; ragged budgets NaN-padded)
         is_weights, engine_metrics = importance.rollout_is_weights(rollout, self.cfg.rollout)  # [B, T] or None
         t2 = time.perf_counter()
 
@@ -247,6 +247,7 @@ class Trainer:
         )  # [P, G]
         combined = adv_lib.combine_rewards(rewards, self.rewards.weights)  # [P, G]
         shaped = advantage_steps.AdvantageState(advantages, combined, rollout.mask.clone(), rollout, self.adapter)
+        shaped.groups = batch.groups
         shaped.metrics = adv_metrics  # transforms → zero-variance filter → shaping → token weights (declared)
         advantage_steps.run(self.advantage_steps, shaped)
         unit_adv, mask = shaped.unit, shaped.mask  # [B, T] each
@@ -283,12 +284,13 @@ class Trainer:
         the ``sample`` rollout steps (ground-truth injection), then the rewards: a
         :class:`~mmgrpo.rollout_steps.RolloutBatch`."""
         t0 = time.perf_counter()
-        G = n or self.cfg.algorithm.group_size
-        rollout = self.adapter.rollout(rows, G, keys)
-        steps_metrics = rollout_steps.apply_sample_steps(self.rollout_steps, ctx, rows, rollout)
+        units = rollout_steps.plan(self.rollout_steps, ctx, rows, indices, keys, n or self.cfg.algorithm.group_size)
+        rollout = self.adapter.rollout(units.rows, units.size, units.keys)  # G per row, or a budget per prompt
+        steps_metrics = rollout_steps.apply_sample_steps(self.rollout_steps, ctx, units.rows, rollout)
         self._rollout_s += time.perf_counter() - t0
-        scores, metrics = ctx.score(rows, rollout.outputs, rollout.extras, G)  # [B, K]
-        return rollout_steps.RolloutBatch(rows, rollout, scores, list(indices), {**steps_metrics, **metrics})
+        scores, metrics = ctx.score(units.rows, rollout.outputs, rollout.extras, units.size)  # [B, K]
+        metrics = {**steps_metrics, **metrics}
+        return rollout_steps.RolloutBatch(rows, rollout, scores, list(indices), metrics, units.groups)
 
     def _rollout_context(self, step: int) -> rollout_steps.RolloutContext:
         """The run as the rollout steps see it during ``step``."""
