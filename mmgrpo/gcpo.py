@@ -78,45 +78,41 @@ def all_failed(scores: Tensor, threshold: float) -> Tensor:
 
 
 def judged_scores(batch: RolloutBatch, ctx: RolloutContext, o: GCPOOptions) -> Tensor:
-    """The score that judges failure, [P, G]: reward ``o.reward``'s, or the weighted sum of all."""
-    P, G = len(batch.rows), ctx.group_size
+    """The score that judges failure of each sample, [B]: reward ``o.reward``'s, or the weighted sum of all."""
     if o.reward is None:
-        return adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights)  # [P, G]
+        return adv_lib.combine_rewards(batch.scores[:, None, :], ctx.weights)[:, 0]  # [B]
     if o.reward not in ctx.reward_names:
         raise ConfigError(
             f"algorithm.rollout_steps.gcpo.reward: {o.reward!r} is not a configured reward; "
             f"use one of {', '.join(ctx.reward_names)} or null (the weighted sum)"
         )
-    return batch.scores[:, ctx.reward_names.index(o.reward)].view(P, G)  # [P, G]
+    return batch.scores[:, ctx.reward_names.index(o.reward)]  # [B]
 
 
 def apply(ctx: RolloutContext, batch: RolloutBatch, o: GCPOOptions, memory: dict) -> RolloutBatch:
     """GCPO (module docstring): the gold answer into slot ``o.slot`` of each all-failed group, teacher-forced;
     those groups scored again; the others untouched. In place; logs ``gcpo/failed_groups`` and
-    ``gcpo/injected_groups`` (shares of the P groups)."""
-    P, G = len(batch.rows), ctx.group_size
-    if not -G <= o.slot < G:
-        raise ConfigError(f"algorithm.rollout_steps.gcpo.slot: {o.slot} is outside the group of {G} samples")
-    failed = all_failed(judged_scores(batch, ctx, o), o.threshold)  # [P]
+    ``gcpo/injected_groups`` (shares of the P groups). Groups of any sizes (``batch.groups``)."""
+    sizes = batch.groups.sizes  # [P] n_p (G each unless a step planned budgets)
+    starts = [sum(sizes[:p]) for p in range(len(sizes))]  # [P] the first sample of each group
+    if not all(-n <= o.slot < n for n in sizes):
+        raise ConfigError(f"algorithm.rollout_steps.gcpo.slot: {o.slot} is outside a group of {min(sizes)} samples")
+    judged = batch.groups.grid(judged_scores(batch, ctx, o)[:, None], fill=float("-inf"))[..., 0]  # [P, W]
+    failed = all_failed(judged, o.threshold)  # [P]; a group's padding (−inf) counts as failed
     texts = injection.ground_truth_texts(batch.rows, o.column, o.template)
-    groups = [p for p in range(P) if failed[p] and texts[p] is not None]
-    index = torch.tensor([p * G + o.slot % G for p in groups], dtype=torch.long)  # [n]
+    groups = [p for p in range(len(sizes)) if failed[p] and texts[p] is not None]
+    index = torch.tensor([starts[p] + o.slot % sizes[p] for p in groups], dtype=torch.long)  # [n]
     # called even with no group to inject: under FSDP every process must run the adapter's one forward
     ctx.adapter.inject(batch.rollout, index, [texts[p] for p in groups])
-    if groups:
-        rescored, _ = ctx.score(*_groups_of(batch, groups, G))  # [n·G, K]
-        rows = torch.tensor([p * G + g for p in groups for g in range(G)], dtype=torch.long)  # [n·G]
-        batch.scores[rows] = rescored.to(batch.scores.dtype)
+    for p in groups:  # the group's every sample scored again: a group-aware reward sees the new group
+        samples = list(range(starts[p], starts[p] + sizes[p]))  # [n_p]
+        extras = {key: [column[b] for b in samples] for key, column in batch.rollout.extras.items()}
+        outputs = [batch.rollout.outputs[b] for b in samples]
+        rescored, _ = ctx.score([batch.rows[p]], outputs, extras, sizes[p])  # [n_p, K]
+        batch.scores[samples] = rescored.to(batch.scores.dtype)
     batch.metrics["gcpo/failed_groups"] = float(failed.float().mean())
-    batch.metrics["gcpo/injected_groups"] = len(groups) / P
+    batch.metrics["gcpo/injected_groups"] = len(groups) / len(sizes)
     return batch
-
-
-def _groups_of(batch: RolloutBatch, groups: list[int], G: int) -> tuple[list[dict], list, dict[str, list]]:
-    """``(rows, outputs, extras)`` of the groups ``groups`` (group-major), for :attr:`RolloutContext.score`."""
-    samples = [p * G + g for p in groups for g in range(G)]
-    extras = {key: [column[b] for b in samples] for key, column in batch.rollout.extras.items()}
-    return [batch.rows[p] for p in groups], [batch.rollout.outputs[b] for b in samples], extras
 
 
 __all__ = ["REFUSES", "GCPOOptions", "all_failed", "apply", "judged_scores"]
