@@ -5,6 +5,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tempsamp --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study published --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gcpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study otc --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
@@ -34,6 +35,10 @@ Studies:
 - ``gcpo`` (the same video_motion "when" task, plain ``temporal_iou`` + format, 200 steps):
   ``configs/variant_gcpo.yaml`` without a rollout step (GRPO), with ``algorithm.gt_injection`` (the span in every
   group, TempSamp-R1) and as shipped (GCPO: the span only in groups whose every IoU is <= 0.5).
+- ``otc`` (the tool tasks, cut to a few minutes a run: 150 / 300 warm-up steps, 20 GRPO steps of 4 prompts × 8, 50
+  held-out rows): ``configs/zoom_tools.yaml`` and ``configs/video_tools.yaml`` with the plain ``accuracy`` reward and
+  with OTC-GRPO's ``otc`` (``configs/variant_otc.yaml`` is the zoom one). Also reported: ``tool_call_rate`` (tool calls
+  per answer: at most one call here, ``rollout.max_turns: 2``) after the warm-up and after GRPO.
 - ``step_grpo`` (the arithmetic task's two-change chains with R1-VL's ``### Step n:`` warm-up, 200 steps):
   ``configs/variant_step_grpo.yaml`` with the accuracy reward alone (``step_rar`` with ``step_weight: 0``: the final
   answer only, parsed as StepRAR parses it), with StepRAR alone, and as shipped (StepRAR + StepRVR, R1-VL's sum).
@@ -129,6 +134,26 @@ STUDIES: dict[str, dict] = {
             "gcpo": ("configs/variant_gcpo.yaml", []),
         },
         "overrides": ["steps=200", "eval.every=50"],
+    },
+    "otc": {
+        "metric": "accuracy",
+        "extra": ["tool_call_rate"],
+        "runs": {
+            "zoom_accuracy": ("configs/zoom_tools.yaml", ["rewards=[{name: accuracy}]", "warmup.steps=150"]),
+            "zoom_otc": ("configs/variant_otc.yaml", ["warmup.steps=150"]),
+            "video_accuracy": ("configs/video_tools.yaml", ["rewards=[{name: accuracy}]", "warmup.steps=300"]),
+            "video_otc": (
+                "configs/video_tools.yaml",
+                ["rewards=[{name: otc}, {name: accuracy, weight: 0.0}]", "warmup.steps=300"],
+            ),
+        },
+        "overrides": [
+            "steps=20",
+            "algorithm.prompts_per_step=4",
+            "algorithm.minibatch_size=32",
+            "eval.before=false",
+            "eval.max_rows=50",
+        ],
     },
     "step_grpo": {
         "metric": "accuracy",

@@ -40,7 +40,7 @@ from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import DataError, Rollout
 
-from .. import _hf, real_models
+from .. import _hf, model_names
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec
 from ..tokens.engine import EnginePrompt, EngineSampling
@@ -53,7 +53,7 @@ from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from ..tokens.sampler import RolloutDriver, TokenSampler
 from ..tokens.turns import TurnRunner, TurnState, trajectory_logits
 from . import smolvlm
-from .tiny import resolve_model_path
+from .tiny import NAMES, resolve_model_path
 
 
 @dataclass
@@ -706,7 +706,9 @@ build_vlm_adapter = ADAPTERS.register("vlm")(
         load=_load_vlm,
         inputs=Inputs(media=("image",)),
         engine_model=serves(resolve_model_path),  # text + images
-        # resolve_model_path's real models: not set up (or of another family) is one line before any model loads
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm") or smolvlm.load_problem(a.name_or_path),
+        # the name loads (built-in, a real model set up, a path, cached, or on a reachable hub): one line otherwise
+        load_check=lambda a: (
+            model_names.name_problem(a.name_or_path, "vlm", NAMES) or smolvlm.load_problem(a.name_or_path)
+        ),
     )
 )
