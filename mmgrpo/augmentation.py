@@ -77,6 +77,18 @@ def hint_prefix(text: str, units: int, separator: str | None) -> str:
     return separator.join(text.split(separator)[:units])
 
 
+def with_hint(row: dict, text: str, setting: str, i: int) -> dict:
+    """A copy of ``row`` whose string prompt ends with ``text`` (a formatted hint); ``setting`` and the row's index
+    ``i`` name the cause when the prompt is not a string (chat messages, media parts). Also Scaf-GRPO's tiered hints
+    (:mod:`mmgrpo.scaffold`)."""
+    if not isinstance(row.get("prompt"), str):
+        raise ValueError(
+            f"{setting}: row {i}'s prompt is not a string, so no hint can be appended; use string prompts or turn "
+            f"{setting} off"
+        )
+    return {**row, "prompt": row["prompt"] + text}
+
+
 def augment_rows(
     adapter: VideoAugment, rows: list[dict], delta: list[float], seeds: list[int], options: Any
 ) -> tuple[list[dict], Tensor, Tensor]:
@@ -89,13 +101,8 @@ def augment_rows(
     out, hinted, noised = [], torch.zeros(len(rows), dtype=torch.bool), torch.zeros(len(rows), dtype=torch.bool)
     for i, (row, d, seed) in enumerate(zip(rows, delta, seeds, strict=True)):
         if d > 0 and row.get(o.hint_column) is not None:
-            if not isinstance(row.get("prompt"), str):
-                raise ValueError(
-                    f"algorithm.difficulty_augmentation: row {i}'s prompt is not a string, so no hint can be "
-                    "appended; use string prompts or turn the augmentation off"
-                )
             hint = hint_prefix(str(row[o.hint_column]), hint_units(d), o.hint_separator)
-            row = {**row, "prompt": row["prompt"] + o.hint_template.format(hint=hint)}
+            row = with_hint(row, o.hint_template.format(hint=hint), "algorithm.difficulty_augmentation", i)
             hinted[i] = True
         elif d < 0:
             new = adapter.augment_video(row, o.noise_std * noise_scale(d), seed)

@@ -97,6 +97,10 @@ class ArithmeticArgs:
     phrasing: Literal["words", "symbols"] = "words"
     """Chains (``terms`` > 2) as word problems, or as symbols ("What is 3 + 4 - 2?"): the numbers at fixed places,
     which a model as small as the built-in tiny one can read (it did not learn to find them in the word problems)."""
+    hints: bool = False
+    """Add Scaf-GRPO's hint tiers to every row (``mmgrpo.scaffold``), derived from its key steps, least help first:
+    ``hint_knowledge`` (what each operation means), ``hint_planning`` (the order of the operations, no results) and
+    ``hint_solution`` (the key steps with their results); the rows' other fields are unchanged."""
 
 
 CHAIN_SENTENCES = {"+": "{n} gets {b} more {x}.", "-": "{n} gives away {b} {x}."}
@@ -152,6 +156,28 @@ def _with_instruction(question: str, args: ArithmeticArgs) -> str:
     return f"{question} {args.instruction}" if args.instruction else question
 
 
+KNOWLEDGE = {
+    "+": "Getting or putting in more means adding: the new amount is the first number plus the second.",
+    "-": "Giving away, losing or taking out means subtracting: what is left is the first number minus the second.",
+    "*": "Equal groups mean multiplying: the total is the number of groups times the amount in each group.",
+}
+PLANNING = {"+": "Add {b}.", "-": "Subtract {b}.", "*": "Multiply by {b}."}
+
+
+def hint_tiers(steps: list[str]) -> dict[str, list[str]]:
+    """Scaf-GRPO's three hint tiers of a problem from its key steps (``"a op b = c"``, one per operation), each a list
+    of parts: knowledge (one per distinct operation), planning (the start, then each operation without its result),
+    solution (the key steps)."""
+    parsed = [step.split() for step in steps]  # [a, op, b, "=", c]
+    ops = list(dict.fromkeys(op for _, op, *_ in parsed))
+    planning = [f"Start from {parsed[0][0]}."] + [PLANNING[op].format(b=b) for _, op, b, *_ in parsed]
+    return {
+        "hint_knowledge": [KNOWLEDGE[op] for op in ops],
+        "hint_planning": planning,
+        "hint_solution": [f"{step}." for step in steps],
+    }
+
+
 def worked_solution(steps: list[str], answer: int, reasoning: str) -> str:
     """The warm-up target of a problem in format ``reasoning`` (steps | think; see the module docstring)."""
     if reasoning == "steps":
@@ -188,7 +214,8 @@ class ArithmeticTask:
             else:
                 raise ConfigError("task.args: too few distinct problems for the held-out split; widen the ranges")
             row = {"prompt": prompt, "answer": answer, "question_type": op if self.args.terms == 2 else "chain"}
-            rows.append(row if self.args.reasoning == "none" else dict(row, key_steps=steps))
+            row = row if self.args.reasoning == "none" else dict(row, key_steps=steps)
+            rows.append(row | hint_tiers(steps) if self.args.hints else row)
         return rows
 
     def train_rows(self) -> list[dict]:

@@ -446,6 +446,17 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             cache=PromptCache(encodings),
         )
 
+    def splice_states(self, state: VLMState, index: Tensor, donor: VLMState, donor_index: Tensor) -> VLMState:
+        """``state`` with samples ``index`` [n] replaced by samples ``donor_index`` [n] of ``donor``, each continuing
+        its own (donor) prompt, appended to the prompt cache (Scaf-GRPO's hinted samples, ``mmgrpo.scaffold``)."""
+        encodings = list(state.cache.encodings)
+        ids = state.completion_ids.clone()  # [B, T]
+        ids[index] = donor.completion_ids[donor_index].to(ids.dtype)
+        prompt_of = state.prompt_of.clone()  # [B]
+        prompt_of[index] = len(encodings) + torch.arange(len(index))
+        encodings += [donor.cache.encodings[p] for p in donor.prompt_of[donor_index].tolist()]
+        return VLMState(completion_ids=ids, prompt_of=prompt_of, cache=PromptCache(encodings))
+
     @torch.no_grad()
     def inject(self, rollout: Rollout, index: Tensor, texts: list[str]) -> None:
         """Replace samples ``index`` [n] by ``texts`` + EOS, teacher-forced (``mmgrpo.injection``, TempSamp-R1).
