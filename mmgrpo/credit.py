@@ -67,9 +67,10 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
-from mmgrpo.config import Range
+from mmgrpo.config import ConfigError, Range
 from mmgrpo.registry import Registry
 from mmgrpo.shaping import NoOptions
+from mmgrpo.tree import tree_grpo_advantages
 
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 MT_GRPO_ESTIMATORS = ("aae", "cae")
@@ -411,6 +412,7 @@ class TurnInputs:
         anchors: B lists, key s the state turn s acted from (:func:`mmgrpo.tools.state_anchor`)
         first_result_turn: [B] long, the first turn after a tool result (−1: none)
         group: [B] long, the episode group (prompt) of each trajectory
+        tree: [B] long or None, the tree of each trajectory within its group (``rollout.tree``)
     """
 
     turn_mask: Tensor  # [B, S]
@@ -419,6 +421,8 @@ class TurnInputs:
     anchors: Sequence[Sequence[Hashable]]
     first_result_turn: Tensor  # [B]
     group: Tensor  # [B]
+    tree: Tensor | None = None  # [B]
+    """The tree of each trajectory within its group (tree rollouts, ``rollout.tree``); None for chains."""
 
 
 CreditFn = Callable[[Tensor, Tensor, TurnInputs, Any], tuple[Tensor, dict[str, Tensor]]]
@@ -511,3 +515,31 @@ def mt_grpo_credit(
     return mt_grpo_advantages(
         outcome, turn_reward, turns.first_result_turn, turns.turn_mask, turns.group, **dataclasses.asdict(options)
     )
+
+
+@dataclass(frozen=True)
+class TreeGRPOOptions:
+    """``algorithm.credit_args`` of ``tree_grpo``: :func:`mmgrpo.tree.tree_grpo_advantages`'s options."""
+
+    scale: bool = True
+    """Divide each normalisation by its std + eps (GRPO); false: mean-centred only."""
+    eps: float = 1e-6
+    """Added to the std."""
+
+
+@CREDITS.register("tree_grpo", options=TreeGRPOOptions)
+def tree_grpo_credit(
+    advantages: Tensor, outcome: Tensor, turns: TurnInputs, options: TreeGRPOOptions
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Tree-GRPO (Ji et al. 2025, arXiv 2509.21240, §3.3; :mod:`mmgrpo.tree`): the outcome normalised within the
+    trajectory's tree plus within its prompt's group, on every turn of the trajectory.
+
+    Shape:
+        advantages: [P, G] (gives P, G); outcome: [B] -> [B, S]
+    """
+    if turns.tree is None:
+        raise ConfigError("algorithm.credit: tree_grpo needs tree rollouts (rollout.tree); the rollout has no tree ids")
+    P, G = advantages.shape
+    tree = turns.tree.to(outcome.device).reshape(P, G)  # [P, G]
+    adv = tree_grpo_advantages(outcome.reshape(P, G), tree, **dataclasses.asdict(options))  # [P, G]
+    return trajectory_turn_advantages(adv.reshape(-1), turns.turn_mask), {"credit/tree_adv_abs": adv.abs().mean()}

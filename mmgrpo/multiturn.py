@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmgrpo import credit, options, shaping
+from mmgrpo import credit, options, shaping, tree
 from mmgrpo.config import ConfigError, TrainConfig, check_kwargs
 from mmgrpo.types import Rollout
 
@@ -40,6 +40,7 @@ RETURN_REWARDS = {"env_return"}
 def check_config(cfg: TrainConfig) -> None:
     """``rollout.tools`` and ``algorithm.credit`` against each other and the rest of the config (one line each)."""
     r, a = cfg.rollout, cfg.algorithm  # rewards that need a multi-turn rollout: checked by mmgrpo.loader
+    tree.check_config(cfg)  # rollout.tree and algorithm.credit: tree_grpo
     _check_credit(cfg)
     if not r.multi_turn:
         return
@@ -148,7 +149,8 @@ def turn_inputs(rollout: Rollout) -> credit.TurnInputs:
         ok = [s for s in range(called) if not ex["turn_invalid"][b][s]]
         if ok:
             first[b] = ok[0] + 1
-    return credit.TurnInputs(mask, rewards, invalid, ex["anchors"], first, rollout.prompt_index.long())
+    trees = torch.tensor(ex["tree"], dtype=torch.long) if "tree" in ex else None  # [B] (tree rollouts)
+    return credit.TurnInputs(mask, rewards, invalid, ex["anchors"], first, rollout.prompt_index.long(), trees)
 
 
 def unit_advantages(

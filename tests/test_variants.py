@@ -394,7 +394,9 @@ VARIANT_OVERRIDES = {
         "rewards=[{name: 'tests.test_variants:length_reward'}]",
         "steps=3",
         "algorithm.dynamic_sampling.max_num_gen_batches=2",
-    ]
+    ],
+    "variant_tree_grpo.yaml": ["rollout.tree.nodes=1"],  # 2 trees × (1 + 1) = the group of 4
+    "variant_arpo.yaml": ["rollout.tree.trees=2"],  # 2 chains, 2 slots for forks in the group of 4
 }
 
 
@@ -404,7 +406,8 @@ VARIANT_OVERRIDES = {
 def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     from mmgrpo.trainer import train
 
-    extra = ["model.args.max_new_tokens=12"] if name == "variant_tempsamp.yaml" else []  # room for the GT span
+    gt_span = name in ("variant_tempsamp.yaml", "variant_gcpo.yaml")
+    extra = ["model.args.max_new_tokens=12"] if gt_span else []  # room for the GT span
     extra += VARIANT_OVERRIDES.get(name, [])
     cfg = load_config(ROOT / "configs" / name, [*SMALL, *extra, f"output_dir={tmp_path / 'run'}"])
     train(cfg)
@@ -426,6 +429,9 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
         assert 0.0 <= second["augment/hinted_fraction"] + second["augment/noised_fraction"] <= 1.0
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
+    if "gcpo" in cfg.algorithm.rollout_steps:  # gold only where every sample failed: never more groups than failed
+        for r in _records(tmp_path / "run"):
+            assert 0.0 <= r["gcpo/injected_groups"] <= r["gcpo/failed_groups"] <= 1.0
 
 
 def test_variance_sampling_config_trains_and_resumes_its_statistics(tmp_path, mmgrpo_cache):

@@ -51,7 +51,8 @@ from ..tokens.logprobs import (
 from ..tokens.media import ImageEncoder, MediaEncoder, one_or_list
 from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from ..tokens.sampler import RolloutDriver, TokenSampler
-from ..tokens.turns import TurnRunner, TurnState, trajectory_logits
+from ..tokens.tree import turn_driver
+from ..tokens.turns import TurnState, trajectory_logits
 from . import smolvlm
 from .tiny import NAMES, resolve_model_path
 
@@ -172,7 +173,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
         turns = rollout is not None and rollout.multi_turn  # tools or an environment answer each turn
-        self.driver: RolloutDriver = TurnRunner(self, rollout) if turns else SingleTurn(self)
+        self.driver: RolloutDriver = turn_driver(self, rollout) if turns else SingleTurn(self)
 
     def _media_token_ids(self) -> list[int]:
         """Media placeholder tokens (image/video pads, vision start/end) the policy must never emit.
