@@ -430,8 +430,9 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
     if "gcpo" in cfg.algorithm.rollout_steps:  # gold only where every sample failed: never more groups than failed
-        for r in _records(tmp_path / "run"):
-            assert 0.0 <= r["gcpo/injected_groups"] <= r["gcpo/failed_groups"] <= 1.0
+        records = _records(tmp_path / "run")
+        assert all(0.0 <= r["gcpo/injected_groups"] <= r["gcpo/failed_groups"] <= 1.0 for r in records)
+        assert records[0]["gcpo/injected_groups"] == 1.0  # the untrained policy fails every group: all get the gold
 
 
 def test_variance_sampling_config_trains_and_resumes_its_statistics(tmp_path, mmgrpo_cache):
