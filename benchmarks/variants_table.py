@@ -9,6 +9,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gui --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
@@ -55,6 +56,11 @@ Studies:
   cut to fit a shared 2-core CPU: 6 steps of 2 prompts × G = 4, 50 held-out problems): GRPO vs Scaf-GRPO's hint
   scaffolding (``algorithm.rollout_steps: {scaffold: {exemption_steps: 1}}``, ``task.args.hints: true``;
   mmgrpo/scaffold.py). Needs ``bash scripts/setup_real_models.sh smollm2-135m-instruct``.
+
+- ``gui`` (the synthetic phone app, Mobile-R1's setting, held-out task success): ``configs/gui_grpo.yaml`` (GRPO,
+  trajectory credit) vs ``configs/gui_gigpo.yaml`` (GiGPO), the GiGPO run starting from the GRPO run's warm-up of the
+  same seed (its saved step 0). An override's ``<base>`` and ``<seed>`` are replaced by the study's output folder and
+  the run's seed.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -209,6 +215,22 @@ STUDIES: dict[str, dict] = {
             "checkpoint.save_final=false",
         ],
     },
+    "gui": {
+        "metric": "success_rate",
+        "extra": ["first_move_share"],
+        "runs": {
+            "grpo": ("configs/gui_grpo.yaml", []),
+            "gigpo": (
+                "configs/gui_gigpo.yaml",
+                [  # from the GRPO run's warm-up of the same seed (its step 0), which it evaluated
+                    "model.args.name_or_path=<base>/grpo_seed<seed>/checkpoints/step-000000/model",
+                    "warmup.steps=0",
+                    "checkpoint.after_warmup=false",
+                    "eval.before=false",
+                ],
+            ),
+        },
+    },
 }
 
 
@@ -298,7 +320,8 @@ def main() -> None:
             continue
         for seed in args.seeds:
             out = base / f"{name}_seed{seed}"
-            seconds = train(config, out, seed, [*study.get("overrides", []), *overrides], args.fresh)
+            given = [o.replace("<base>", str(base)).replace("<seed>", str(seed)) for o in overrides]
+            seconds = train(config, out, seed, [*study.get("overrides", []), *given], args.fresh)
             results.setdefault(name, {})[seed] = read_run(out, study["metric"], study.get("extra", []))
             print(f"{name} seed {seed}: after {results[name][seed]['after']} ({seconds:.0f} s)", flush=True)
     (base / "results.json").write_text(json.dumps(results, indent=2))
