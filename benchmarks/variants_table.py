@@ -11,6 +11,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gui --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -61,6 +62,10 @@ Studies:
   trajectory credit) vs ``configs/gui_gigpo.yaml`` (GiGPO), the GiGPO run starting from the GRPO run's warm-up of the
   same seed (its saved step 0). An override's ``<base>`` and ``<seed>`` are replaced by the study's output folder and
   the run's seed.
+
+- ``replay`` (the quickstart cut to 30 steps and 256 training rows, so that a row returns every 8 steps, 100
+  held-out rows): GRPO vs RePO/AVATAR replay (``configs/variant_replay.yaml``: 4 past completions per group of 8,
+  reward-diverse, clipped ratio against the sampling policy; mmgrpo/replay.py).
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -197,6 +202,14 @@ STUDIES: dict[str, dict] = {
             ),
             "partial": ("configs/variant_multichoice.yaml", []),
         },
+    },
+    "replay": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "replay": ("configs/variant_replay.yaml", []),
+        },
+        "overrides": ["steps=30", "task.args.train_size=256", "task.args.eval_size=100", "eval.before=false"],
     },
     "scaffold": {
         "metric": "accuracy",

@@ -48,7 +48,7 @@ from accelerate.utils import gather_object
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import augmentation, budgets, dynamic_sampling, gcpo, injection, noise, sampling, scaffold
+from mmgrpo import augmentation, budgets, dynamic_sampling, gcpo, injection, noise, replay, sampling, scaffold
 from mmgrpo.config import (
     ConfigError,
     DifficultyAugmentationConfig,
@@ -135,8 +135,8 @@ class RolloutStep:
     """``sample``: ``apply(ctx, rows, rollout, options) -> metrics`` on each fresh rollout before scoring;
     ``batch``: ``apply(ctx, batch, options, memory) -> RolloutBatch`` once per step after scoring."""
     apply: Callable[..., Any]
-    needs: str | None = None
-    """The adapter method the step calls (checked at load: a one-line refusal naming the setting)."""
+    needs: str | tuple[str, ...] | None = None
+    """The adapter method(s) the step calls (checked at load: a one-line refusal naming the setting)."""
     section: str | None = None
     """``algorithm.<section>``, the config section (with ``enabled``) that holds its options, for the built-in steps;
     None: configured through ``algorithm.rollout_steps``."""
@@ -242,7 +242,7 @@ def _refill(ctx: RolloutContext, batch: RolloutBatch, o: DynamicSamplingConfig, 
 
 def _observe(ctx: RolloutContext, batch: RolloutBatch, o: NoOptions, memory: dict) -> RolloutBatch:
     """The variance-aware sampler records every process's groups: their rows, combined rewards and diversity."""
-    P, G = len(batch.rows), ctx.group_size
+    P, G = len(batch.rows), batch.rollout.group_size  # (G + R under replay)
     seen = (
         torch.tensor(batch.indices),  # [P]
         adv_lib.combine_rewards(batch.scores.view(P, G, -1), ctx.weights),  # [P, G]
@@ -288,6 +288,13 @@ ROLLOUT_STEPS.add(
         load=dict.update,
     ),
     budgets.KnapsackOptions,
+)
+ROLLOUT_STEPS.add(
+    "replay",
+    RolloutStep(
+        "batch", replay.apply, needs=("inject", "merge_states"), check=replay.check, save=replay.save, load=dict.update
+    ),
+    replay.ReplayOptions,
 )
 ROLLOUT_STEPS.add("gcpo", RolloutStep("batch", gcpo.apply, needs="inject", **gcpo.REFUSES), gcpo.GCPOOptions)
 ROLLOUT_STEPS.add("scaffold", RolloutStep("batch", scaffold.apply, **scaffold.REFUSES), scaffold.ScaffoldOptions)
@@ -339,8 +346,8 @@ def check_config(a: Any, multi_turn: bool) -> dict[str, str]:
             spec.check(a, dict(steps)[name])
         if multi_turn and not spec.multi_turn:
             raise ConfigError(f"{setting} is not supported with rollout.tools (multi-turn rollouts) yet; turn it off")
-        if spec.needs is not None:
-            need[spec.needs] = setting
+        for method in (spec.needs,) if isinstance(spec.needs, str) else spec.needs or ():
+            need[method] = setting
     return need
 
 
