@@ -9,6 +9,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study step_grpo --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study thought_dropout --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study multichoice --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tree --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gui --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
@@ -67,6 +68,11 @@ Studies:
   held-out rows): GRPO vs RePO/AVATAR replay (``configs/variant_replay.yaml``: 4 past completions per group of 8,
   reward-diverse, clipped ratio against the sampling policy; mmgrpo/replay.py).
 
+- ``tree`` (the grid world cut to a 100-step warm-up of 16 and 8 RL steps of 8 levels × 8, 30 held-out rows):
+  GRPO (``configs/gridworld_grpo.yaml``, which saves its warm-up as step 0) vs Tree-GRPO
+  (``configs/variant_tree_grpo.yaml``: tree rollouts + tree credit), GiGPO (``configs/gridworld_gigpo.yaml``) and
+  ARPO's entropy forks (``configs/variant_arpo.yaml``), each from the GRPO run's step 0 of its seed.
+
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
 """
@@ -83,6 +89,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FROM_GRPO_STEP0 = [
+    "model.args.name_or_path=<base>/grpo_seed<seed>/checkpoints/step-000000/model",
+    "warmup.steps=0",
+    "checkpoint.after_warmup=false",
+]
+"""Overrides that start a run from the GRPO run's warm-up of the same seed (its step 0), as docs/agents.md does."""
 
 STUDIES: dict[str, dict] = {
     "quickstart": {
@@ -191,6 +203,26 @@ STUDIES: dict[str, dict] = {
                 ],
             ),
         },
+    },
+    "tree": {
+        "metric": "success_rate",
+        "runs": {
+            "grpo": ("configs/gridworld_grpo.yaml", []),
+            "tree_grpo": ("configs/variant_tree_grpo.yaml", FROM_GRPO_STEP0),
+            "gigpo": ("configs/gridworld_gigpo.yaml", FROM_GRPO_STEP0),
+            "arpo": ("configs/variant_arpo.yaml", FROM_GRPO_STEP0),
+        },
+        "overrides": [
+            "warmup.steps=100",
+            "warmup.batch_size=16",
+            "steps=8",
+            "algorithm.prompts_per_step=8",
+            "algorithm.minibatch_size=32",
+            "task.args.eval_size=30",
+            "eval.before=false",
+            "eval.every=0",
+            "checkpoint.save_final=false",
+        ],
     },
     "multichoice": {
         "metric": "set_accuracy",
