@@ -192,7 +192,9 @@ def test_bad_options_are_refused():
 
 @pytest.mark.slow
 def test_two_gigpo_steps_train(tmp_path, mmgrpo_cache):
-    """Two GiGPO steps of the shipped config (a short warm-up, small batches): finite loss, parameters move."""
+    """Two GiGPO steps of the shipped config (a short warm-up, small batches): finite loss, parameters move. A
+    barely warmed-up policy rarely completes a task, so the reward is one that varies within a group (a completion
+    length of a multiple of 4), added to the last turn (``outcome_on_last_turn``)."""
     import torch
 
     from mmgrpo.trainer import Trainer
@@ -200,7 +202,8 @@ def test_two_gigpo_steps_train(tmp_path, mmgrpo_cache):
     overrides = ["steps=2", "task.args.train_size=32", "task.args.eval_size=4", "algorithm.prompts_per_step=2",
                  "algorithm.group_size=4", "algorithm.minibatch_size=8", "warmup.steps=2", "warmup.batch_size=4",
                  "eval.before=false", "eval.after=false", "logging.progress=false", "logging.plot=false",
-                 "checkpoint.after_warmup=false"]  # fmt: skip
+                 "checkpoint.after_warmup=false", "rewards=[{name: 'tests.test_variants:length_reward'}]",
+                 "algorithm.credit_args={outcome_on_last_turn: true}"]  # fmt: skip
     cfg = load_config(CONFIGS["gigpo"], [f"output_dir={tmp_path}", *overrides])
     trainer = Trainer(cfg)
     trainer._warmup()
