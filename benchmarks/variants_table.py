@@ -38,7 +38,7 @@ Studies:
 - ``gcpo`` (the same video_motion "when" task, plain ``temporal_iou`` + format, 200 steps):
   ``configs/variant_gcpo.yaml`` without a rollout step (GRPO), with ``algorithm.gt_injection`` (the span in every
   group, TempSamp-R1) and as shipped (GCPO: the span only in groups whose every IoU is <= 0.5).
-- ``otc`` (the tool tasks, cut to a few minutes a run: 150 / 300 warm-up steps, 20 GRPO steps of 4 prompts × 8, 50
+- ``otc`` (the tool tasks, cut to a few minutes a run: 150 / 300 warm-up steps, 10 GRPO steps of 4 prompts × 8, 50
   held-out rows): ``configs/zoom_tools.yaml`` and ``configs/video_tools.yaml`` with the plain ``accuracy`` reward and
   with OTC-GRPO's ``otc`` (``configs/variant_otc.yaml`` is the zoom one). Also reported: ``tool_call_rate`` (tool calls
   per answer: at most one call here, ``rollout.max_turns: 2``) after the warm-up and after GRPO.
@@ -171,7 +171,7 @@ STUDIES: dict[str, dict] = {
             ),
         },
         "overrides": [
-            "steps=20",
+            "steps=10",
             "algorithm.prompts_per_step=4",
             "algorithm.minibatch_size=32",
             "eval.before=false",
