@@ -156,11 +156,15 @@ def check(a: Any, o: KnapsackOptions) -> None:
 
 def plan(ctx: Any, rows: list[dict], indices: list[int], keys: Any, o: KnapsackOptions, memory: dict):
     """The step's budgets from the remembered success rates: its rows split into rollout units
-    (:func:`mmgrpo.groups.split`)."""
+    (:func:`mmgrpo.groups.split`); the groups' grid is as wide as the largest budget, so a step whose budgets are
+    all G is the fixed [P, G] grid, numbers and metrics as GRPO's."""
     known = memory.get("rates", {})
     rates = [known.get(str(i)) for i in indices]  # [P] p_i or None
     sizes = allocate(rates, len(rows) * ctx.group_size, ctx.group_size, o)
-    return groups_lib.split(rows, keys, sizes, o.unit, o.max_budget)
+    width = torch.tensor([max(sizes)])  # the grid's width: the largest budget of any process (one gathered shape)
+    if ctx.acc.num_processes > 1:
+        width = ctx.acc.gather(width.to(ctx.acc.device)).cpu()
+    return groups_lib.split(rows, keys, sizes, o.unit, int(width.max()))
 
 
 def observe(ctx: Any, batch: Any, o: KnapsackOptions, memory: dict) -> Any:

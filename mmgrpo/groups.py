@@ -39,8 +39,8 @@ class Groups:
     sizes: tuple[int, ...]
     """[P] samples of each group (each ≥ 1)."""
     width: int
-    """W: the group dimension of :meth:`grid`, ≥ max(sizes); fixed for a run, so every process's grid has one shape
-    (the multi-process metrics gather it)."""
+    """W: the group dimension of :meth:`grid`, ≥ max(sizes); the same on every process, so every process's grid has
+    one shape (the multi-process metrics gather it)."""
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.sizes) or (self.sizes and max(self.sizes) > self.width):
