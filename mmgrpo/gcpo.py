@@ -32,7 +32,7 @@ all-failed groups before this step sees them).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,9 +40,6 @@ from torch import Tensor
 from mmgrpo import advantages as adv_lib
 from mmgrpo import injection
 from mmgrpo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mmgrpo.rollout_steps import RolloutBatch, RolloutContext
 
 
 @dataclass(frozen=True)
@@ -77,8 +74,10 @@ def all_failed(scores: Tensor, threshold: float) -> Tensor:
     return (scores <= threshold).all(dim=1)  # [P]; NaN <= x is False
 
 
-def judged_scores(batch: RolloutBatch, ctx: RolloutContext, o: GCPOOptions) -> Tensor:
-    """The score that judges failure of each sample, [B]: reward ``o.reward``'s, or the weighted sum of all."""
+def judged_scores(batch: Any, ctx: Any, o: GCPOOptions) -> Tensor:
+    """The score that judges failure of each sample, [B]: reward ``o.reward``'s, or the weighted sum of all.
+    ``batch``/``ctx``: :class:`mmgrpo.rollout_steps.RolloutBatch` / ``RolloutContext`` (not imported here: that
+    module registers this step, and the package keeps no import circle)."""
     if o.reward is None:
         return adv_lib.combine_rewards(batch.scores[:, None, :], ctx.weights)[:, 0]  # [B]
     if o.reward not in ctx.reward_names:
@@ -89,7 +88,7 @@ def judged_scores(batch: RolloutBatch, ctx: RolloutContext, o: GCPOOptions) -> T
     return batch.scores[:, ctx.reward_names.index(o.reward)]  # [B]
 
 
-def apply(ctx: RolloutContext, batch: RolloutBatch, o: GCPOOptions, memory: dict) -> RolloutBatch:
+def apply(ctx: Any, batch: Any, o: GCPOOptions, memory: dict) -> Any:
     """GCPO (module docstring): the gold answer into slot ``o.slot`` of each all-failed group, teacher-forced;
     those groups scored again; the others untouched. In place; logs ``gcpo/failed_groups`` and
     ``gcpo/injected_groups`` (shares of the P groups). Groups of any sizes (``batch.groups``)."""
