@@ -230,7 +230,7 @@ class Trainer:
         ctx = self._rollout_context(step)  # what the rollout steps may use (mmgrpo/rollout_steps.py)
         first = self._rollout(ctx, self._sample_rows(step), self.sampler.indices(step), ctx.keys(self.cfg.seed))
         batch = rollout_steps.run(self.rollout_steps, ctx, first)  # augmentation, refill, the sampler's observation
-        rollout, rows = batch.rollout, batch.rows
+        rollout = batch.rollout
         rewards = batch.groups.grid(batch.scores)  # [P, G, K] (G + R under replay; ragged budgets NaN-padded)
         is_weights, engine_metrics = importance.rollout_is_weights(rollout, self.cfg.rollout)  # [B, T] or None
         t2 = time.perf_counter()
