@@ -395,8 +395,8 @@ VARIANT_OVERRIDES = {
         "steps=3",
         "algorithm.dynamic_sampling.max_num_gen_batches=2",
     ],
-    "variant_tree_grpo.yaml": ["rollout.tree.nodes=1"],  # 2 trees × (1 + 1) = the group of 4
-    "variant_arpo.yaml": ["rollout.tree.trees=2"],  # 2 chains, 2 slots for forks in the group of 4
+    "variant_tree_grpo.yaml": ["rollout.tree.nodes=1", "checkpoint.after_warmup=false"],  # 2 × (1 + 1) = G = 4
+    "variant_arpo.yaml": ["rollout.tree.trees=2", "checkpoint.after_warmup=false"],  # 2 chains, 2 slots for forks
 }
 
 
