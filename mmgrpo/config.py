@@ -443,6 +443,10 @@ class RolloutConfig:
     (env.step), its observation the next user turn (mask 0), its reward the turn's reward, until done or max_turns."""
     environment_args: dict[str, Any] = field(default_factory=dict)
     """Options of the environment's factory (e.g. sokoban {size: 6, boxes: 1, max_steps: 15})."""
+    ground_truth_probe: dict[str, Any] | None = None
+    """Before each turn, record the policy's mean log-prob of the row's ground truth as its next reply (IGPO's
+    information gain, ``algorithm.credit: igpo``; mmgrpo/igpo.py ProbeOptions: column, template, score,
+    batch_size; docs/variants.md). null: no probe."""
     tree: dict[str, Any] | None = None
     """Tree rollouts (mmgrpo/tree.py TreeOptions; docs/variants.md): the G trajectories of a prompt branch from shared
     prefixes of turns — Tree-GRPO's random expansion (select: random, G = trees·(1 + rounds·nodes·branches)) or ARPO's

@@ -423,6 +423,9 @@ class TurnInputs:
     group: Tensor  # [B]
     tree: Tensor | None = None  # [B]
     """The tree of each trajectory within its group (tree rollouts, ``rollout.tree``); None for chains."""
+    gt_logprobs: Tensor | None = None  # [B, S]
+    """ℓ, the mean log-prob of the ground truth given the context before each turn (``rollout.ground_truth_probe``,
+    :mod:`mmgrpo.igpo`; 0 in the padding); None without the probe."""
 
 
 CreditFn = Callable[[Tensor, Tensor, TurnInputs, Any], tuple[Tensor, dict[str, Tensor]]]

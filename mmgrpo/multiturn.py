@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmgrpo import credit, options, shaping, tree
+from mmgrpo import credit, igpo, options, shaping, tree
 from mmgrpo.config import ConfigError, TrainConfig, check_kwargs
 from mmgrpo.types import Rollout
 
@@ -41,6 +41,7 @@ def check_config(cfg: TrainConfig) -> None:
     """``rollout.tools`` and ``algorithm.credit`` against each other and the rest of the config (one line each)."""
     r, a = cfg.rollout, cfg.algorithm  # rewards that need a multi-turn rollout: checked by mmgrpo.loader
     tree.check_config(cfg)  # rollout.tree and algorithm.credit: tree_grpo
+    igpo.check_config(cfg)  # rollout.ground_truth_probe and algorithm.credit: igpo
     _check_credit(cfg)
     if not r.multi_turn:
         return
@@ -150,7 +151,8 @@ def turn_inputs(rollout: Rollout) -> credit.TurnInputs:
         if ok:
             first[b] = ok[0] + 1
     trees = torch.tensor(ex["tree"], dtype=torch.long) if "tree" in ex else None  # [B] (tree rollouts)
-    return credit.TurnInputs(mask, rewards, invalid, ex["anchors"], first, rollout.prompt_index.long(), trees)
+    probe = credit.pad_turns([r[:n] for r, n in zip(ex["gt_logprobs"], turns)])[0] if "gt_logprobs" in ex else None
+    return credit.TurnInputs(mask, rewards, invalid, ex["anchors"], first, rollout.prompt_index.long(), trees, probe)
 
 
 def unit_advantages(

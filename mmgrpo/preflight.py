@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig
+from mmgrpo.igpo import check_row as check_probe_row
+from mmgrpo.igpo import probe_options
 from mmgrpo.media import add_media_parts, media_counts
 from mmgrpo.row_check import LoadReport, RowMediaCheck
 from mmgrpo.types import DataError, WarmupTask
@@ -83,12 +85,15 @@ def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
             cfg.task.name,
         )
     media = RowMediaCheck(cfg.model.adapter, report)  # media kinds the adapter reads; audio and video decoded
+    probe = probe_options(cfg.rollout.ground_truth_probe)  # IGPO's ground truth, read from each training row
     for split, rows in (("train", task.train_rows()), ("eval", task.eval_rows())):
         for i in range(min(n, len(rows))):
             where = row_name(cfg, rows, split, i)
             row = rows[i]  # DataError from a dataset already names its file and row
             _check_routing(cfg, row, where)
             _check_row(cfg, row, where, needs, warmup=split == "train")
+            if probe is not None and split == "train":
+                check_probe_row(probe, row, where)
             _check_prompt_shape(cfg, row, where, chats)
             media(row, where)
         if report is not None:

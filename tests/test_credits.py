@@ -28,7 +28,7 @@ def T(x) -> torch.Tensor:
 
 
 def test_the_registered_credits_and_their_options():
-    assert CREDITS.names() == ["gigpo", "mt_grpo", "trajectory"]
+    assert CREDITS.names() == ["gigpo", "igpo", "mt_grpo", "trajectory", "tree_grpo"]  # + issue 50 items 2, 3
     assert CREDITS.options_class("gigpo") is GiGPOOptions
     assert CREDITS.options_class("mt_grpo") is MTGRPOOptions
     assert CREDITS.options_class("trajectory") is shaping.NoOptions
@@ -37,7 +37,7 @@ def test_the_registered_credits_and_their_options():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
         params = list(inspect.signature(CREDITS.get(name)).parameters)
         assert params == ["advantages", "outcome", "turns", "options"], name  # one signature
-    with pytest.raises(KeyError, match=r"unknown credit 'gipgo'; valid: gigpo, mt_grpo, trajectory"):
+    with pytest.raises(KeyError, match=r"unknown credit 'gipgo'; valid: gigpo, igpo, mt_grpo, trajectory, tree_grpo"):
         CREDITS.get("gipgo")
 
 
@@ -150,7 +150,7 @@ def _load(tmp_path, *extra):
     [
         (
             ["algorithm.credit=gipgo"],
-            r"algorithm\.credit: 'gipgo' is not allowed; choose one of: gigpo, mt_grpo, trajectory",
+            r"algorithm\.credit: 'gipgo' is not allowed; choose one of: gigpo, igpo, mt_grpo, trajectory, tree_grpo",
         ),
         (
             ["algorithm.credit=gigpo", "algorithm.credit_args={gama: 0.9}"],
@@ -192,7 +192,9 @@ def test_credit_options_load_and_dry_run(tmp_path, capsys):
     code = main(["train", str(TOOLS), f"output_dir={tmp_path}", "algorithm.credit=mt_grp", "--dry-run"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.splitlines() == [err]
-    assert "algorithm.credit: 'mt_grp' is not allowed; choose one of: gigpo, mt_grpo, trajectory" in err
+    assert (
+        "algorithm.credit: 'mt_grp' is not allowed; choose one of: gigpo, igpo, mt_grpo, trajectory, tree_grpo" in err
+    )
 
 
 def test_the_dead_names_are_gone():

@@ -207,6 +207,7 @@ class _Trajectory:
     anchors: list[Any] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
     shown: list[Image.Image] = field(default_factory=list)  # the observation images inserted, in order
+    gt_logprobs: list[float] = field(default_factory=list)  # before each turn (rollout.ground_truth_probe)
     observations: list[Any] = field(default_factory=list)
     transcript: list[dict] = field(default_factory=list)  # every message in order (Transcript.messages)
     tool_calls: int = 0
@@ -224,6 +225,11 @@ class _Trajectory:
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 """Processor outputs of images, one block per image (concatenated along dim 0 across images)."""
+
+
+def stacked_media(blocks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The image tensors of ``blocks`` (one per observation with images) concatenated in order; ``{}`` for none."""
+    return {k: torch.cat([m[k] for m in blocks]) for k in IMAGE_KEYS if any(k in m for m in blocks)}
 
 
 def merge_media(encoding: dict[str, Tensor], media: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -268,6 +274,13 @@ class TurnRunner:
         self.eos_text = tok.convert_ids_to_tokens(int(adapter.eos_ids[0]))
         self.image_encoder = next((e for e in adapter.encoders if e.kind == "image"), None)  # None: no images shown
         self._check_template()
+        self.probe = None  # rollout.ground_truth_probe (IGPO): ℓ of the ground truth before each turn, .probe
+        if settings.ground_truth_probe is not None:
+            from mmgrpo.igpo import probe_options
+
+            from .probe import GroundTruthProbe
+
+            self.probe = GroundTruthProbe(adapter, probe_options(settings.ground_truth_probe), TurnState)
 
     # -------------------------------------------------------------------------------- chat rendering
 
@@ -492,14 +505,18 @@ class TurnRunner:
         envs: list,
         greedy: bool = False,
         script: list[list[str]] | None = None,
+        probe: list | None = None,
     ) -> tuple[TurnState, list[_Trajectory]]:
         """B = P·G trajectories of ``prompts`` (encoded: ``encodings``; ``envs``: B environments or Nones); their
         :class:`TurnState` and per-trajectory records. ``script`` (B lists of assistant turns) teacher-forces the
-        policy's turns (the tools and environments still answer): a trajectory ends after its script's last turn."""
+        policy's turns (the tools and environments still answer): a trajectory ends after its script's last turn.
+        ``probe`` (P pseudo responses, :meth:`.probe.GroundTruthProbe.targets`): probe each turn's context first."""
         s, G = self.settings, group_size
         trajs, contexts = self.start(prompts, G)
         active = list(range(len(trajs)))
         for turn in range(s.max_turns):
+            if probe is not None:
+                self.probe_turn(probe, trajs, active, turn, encodings, G)
             if script is not None:
                 ids, logps = self._scripted(script, active, turn)  # [len(active), t]
             elif turn == 0:  # the P prompts prefilled once, their cache expanded G ways
@@ -512,6 +529,22 @@ class TurnRunner:
             if not active:
                 break
         return self._pack(trajs, encodings, G), trajs
+
+    def probe_turn(
+        self, targets: list, trajs: list[_Trajectory], rows: list[int], turn: int, encodings: list[dict], G: int
+    ) -> None:
+        """Append to each trajectory of ``rows`` ℓ, the mean log-prob of its prompt's pseudo response ``targets[p]``
+        given the context turn ``turn`` acts from (:mod:`.probe`); before turn 0 that is the prompt, probed once."""
+        from .probe import ProbeContext
+
+        if turn == 0:
+            ell = self.probe.logprobs(encodings, [ProbeContext(p, [], {}) for p in range(len(encodings))], targets)
+            values = [ell[b // G] for b in rows]
+        else:
+            contexts = [ProbeContext(b // G, list(trajs[b].ids), stacked_media(trajs[b].media)) for b in rows]
+            values = self.probe.logprobs(encodings, contexts, [targets[b // G] for b in rows])
+        for b, value in zip(rows, values):
+            trajs[b].gt_logprobs.append(value)
 
     def start(self, prompts: list[dict], group_size: int) -> tuple[list[_Trajectory], list]:
         """B = P·G empty trajectories of ``prompts`` (group-major), each with its tool context and its first anchor
@@ -663,9 +696,7 @@ class TurnRunner:
             action[b, :n] = torch.tensor(t.action, dtype=torch.long)
             valid[b, :n] = 1
             turn[b, :n] = torch.tensor(t.turn, dtype=torch.long)
-        media = [
-            {k: torch.cat([m[k] for m in t.media]) for k in IMAGE_KEYS if any(k in m for m in t.media)} for t in trajs
-        ]
+        media = [stacked_media(t.media) for t in trajs]
         prompt_of = torch.arange(len(encodings)).repeat_interleave(G)  # [B]
         return TurnState(ids, action, valid, turn, prompt_of, encodings, media)
 
@@ -685,7 +716,8 @@ class TurnRunner:
             rows, envs = self.environments(prompts, group_size)
             encodings = [a.encode_prompt(row) for row in rows]
             columns = {k: v for encoder in a.encoders for k, v in encoder.columns(rows).items()}
-            state, trajs = self.trajectories(rows, encodings, group_size, keys, envs)
+            probe = None if self.probe is None else self.probe.targets(rows)  # [P] pseudo responses
+            state, trajs = self.trajectories(rows, encodings, group_size, keys, envs, probe=probe)
         mask = state.action.float()  # [B, T]
         truncated = torch.tensor([t.truncated for t in trajs])  # [B]
         if a.args.mask_truncated:
@@ -749,7 +781,8 @@ def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
     reads it), ``tool_errors``, ``num_turns`` (assistant turns), ``turn_rewards`` and ``turn_invalid`` (per turn:
     the summed tool/environment reward, whether an observation was an error), ``anchors`` (per turn: the key of
     the state the turn acted on — the prompt and its images, then each turn's observations, GiGPO's anchor states)
-    and ``messages`` (the trajectory as chat messages, observation images included)."""
+    and ``messages`` (the trajectory as chat messages, observation images included); with the ground-truth probe,
+    ``gt_logprobs`` (per turn: ℓ before it, :mod:`.probe`)."""
     return {
         "tool_calls": [t.tool_calls for t in trajs],
         "tool_errors": [t.tool_errors for t in trajs],
@@ -758,7 +791,7 @@ def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
         "turn_invalid": [list(t.turn_invalid) for t in trajs],
         "anchors": [list(t.anchors[: len(t.texts)]) for t in trajs],
         "messages": [list(t.messages) for t in trajs],
-    }
+    } | ({"gt_logprobs": [list(t.gt_logprobs) for t in trajs]} if any(t.gt_logprobs for t in trajs) else {})
 
 
 # -------------------------------------------------------------------------------------------- log-probs
