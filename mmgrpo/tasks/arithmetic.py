@@ -30,6 +30,11 @@ the whole train split, and held-out problems are never in it (with small ranges 
 and two changes give about 290, so the held-out problems are the combinations that training never shows). The
 ``steps`` format's fixed headers cost about 60 of its ~88 tokens with the tiny model's tokenizer, which spells them
 nearly letter by letter.
+
+Hint tiers (``hints: true``, for Scaf-GRPO's scaffolding, ``mmgrpo.scaffold``): every row also carries
+``hint_knowledge`` (what each of its operations means), ``hint_planning`` ("Start from 3.", "Add 4.", "Subtract 2.":
+the order, no results) and ``hint_solution`` (its key steps with their results: for a one-step problem, the answer),
+derived from the drawn numbers after the draw, so every other field of every row is unchanged.
 """
 
 from __future__ import annotations
