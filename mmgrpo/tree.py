@@ -5,21 +5,25 @@ driver that samples them is :class:`mmgrpo.modalities.tokens.tree.TreeRunner` (`
 function is ``algorithm.credit: tree_grpo`` (:data:`mmgrpo.credit.CREDITS`).
 
 * **Tree-GRPO** — Ji et al. 2025, "Tree Search for LLM Agent Reinforcement Learning", arXiv 2509.21240 (seed
-  002:9; code ``AMAP-ML/Tree-GRPO``). §3.2 "tree search": a node is a whole agent step (thought, action,
-  observation); M trees are started as one chain each, then for L rounds N nodes of each tree are drawn at random and
-  each is expanded by continuing the rollout from it, so branches share the prefix of turns up to their node and a tree
-  ends with 1 + L·N leaves (M·(1 + L·N) = G trajectories per prompt). §3.3 "tree-based advantage": each leaf's
-  outcome reward R is normalised twice, among the leaves of its own tree (intra-tree) and among all the leaves of the
-  prompt's M trees (inter-tree), and the two are added (:func:`tree_grpo_advantages`)::
+  002:9; code ``AMAP-ML/Tree-GRPO``). §3.2 "tree search" (``search_r1/llm_agent/generation_ts.py``
+  ``run_llm_loop_tree_search``, ``search_r1/llm_agent/tree_node.py`` ``get_expand_node``): a node is a whole agent
+  step (thought, action, observation); M trees are started as one chain each, then for L rounds N nodes of each tree
+  are drawn uniformly **with replacement** among its root and its inner (non-leaf) nodes, and each draw continues the
+  rollout from that node, so branches share the prefix of turns up to their node (the root: a new chain of the same
+  tree). §3.3 "tree-based advantage" (``verl/trainer/ppo/ray_trainer_ts.py`` ``adv_estimator == 'tree'``, the
+  scripts' choice): each leaf's outcome reward R is normalised among all the leaves of its prompt (inter-tree) and
+  among the leaves of its own tree (intra-tree), both by verl's GRPO estimator (unbiased std, ε = 1e-6, a group of one
+  leaf: mean 0, std 1), and the two are added (:func:`tree_grpo_advantages`)::
 
-      Â_intra(H_i) = (R_i − mean_{j ∈ tree(i)} R_j) / (std_{j ∈ tree(i)} R_j + ε)
       Â_inter(H_i) = (R_i − mean_{j ∈ group(i)} R_j) / (std_{j ∈ group(i)} R_j + ε)
-      A(H_i) = Â_intra(H_i) + Â_inter(H_i)                       on every action token of H_i
+      Â_intra(H_i) = (R_i − mean_{j ∈ tree(i)} R_j) / (std_{j ∈ tree(i)} R_j + ε)
+      A(H_i) = Â_inter(H_i) + Â_intra(H_i)                       on every action token of H_i
 
-  The paper's equations could not be retrieved in this session (its repository is not in the code index): the
-  formulas above are **our reading** of §3.3 (unbiased std; a tree of one leaf has Â_intra = 0). A shared prefix is
-  in every leaf below it, so its tokens collect the advantages of all those leaves — the implicit step-level
-  preference the paper derives; here as there each leaf is trained as its own sequence.
+  The paper's own equations were not retrieved in this session; the formulas are the authors' code. Departures: the
+  code keeps ``ts_k`` sampled leaves of each tree (its scripts: m = 2, n = 2, l = 1, k = 3, i.e. all 3); here every
+  leaf is kept, so G = M·(1 + L·N·Z) (Z = ``branches`` draws of each node, 1 in the paper). A shared prefix is in
+  every leaf below it, so its tokens collect the advantages of all those leaves — the step-level preference the paper
+  derives; here as there each leaf is trained as its own sequence.
 
 * **ARPO** — Dong et al. 2025, "Agentic Reinforced Policy Optimization", arXiv 2507.19849 (seed 002:303; code
   ``dongguanting/ARPO``, ``verl_arpo_entropy/verl/workers/rollout/vllm_rollout/vllm_rollout_with_tools.py``).
@@ -61,7 +65,7 @@ class TreeOptions:
     rounds: Annotated[int, Range(ge=1)] = 1
     """L: expansion rounds (each expands nodes of the trees as they stand, new branches included)."""
     nodes: Annotated[int, Range(ge=1)] = 1
-    """N (select: random): nodes expanded per tree and round; a tree with fewer inner nodes expands its root."""
+    """N (select: random): nodes drawn per tree and round, with replacement, among its root and inner nodes."""
     branches: Annotated[int, Range(ge=1)] = 1
     """Z: branches per expanded node, sampled together (the node's prefix prefilled once, its cache expanded Z ways)."""
     entropy_tokens: Annotated[int, Range(ge=1)] = 20
@@ -113,7 +117,7 @@ def check_config(cfg: Any) -> None:
 
 
 def tree_grpo_advantages(rewards: Tensor, tree: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
-    """Tree-GRPO's advantage A = Â_intra + Â_inter (module docstring; our reading of §3.3).
+    """Tree-GRPO's advantage A = Â_inter + Â_intra (module docstring; the authors' ``adv_estimator: tree``).
 
     Args:
         rewards: the outcome reward of each leaf.
@@ -130,11 +134,12 @@ def tree_grpo_advantages(rewards: Tensor, tree: Tensor, *, scale: bool = True, e
         inter = inter / (r.std(1, keepdim=True).nan_to_num(0.0) + eps)
     same = tree[:, :, None] == tree[:, None, :]  # [P, G, G] leaf j is in the tree of leaf i
     n = same.sum(-1).float()  # [P, G]
-    mean = (same * r[:, None, :]).sum(-1) / n  # [P, G]
+    single = n == 1  # [P, G] a tree of one leaf: mean 0, std 1 (verl's GRPO on a group of one)
+    mean = torch.where(single, torch.zeros_like(r), (same * r[:, None, :]).sum(-1) / n)  # [P, G]
     intra = r - mean  # [P, G]
     if scale:
         var = (same * (r[:, None, :] - mean[:, :, None]) ** 2).sum(-1) / (n - 1).clamp(min=1)  # [P, G] unbiased
-        intra = intra / (var.sqrt() + eps)
+        intra = intra / (torch.where(single, torch.ones_like(var), var.sqrt()) + eps)
     return intra + inter  # [P, G]
 
 

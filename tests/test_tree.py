@@ -20,16 +20,17 @@ def test_tree_grpo_advantage_on_a_hand_worked_tree():
     """One prompt, G = 4 leaves in 2 trees, returns R = [1, 0 | 1, 1].
     inter: mean 0.75, unbiased std sqrt((3·0.25² + 0.75²)/3) = 0.5 → [0.5, −1.5, 0.5, 0.5];
     intra: tree 0 mean 0.5, std sqrt(0.5) = 0.70711 → [0.70711, −0.70711]; tree 1 has std 0 → [0, 0];
-    A = intra + inter = [1.20711, −2.20711, 0.5, 0.5]. Mean-centred only (scale false): [0.75, −1.25, 0.25, 0.25]."""
+    A = intra + inter = [1.20711, −2.20711, 0.5, 0.5]. Mean-centred only (scale false): [0.75, −1.25, 0.25, 0.25].
+    (AMAP-ML/Tree-GRPO ``adv_estimator: tree``: verl's GRPO over the prompt's leaves plus over the tree's.)"""
     r = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
     tree = torch.tensor([[0, 0, 1, 1]])
     got = tree_grpo_advantages(r, tree)
     assert torch.allclose(got, torch.tensor([[1.20711, -2.20711, 0.5, 0.5]]), atol=1e-4)
     plain = tree_grpo_advantages(r, tree, scale=False)
     assert torch.allclose(plain, torch.tensor([[0.75, -1.25, 0.25, 0.25]]), atol=1e-6)
-    # a tree of one leaf has no intra-tree term: only the group's
+    # a tree of one leaf: mean 0, std 1 (verl's GRPO on a group of one), so its intra-tree term is R itself
     lone = tree_grpo_advantages(torch.tensor([[2.0, 0.0]]), torch.tensor([[0, 1]]), scale=False)
-    assert torch.allclose(lone, torch.tensor([[1.0, -1.0]]))
+    assert torch.allclose(lone, torch.tensor([[1.0 + 2.0, -1.0 + 0.0]]))
 
 
 def test_tree_grpo_credit_puts_each_leafs_advantage_on_its_turns():
@@ -70,10 +71,10 @@ def _gridworld_adapter(path, tree):
 
 
 def test_branches_copy_their_nodes_prefix_and_sample_it_once(tiny_vlm_path):
-    """Scripted moves make every chain run 3 turns; each tree expands 1 node with 2 branches (Z = 2): the branches'
-    tokens up to their node equal the chain's, the policy is asked only for the turns after the node (the prefix is
-    not sampled again), both branches of a node come from one decode call with n = 2 (its prefix prefilled once), the
-    rows are group-major trees, and a keyed rollout repeats itself."""
+    """Scripted moves make every trajectory run its 4 turns; each tree draws 1 node (the root or an inner node) and
+    gives it 2 branches (Z = 2): the branches' tokens up to their node equal the chain's, the policy is asked only for
+    the turns after the node (the prefix is not sampled again), both branches of a node come from one decode call with
+    n = 2 (its prefix prefilled once), the rows are group-major trees, and a keyed rollout repeats itself."""
     adapter = _gridworld_adapter(tiny_vlm_path, {"trees": 2, "rounds": 1, "nodes": 1, "branches": 2})
     runner, calls, sample = adapter.driver, [], adapter.driver.sample_turn
 
@@ -90,21 +91,24 @@ def test_branches_copy_their_nodes_prefix_and_sample_it_once(tiny_vlm_path):
     r = adapter.rollout(rows, group_size=6, keys=keys)
     ex, state = r.extras, r.state
     assert ex["tree"] == [0, 0, 0, 1, 1, 1] * 2
-    chains = [b for b in range(12) if ex["branch_of"][b] == -1]
-    assert chains == [0, 3, 6, 9]
     sampled_turns = 0
     for b in range(12):
         k, src = ex["branch_turn"][b], ex["branch_of"][b]
         sampled_turns += ex["num_turns"][b] - k
-        if src < 0:
+        if b % 3 == 0:  # the first row of each tree is its chain
+            assert (k, src) == (0, -1)
+        if src < 0:  # the chain, or a draw of the root: a new chain of the same tree
+            assert k == 0
             continue
-        assert src in chains and ex["tree"][src] == ex["tree"][b] and 1 <= k < ex["num_turns"][src]
+        assert src % 3 == 0 and ex["tree"][src] == ex["tree"][b] and 1 <= k < ex["num_turns"][src]
         start = state.turn_of_token[src].tolist().index(k)  # the node: where the chain's turn k began
-        assert torch.equal(state.completion_ids[b, :start], state.completion_ids[src, :start])
+        assert start > 0 and torch.equal(state.completion_ids[b, :start], state.completion_ids[src, :start])
         assert ex["turn_rewards"][b][:k] == ex["turn_rewards"][src][:k]
+    assert any(src >= 0 for src in ex["branch_of"])  # (3 turns a chain: 2 inner nodes and the root to draw from)
     assert sum(len(rows) for _, _, rows, _ in calls) == sampled_turns  # each turn-row asked once: prefixes copied
-    branch_calls = [c for c in calls if c[1] == 2 and c[3] >= 1]  # (turn 0: the chains, M = 2 per prompt)
-    assert len(branch_calls) == 1 and branch_calls[0][0] == 4  # 4 nodes (2 prompts × 2 trees), n = 2 each
+    assert calls[0][:2] == (2, 2)  # the chains' turn 0: 2 prompts, M = 2 samples each
+    branch_calls = [c for c in calls[1:] if c[1] == 2]
+    assert len(branch_calls) == 1 and branch_calls[0][0] == 4  # 4 drawn nodes (2 prompts × 2 trees), n = 2 each
     again = adapter.rollout(rows, group_size=6, keys=keys)
     assert again.extras["branch_of"] == ex["branch_of"] and torch.equal(
         again.state.completion_ids, state.completion_ids

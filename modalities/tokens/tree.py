@@ -8,8 +8,8 @@ sample them; the math (options, the fork rule, the advantages) is :mod:`mmgrpo.t
    prefilled once, its cache expanded M ways), later turns as the chain driver samples them;
 2. **nodes**: before each turn k ≥ 1 of a trajectory, the state it acts from (its tokens, observations and a copy of
    its environment) is kept as a node; a node is a whole agent step, as in both papers;
-3. **expansion**, ``rounds`` times: ``select: random`` draws ``nodes`` nodes of each tree uniformly (not one expanded
-   before; the root when a tree has too few), ``select: entropy`` forks where ARPO's rule fires
+3. **expansion**, ``rounds`` times: ``select: random`` draws ``nodes`` nodes of each tree uniformly with replacement
+   among its root and inner nodes (Tree-GRPO's ``get_expand_node``), ``select: entropy`` forks where ARPO's rule fires
    (:func:`mmgrpo.tree.entropy_branch_decisions`); each chosen node gets ``branches`` new trajectories that **copy
    the node's prefix** (its tokens, log-probs, observations and environment state: nothing of the prefix is sampled,
    run or stepped again) and continue from it. The branches of all nodes of a round are sampled in one decode call,
@@ -114,12 +114,10 @@ class TreeRunner(TurnRunner):
         going = self.absorb_turn(ids, logps, trajs, chains, 0, contexts, envs, encodings, G)
         self._continue({1: going})
         used = {p: set(chains[p * o.trees : (p + 1) * o.trees]) for p in range(P)}
-        expanded: set[Node] = set()
         for r in range(o.rounds):
-            plan = self._plan_random(P, used, expanded, r) if o.select == "random" else self._plan_entropy(P, used, r)
+            plan = self._plan_random(P, used, r) if o.select == "random" else self._plan_entropy(P, used, r)
             if not plan:
                 break
-            expanded.update(node for node, _ in plan)
             self._grow(plan, roots)
         if o.select == "entropy":
             self._fill(P, used, roots)
@@ -181,26 +179,24 @@ class TreeRunner(TurnRunner):
             return None
         return torch.Generator().manual_seed(noise.mix(keys.seed, TREE_NOISE, keys.step, *tags))
 
-    def _plan_random(self, P: int, used: dict, expanded: set, r: int) -> list[tuple[Node, list[int]]]:
-        """Tree-GRPO's round ``r``: ``nodes`` nodes of each tree drawn uniformly among those not expanded yet (the
-        root for any missing), ``branches`` free rows of the tree each."""
+    def _plan_random(self, P: int, used: dict, r: int) -> list[tuple[Node, list[int]]]:
+        """Tree-GRPO's round ``r`` (``get_expand_node``): ``nodes`` draws per tree, uniform with replacement among
+        its root and its inner nodes; each draw takes ``branches`` free rows of the tree."""
         o, G = self.options, self._G
         width = G // o.trees
-        plan = []
+        plan: dict[Node, list[int]] = {}
         for p in range(P):
             for m in range(o.trees):
                 rows = range(p * G + m * width, p * G + (m + 1) * width)
-                inner = [n for n in self.nodes if n.row in rows and n.row in used[p] and n not in expanded]
-                inner.sort(key=lambda n: (n.row, n.turn))
-                order = torch.randperm(len(inner), generator=self._generator(p, m, r)).tolist()
-                chosen = [inner[i] for i in order[: o.nodes]]
-                chosen += [Node(rows[0], 0)] * (o.nodes - len(chosen))  # too few inner nodes: the root
+                inner = sorted((n for n in self.nodes if n.row in rows), key=lambda n: (n.row, n.turn))
+                candidates = [Node(rows[0], 0), *inner]  # the root first (its chain's row stands for it)
+                draws = torch.randint(len(candidates), (o.nodes,), generator=self._generator(p, m, r)).tolist()
                 free = [b for b in rows if b not in used[p]]
-                for k, node in enumerate(chosen):
+                for k, i in enumerate(draws):
                     take = free[k * o.branches : (k + 1) * o.branches]
                     used[p].update(take)
-                    plan.append((node, take))
-        return plan
+                    plan.setdefault(candidates[i], []).extend(take)
+        return list(plan.items())
 
     def _plan_entropy(self, P: int, used: dict, r: int) -> list[tuple[Node, list[int]]]:
         """ARPO's forks of round ``r``: at each node after a response (turn ≥ 1), in row and turn order, fork
