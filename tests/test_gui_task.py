@@ -183,11 +183,20 @@ def test_shipped_configs_differ_only_in_credit_and_match_the_task(tmp_path):
     check_credit_twins(CONFIGS, tmp_path, "gui", ("max_steps",), GuiApp)
 
 
-def test_bad_options_are_refused():
+def test_bad_options_are_refused_at_load_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"task\.args: max_steps must be >= 1"):
         GuiTask(GuiArgs(max_steps=0))
     with pytest.raises(TypeError, match="environment 'gui': cannot build it"):
         make_environment("gui", screens=4)
+    for config, override, says in [
+        ("grpo", "rollout.environment_args={max_steps: 0}", "rollout.environment_args: max_steps must be >= 1"),
+        ("grpo", "rollout.environment_args={colour: 3}", "allowed: max_steps, cell, task_reward, format_reward"),
+        ("grpo", "rollout.environment_args={cell: 4}", "cell must be >= 8"),
+        ("gigpo", "algorithm.credit_args={}", "set algorithm.credit_args.outcome_on_last_turn: false"),
+    ]:
+        with pytest.raises(ConfigError, match=says) as error:
+            load_config(CONFIGS[config], [f"output_dir={tmp_path}", override])
+        assert "\n" not in str(error.value)
 
 
 @pytest.mark.slow

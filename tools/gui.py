@@ -242,14 +242,15 @@ class GuiApp:
     def shortest_solution(self, limit: int = 12) -> list[str] | None:
         """The fewest actions (each ``verb [argument]``) that complete the goal from the current state: breadth-first
         over :class:`Screen` states with :func:`candidate_actions` (ties in their order); ``None`` beyond ``limit``."""
+        moves = [(action, parse_gui_action(f"<action>{action}</action>")[0]) for action in candidate_actions(self.goal)]
         seen, frontier = {self.state}, [(self.state, [])]
         for _ in range(limit + 1):
             nxt = []
             for state, path in frontier:
                 if goal_holds(state, self.goal):
                     return path
-                for action in candidate_actions(self.goal):
-                    after = apply_action(state, *parse_gui_action(f"<action>{action}</action>")[0])
+                for action, parsed in moves:
+                    after = apply_action(state, *parsed)
                     if after not in seen:
                         seen.add(after)
                         nxt.append((after, [*path, action]))
