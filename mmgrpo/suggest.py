@@ -59,23 +59,80 @@ _TRL_VALUES = {
 """Where a TRL flag becomes a value rather than a field of the same meaning."""
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions turning ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def _closest(name: str, valid: Iterable[str]) -> tuple[int, str] | None:
+    """(distance, name) of the valid name nearest ``name`` by :func:`edit_distance` (case-insensitive) within a
+    third of its length (at least 1, so ``num_generation`` finds ``num_generations``), or ``None``."""
+    lowered = name.lower()
+    scored = sorted((edit_distance(lowered, v.lower()), v) for v in valid)
+    if scored and scored[0][0] <= max(1, len(name) // 3):
+        return scored[0]
+    return None
+
+
 def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
-    """The valid name closest to ``name`` (difflib ratio >= 0.6, case-insensitive), or ``None``."""
+    """The valid name closest to ``name``: by edit distance (:func:`_closest`), else difflib ratio >= 0.6
+    (case-insensitive); ``None`` when none is close."""
     valid = list(valid)
+    near = _closest(name, valid)
+    if near is not None:
+        return near[1]
     lowered = {v.lower(): v for v in valid}
     found = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
     return lowered[found[0]] if found else None
 
 
+def config_fields() -> dict[str, str]:
+    """Every field of the training config by its last name → its dotted path (``group_size`` →
+    ``algorithm.group_size``); a name used in several sections keeps its first, shallowest path."""
+    import dataclasses
+    import typing
+
+    from mmgrpo.config import TrainConfig
+
+    out: dict[str, str] = {}
+    todo: list[tuple[type, str]] = [(TrainConfig, "")]
+    while todo:
+        cls, prefix = todo.pop(0)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, prefix + f.name)
+            if dataclasses.is_dataclass(hints[f.name]):
+                todo.append((hints[f.name], f"{prefix}{f.name}."))
+    return out
+
+
 def unknown_field(path: str, key: str, names: list[str]) -> str:
     """The one-line error for the unknown field ``key`` (at dotted ``path``) among ``names``: TRL's name mapped to
-    mmgrpo's, else the allowed names with the closest one suggested."""
+    mmgrpo's, else the allowed names with the closest one suggested by edit distance: a name of this section, a
+    TRL name (``num_generation`` → TRL's ``num_generations``, mmgrpo's ``algorithm.group_size``), or a field of
+    another section of the config (``group_size`` at the top → ``algorithm.group_size``)."""
     if key in TRL_NAMES and TRL_NAMES[key] != path:
         where = _TRL_VALUES.get(key, TRL_NAMES[key])
         return f"unknown field {path!r}: {key!r} is TRL's name; mmgrpo's is {where} (docs/from_trl.md)"
     message = f"unknown field {path!r}; allowed: {', '.join(names) or '(none)'}"
+    here = _closest(key, names)
+    trl = _closest(key, [n for n in TRL_NAMES if TRL_NAMES[n] != path])
+    fields = {leaf: dotted for leaf, dotted in config_fields().items() if dotted != path and leaf not in names}
+    elsewhere = _closest(key, fields)
+    best = min((c for c in (here, trl, elsewhere) if c is not None), default=None, key=lambda c: c[0])
+    if best is not None and best == trl and here != trl:
+        where = _TRL_VALUES.get(trl[1], TRL_NAMES[trl[1]])
+        return f"unknown field {path!r}: did you mean TRL's {trl[1]!r}? mmgrpo's is {where} (docs/from_trl.md)"
+    if best is not None and best == elsewhere and here != elsewhere and ("." not in path or best[0] == 0):
+        return f"{message}; did you mean {fields[elsewhere[1]]!r}?"
     close = did_you_mean(key, names)
     return f"{message}; did you mean {close!r}?" if close else message
 
 
-__all__ = ["TRL_NAMES", "did_you_mean", "unknown_field"]
+__all__ = ["TRL_NAMES", "config_fields", "did_you_mean", "edit_distance", "unknown_field"]

@@ -36,6 +36,7 @@ import torch
 from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, LoraConfig
 from mmgrpo.plugins import BuildContext
+from mmgrpo.rewards.weights import hf_offline
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +83,11 @@ def loading(name_or_path: str, field: str = "model.args.name_or_path") -> Iterat
             message = f"could not load {name_or_path!r} ({reason})"
         elif path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
             message = f"{name_or_path!r} does not exist (a local path); check the path"
+        elif hf_offline():  # (never advise setting what is set)
+            message = (
+                f"{name_or_path!r} is not a local directory and HF_HUB_OFFLINE is set, so it could not be loaded "
+                f"from the Hugging Face hub ({reason}); put the model in the cache or give its local directory"
+            )
         else:
             message = (
                 f"{name_or_path!r} is not a local directory and could not be loaded from the Hugging Face hub "

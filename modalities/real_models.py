@@ -77,6 +77,9 @@ class RealModel:
     """Licence of the weights."""
     origin: str
     """The upstream model the weights are."""
+    hub_id: str = ""
+    """The upstream model's hub id: an offline config naming it is answered with this entry's name ("did you mean"),
+    and an export's model card names it as the model the weights came from."""
     special_tokens: tuple[tuple[str, str], ...] = ()
     """(attribute, token) pairs the converted tokenizer, config and generation config are pinned to, as the upstream
     tokenizer_config.json has them: the GGUF metadata leaves them to the transformers version that reads it."""
@@ -97,6 +100,7 @@ MODELS: dict[str, RealModel] = {
         kind="gguf",
         licence="Apache-2.0",
         origin="HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1)",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         # HuggingFaceTB/SmolLM2-135M-Instruct tokenizer_config.json. transformers 5.17 read the GGUF to no pad token
         # and an end token of id 1 (<|im_start|>; seen on a GPU machine), 5.24 to these.
         special_tokens=(("bos_token", "<|im_start|>"), ("eos_token", "<|im_end|>"), ("pad_token", "<|im_end|>")),
@@ -115,6 +119,7 @@ MODELS: dict[str, RealModel] = {
         kind="ct2",
         licence="MIT",
         origin="openai/whisper-tiny.en (CTranslate2 fp16, Systran/faster-whisper-tiny.en)",
+        hub_id="openai/whisper-tiny.en",
     ),
     "whisper-base": RealModel(
         adapter="whisper",
@@ -139,6 +144,7 @@ MODELS: dict[str, RealModel] = {
         kind="ct2",
         licence="MIT",
         origin="openai/whisper-base (CTranslate2 fp16)",
+        hub_id="openai/whisper-base",
     ),
 }
 
@@ -158,9 +164,25 @@ def _complete(directory: Path, fmt: int = FORMAT) -> bool:
     return marker.is_file() and json.loads(marker.read_text()).get("format") == fmt
 
 
+def canonical(name: object) -> str | None:
+    """The registered name ``name`` stands for: itself, or a name of :data:`MODELS` that equals it but for case
+    (``SmolLM2-135M-Instruct`` → ``smollm2-135m-instruct``) unless a local path of that spelling exists; None for
+    any other name."""
+    if not isinstance(name, str):
+        return None
+    if name in MODELS:
+        return name
+    lowered = {n.lower(): n for n in MODELS}
+    if name.lower() in lowered and not Path(name).expanduser().exists():
+        return lowered[name.lower()]
+    return None
+
+
 def resolve(name: str, adapter: str) -> str | None:
-    """The converted directory of a real model name (None for any other name), for a family whose models
-    ``adapter`` loads. A name not set up yet, or one of another family, is a one-line ``ConfigError``."""
+    """The converted directory of a real model name (None for any other name; case does not matter,
+    :func:`canonical`), for a family whose models ``adapter`` loads. A name not set up yet, or one of another
+    family, is a one-line ``ConfigError``."""
+    name = canonical(name) or name
     if name not in MODELS:
         return None
     field = "model.args.name_or_path"

@@ -4,9 +4,10 @@ could fail on for a data, reward, path or option reason, the dry-run has caught 
 
 The example datasets come from ``examples/make_example_datasets.py`` and the recipes' prompt files are written
 (as a user would download them) into a working directory; the hub recipes cannot load their models offline, so
-for them only the dry-run runs, which checks everything but the model (their model-based rewards' weights are
-found in a Hugging Face cache laid out as a download leaves it, :func:`hub_cache`). A config naming a real model
-(docs/real_models.md) trains its step once ``scripts/setup_real_models.sh`` has converted that model.
+for them only the dry-run runs, which checks everything but the model's weights (their model-based rewards'
+weights and their policies' names are found in a Hugging Face cache laid out as a download leaves it,
+:func:`hub_cache`). A config naming a real model (docs/real_models.md) trains its step once
+``scripts/setup_real_models.sh`` has converted that model.
 """
 
 import importlib.util
@@ -70,6 +71,12 @@ HUB_WEIGHTS = {  # the model-based rewards' default hub ids the recipes use, and
     "yuvalkirstain/PickScore_v1": "model.safetensors",
     "laion/CLIP-ViT-H-14-laion2B-s32B-b79K": "preprocessor_config.json",
     "timm/vit_large_patch14_clip_224.openai": "open_clip_model.safetensors",
+    # the hub recipes' policies: the model name is checked at load too (modalities/model_names.py, issue 53)
+    "deepseek-community/Janus-Pro-7B": "config.json",
+    "black-forest-labs/FLUX.1-dev": "model_index.json",
+    "stabilityai/stable-diffusion-3.5-medium": "model_index.json",
+    "Qwen/Qwen2-Audio-7B-Instruct": "config.json",
+    "openai/whisper-small": "config.json",
 }
 
 

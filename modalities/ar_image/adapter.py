@@ -60,12 +60,12 @@ from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
-from .. import _hf
+from .. import _hf, model_names
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
-from .tiny import IMAGE_TOKENS, build_processor, resolve_model_path
+from .tiny import IMAGE_TOKENS, SHIPPED, TINY_NAMES, build_processor, resolve_model_path
 
 FROZEN_PARTS = ("model.vqmodel.", "model.vision_model.", "model.aligner.")
 """Janus parts outside the image-generation policy (VQ auto-encoder, understanding tower) frozen by ``freeze_vq``."""
@@ -519,5 +519,11 @@ def _load_ar_image(a: ARImageArgs, ctx: BuildContext) -> ARImageAdapter:
 
 
 build_ar_image_adapter = ADAPTERS.register("ar_image")(
-    AdapterSpec(args=ARImageArgs, cls=ARImageAdapter, load=_load_ar_image, inputs=Inputs())
+    AdapterSpec(
+        args=ARImageArgs,
+        cls=ARImageAdapter,
+        load=_load_ar_image,
+        inputs=Inputs(),
+        load_check=lambda a: model_names.name_problem(a.name_or_path, "ar_image", (*TINY_NAMES, *SHIPPED)),
+    )
 )

@@ -53,7 +53,7 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.shaping import gaussian_kl
 from mmgrpo.types import Rollout
 
-from .. import _hf
+from .. import _hf, model_names
 from . import dgpo
 from . import kernels as K
 from .steps import STEP_SELECTORS, StepPlan
@@ -864,6 +864,9 @@ build_flow_adapter = ADAPTERS.register("flow")(
         load=_load_flow,
         units_per_sample=lambda a: a.num_steps,
         inputs=Inputs(),  # text prompts: rows with media are refused at load
+        load_check=lambda a: model_names.name_problem(
+            a.name_or_path, "flow", (*TINY_NAMES, *SHIPPED), filenames=("model_index.json",)
+        ),
     )
 )
 

@@ -49,7 +49,7 @@ from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Rollout
 
-from .. import _hf, real_models
+from .. import _hf, model_names
 from ..tokens import prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.engine import EnginePrompt, EngineSampling
@@ -59,7 +59,7 @@ from ..tokens.logprobs import (
 )
 from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from .audio import load_audio
-from .tiny import resolve_model_path
+from .tiny import NAMES, resolve_model_path
 
 
 @dataclass
@@ -359,7 +359,7 @@ build_whisper_adapter = ADAPTERS.register("whisper")(
         load=_load_whisper,
         inputs=Inputs(media=("audio",), media_required=True, prompt=False),  # the decoder prompt is the model's
         engine_model=serves(resolve_model_path, max_audios=1),
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),
+        load_check=lambda a: model_names.name_problem(a.name_or_path, "whisper", NAMES),
     )
 )
 

@@ -37,11 +37,11 @@ import torch
 from mmgrpo.config import ConfigError, Range, RolloutConfig, from_dict
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 
-from .. import _hf, real_models
+from .. import _hf, model_names
 from ..tokens import prefix_sharing
 from ..vlm.adapter import VLMAdapter, VLMArgs
 from .audio import AudioEncoder
-from .tiny import resolve_model_path
+from .tiny import NAMES, resolve_model_path
 
 AUDIO_SPECIAL_TOKENS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
 
@@ -170,6 +170,6 @@ build_audio_llm_adapter = ADAPTERS.register("audio_llm")(
         load=_load_audio_llm,
         inputs=Inputs(media=("audio",), media_required=True),
         engine_model=serves(resolve_model_path, max_audios=1),
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "whisper"),  # resolve_model_path's family
+        load_check=lambda a: model_names.name_problem(a.name_or_path, "whisper", NAMES),  # resolve_model_path's
     )
 )

@@ -194,6 +194,9 @@ def resolve_model_path(name: str, seed: int = 0) -> str:
     return str(cached_build(f"{name}-seed{seed}", "config.json", lambda d: builders[name](d, seed=seed)))
 
 
+NAMES = (TINY_WHISPER, WHISPER_ENGINE, TINY_QWEN2_AUDIO, QWEN2_AUDIO_ENGINE)
+"""Every name :func:`resolve_model_path` builds (the real models aside), for the name check at load."""
+
 QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 
 # Qwen2-Audio-Instruct's chat template shape: each audio becomes "Audio k: <|audio_bos|><|AUDIO|><|audio_eos|>".

@@ -43,12 +43,12 @@ from mmgrpo.config import ConfigError, RolloutConfig
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Rollout
 
-from .. import real_models
+from .. import model_names
 from ..tokens.engine import EngineError, EnginePrompt
 from ..tokens.media import ImageEncoder
 from ..tokens.video import Clip, VideoEncoder, VideoSampling, decode_clip, fetch_video, shuffle_frames
 from ..vlm.adapter import VLMAdapter, VLMArgs, load_vlm_model
-from ..vlm.tiny import resolve_model_path
+from ..vlm.tiny import NAMES, resolve_model_path
 
 SHUFFLED_NOISE = 0x5F1E
 """Tag mixed into the seed of the T-GRPO shuffled rollouts' keyed noise (apart from the ordered rollouts')."""
@@ -214,7 +214,7 @@ build_video_adapter = ADAPTERS.register("video")(
         load=_load_video,
         inputs=Inputs(media=("image", "video")),
         engine_model=serves(resolve_model_path, max_videos=1),
-        load_check=lambda a: real_models.load_problem(a.name_or_path, "vlm"),  # loads through the vlm family
+        load_check=lambda a: model_names.name_problem(a.name_or_path, "vlm", NAMES),  # loads through the vlm family
     )
 )
 

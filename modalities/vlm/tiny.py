@@ -483,3 +483,6 @@ OTHER_BUILDERS = {
     INTERNVL: build_tiny_internvl,
     GEMMA3: build_tiny_gemma3,
 }
+NAMES = (*BUILT_IN, SMOLVLM_NAME, *OTHER_BUILDERS, smolvlm.NAME)
+"""Every name :func:`resolve_model_path` builds (the real models aside), for the name check at load
+(:func:`mmgrpo.modalities.model_names.name_problem`)."""
