@@ -13,6 +13,11 @@ estimator. Each variant is a registered :class:`RolloutStep` in :data:`ROLLOUT_S
   groups, :mod:`mmgrpo.sampling`). ``memory`` is the step's own dict, kept across training steps (the augmentation's
   window of batch means) and checkpointed where the step registers ``save``/``load`` (:func:`state_dict`).
 
+A step may also register a ``plan``: before each rollout, the rows to sample and the groups they form
+(:class:`mmgrpo.groups.Units`, :func:`plan`), e.g. Knapsack RL's budget per prompt (:mod:`mmgrpo.budgets`). Its
+groups are then ragged (``RolloutBatch.groups``); the other configured steps must declare ``ragged=True`` (they read
+``batch.groups``, not a fixed G), or are refused at load, as is anything its ``check`` refuses.
+
 A step reaches the run only through the :class:`RolloutContext` the trainer hands it (roll out and score rows, the
 step's noise keys, read dataset rows, the adapter, the accelerator's collectives), never through the trainer.
 
