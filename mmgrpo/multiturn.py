@@ -45,6 +45,13 @@ def check_config(cfg: TrainConfig) -> None:
     _check_credit(cfg)
     if not r.multi_turn:
         return
+    if r.max_turns < 2:  # the last turn's call is not run: one turn would never run a tool nor see an observation
+        what = f"rollout.environment {r.environment!r}" if r.environment else "rollout.tools"
+        raise ConfigError(
+            f"rollout.max_turns: 1 with {what}: a trajectory ends after its first assistant turn, so no tool call is "
+            "ever run and no observation is ever read; set rollout.max_turns >= 2 (DeepEyes 5), or remove "
+            f"{what.split(' ')[0]} for single-turn rollouts"
+        )
     from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
 
     try:
