@@ -46,11 +46,14 @@ def check_config(cfg: TrainConfig) -> None:
     if not r.multi_turn:
         return
     if r.max_turns < 2:  # the last turn's call is not run: one turn would never run a tool nor see an observation
-        what = f"rollout.environment {r.environment!r}" if r.environment else "rollout.tools"
+        what, why = (
+            (f"rollout.environment {r.environment!r}", "the policy acts once and never reads what the game answers")
+            if r.environment
+            else ("rollout.tools", "no tool call is ever run (a call in the last turn is not)")
+        )
         raise ConfigError(
-            f"rollout.max_turns: 1 with {what}: a trajectory ends after its first assistant turn, so no tool call is "
-            "ever run and no observation is ever read; set rollout.max_turns >= 2 (DeepEyes 5), or remove "
-            f"{what.split(' ')[0]} for single-turn rollouts"
+            f"rollout.max_turns: 1 with {what}: a trajectory ends after its first assistant turn, so {why}; set "
+            f"rollout.max_turns >= 2 (DeepEyes 5), or remove {what.split(' ')[0]} for single-turn rollouts"
         )
     from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
 
