@@ -13,6 +13,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gui --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study igpo --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -73,6 +74,12 @@ Studies:
   GRPO (``configs/gridworld_grpo.yaml``, which saves its warm-up as step 0) vs Tree-GRPO
   (``configs/variant_tree_grpo.yaml``: tree rollouts + tree credit), GiGPO (``configs/gridworld_gigpo.yaml``) and
   ARPO's entropy forks (``configs/variant_arpo.yaml``), each from the GRPO run's step 0 of its seed.
+
+- ``igpo`` (the zoom tool task, held-out accuracy on 100 rows): one shared warm-up (``configs/zoom_tools.yaml``'s,
+  200 steps of 32, trained once with seed 0 and saved as step 0: the study's ``once`` run), then per seed 40 RL
+  steps of 4 prompts × G = 8 from it: GRPO (``configs/zoom_tools.yaml``, trajectory credit) vs IGPO
+  (``configs/variant_igpo.yaml``: the ground-truth probe + ``algorithm.credit: igpo``; mmgrpo/igpo.py). Also
+  reported: the held-out crop_hits_box and tool_call_rate.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -261,6 +268,38 @@ STUDIES: dict[str, dict] = {
             "checkpoint.save_final=false",
         ],
     },
+    "igpo": {
+        "metric": "accuracy",
+        "extra": ["crop_hits_box", "tool_call_rate"],
+        "once": {  # the shared warm-up, trained before the runs (seed 0), evaluated as their starting point
+            "warmup": (
+                "configs/zoom_tools.yaml",
+                [
+                    "steps=1",
+                    "warmup.steps=200",
+                    "checkpoint.after_warmup=true",
+                    "eval.before=false",
+                    "eval.after=false",
+                    "task.args.eval_size=100",
+                    "checkpoint.save_final=false",
+                ],
+            ),
+        },
+        "runs": {
+            "grpo": ("configs/zoom_tools.yaml", []),
+            "igpo": ("configs/variant_igpo.yaml", []),
+        },
+        "overrides": [
+            "model.args.name_or_path=<base>/warmup_seed0/checkpoints/step-000000/model",
+            "warmup.steps=0",
+            "steps=40",
+            "algorithm.prompts_per_step=4",
+            "algorithm.minibatch_size=32",
+            "task.args.eval_size=100",
+            "eval.before=false",
+            "checkpoint.save_final=false",
+        ],
+    },
     "gui": {
         "metric": "success_rate",
         "extra": ["first_move_share"],
@@ -361,13 +400,17 @@ def main() -> None:
     study = STUDIES[args.study]
     base = (args.out / args.study).resolve()
     results: dict[str, dict[int, dict]] = {}
+    for name, (config, overrides) in study.get("once", {}).items():  # shared by every run (a warm-up): seed 0
+        train(config, base / f"{name}_seed0", 0, [o.replace("<base>", str(base)) for o in overrides], args.fresh)
+        results[name] = {0: read_run(base / f"{name}_seed0", study["metric"], study.get("extra", []))}
     for name, (config, overrides) in study["runs"].items():
         if args.only and name not in args.only:
             continue
         for seed in args.seeds:
             out = base / f"{name}_seed{seed}"
-            given = [o.replace("<base>", str(base)).replace("<seed>", str(seed)) for o in overrides]
-            seconds = train(config, out, seed, [*study.get("overrides", []), *given], args.fresh)
+            given = [*study.get("overrides", []), *overrides]
+            given = [o.replace("<base>", str(base)).replace("<seed>", str(seed)) for o in given]
+            seconds = train(config, out, seed, given, args.fresh)
             results.setdefault(name, {})[seed] = read_run(out, study["metric"], study.get("extra", []))
             print(f"{name} seed {seed}: after {results[name][seed]['after']} ({seconds:.0f} s)", flush=True)
     (base / "results.json").write_text(json.dumps(results, indent=2))
