@@ -18,8 +18,10 @@ What is implemented (``algorithm.rollout_steps: {scaffold: {...}}``, a ``batch``
 3. tiered hints: the row's tier columns (``tiers``, abstract to concrete: Knowledge → Planning → Solution), each a
    list of parts; level ℓ = (tier k, its first j parts, j = 1..``max_parts``), tier-major, so the L levels go from
    least to most help. The hinted prompt is ``q ⊕ h_ℓ = prompt + template(label_k, parts joined by spaces)``
-   (the code: ``Question: …\\n{Knowledge|Solution} Hints: …``, 4 cumulative parts per tier). Every stuck prompt is
-   sampled once at every level, all levels in one rollout (the code does the same: one sample per level);
+   (the code: ``Question: …\\n{Knowledge|Solution} Hints: …``, 4 cumulative parts per tier; its released
+   ``build_new_message`` has the Planning tier commented out, 8 levels, while the paper and the code's hint statistics
+   have three tiers, the default here). Every stuck prompt is sampled once at every level, all levels in one rollout
+   (the code does the same: one sample per level);
 4. minimal hint: ``ℓ*_p = min{ℓ : r(o_{p,ℓ}) ≥ success}``; when no level succeeds the group stays as sampled;
 5. on-policy group augmentation: the hinted sample replaces sample ``slot`` of its group (the code: the first),
    ``Ĝ_p = (G_p \\ {o_{p,slot}}) ∪ {o_{p,ℓ*}}``, and the group advantage is the configured estimator's over Ĝ_p
