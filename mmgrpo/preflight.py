@@ -26,6 +26,7 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   ``list[list[dict[str, str]]]``, e.g. ``trl.rewards:accuracy_reward``, which reads ``completion[0]["content"]``)
   gets chat completions only from conversational prompts, so a plain-string prompt routed to it is refused
   (read from the source, never imported: :func:`mmgrpo.rewards.registry.completions_annotation`);
+- with ``rollout.environment``, the rows' prompts are strings (the first observation is appended to them);
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
 - with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
@@ -95,6 +96,7 @@ def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
             if probe is not None and split == "train":
                 check_probe_row(probe, row, where)
             _check_prompt_shape(cfg, row, where, chats)
+            _check_environment_prompt(cfg, row, where)
             media(row, where)
         if report is not None:
             report.rows[split] = min(n, len(rows))
@@ -191,6 +193,18 @@ def _check_prompt_shape(cfg: TrainConfig, row: dict, where: str, chats: list[tup
             "completion[0]['content']), but this row's prompt is a plain string, so its completions are strings; "
             f"{make_chat}prompts as chats ([{{role: user, content: ...}}]), or use a reward that reads strings"
         )
+
+
+def _check_environment_prompt(cfg: TrainConfig, row: dict, where: str) -> None:
+    """An environment's first observation is appended to the row's prompt text, so the prompt must be a string."""
+    if cfg.rollout.environment is None or isinstance(row.get("prompt"), str):
+        return
+    chat = "task.args.system_prompt off and " if cfg.task.name == "dataset" else ""
+    raise DataError(
+        f"{where}: rollout.environment {cfg.rollout.environment!r} appends its first observation to the prompt "
+        f"text, but this row's prompt is a chat ({type(row.get('prompt')).__name__}); give plain-string prompts "
+        f"({chat}the prompt column as text), and the model's chat template wraps them"
+    )
 
 
 def row_name(cfg: TrainConfig, rows: Sequence, split: str, i: int) -> str:
