@@ -108,7 +108,8 @@ def test_branches_copy_their_nodes_prefix_and_sample_it_once(tiny_vlm_path):
     assert sum(len(rows) for _, _, rows, _ in calls) == sampled_turns  # each turn-row asked once: prefixes copied
     assert calls[0][:2] == (2, 2)  # the chains' turn 0: 2 prompts, M = 2 samples each
     branch_calls = [c for c in calls[1:] if c[1] == 2]
-    assert len(branch_calls) == 1 and branch_calls[0][0] == 4  # 4 drawn nodes (2 prompts × 2 trees), n = 2 each
+    assert sum(c[0] for c in branch_calls) == 4  # 4 drawn nodes (2 prompts × 2 trees), one encoding each ...
+    assert all(len(c[2]) == 2 * c[0] for c in branch_calls)  # ... expanded n = 2 ways (a call per node turn)
     again = adapter.rollout(rows, group_size=6, keys=keys)
     assert again.extras["branch_of"] == ex["branch_of"] and torch.equal(
         again.state.completion_ids, state.completion_ids
@@ -144,3 +145,37 @@ def test_refused_combinations_name_the_fix():
         _load("rollout.engine=vllm")
     with pytest.raises(ConfigError, match=r"rollout.tree.*branch"):
         _load("rollout.tree={trees: 2, branch: 1}")
+
+
+def test_tool_branches_share_the_observation_images_of_their_prefix(tiny_vlm_path):
+    """With a tool (the zoom task's crop): each trajectory calls crop at turn 0 and then answers; a branch from the
+    node after the crop's observation carries the same observation tokens and the same image tensors (copied, the
+    tool not run again), and the log-prob forward takes it like any trajectory."""
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+
+    crop = '<tool_call>{"name": "crop", "arguments": {"bbox_2d": [0, 0, 40, 40]}}</tool_call>'
+    settings = RolloutConfig(tools=["crop"], max_total_tokens=400, max_turns=3, tree={"trees": 1, "nodes": 2})
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 24}, rollout=settings)
+    runner, eos = adapter.driver, int(adapter.eos_ids[0])
+
+    def scripted(encodings, n, greedy, keys, rows, turn):
+        text = crop if turn == 0 else "42"
+        seq = adapter.tokenizer.encode(text, add_special_tokens=False) + [eos]
+        return torch.tensor([seq] * (len(encodings) * n)), None
+
+    runner.sample_turn = scripted
+    row = ShapesTask(ShapesArgs(train_size=1, eval_size=1, image_size=112)).train_rows()[0]
+    r = adapter.rollout([row], group_size=3, keys=noise.NoiseKeys(0, 2, (0,), 3))
+    ex, state = r.extras, r.state
+    assert ex["tree"] == [0, 0, 0] and ex["tool_calls"] == [1, 1, 1]
+    assert sorted(ex["branch_of"][1:]) == [-1, 0]  # (these keys draw the root once and the node after the crop once)
+    for b in (1, 2):
+        k, src = ex["branch_turn"][b], ex["branch_of"][b]
+        if src < 0:
+            continue  # a draw of the root: its own crop
+        assert (k, src) == (1, 0)
+        start = state.turn_of_token[0].tolist().index(1)
+        assert torch.equal(state.completion_ids[b, :start], state.completion_ids[0, :start])
+        assert torch.equal(state.media[b]["pixel_values"], state.media[0]["pixel_values"])
+    assert torch.isfinite(adapter.batched_logprobs(r, adapter.model)).all()

@@ -12,7 +12,7 @@ sample them; the math (options, the fork rule, the advantages) is :mod:`mmgrpo.t
    among its root and inner nodes (Tree-GRPO's ``get_expand_node``), ``select: entropy`` forks where ARPO's rule fires
    (:func:`mmgrpo.tree.entropy_branch_decisions`); each chosen node gets ``branches`` new trajectories that **copy
    the node's prefix** (its tokens, log-probs, observations and environment state: nothing of the prefix is sampled,
-   run or stepped again) and continue from it. The branches of all nodes of a round are sampled in one decode call,
+   run or stepped again) and continue from it. The first turns of a round's branches are one decode call per turn,
    each node's prefix prefilled once and its cache expanded ``branches`` ways (:mod:`.decode`, the prompt's prefix
    sharing of :mod:`.prefix_sharing` applied to a node); their later turns continue as the chain driver's do;
 4. ``select: entropy`` fills slots no fork took with new chains from the root (ARPO's global samples), each its own
@@ -141,8 +141,8 @@ class TreeRunner(TurnRunner):
 
     def _grow(self, plan: list[tuple[Node, list[int]]], roots: list) -> None:
         """Give each planned node its branch rows (a copy of the node's prefix and environment each), sample their
-        first turn — one decode call per branch count, each node's prefix prefilled once for its branches — and run
-        them to their end."""
+        first turn — one decode call per (branch count, turn), each node's prefix prefilled once for its branches —
+        and run them to their end."""
         trajs, G, keys = self._trajs_all, self._G, self._keys
         for node, rows in plan:
             prefix, env = roots[node.row // G] if node.turn == 0 else self.nodes[node]
@@ -152,15 +152,15 @@ class TreeRunner(TurnRunner):
                     self._tree[b] = self._tree[node.row]
                 self._origin[b], self._parent[b] = node.turn, node.row if node.turn else -1
         starts: dict[int, list[int]] = {}
-        for n in sorted({len(rows) for _, rows in plan}):
-            group = [(node, rows) for node, rows in plan if len(rows) == n]
+        for n, turn in sorted({(len(rows), node.turn) for node, rows in plan}):  # one decode call each
+            group = [(node, rows) for node, rows in plan if (len(rows), node.turn) == (n, turn)]
             batch = [self._continuations(self._encodings, trajs, [rows[0]], G)[0] for _, rows in group]
             node_keys = None
             if keys is not None:
                 positions = tuple(noise.mix(keys.positions[rows[0] // G], rows[0]) for _, rows in group)
                 node_keys = noise.NoiseKeys(noise.mix(keys.seed, TREE_NOISE, keys.step), keys.step, positions, n)
             rows_all = [r for _, rows in group for r in rows]
-            ids, logps = self.sample_turn(batch, n, False, node_keys, rows_all, group[0][0].turn)  # [len·n, T1]
+            ids, logps = self.sample_turn(batch, n, False, node_keys, rows_all, turn)  # [len·n, T1]
             for i, (node, rows) in enumerate(group):
                 part = slice(i * n, (i + 1) * n)
                 lp = None if logps is None else logps[part]
