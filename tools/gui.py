@@ -37,7 +37,9 @@ none at the time of writing).
     reward, there judged by GPT-4o from the trajectory, here by the app's state).
 
   The episode's return (``env_return``) is then ``task_reward · completed − format_reward · #invalid
-  + action_reward · (d_0 − d_end)``.
+  + action_reward · (d_0 − d_end)``. A turn cut by the token limit before its end token is never played (the
+  rollout ends the trajectory), so the app cannot penalise it: train with ``model.args.mask_truncated: true``, or
+  a policy can dodge the format penalty by never ending a turn (the shipped configs do; docs/agents.md).
 - **Observation**: the rendered screen (:meth:`GuiApp.render`: ``4·cell`` pixels a side, a title bar whose colour
   names the screen, each element a coloured tile with its name; switches show a green or red knob; the text field
   shows the typed text) and the text ``instruction`` (the first observation starts with ``Task: <goal>.``). No step
