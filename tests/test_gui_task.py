@@ -203,7 +203,8 @@ def test_bad_options_are_refused_at_load_in_one_line(tmp_path):
 def test_two_gigpo_steps_train(tmp_path, mmgrpo_cache):
     """Two GiGPO steps of the shipped config (a short warm-up, small batches): finite loss, parameters move. A
     barely warmed-up policy rarely completes a task, so the reward is one that varies within a group (a completion
-    length of a multiple of 4), added to the last turn (``outcome_on_last_turn``)."""
+    length of a multiple of 4), added to the last turn (``outcome_on_last_turn``), and turns cut before their end token
+    stay in the loss."""
     import torch
 
     from mmgrpo.trainer import Trainer
@@ -212,7 +213,8 @@ def test_two_gigpo_steps_train(tmp_path, mmgrpo_cache):
                  "algorithm.group_size=4", "algorithm.minibatch_size=8", "warmup.steps=2", "warmup.batch_size=4",
                  "eval.before=false", "eval.after=false", "logging.progress=false", "logging.plot=false",
                  "checkpoint.after_warmup=false", "rewards=[{name: 'tests.test_variants:length_reward'}]",
-                 "algorithm.credit_args={outcome_on_last_turn: true}"]  # fmt: skip
+                 "algorithm.credit_args={outcome_on_last_turn: true}",
+                 "model.args.mask_truncated=false"]  # its turns rarely end: keep the cut ones in the loss  # fmt: skip
     cfg = load_config(CONFIGS["gigpo"], [f"output_dir={tmp_path}", *overrides])
     trainer = Trainer(cfg)
     trainer._warmup()
