@@ -168,7 +168,10 @@ def plan(ctx: Any, rows: list[dict], indices: list[int], keys: Any, o: KnapsackO
 
 
 def observe(ctx: Any, batch: Any, o: KnapsackOptions, memory: dict) -> Any:
-    """Record each group's success rate p̂ (every process's groups, gathered) and log the budgets."""
+    """Record each group's success rate p̂ (every process's groups, gathered) and log the budgets: ``budget/min``,
+    ``budget/max``, ``budget/uneven_fraction`` (prompts whose budget is not G), ``budget/signal_sample_fraction``
+    (the share of the samples in groups with reward variance: the paper's effective-gradient ratio; GRPO's is
+    1 − ``advantage/zero_std_fraction``). This process's groups."""
     g = batch.groups
     combined = adv_lib.combine_rewards(g.grid(batch.scores), ctx.weights)  # [P, W] NaN: n/a or padding
     valid = ~torch.isnan(combined)  # [P, W]
@@ -183,6 +186,8 @@ def observe(ctx: Any, batch: Any, o: KnapsackOptions, memory: dict) -> Any:
     sizes = torch.tensor(g.sizes, dtype=torch.float32)  # [P]
     batch.metrics |= {"budget/max": float(sizes.max()), "budget/min": float(sizes.min())}
     batch.metrics["budget/uneven_fraction"] = float((sizes != ctx.group_size).float().mean())
+    signal = ~adv_lib.zero_variance_groups(combined)  # [P] groups with a learning signal
+    batch.metrics["budget/signal_sample_fraction"] = float(sizes[signal].sum() / sizes.sum())  # the paper's ratio
     return batch
 
 
