@@ -116,6 +116,10 @@ def test_recipe_without_its_prompt_file_fails_the_dry_run_in_one_line(config, tm
     assert len(err.splitlines()) == 1 and "task.args.train_path" in err and _prompt_files(config)[0] in err
 
 
+TREE_OF_TWO = ["rollout.tree.trees=1", "rollout.tree.rounds=1", "rollout.tree.nodes=1", "rollout.tree.branches=1"]
+"""A tree rollout (rollout.tree) in a group of 2: one chain and one branch (Tree-GRPO: 1 × (1 + 1 × 1 × 1))."""
+
+
 def _short(config: Path, out: Path) -> list[str]:
     raw = _raw(config)
     algo, warmup = raw.get("algorithm", {}), raw.get("warmup", {})
@@ -124,6 +128,7 @@ def _short(config: Path, out: Path) -> list[str]:
         f"output_dir={out}",
         "steps=1",
         *(["algorithm.prompts_per_step=1", "algorithm.group_size=2"] if fewer else []),
+        *(TREE_OF_TWO if fewer and raw.get("rollout", {}).get("tree") else []),
         *(["warmup.steps=1", "warmup.batch_size=2"] if warmup.get("steps", 0) > 0 else []),
         "eval.before=false",
         "eval.max_rows=1",
