@@ -12,6 +12,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tree --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study gui --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study scaffold --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study knapsack --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study igpo --seeds 0 1 2 --out runs/variants
 
@@ -60,15 +61,19 @@ Studies:
   scaffolding (``algorithm.rollout_steps: {scaffold: {exemption_steps: 1}}``, ``task.args.hints: true``;
   mmgrpo/scaffold.py). Needs ``bash scripts/setup_real_models.sh smollm2-135m-instruct``.
 
+- ``replay`` (the quickstart cut to 30 steps and 256 training rows, so that a row returns every 8 steps, 100
+  held-out rows): GRPO vs RePO/AVATAR replay (``configs/variant_replay.yaml``: 4 past completions per group of 8,
+  reward-diverse, clipped ratio against the sampling policy; mmgrpo/replay.py).
+
+- ``knapsack`` (the quickstart cut to 30 steps and 128 training rows, so that a row returns every 4 steps and its
+  success rate is known from step 5 on, 100 held-out rows): GRPO vs Knapsack RL's per-prompt budgets
+  (``configs/variant_knapsack.yaml``: Σ N_i = 32·8 per step, 2 ≤ N_i ≤ 32; mmgrpo/budgets.py).
+
 - ``gui`` (the synthetic phone app, Mobile-R1's setting, held-out task success): ``configs/gui_grpo.yaml`` (GRPO,
   trajectory credit) vs ``configs/gui_gigpo.yaml`` (GiGPO), the GiGPO run starting from the GRPO run's warm-up of the
   same seed (its saved step 0); 12 RL steps (the configs ship 20), 40 held-out episodes, the untrained policy not
   evaluated (it completes none). An override's ``<base>`` and ``<seed>`` are replaced by the study's output folder and
   the run's seed.
-
-- ``replay`` (the quickstart cut to 30 steps and 256 training rows, so that a row returns every 8 steps, 100
-  held-out rows): GRPO vs RePO/AVATAR replay (``configs/variant_replay.yaml``: 4 past completions per group of 8,
-  reward-diverse, clipped ratio against the sampling policy; mmgrpo/replay.py).
 
 - ``tree`` (the grid world cut to a 100-step warm-up of 16 and 8 RL steps of 8 levels × 8, 30 held-out rows):
   GRPO (``configs/gridworld_grpo.yaml``, which saves its warm-up as step 0) vs Tree-GRPO
@@ -250,6 +255,14 @@ STUDIES: dict[str, dict] = {
             "replay": ("configs/variant_replay.yaml", []),
         },
         "overrides": ["steps=30", "task.args.train_size=256", "task.args.eval_size=100", "eval.before=false"],
+    },
+    "knapsack": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "knapsack": ("configs/variant_knapsack.yaml", []),
+        },
+        "overrides": ["steps=30", "task.args.train_size=128", "task.args.eval_size=100", "eval.before=false"],
     },
     "scaffold": {
         "metric": "accuracy",
