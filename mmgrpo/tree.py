@@ -103,6 +103,11 @@ def check_config(cfg: Any) -> None:
         )
     if r.engine != "native":
         raise ConfigError("rollout.tree is sampled by the native decode loop only; set rollout.engine: native")
+    if r.ground_truth_probe is not None:
+        raise ConfigError(
+            "rollout.ground_truth_probe (IGPO) with rollout.tree: the probe is not taken on tree rollouts yet; "
+            "remove one"
+        )
     G = a.group_size
     if opts.select == "random" and opts.leaves() != G:
         raise ConfigError(

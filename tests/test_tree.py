@@ -143,6 +143,8 @@ def test_refused_combinations_name_the_fix():
         _load("rollout.tree={select: entropy, trees: 8}")
     with pytest.raises(ConfigError, match=r"^rollout.tree is sampled by the native decode loop only"):
         _load("rollout.engine=vllm")
+    with pytest.raises(ConfigError, match=r"^rollout.ground_truth_probe \(IGPO\) with rollout.tree: .*remove one$"):
+        _load("rollout.ground_truth_probe={column: answer}")
     with pytest.raises(ConfigError, match=r"rollout.tree.*branch"):
         _load("rollout.tree={trees: 2, branch: 1}")
 
