@@ -196,4 +196,16 @@ def turn_metrics(rollout: Rollout) -> dict[str, float]:
         "tools/calls_mean": float(calls.mean()),
         "tools/call_fraction": float((calls > 0).float().mean()),
         "tools/errors_mean": float(errors.mean()),
+        **tree_metrics(ex),
     }
+
+
+def tree_metrics(ex: dict) -> dict[str, float]:
+    """``tree/*`` of a tree rollout (``rollout.tree``; empty for chains): the share of trajectories that branched from
+    an inner node, and the turns per trajectory copied from a node rather than sampled (``turns/mean`` minus it =
+    the turns the policy sampled per trajectory)."""
+    if "branch_of" not in ex:
+        return {}
+    branched = torch.tensor([float(src >= 0) for src in ex["branch_of"]])  # [B]
+    copied = torch.tensor([float(k) for k in ex["branch_turn"]])  # [B]
+    return {"tree/branch_fraction": float(branched.mean()), "tree/copied_turns_mean": float(copied.mean())}

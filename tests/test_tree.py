@@ -181,3 +181,12 @@ def test_tool_branches_share_the_observation_images_of_their_prefix(tiny_vlm_pat
         assert torch.equal(state.completion_ids[b, :start], state.completion_ids[0, :start])
         assert torch.equal(state.media[b]["pixel_values"], state.media[0]["pixel_values"])
     assert torch.isfinite(adapter.batched_logprobs(r, adapter.model)).all()
+
+
+def test_tree_metrics_count_branches_and_copied_turns():
+    """tree/* by hand: rows 1 and 3 branched (from rows 0 and 2) after 2 and 1 turns; rows 0 and 2 are chains."""
+    from mmgrpo.multiturn import tree_metrics
+
+    got = tree_metrics({"branch_of": [-1, 0, -1, 2], "branch_turn": [0, 2, 0, 1]})
+    assert got == {"tree/branch_fraction": 0.5, "tree/copied_turns_mean": 0.75}
+    assert tree_metrics({"num_turns": [1]}) == {}
