@@ -655,18 +655,25 @@ def _usage(info: dict, seed: int) -> str:
             f"from diffusers import DiffusionPipeline\n\npipe = DiffusionPipeline.from_pretrained({here})\n"
             "image = pipe(prompt, **sampling_settings).images[0]"
         )
-    lines = f"from transformers import AutoProcessor, {cls}\n"
+    text = info.get("pipeline_tag") == "text-generation"  # a text-only causal LM: its tokenizer, a chat
+    auto, proc = ("AutoTokenizer", "tokenizer") if text else ("AutoProcessor", "processor")
+    inputs = (
+        f"{proc}.apply_chat_template(messages, add_generation_prompt=True, return_tensors='pt', return_dict=True)"
+        if text
+        else f"{proc}(...)"
+    )
+    lines = f"from transformers import {auto}, {cls}\n"
     if info["lora"]:
         return (
             f"{lines}from peft import PeftModel\n{imports}\nbase = {cls}.from_pretrained({base})\n"
             f"model = PeftModel.from_pretrained(base, {here})\n"
             "model = model.merge_and_unload()  # optional: plain transformers weights (model.save_pretrained(...))\n"
-            f"processor = AutoProcessor.from_pretrained({here})\n"
-            "outputs = model.generate(**processor(...), **sampling_settings)"
+            f"{proc} = {auto}.from_pretrained({here})\n"
+            f"outputs = model.generate(**{inputs}, **sampling_settings)"
         )
     return (
-        f"{lines}\nmodel = {cls}.from_pretrained({here})\nprocessor = AutoProcessor.from_pretrained({here})\n"
-        "outputs = model.generate(**processor(...), **sampling_settings)"
+        f"{lines}\nmodel = {cls}.from_pretrained({here})\n{proc} = {auto}.from_pretrained({here})\n"
+        f"outputs = model.generate(**{inputs}, **sampling_settings)"
     )
 
 
@@ -684,15 +691,17 @@ def model_card(
     """The ``README.md`` of a saved model (``huggingface_hub.ModelCard``, hub metadata in its YAML header).
 
     ``info`` is the adapter's ``export_info()``: ``base_model`` as the config named it (a hub id, a path, or a
-    built-in tiny name with ``built_in`` saying how to rebuild it), ``library``, ``model_class``, ``lora``,
-    ``pipeline_tag``. The metadata's ``base_model`` is set only for a hub id (the hub rejects anything else).
+    built-in tiny name with ``built_in`` saying how to rebuild it; a real model's directory, with ``real_name``,
+    ``origin`` and ``hub_id``), ``library``, ``model_class``, ``lora``, ``pipeline_tag``. The metadata's
+    ``base_model`` is set only for a hub id (the hub rejects anything else): the config's, or a real model's
+    upstream one.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
     name, lora = info["base_model"], bool(info["lora"])
     hub = bool(_HUB_ID.match(name)) and not Path(name).exists() and not info.get("built_in")
     data = ModelCardData(
-        base_model=name if hub else None,
+        base_model=info.get("hub_id") or (name if hub else None),  # a real model: its upstream hub id
         library_name="peft" if lora and info["library"] == "transformers" else info["library"] or None,
         pipeline_tag=info.get("pipeline_tag") or None,
         tags=["mmgrpo", "grpo", "reinforcement-learning", *(["lora"] if lora else [])],
@@ -702,6 +711,11 @@ def model_card(
         base_line = (
             f"`{name}`, one of mmgrpo's built-in tiny models (on no hub; "
             f"`{imports.strip()}; {base}` builds it from config or loads the copy shipped with mmgrpo)"
+        )
+    elif info.get("real_name"):
+        base_line = (
+            f"`{name}`: mmgrpo's real model `{info['real_name']}`, {info.get('origin') or info.get('hub_id')} "
+            "converted on the training machine (docs/real_models.md; `bash scripts/setup_real_models.sh` makes it)"
         )
     else:
         base_line = f"`{name}` ({'hub id' if hub else 'path'} as the config named it)"

@@ -616,7 +616,7 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
         if path in MOVED_KEYS:
             raise ConfigError(f"{path} moved: write {MOVED_KEYS[path]}: {{{key}: {value}}}")
         if key not in names:
-            raise ConfigError(unknown_field(path, key, names))
+            raise ConfigError(unknown_field(path, key, names, TrainConfig))  # (did you mean: every section's fields)
         kwargs[key] = _coerce(value, hints[key], path)
     return cls(**kwargs)
 

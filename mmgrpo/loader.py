@@ -25,6 +25,7 @@ from mmgrpo.config import (
     read_config,
     variant_methods,
 )
+from mmgrpo.config_paths import resolve_data_paths
 from mmgrpo.plugins import ADAPTERS, TASKS, AdapterSpec, TaskSpec
 from mmgrpo.rewards import check_reward_spec
 from mmgrpo.rewards.agents import ROLLOUT_NEEDS
@@ -76,10 +77,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
     """Read ``path`` (YAML), apply ``key.sub=value`` overrides, build and validate a :class:`TrainConfig`.
 
     The config's folder is appended to ``sys.path`` (after every other entry, so it shadows nothing): a reward
-    module next to the config (``my_rewards:fn``) is found from any working directory."""
+    module next to the config (``my_rewards:fn``) is found from any working directory; the dataset task's data paths
+    resolve against that folder too (:func:`mmgrpo.config_paths.resolve_data_paths`)."""
     if path is not None:
         add_import_dir(Path(path).resolve().parent)
     cfg = read_config(path, overrides)
+    resolve_data_paths(cfg, path, overrides)  # data paths: against the config's folder (mmgrpo/config_paths.py)
     validate(cfg)
     return cfg
 

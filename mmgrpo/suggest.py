@@ -92,16 +92,14 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str | None:
     return lowered[found[0]] if found else None
 
 
-def config_fields() -> dict[str, str]:
-    """Every field of the training config by its last name → its dotted path (``group_size`` →
-    ``algorithm.group_size``); a name used in several sections keeps its first, shallowest path."""
+def config_fields(root: type) -> dict[str, str]:
+    """Every field of the config dataclass ``root`` (the training config) by its last name → its dotted path
+    (``group_size`` → ``algorithm.group_size``); a name used in several sections keeps its first, shallowest path."""
     import dataclasses
     import typing
 
-    from mmgrpo.config import TrainConfig
-
     out: dict[str, str] = {}
-    todo: list[tuple[type, str]] = [(TrainConfig, "")]
+    todo: list[tuple[type, str]] = [(root, "")]
     while todo:
         cls, prefix = todo.pop(0)
         hints = typing.get_type_hints(cls)
@@ -112,18 +110,19 @@ def config_fields() -> dict[str, str]:
     return out
 
 
-def unknown_field(path: str, key: str, names: list[str]) -> str:
+def unknown_field(path: str, key: str, names: list[str], root: type | None = None) -> str:
     """The one-line error for the unknown field ``key`` (at dotted ``path``) among ``names``: TRL's name mapped to
     mmgrpo's, else the allowed names with the closest one suggested by edit distance: a name of this section, a
     TRL name (``num_generation`` → TRL's ``num_generations``, mmgrpo's ``algorithm.group_size``), or a field of
-    another section of the config (``group_size`` at the top → ``algorithm.group_size``)."""
+    another section of the config dataclass ``root`` (``group_size`` at the top → ``algorithm.group_size``)."""
     if key in TRL_NAMES and TRL_NAMES[key] != path:
         where = _TRL_VALUES.get(key, TRL_NAMES[key])
         return f"unknown field {path!r}: {key!r} is TRL's name; mmgrpo's is {where} (docs/from_trl.md)"
     message = f"unknown field {path!r}; allowed: {', '.join(names) or '(none)'}"
     here = _closest(key, names)
     trl = _closest(key, [n for n in TRL_NAMES if TRL_NAMES[n] != path])
-    fields = {leaf: dotted for leaf, dotted in config_fields().items() if dotted != path and leaf not in names}
+    every = config_fields(root) if root is not None else {}
+    fields = {leaf: dotted for leaf, dotted in every.items() if dotted != path and leaf not in names}
     elsewhere = _closest(key, fields)
     best = min((c for c in (here, trl, elsewhere) if c is not None), default=None, key=lambda c: c[0])
     if best is not None and best == trl and here != trl:

@@ -35,8 +35,8 @@ import torch
 
 from mmgrpo.cache import cache_dir
 from mmgrpo.config import ConfigError, LoraConfig
+from mmgrpo.hub import hf_offline
 from mmgrpo.plugins import BuildContext
-from mmgrpo.rewards.weights import hf_offline
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -182,37 +182,65 @@ def cached_build(name: str, marker: str, build: Callable[[Path], None]) -> Path:
     return directory
 
 
+def exported_base(model: torch.nn.Module, name_or_path: str) -> str:
+    """The base-model name an export records, one that resolves outside mmgrpo: a real model of
+    :mod:`~mmgrpo.modalities.real_models` (``smollm2-135m-instruct``, a name only mmgrpo knows) → the directory it was
+    loaded from (its converted weights: the hub's differ, e.g. by the GGUF rounding); a local path → absolute; a hub
+    id or a built-in tiny name → as the config named it (the model card says how to rebuild a tiny one)."""
+    from . import real_models
+
+    if real_models.canonical(name_or_path) is not None:
+        loaded = str(getattr(unwrap(model, peft=True), "name_or_path", "") or "")
+        return loaded or name_or_path
+    path = Path(name_or_path).expanduser()
+    return str(path.resolve()) if path.exists() else name_or_path
+
+
 def save_policy(model: torch.nn.Module, directory: str, base_model: str) -> None:
     """``save_pretrained`` of the unwrapped policy: the whole model, or (peft) the LoRA adapter only.
 
-    A peft adapter records ``base_model_name_or_path`` = ``base_model``, the name the config gave
-    (``model.args.name_or_path``: a hub id or the user's path), not the directory it was loaded from (for the
-    built-in tiny models a directory in this machine's cache). ``PeftModel.from_pretrained(base, directory)``
-    ignores the field; ``AutoPeftModel*`` loads the base from it, which works for hub ids and paths.
+    A peft adapter records ``base_model_name_or_path`` = :func:`exported_base` of ``base_model``, the name the config
+    gave (``model.args.name_or_path``: a hub id, the user's path made absolute, a real model's directory), not the
+    directory a built-in tiny model was loaded from (in this machine's cache). ``PeftModel.from_pretrained(base,
+    directory)`` ignores the field; ``AutoPeftModel*`` loads the base from it, which works for hub ids and paths.
     """
     model.save_pretrained(directory, safe_serialization=True)
     if hasattr(model, "peft_config"):  # named after saving: peft checks the vocabulary against the loaded base
         for path in Path(directory).glob("**/adapter_config.json"):
             config = json.loads(path.read_text())
-            config["base_model_name_or_path"] = base_model
+            config["base_model_name_or_path"] = exported_base(model, base_model)
             path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+TEXT_GENERATION = "text-generation"
+"""The hub task of a text-only causal LM (``*ForCausalLM``: SmolLM2 through the vlm adapter's text-only path)."""
 
 
 def export_info(model: torch.nn.Module, name_or_path: str, *, pipeline_tag: str, tiny_module: str) -> dict:
     """What the model card says about an export of ``model`` (unwrapped; a peft model or a transformers model).
 
     ``built_in`` is set when ``name_or_path`` is one of mmgrpo's built-in tiny models (loaded from another
-    directory than the name and not a path on disk): how to rebuild it, since no hub holds it.
+    directory than the name and not a path on disk): how to rebuild it, since no hub holds it. A real model
+    (:mod:`~mmgrpo.modalities.real_models`) is no built-in: its ``base_model`` is its directory
+    (:func:`exported_base`), ``origin`` / ``hub_id`` say where its weights came from. ``pipeline_tag`` is the
+    family's, except ``text-generation`` for a text-only causal LM.
     """
+    from . import real_models
+
     lora = hasattr(model, "peft_config")
     base = model.get_base_model() if lora else model
     loaded = str(getattr(base, "name_or_path", "") or "")
-    built_in = loaded != name_or_path and not Path(name_or_path).exists()
+    real = real_models.canonical(name_or_path)
+    built_in = real is None and loaded != name_or_path and not Path(name_or_path).exists()
+    causal_lm = type(base).__name__.endswith("ForCausalLM")
     return {
-        "base_model": name_or_path,
+        "base_model": name_or_path if built_in else exported_base(model, name_or_path),
         "library": "transformers",
         "model_class": type(base).__name__,
         "lora": lora,
-        "pipeline_tag": pipeline_tag,
+        "pipeline_tag": TEXT_GENERATION if causal_lm else pipeline_tag,
         "built_in": {"module": tiny_module, "function": "resolve_model_path"} if built_in else None,
+        "origin": real_models.MODELS[real].origin if real else None,
+        "hub_id": real_models.MODELS[real].hub_id if real else None,
+        "real_name": real,
     }

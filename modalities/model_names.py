@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from mmgrpo.rewards.weights import hf_cache_dir, hub_weights_problem
+from mmgrpo.hub import hf_cache_dir, hub_weights_problem
 from mmgrpo.suggest import did_you_mean
 
 from . import real_models

@@ -413,6 +413,8 @@ def check_reward_spec(name: Any, kwargs: dict | None = None, weight: Any = 1.0) 
         raise ValueError(f"kwargs: must be a mapping of argument names to values, got {kwargs!r}")
     if not isinstance(name, str) or not name or name == "()":
         raise ValueError(f"a reward name is a non-empty string, got {name!r}")
+    if _policy == "registered" and is_code_spec(name):  # the demo of an untrusted run: not looked for, not loaded
+        return f"reward {name!r} is code to import; not loaded under the registered-only policy"
     factory = name.endswith("()")
     base = name[:-2] if factory else name
     if base not in REWARDS and ":" not in base:  # an entry point (or unknown): checked on its value

@@ -209,6 +209,13 @@ def _to_floats(out: Any, rows: list[int], name: str) -> tuple[list[float], list[
         if v is None:
             vals.append(math.nan)
             continue
+        if isinstance(v, (str, bytes)):  # "1" is not converted: a reward returning text is a mistake, said here
+            raise RewardError(
+                f"reward {name!r} returned {_short(v)} ({type(v).__name__}) at sample {rows[i]}; expected a float "
+                "or None (a string is not converted: return float(...))",
+                reward=name,
+                index=rows[i],
+            )
         try:
             x = float(v)
         except (TypeError, ValueError, OverflowError):

@@ -164,9 +164,10 @@ def test_no_import_circle_in_the_package():
 
 # ---------------------------------------------------------------------------- core ↔ rewards: one direction
 
-BASE = {"mmgrpo.errors", "mmgrpo.registry", "mmgrpo.suggest"}
+BASE = {"mmgrpo.errors", "mmgrpo.registry", "mmgrpo.suggest", "mmgrpo.hub"}
 """The small base of the core that the reward and tool packages may import: ConfigError, the Registry class,
-did_you_mean. It imports nothing of mmgrpo outside itself."""
+did_you_mean, whether a hub id can load (mmgrpo.hub: model-based rewards' weights and the policy's name, issue 53).
+It imports nothing of mmgrpo outside itself."""
 LEAVES = ("mmgrpo.rewards", "mmgrpo.tools")
 """Packages that sit on the base alone (docs/architecture.md, "Dependency rule")."""
 REWARD_USERS = (

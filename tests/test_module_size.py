@@ -16,6 +16,7 @@ ALLOWED = {  # (file, text of the line) → why this getattr/hasattr is not a ca
     ("config.py", "getattr(e, 'problem', e)"): "PyYAML error attributes",
     ("dynamic_sampling.py", "getattr(r, name)[s]"): "Rollout field read by name (every field exists)",
     ("dynamic_sampling.py", "getattr(parts[0][0], name) is not None"): "Rollout field read by name",
+    ("hub.py", 'getattr(e, "reason", e)'): "urllib error attributes (standard library exception)",
     ("launch.py", 'hasattr(torch, "accelerator")'): "torch version (torch.accelerator is recent)",
     ("media.py", 'hasattr(value, "read")'): "a user's media value: file-like or not",
     ("preflight.py", 'getattr(rows, "where", None)'): "optional location of a plugin task's row list",

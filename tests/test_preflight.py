@@ -16,9 +16,12 @@ from mmgrpo.preflight import preflight
 from mmgrpo.tasks.dataset import build_dataset_task
 from mmgrpo.types import DataError
 
+NO_MODEL = os.path.dirname(os.path.abspath(__file__))  # a folder without a model: never loaded (issue 53: the
+# name is checked at load, so it must exist; the load-time checks under test come first)
+
 BASE = [
     "model.adapter=vlm",
-    "model.args.name_or_path=/nonexistent/model",  # never loaded: the check comes first
+    f"model.args.name_or_path={NO_MODEL}",  # never loaded: the check comes first
     "task.name=dataset",
     "logging.trackers=[]",
     "logging.progress=false",
@@ -43,7 +46,7 @@ def empty(tmp_path):
 
 
 def test_a_column_a_reward_needs_fails_the_dry_run_and_train_before_the_model(tmp_path, capsys, empty):
-    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "Where is the cat?", "solution": "[1, 2, 3, 4]"}] * 3)
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "Where is the cat?", "box": "[1, 2, 3, 4]"}] * 3)
     args = [*BASE, f"task.args.train={data}", f"output_dir={tmp_path / 'run'}", "rewards=[{name: iou}]"]
     rc, err = _run(capsys, empty, *args)
     assert rc == 2 and len(err.splitlines()) == 1
@@ -51,8 +54,11 @@ def test_a_column_a_reward_needs_fails_the_dry_run_and_train_before_the_model(tm
     assert "task.args.columns.answer" in err and "rewards[0].kwargs.answer_key" in err
     assert main(["train", str(empty), *args]) == 2  # the same line from `train`, not the missing model's error
     assert capsys.readouterr().err.strip() == err
-    assert _run(capsys, empty, *args, "rewards=[{name: iou, kwargs: {answer_key: solution}}]")[0] == 0
-    assert _run(capsys, empty, *args, "task.args.columns={answer: solution}")[0] == 0
+    assert _run(capsys, empty, *args, "rewards=[{name: iou, kwargs: {answer_key: box}}]")[0] == 0
+    assert _run(capsys, empty, *args, "task.args.columns={answer: box}")[0] == 0
+    # TRL's name for it, solution, is read as answer (issue 53; before, it was this column's case above)
+    trl = _jsonl(tmp_path / "trl.jsonl", [{"prompt": "Where is the cat?", "solution": "[1, 2, 3, 4]"}] * 3)
+    assert _run(capsys, empty, *args, f"task.args.train={trl}")[0] == 0
 
 
 def test_rows_routed_away_from_a_reward_do_not_need_its_column(tmp_path, capsys, empty):

@@ -1,8 +1,9 @@
 """The load-time check knows which media each adapter reads, decodes the first rows' audio and video, and a bad
 audio or video row past them is skipped and counted as a bad image is (issue 36). Each refusal is one line, exit
-status 2, before any model loads (the model paths below do not exist)."""
+status 2, before any model loads (the model paths below hold no model)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,9 +17,12 @@ from mmgrpo.tasks.dataset import build_dataset_task
 from mmgrpo.types import DataError
 from mmgrpo.warmup import read_rows
 
+NO_MODEL = os.path.dirname(os.path.abspath(__file__))  # a folder without a model: never loaded (issue 53: the
+# name is checked at load, so it must exist; the load-time checks under test come first)
+
 BASE = ["task.name=dataset", "logging.trackers=[]", "logging.progress=false", "rewards=[{name: format}]"]
-VLM = ["model.adapter=vlm", "model.args.name_or_path=/nonexistent/model"]
-WHISPER = ["model.adapter=whisper", "model.args.name_or_path=/nonexistent/model", "rewards=[{name: wer}]"]
+VLM = ["model.adapter=vlm", f"model.args.name_or_path={NO_MODEL}"]
+WHISPER = ["model.adapter=whisper", f"model.args.name_or_path={NO_MODEL}", "rewards=[{name: wer}]"]
 
 
 def _wav(path, seconds=0.5, rate=16000):
@@ -129,7 +133,7 @@ def test_the_first_rows_audio_is_decoded_at_load(tmp_path, capsys, empty):
 def test_the_first_rows_video_frames_are_decoded_at_load(tmp_path, capsys, empty):
     _mp4(tmp_path / "ok.mp4")
     good = _jsonl(tmp_path / "good.jsonl", [{"prompt": "q", "video": "ok.mp4"}] * 2)
-    video = ["model.adapter=video", "model.args.name_or_path=/nonexistent/model"]
+    video = ["model.adapter=video", f"model.args.name_or_path={NO_MODEL}"]
     rc, err = _dry(capsys, empty, *BASE, *video, f"task.args.train={good}")
     assert rc == 0 and "decoded 16 video frames" in err  # 8 frames of each of the 2 rows
     cut = tmp_path / "cut.mp4"

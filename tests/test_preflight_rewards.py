@@ -4,6 +4,7 @@
 name typos, and a reward module next to the config."""
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from mmgrpo.cli import main
+
+NO_MODEL = os.path.dirname(os.path.abspath(__file__))  # a folder without a model: never loaded (issue 53: the
+# name is checked at load, so it must exist; the load-time checks under test come first)
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOW = str(ROOT / "configs/flow_grpo.yaml")
@@ -50,7 +54,7 @@ def test_model_based_reward_weights_are_found_before_the_policy_loads(
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = [
         f"rewards=[{{name: {reward}}}]",
-        "model.args.name_or_path=/nonexistent/policy",  # never loaded: the check comes first
+        f"model.args.name_or_path={NO_MODEL}",  # never loaded: the check comes first
         f"output_dir={no_hub / 'run'}",
         "logging.trackers=[]",
     ]
@@ -114,7 +118,7 @@ def _dataset(tmp_path, rows, *args) -> list[str]:
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return [
         "model.adapter=vlm",
-        "model.args.name_or_path=/nonexistent/model",  # never loaded: the check comes first
+        f"model.args.name_or_path={NO_MODEL}",  # never loaded: the check comes first
         "task.name=dataset",
         f"task.args.train={data}",
         f"task.args.eval={data}",
@@ -187,7 +191,7 @@ def test_a_task_eval_reward_weights_are_found_at_load_too(no_hub, capsys, monkey
     args = [
         "task.name=dataset",
         f"task.args={{train: {prompts}, eval: {prompts}, eval_rewards: [{{name: pickscore}}]}}",
-        "model.args.name_or_path=/nonexistent/policy",
+        f"model.args.name_or_path={NO_MODEL}",
         f"output_dir={no_hub / 'run'}",
         "logging.trackers=[]",
     ]

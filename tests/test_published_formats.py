@@ -4,6 +4,7 @@ ASR data in a CSV ``file,text`` needs no ``prompt`` column."""
 
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,9 @@ from mmgrpo.cli import main
 from mmgrpo.media import add_media_parts, media_content
 from mmgrpo.tasks.dataset import build_dataset_task
 from mmgrpo.types import DataError
+
+NO_MODEL = os.path.dirname(os.path.abspath(__file__))  # a folder without a model: never loaded (issue 53: the
+# name is checked at load, so it must exist; the load-time checks under test come first)
 
 BASE = ["task.name=dataset", "logging.trackers=[]", "logging.progress=false", "rewards=[{name: format}]"]
 
@@ -76,7 +80,7 @@ def test_easyr1_parquet_renders_the_image_where_the_placeholder_is(tmp_path, tin
 
 def test_a_placeholder_count_mismatch_is_one_line_at_dry_run(tmp_path, capsys, empty):
     data = _easyr1_parquet(tmp_path / "train.parquet", ["<image> or <image>?"] * 2)
-    args = [*BASE, "model.adapter=vlm", "model.args.name_or_path=/nonexistent", f"task.args.train={data}"]
+    args = [*BASE, "model.adapter=vlm", f"model.args.name_or_path={NO_MODEL}", f"task.args.train={data}"]
     assert main(["train", str(empty), "--dry-run", *args, "task.args.columns={prompt: problem}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{data}: row 0" in err
@@ -96,7 +100,7 @@ def _asr_csv(tmp_path):
 
 def test_whisper_csv_file_text_needs_no_prompt_column(tmp_path, capsys, empty):
     csv = _asr_csv(tmp_path)
-    args = [*BASE, "model.args.name_or_path=/nonexistent", f"task.args.train={csv}", "rewards=[{name: wer}]"]
+    args = [*BASE, f"model.args.name_or_path={NO_MODEL}", f"task.args.train={csv}", "rewards=[{name: wer}]"]
     mapping = "task.args.columns={audio: file, answer: text}"
     assert main(["train", str(empty), "--dry-run", "model.adapter=whisper", *args, mapping]) == 0
     assert "dry run OK" in capsys.readouterr().out

@@ -19,6 +19,25 @@ from mmgrpo.demo.run import DemoError, Models
 SIDES = ("base", "trained")
 
 
+def prompt_text(prompt) -> str:
+    """What a prompt says, for a label: a string as it is; a chat's last user message (its text parts), else its
+    last message; whitespace collapsed."""
+    if isinstance(prompt, list):
+        messages = [m for m in prompt if isinstance(m, dict)]
+        users = [m for m in messages if m.get("role") == "user"] or messages
+        content = users[-1].get("content", "") if users else ""
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("text"))
+        prompt = content
+    return " ".join(str(prompt if prompt is not None else "").split())
+
+
+def example_label(i: int, row: dict) -> str:
+    """``"i: <the prompt's text>"`` (at most 70 characters of it), the dropdown entry of held-out row ``i``."""
+    text = prompt_text(row.get("prompt"))
+    return f"{i}: {text[:70]}{'…' if len(text) > 70 else ''}"
+
+
 def model_tab(app, models: Models, rows: list[dict], group: int, scratch: Path) -> None:
     """The tab's components and events (``group``: the run's G, the most sampled answers one may ask for)."""
     import gradio as gr
@@ -26,7 +45,7 @@ def model_tab(app, models: Models, rows: list[dict], group: int, scratch: Path) 
     key = media_key(rows)
     kind = KINDS[MEDIA_KEYS[key]] if key else None
     with gr.Tab(f"ask ({kind.name})" if kind else "generate", elem_id="tab-model"):
-        labels = [f"{i}: {str(r.get('prompt'))[:70]}" for i, r in enumerate(rows)]
+        labels = [example_label(i, r) for i, r in enumerate(rows)]
         example = gr.Dropdown(
             choices=labels, value=labels[0] if labels else None, label="held-out example", elem_id="example"
         )

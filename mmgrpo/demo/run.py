@@ -24,17 +24,21 @@ class DemoError(Exception):
 def load_run_config(run_dir: Path, trust_run_config: bool = False):
     """The run's resolved config (``RUN_DIR/config.yaml``), or a one-line :class:`DemoError`.
 
-    Loading checks the rewards without importing their code (:func:`mmgrpo.rewards.check_reward_spec`). Without
-    ``trust_run_config`` a config that sets ``trust_remote_code`` anywhere under ``model.args`` is refused.
+    Loading checks the rewards without importing their code (:func:`mmgrpo.rewards.check_reward_spec`); without
+    ``trust_run_config`` rewards given as code are not even looked for (their module need not be on this machine's
+    path: the demo loads registered rewards only and says so), and a config that sets ``trust_remote_code``
+    anywhere under ``model.args`` is refused.
     """
     from mmgrpo.config import ConfigError
     from mmgrpo.loader import load_config
+    from mmgrpo.rewards.registry import reward_code_policy
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise DemoError(f"{run_dir}: no config.yaml — not an mmgrpo run directory (mmgrpo train writes one)")
-    try:
-        cfg = load_config(path)
+    try:  # untrusted: rewards given as code (my_rewards:fn) are neither imported nor looked for (not on this path)
+        with reward_code_policy("import" if trust_run_config else "registered"):
+            cfg = load_config(path)
     except ConfigError as e:
         raise DemoError(f"{path}: {e}") from None
     if not trust_run_config:

@@ -9,7 +9,8 @@ builds row ``i`` when the trainer samples it, opening its images then — a mill
 memory as PIL images. A row is the file's columns with these additions:
 
 - ``columns`` maps adapter keys to the file's column names (``{prompt: problem, image: image_path, answer:
-  solution}``); the file's own columns stay too, so every other column (boxes, ``problem_type``...) reaches the
+  solution}``; a row without ``answer`` takes TRL's ``solution`` as it, as TRL's rewards read it); the file's own
+  columns stay too, so every other column (boxes, ``problem_type``...) reaches the
   rewards unchanged. Without a ``prompt`` column, a LLaVA/ShareGPT ``conversations`` list (``[{"from": "human",
   "value": "<image>question"}, {"from": "gpt", "value": "answer"}]``, VLM-R1's JSONL) gives ``prompt`` (the
   first human turn without its ``<image>``/``<video>`` tags) and ``answer`` (the first gpt turn).
@@ -374,13 +375,12 @@ class RowBuilder:
             self._from_conversations(row, where)
         if "media" in row and row["media"] is not None:
             self._route_media(row, where)
+        if "answer" not in row and "solution" in row:
+            row["answer"] = row["solution"]  # TRL's name for the ground truth (its accuracy_reward reads solution)
         if "prompt" not in row and row.get("audio") is not None:
             row["prompt"] = ""  # ASR data (file,text): Whisper reads no prompt; audio_llm refuses this at load
         if "prompt" not in row:
-            raise DataError(
-                f"{where}: column 'prompt' is missing; map one with task.args.columns.prompt "
-                f"(the row has {sorted(raw)})"
-            )
+            raise DataError(f"{where}: column 'prompt' is missing; {_prompt_hint(raw)}")
         if self.media_columns and not any(k in raw for k in self.media_columns):
             key = self.media_columns[0]
             raise DataError(
@@ -474,6 +474,21 @@ class RowBuilder:
             return prompt
         content: Any = media_content(prompt, counts) if any(counts.values()) else prompt
         return [{"role": "system", "content": a.system_prompt}, {"role": "user", "content": content}]
+
+
+def _prompt_hint(raw: dict) -> str:
+    """How to give a row without a ``prompt`` one: a column holding audio files (Whisper ASR data, a CSV
+    ``file,text``) is mapped as ``audio`` (Whisper needs no prompt); else the prompt column is mapped."""
+    audio = next((c for c, v in raw.items() if isinstance(v, str) and Path(v).suffix.lower() in AUDIO_EXTENSIONS), None)
+    if audio is not None:
+        return (
+            f"column {audio!r} holds audio ({raw[audio]!r}): map it with task.args.columns: {{audio: {audio}}} "
+            f"(speech data needs no prompt: Whisper reads none), or map a prompt column (the row has {sorted(raw)})"
+        )
+    return (
+        f"map one with task.args.columns.prompt, or for speech data without prompts the audio file column with "
+        f"task.args.columns.audio (the row has {sorted(raw)})"
+    )
 
 
 class Rows(Sequence):

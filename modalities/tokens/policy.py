@@ -172,6 +172,16 @@ class TokenPolicy:
     TINY_MODULE = ""
     """The module whose ``resolve_model_path(name, seed)`` builds this family's built-in tiny models."""
 
+    SAMPLING_KEYS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty")
+    """The ``model.args`` that are ``generate`` arguments of the same meaning (``top_k: 0`` is off in both)."""
+
+    def sampling_settings(self) -> dict:
+        """The ``generate`` arguments the rollouts sampled with (``mmgrpo_sampling.json`` and the model card next to
+        exported weights): ``do_sample`` and the family's :data:`SAMPLING_KEYS` among its options, all of them, so
+        transformers' own defaults (``top_k=50``) never stand in for the run's."""
+        options = vars(self.args)
+        return {"do_sample": True, **{k: options[k] for k in self.SAMPLING_KEYS if k in options}}
+
     def export_info(self) -> dict:
         """How the saved model loads outside mmgrpo (:func:`mmgrpo.modalities._hf.export_info`)."""
         return _hf.export_info(
