@@ -58,6 +58,7 @@ from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
 from mmgrpo.config import ConfigError, Range
+from mmgrpo.losses import GROUP_SURROGATES
 from mmgrpo.types import Rollout
 
 DIVERSE_MAX_BUFFER = 16
@@ -196,9 +197,8 @@ def _combined(scores: list[list[float]], weights: Tensor) -> list[float]:
 
 
 def apply(ctx: Any, batch: Any, o: ReplayOptions, memory: dict) -> Any:
-    """Replay R stored completions into each group, then store this step's (see the module docstring)."""
-    from mmgrpo.rollout_steps import RolloutBatch
-
+    """Replay R stored completions into each group, then store this step's (see the module docstring); the step's
+    :class:`~mmgrpo.rollout_steps.RolloutBatch` with groups of G + R."""
     buffer: dict[str, list[dict]] = memory.setdefault("buffer", {})
     P, G, R = len(batch.rows), batch.rollout.group_size, o.num_replays
     chosen = []  # [P] lists of entries
@@ -243,13 +243,11 @@ def apply(ctx: Any, batch: Any, o: ReplayOptions, memory: dict) -> Any:
     metrics["replay/reward_mean"] = float(
         adv_lib.combine_rewards(extra, ctx.weights.float().cpu()).nanmean().nan_to_num(0)
     )
-    return RolloutBatch(batch.rows, grown, merged, batch.indices, metrics)
+    return type(batch)(batch.rows, grown, merged, batch.indices, metrics)  # a RolloutBatch (no import: no cycle)
 
 
 def check(a: Any, o: ReplayOptions) -> None:
     """Refuse, in one line, what replay cannot combine with: a loss over whole groups of a fixed G."""
-    from mmgrpo.losses import GROUP_SURROGATES
-
     if a.surrogate in GROUP_SURROGATES:
         raise ConfigError(
             f"algorithm.rollout_steps.replay: surrogate {a.surrogate!r} reads groups of algorithm.group_size, and "
