@@ -162,3 +162,24 @@ def test_replay_resumes_exactly(tmp_path, mmgrpo_cache):
     keys = ("replay/replayed_fraction", "replay/reward_mean", "replay/mean_age")
     after = lambda rs: [[r.get(k) for k in keys] for r in rs if r.get("step", 0) > 2]
     assert after(resumed) == after(records)
+
+
+@pytest.mark.parametrize("family", ["vlm", "video", "audio_llm"])
+def test_every_token_family_takes_replayed_samples_into_its_groups(family, mmgrpo_cache):
+    """The grown group (G = 2 fresh + R = 1 replayed, teacher-forced) of each token family: the fresh samples keep
+    their units and log-probs, the replayed one gets its text, and every ratio is 1 before an update."""
+    from tests.adapter_cases import CASES, build
+
+    adapter = build(family, lora=False)
+    rows = CASES[family].rows()
+    rollout = adapter.rollout(rows, 2)
+    grown = replay.expand(adapter, rollout, 1)  # [P·3]
+    assert grown.group_size == 3 and grown.batch_size == 3 * len(rows)
+    fresh = torch.tensor([p * 3 + g for p in range(len(rows)) for g in range(2)])
+    torch.testing.assert_close(grown.old_logprobs[fresh], rollout.old_logprobs, atol=0, rtol=0)
+    slots = torch.tensor([p * 3 + 2 for p in range(len(rows))])
+    adapter.inject(grown, slots, ["red"] * len(rows))
+    assert [grown.outputs[i] for i in slots.tolist()] == ["red"] * len(rows)
+    with torch.no_grad():
+        now = adapter.logprobs(grown, torch.arange(grown.batch_size))  # [B, T]
+    torch.testing.assert_close(now * grown.mask, grown.old_logprobs, atol=1e-4, rtol=0)
