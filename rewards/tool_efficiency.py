@@ -44,8 +44,8 @@ def mapping(m: int, n: int) -> float:
 def tool_score(m: int, n: int | None, c: float = 1.0) -> float:
     """r_tool of a trajectory with ``m`` calls when the optimum is ``n`` (None: OTC-PPO, no optimum known)::
 
-        n = None or n = 0:  1 if m = 0, else cos(m·π / (2m + c))
-        n > 0:              sin(f(m, n)·π / (2n))
+    n = None or n = 0:  1 if m = 0, else cos(m·π / (2m + c))
+    n > 0:              sin(f(m, n)·π / (2n))
     """
     if not n:  # OTC-PPO, or OTC-GRPO with n = 0 (f(0, 0) = 0 = n gives 1; cos(0) = 1 agrees)
         return math.cos(m * math.pi / (2 * m + c))
@@ -107,9 +107,7 @@ def otc(
     correct = [ok and float(a) > acc_threshold for ok, a in zip(known, accs)]
     groups = group_ids(prompts if prompts is not None else [None] * len(completions), columns, group_key)
     best = optimal_calls(calls, correct, groups) if mode == "grpo" else [None] * len(calls)
-    return [
-        alpha * tool_score(m, n, c) * float(a) if ok else None for m, n, a, ok in zip(calls, best, accs, known)
-    ]
+    return [alpha * tool_score(m, n, c) * float(a) if ok else None for m, n, a, ok in zip(calls, best, accs, known)]
 
 
 __all__ = ["mapping", "optimal_calls", "otc", "tool_score"]
