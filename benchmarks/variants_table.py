@@ -83,8 +83,9 @@ Studies:
 - ``igpo`` (the zoom tool task, held-out accuracy on 100 rows): one shared warm-up (``configs/zoom_tools.yaml``'s,
   200 steps of 32, trained once with seed 0 and saved as step 0: the study's ``once`` run), then per seed 40 RL
   steps of 4 prompts × G = 8 from it: GRPO (``configs/zoom_tools.yaml``, trajectory credit) vs IGPO
-  (``configs/variant_igpo.yaml``: the ground-truth probe + ``algorithm.credit: igpo``; mmgrpo/igpo.py). Also
-  reported: the held-out crop_hits_box and tool_call_rate.
+  (``configs/variant_igpo.yaml``: the ground-truth probe + ``algorithm.credit: igpo``; mmgrpo/igpo.py), and IGPO
+  with the gains and outcomes normalised apart (``normalization: separate``). Also reported: the held-out
+  crop_hits_box and tool_call_rate.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -301,6 +302,7 @@ STUDIES: dict[str, dict] = {
         "runs": {
             "grpo": ("configs/zoom_tools.yaml", []),
             "igpo": ("configs/variant_igpo.yaml", []),
+            "igpo_separate": ("configs/variant_igpo.yaml", ["algorithm.credit_args={normalization: separate}"]),
         },
         "overrides": [
             "model.args.name_or_path=<base>/warmup_seed0/checkpoints/step-000000/model",
