@@ -305,3 +305,25 @@ def test_knapsack_resumes_exactly(tmp_path, mmgrpo_cache):
     sizes = [(r["budget/min"], r["budget/max"]) for r in records if "budget/min" in r]
     assert sizes[0] == (4.0, 4.0) and any(lo != hi for lo, hi in sizes[1:]), sizes  # ragged once rates are known
     assert any(r["loss/policy"] != 0.0 for r in records)  # the weights did move
+
+
+@pytest.mark.slow  # two processes (gloo): the budgets' grid width and success rates are gathered
+def test_knapsack_trains_on_two_processes(tmp_path, mmgrpo_cache):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    accelerate = Path(sys.executable).parent / "accelerate"
+    cmd = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml"),
+           "--main_process_port", "0", "-m", "mmgrpo", "train", str(CONFIG), *TINY, "steps=4",
+           "task.args.train_size=4", f"output_dir={out}"]  # fmt: skip
+    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "budget/max" in r]
+    assert len(steps) == 4 and all(math.isfinite(r["loss/policy"]) for r in steps)
+    assert any(r["budget/max"] > r["budget/min"] for r in steps)  # ragged steps ran under two processes
