@@ -417,7 +417,8 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {}
     for name, (config, overrides) in study.get("once", {}).items():  # shared by every run (a warm-up): seed 0
         train(config, base / f"{name}_seed0", 0, [o.replace("<base>", str(base)) for o in overrides], args.fresh)
-        results[name] = {0: read_run(base / f"{name}_seed0", study["metric"], study.get("extra", []))}
+        r = read_run(base / f"{name}_seed0", study["metric"], study.get("extra", []))
+        results[name] = {0: {**r, "after": r["evals"][-1][2] if r["after"] is None else r["after"]}}  # its last eval
     for name, (config, overrides) in study["runs"].items():
         if args.only and name not in args.only:
             continue
