@@ -56,8 +56,9 @@ Studies:
 - ``multichoice`` (the shapes task's multi-answer ``colours`` question, held-out exact-set accuracy):
   ``configs/variant_multichoice.yaml`` with the exact-match ``accuracy`` reward and as shipped (TW-GRPO's
   ``multiple_choice_partial``). Also reported: the held-out mean partial reward at the warm-up and after training.
-- ``scaffold`` (the real SmolLM2-135M-Instruct on one-step arithmetic word problems, ``configs/real_smollm2_arithmetic.yaml``
-  cut to fit a shared 2-core CPU: 6 steps of 2 prompts × G = 4, 50 held-out problems): GRPO vs Scaf-GRPO's hint
+- ``scaffold`` (the real SmolLM2-135M-Instruct on one-step arithmetic word problems,
+  ``configs/real_smollm2_arithmetic.yaml`` cut to fit a shared 2-core CPU: 6 steps of 2 prompts × G = 4, 50 held-out
+  problems): GRPO vs Scaf-GRPO's hint
   scaffolding (``algorithm.rollout_steps: {scaffold: {exemption_steps: 1}}``, ``task.args.hints: true``;
   mmgrpo/scaffold.py). Needs ``bash scripts/setup_real_models.sh smollm2-135m-instruct``.
 
