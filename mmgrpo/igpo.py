@@ -192,7 +192,8 @@ class IGPOOptions:
     """prob_diff: exp(ℓ_{t+1}) − exp(ℓ_t), the paper's | log_prob_diff: ℓ_{t+1} − ℓ_t."""
     normalization: Literal["joint", "separate"] = "joint"
     """joint: the gains and outcomes of a prompt's trajectories z-normalised together (the paper's) | separate:
-    gains and outcomes apart."""
+    gains and outcomes apart. With gains small against the outcome, joint gives every extra turn about
+    −mean(R)/std(R) (on the zoom task two seeds of three stopped calling the tool: docs/variants.md)."""
     scale: bool = True
     """Divide by the group's std + eps (the code's norm_adv_by_std_in_grpo); false: mean-centred only."""
     eps: float = 1e-6
