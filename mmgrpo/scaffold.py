@@ -42,7 +42,7 @@ string prompts; refused with ``gt_injection`` (it would inject into the one-samp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -52,10 +52,8 @@ from mmgrpo import noise
 from mmgrpo.augmentation import with_hint
 from mmgrpo.config import Range
 from mmgrpo.errors import ConfigError
+from mmgrpo.rollout_batch import RolloutBatch, RolloutContext
 from mmgrpo.types import Rollout
-
-if TYPE_CHECKING:
-    from mmgrpo.rollout_steps import RolloutBatch, RolloutContext
 
 HINT_NOISE = 0x5CAF
 """Tag mixed into the seed of the hinted rollout's keyed noise (apart from the step's own rollouts)."""
