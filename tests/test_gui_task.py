@@ -148,17 +148,17 @@ def test_splits_share_no_episode_and_the_expert_completes_every_one(task):
     assert len(train) == 200 and len(held) == 40
 
     def episode(row):
-        task.app.reset(row)
-        return task.app.episode_text()
+        task.game.reset(row)
+        return task.game.episode_text()
 
     assert not {episode(r) for r in train} & {episode(r) for r in held}
     for row in held:
-        task.app.reset(row)
+        task.game.reset(row)
         moves = 0
-        while not task.app.done:
-            act(task.app, task.app.shortest_solution()[0])
+        while not task.game.done:
+            act(task.game, task.game.shortest_solution()[0])
             moves += 1
-        assert task.app.completed and moves == row["min_moves"], row
+        assert task.game.completed and moves == row["min_moves"], row
 
 
 def test_warmup_targets_and_score(task):

@@ -111,7 +111,9 @@ def held_out(level: str, fraction: float) -> bool:
 
 
 class SokobanTask:
-    """See the module docstring."""
+    """See the module docstring. A task of another game (the grid world, the GUI app) subclasses it and overrides the
+    game's hooks: :meth:`make_game`, :meth:`level_id`, :meth:`row_extra`, :meth:`expert`, :meth:`random_action`,
+    :meth:`won` and :meth:`first_of`; the splits, warm-up, replay and score are shared."""
 
     def __init__(self, args: SokobanArgs):
         try:
@@ -126,10 +128,36 @@ class SokobanTask:
         """The game of the task's levels (the level options of ``args``); a task of another game overrides it."""
         return Sokoban(size=args.size, boxes=args.boxes, pulls=args.pulls, max_steps=args.max_steps)
 
+    def level_id(self) -> str:
+        """The current level's identity (the split hashes it): the room as text."""
+        return self.game.render_text()
+
+    def row_extra(self) -> dict:
+        """Columns a game adds to the row of the level just reset (none here)."""
+        return {}
+
+    def expert(self) -> str:
+        """The expert's next action in the current state (:func:`expert_move`)."""
+        return expert_move(self.game)
+
+    def random_action(self, rng: random.Random) -> str:
+        """One uniformly random action (the warm-up's noise and the random mover)."""
+        return rng.choice(ACTIONS)
+
+    def won(self) -> bool:
+        """Whether the episode played so far reached the goal (every box on a target)."""
+        return self.game.solved
+
+    @staticmethod
+    def first_of(output) -> object:
+        """The action of an output's first turn (:func:`first_move`), for ``first_move_share``."""
+        return first_move(output)
+
     def _row(self, seed: int) -> dict:
         self.game.reset({"seed": seed})
         solution = self.game.shortest_solution()
-        return {"prompt": self.args.prompt, "seed": seed, "min_moves": -1 if solution is None else len(solution)}
+        row = {"prompt": self.args.prompt, "seed": seed, **self.row_extra()}
+        return row | {"min_moves": -1 if solution is None else len(solution)}
 
     def _split(self) -> tuple[list[dict], list[dict]]:
         a = self.args
@@ -138,8 +166,8 @@ class SokobanTask:
             if len(train) >= a.train_size and len(held) >= a.eval_size:
                 return train, held
             seed = a.seed * 10**6 + i
-            level = level_text(self.game, seed)
-            if not held_out(level, a.eval_fraction):
+            self.game.reset({"seed": seed})
+            if not held_out(self.level_id(), a.eval_fraction):
                 if len(train) < a.train_size:
                     train.append(self._row(seed))
             elif len(held) < a.eval_size:
@@ -166,7 +194,7 @@ class SokobanTask:
             target = []
             while len(target) < self.args.warmup_turns and not self.game.done:
                 noisy = rng.random() < self.args.warmup_expert_eps
-                move = rng.choice(ACTIONS) if noisy else expert_move(self.game)
+                move = self.random_action(rng) if noisy else self.expert()
                 target.append(f"<action>{move}</action>")
                 self.game.step(target[-1])
             rows.append(dict(row, target=target))
@@ -175,7 +203,7 @@ class SokobanTask:
     def play(self, output: str, row: dict) -> tuple[bool, int, int]:
         """Replay one output's turns on the row's level: (solved, moves taken, invalid moves). A plain string (not
         :class:`~mmgrpo.types.Transcript`) is split into turns at newlines."""
-        turns = output.turns if isinstance(output, Transcript) else tuple(output.split("\n"))
+        turns = output.turns if isinstance(output, Transcript) else tuple(str(output).split("\n"))
         if isinstance(output, Transcript) and output.cut_last:
             turns = turns[:-1]
         self.game.reset(row)
@@ -186,7 +214,7 @@ class SokobanTask:
             obs, _, _ = self.game.step(turn)
             steps += 1
             invalid += int(obs.invalid)
-        return self.game.solved, steps, invalid
+        return self.won(), steps, invalid
 
     def random_success(self, rows: list[dict]) -> float:
         """A uniformly random mover's success rate on ``rows`` (``RANDOM_PLAYS`` plays each, seeded by the level)."""
@@ -196,15 +224,15 @@ class SokobanTask:
             for _ in range(RANDOM_PLAYS):
                 self.game.reset(row)
                 while not self.game.done:
-                    self.game.step(f"<action>{rng.choice(ACTIONS)}</action>")
-                wins += self.game.solved
+                    self.game.step(f"<action>{self.random_action(rng)}</action>")
+                wins += self.won()
         return wins / (RANDOM_PLAYS * max(1, len(rows)))
 
     def score(self, outputs: list[str], rows: list[dict]) -> dict[str, float]:
         """success_rate, mean_steps, invalid_rate, first_move_share, random_success (module docstring)."""
         played = [self.play(o, r) for o, r in zip(outputs, rows)]
         n, steps = max(1, len(played)), sum(p[1] for p in played)
-        first = [first_move(o) for o in outputs]
+        first = [self.first_of(o) for o in outputs]
         return {
             "success_rate": sum(p[0] for p in played) / n,
             "mean_steps": steps / n,
