@@ -54,16 +54,34 @@ def make_environment(name: str, **options: Any) -> Environment:
         raise TypeError(f"environment {name!r}: cannot build it with options {sorted(options)}: {e}") from None
 
 
-def parse_action(text: str, allowed: tuple[str, ...]) -> tuple[str | None, str]:
-    """The action in the last ``<action>…</action>`` of ``text`` (verl-agent's format; surrounding space and the
-    case of the action ignored, the tags case-sensitive) if it is one of ``allowed``; else ``None`` and a one-line
-    reason naming the fix. Linear in the text (``str.rfind``; no backtracking regex on model output)."""
-    fix = f"end the turn with <action>one of {', '.join(allowed)}</action>"
+def action_tag(text: str, fix: str) -> tuple[str | None, str]:
+    """The lower-cased content of the last ``<action>…</action>`` of ``text`` (verl-agent's format; the tags
+    case-sensitive), or ``None`` and a one-line reason ending with ``fix``. Linear in the text (``str.rfind``; no
+    backtracking regex on model output)."""
     close = text.rfind("</action>")
     start = text.rfind("<action>", 0, close) if close != -1 else -1
     if start == -1:
         return None, f"no <action>...</action> in the reply; {fix}"
-    action = text[start + len("<action>") : close].strip().lower()
+    return text[start + len("<action>") : close].lower(), ""
+
+
+def row_seed(row: Mapping[str, Any], env: str, what: str) -> int:
+    """``row["seed"]``, the integer an environment draws its ``what`` (level, episode) from; a ValueError naming the
+    column otherwise."""
+    seed = row.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"{env}: the row needs an integer 'seed' column (the {what}), got {seed!r}")
+    return seed
+
+
+def parse_action(text: str, allowed: tuple[str, ...]) -> tuple[str | None, str]:
+    """The action in the last ``<action>…</action>`` of ``text`` (:func:`action_tag`; surrounding space and the case
+    of the action ignored) if it is one of ``allowed``; else ``None`` and a one-line reason naming the fix."""
+    fix = f"end the turn with <action>one of {', '.join(allowed)}</action>"
+    action, why = action_tag(text, fix)
+    if action is None:
+        return None, why
+    action = action.strip()
     if action not in allowed:
         shown = action if len(action) <= 40 else action[:39] + "…"
         return None, f"{shown!r} is not an action; {fix}"

@@ -32,7 +32,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from .base import Observation
-from .env import ENVIRONMENTS, parse_action
+from .env import ENVIRONMENTS, parse_action, row_seed
 
 ACTIONS = ("up", "down", "left", "right")
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}  # (row, column)
@@ -98,10 +98,7 @@ class Sokoban:
 
     def reset(self, row: Mapping[str, Any]) -> Observation:
         """A new level from ``row["seed"]`` (an int)."""
-        seed = row.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"sokoban: the row needs an integer 'seed' column (the level), got {seed!r}")
-        self._generate(random.Random(seed))
+        self._generate(random.Random(row_seed(row, "sokoban", "level")))
         self.steps, self.done = 0, False
         return self.observe()
 

@@ -58,7 +58,7 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from .base import Observation
-from .env import ENVIRONMENTS
+from .env import ENVIRONMENTS, action_tag, row_seed
 
 SCREENS = ("home", "settings", "messages")
 SWITCHES = ("wifi", "bluetooth", "airplane")
@@ -106,11 +106,10 @@ def parse_gui_action(text: str) -> tuple[tuple[str, str] | None, str]:
     """``(verb, argument)`` of the last ``<action>…</action>`` in ``text`` (lower-cased, spaces collapsed), or
     ``None`` and a one-line reason naming the fix. Linear in the text (``str.rfind``)."""
     fix = f"end the turn with <action>{HELP}</action>"
-    close = text.rfind("</action>")
-    start = text.rfind("<action>", 0, close) if close != -1 else -1
-    if start == -1:
-        return None, f"no <action>...</action> in the reply; {fix}"
-    words = text[start + len("<action>") : close].lower().split()
+    inside, why = action_tag(text, fix)
+    if inside is None:
+        return None, why
+    words = inside.split()
     verb, arg = (words[0], " ".join(words[1:])) if words else ("", "")
     shown = repr(" ".join(words)[:40])
     if verb not in VERBS:
@@ -200,10 +199,7 @@ class GuiApp:
 
     def reset(self, row: Mapping[str, Any]) -> Observation:
         """A new episode from ``row["seed"]`` (an int): goal, start screen, scroll position and switches."""
-        seed = row.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"gui: the row needs an integer 'seed' column (the episode), got {seed!r}")
-        rng = random.Random(seed)
+        rng = random.Random(row_seed(row, "gui", "episode"))
         self.task, self.goal = rng.choice(GOALS)
         switches = [rng.random() < 0.5 for _ in SWITCHES]
         if self.goal[0] == "switch":
