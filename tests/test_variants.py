@@ -716,12 +716,13 @@ class _FakeVideoAdapter:
 def _augmentation_context(adapter, runner, step, keys, positions):
     """The run as the augmentation step sees it: the fake adapter's rollouts, scored by ``runner``."""
     from mmgrpo import rollout_steps
+    from mmgrpo.groups import Groups
     from mmgrpo.rewards import score_rows
 
     def rollout(rows, indices, keys):
         r = adapter.rollout(rows, 2, keys)
         scores, metrics = score_rows(runner, r.outputs, rows, 2, r.extras, group_index=True)
-        return rollout_steps.RolloutBatch(rows, r, scores, indices, metrics)
+        return rollout_steps.RolloutBatch(rows, r, scores, indices, metrics, Groups.uniform(len(rows), 2))
 
     return rollout_steps.RolloutContext(
         step=step,
@@ -749,6 +750,7 @@ def noise_keys(seed, keys):
 def test_difficulty_augmentation_by_hand():
     from mmgrpo import augmentation, noise, rollout_steps
     from mmgrpo.config import AlgorithmConfig, DifficultyAugmentationConfig
+    from mmgrpo.groups import Groups
     from mmgrpo.rewards import RewardRunner
 
     opts = DifficultyAugmentationConfig(enabled=True, window=2, hint_template=" Hint: {hint}", noise_std=10.0)
@@ -762,7 +764,8 @@ def test_difficulty_augmentation_by_hand():
     ]
 
     def step(scores, keys, positions, n):
-        batch = rollout_steps.RolloutBatch(rows, "first", scores, [0, 1, 2], {})
+        # "first" stands for the step's first rollout (never read): its groups, G = 2 each, given explicitly
+        batch = rollout_steps.RolloutBatch(rows, "first", scores, [0, 1, 2], {}, Groups.uniform(3, 2))
         out = rollout_steps.run([aug], _augmentation_context(ad, runner, n, keys, positions), batch)
         return out.rows, out.rollout, out.scores, out.metrics
 
