@@ -17,6 +17,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.groups import BUDGET_NOISE, Groups, split
 from mmgrpo.loader import load_config
 from mmgrpo.shaping import NoOptions
+from tests.test_world_size import QUIET  # no evaluation, logging, plot or final model
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/variant_knapsack.yaml"
@@ -268,13 +269,7 @@ TINY = [
     "task.args.eval_size=4",
     "rewards=[{name: 'tests.test_knapsack:position_reward'}]",
     "warmup.steps=0",
-    "eval.before=false",
-    "eval.after=false",
-    "eval.every=0",
-    "logging.trackers=[]",
-    "logging.progress=false",
-    "logging.plot=false",
-    "checkpoint.save_final=false",
+    *QUIET,
 ]
 
 
