@@ -11,7 +11,9 @@
    for multi-turn rollouts with ``algorithm.credit`` other than ``trajectory``, its per-turn credit (``CREDITS``
    of :mod:`mmgrpo.credit`: GiGPO, MT-GRPO; :func:`mmgrpo.multiturn.unit_advantages`), with ``credit_args``;
 4. ``algorithm.token_weighting`` (``TOKEN_WEIGHTINGS``: TW-GRPO's per-position weights, arXiv 2505.24718) times
-   the per-unit advantages, with ``token_weighting_args``.
+   the per-unit advantages, with ``token_weighting_args``;
+5. each configured rollout step (``algorithm.rollout_steps``) that is also a kind of this pipeline, with the same
+   options: it may keep a subset of the samples (``state.rollout``, CPPO's pruning, :mod:`mmgrpo.cppo`).
 
 ``run(steps, state)`` applies them; the trainer calls it once per step (``Trainer.train_step``), so a new variant
 is a registered component and a line in :func:`build`, not an ``if`` in the trainer. The metrics each step adds are
@@ -20,14 +22,16 @@ those the trainer logged before: ``advantage/kept_group_fraction``, ``advantage/
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import credit, multiturn, shaping
+from mmgrpo import cppo, credit, multiturn, shaping
 from mmgrpo.groups import Groups
 from mmgrpo.options import as_kwargs, resolve
 from mmgrpo.registry import Registry
@@ -51,6 +55,9 @@ class AdvantageState:
     adapter: Any
     metrics: dict[str, Tensor] = field(default_factory=dict)
     unit: Tensor | None = None  # [B, T] per-unit advantages, after the shaping step
+    kept_units: float = 1.0
+    """The share of the rollout's units the update trains on (a step that keeps a subset of the samples lowers it;
+    :func:`saved_time`)."""
     groups: Groups | None = None
     """How the B samples fill the [P, G] grid (:mod:`mmgrpo.groups`); None: P groups of G (``__post_init__``)."""
 
@@ -75,14 +82,48 @@ STEP_KINDS: Registry[Callable[[AdvantageState, Step], None]] = Registry("advanta
 """``apply(state, step)`` per kind of step: how a component of that kind's registry is applied to the state."""
 
 
-@STEP_KINDS.register("advantage_transform")
-def _transform(state: AdvantageState, step: Step) -> None:
-    """[P, G] → [P, G], given the sampling policy's mean log-probability of each sample's valid units."""
+TRANSFORM_INPUTS: Registry[Callable[[AdvantageState, Any], Tensor]] = Registry("advantage transform input")
+"""``read(state, options) -> [P, G]``: what a transform takes as its third argument where that is not the sampling
+policy's mean log-probability (:func:`_seq_logprob`), by transform name: ``seed_grpo`` reads answer cluster ids."""
+
+
+def _seq_logprob(state: AdvantageState, options: Any = None) -> Tensor:
+    """The sampling policy's mean log-probability of each sample's valid units. Shape: [P, G]."""
     r = state.rollout
     m = r.mask.float()  # [B, T]
-    seq_lp = state.groups.grid((r.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0))  # [P, G]
+    return state.groups.grid((r.old_logprobs.float() * m).sum(1) / m.sum(1).clamp_min(1.0))  # [P, G]
+
+
+@TRANSFORM_INPUTS.register("seed_grpo")
+def _answer_ids(state: AdvantageState, options: Any) -> Tensor:
+    """Each sample's answer cluster id within its group (:func:`answer_clusters` of the rollout's outputs with
+    ``options.answer_pattern``), NaN in the padding of ragged groups. Shape: [P, G]."""
+    return state.groups.grid(answer_clusters(state.rollout.outputs, state.groups.sizes, options.answer_pattern))
+
+
+def answer_clusters(outputs: list, sizes: tuple[int, ...], pattern: str) -> Tensor:
+    """[B] cluster ids: within each consecutive group of ``sizes``, samples whose answer (the last match of
+    ``pattern``, group 1 if it has one, stripped, case-folded) is equal share an id; a sample without an answer
+    (no match, or an output that is not text) gets an id of its own."""
+    regex, ids, start = re.compile(pattern, re.DOTALL), [], 0
+    for n in sizes:
+        seen: dict[str, int] = {}
+        for j, out in enumerate(outputs[start : start + n]):
+            found = regex.findall(out) if isinstance(out, str) else []
+            key = found[-1] if found else None
+            key = (key[0] if isinstance(key, tuple) else key).strip().casefold() if key is not None else None
+            ids.append(float(seen.setdefault(key, len(seen) + n)) if key is not None else float(j))
+        start += n
+    return torch.tensor(ids)  # [B]
+
+
+@STEP_KINDS.register("advantage_transform")
+def _transform(state: AdvantageState, step: Step) -> None:
+    """[P, G] → [P, G], given the sampling policy's mean log-probability of each sample's valid units (or the input
+    the transform declares in ``TRANSFORM_INPUTS``)."""
+    read = TRANSFORM_INPUTS.get(step.name) if step.name in TRANSFORM_INPUTS else _seq_logprob
     fn = adv_lib.ADVANTAGE_TRANSFORMS.get(step.name)
-    state.advantages = fn(state.advantages, state.combined, seq_lp, **as_kwargs(step.options))  # [P, G]
+    state.advantages = fn(state.advantages, state.combined, read(state, step.options), **as_kwargs(step.options))
 
 
 @STEP_KINDS.register("filter_zero_variance")
@@ -121,6 +162,9 @@ def _token_weights(state: AdvantageState, step: Step) -> None:
     state.metrics["advantage/token_weight_mean"] = weights.sum() / state.rollout.mask.sum().clamp_min(1.0)
 
 
+STEP_KINDS.add("cppo", cppo.prune, cppo.CPPOOptions)  # the pruning half of algorithm.rollout_steps.cppo
+
+
 def build(a: Any) -> list[Step]:
     """The configured pipeline of ``a`` (an ``AlgorithmConfig``), each step's options resolved (config errors as at
     load)."""
@@ -155,7 +199,18 @@ def build(a: Any) -> list[Step]:
                 resolve(shaping.TOKEN_WEIGHTINGS, a.token_weighting, a.token_weighting_args, where),
             )
         )
+    for name, args in a.rollout_steps.items():  # a rollout step with a twin here (CPPO's pruning), same options
+        if name in STEP_KINDS:
+            steps.append(Step(name, name, resolve(STEP_KINDS, name, args, f"algorithm.rollout_steps.{name}")))
     return steps
+
+
+def saved_time(state: AdvantageState, update_s: float) -> dict[str, float]:
+    """``perf/pruned_update_saved_s``: the update time the samples a step left out would have cost, at the step's
+    cost per kept unit (update_s · (1/kept − 1)); empty when every sample is trained."""
+    if state.kept_units >= 1.0:
+        return {}
+    return {"perf/pruned_update_saved_s": update_s * (1.0 / max(state.kept_units, 1e-6) - 1.0)}
 
 
 def run(steps: list[Step], state: AdvantageState) -> AdvantageState:

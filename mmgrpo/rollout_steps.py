@@ -52,7 +52,7 @@ import torch
 from accelerate.utils import gather_object
 
 from mmgrpo import advantages as adv_lib
-from mmgrpo import augmentation, budgets, dynamic_sampling, gcpo, injection, noise, replay, sampling, scaffold
+from mmgrpo import augmentation, budgets, cppo, dynamic_sampling, gcpo, injection, noise, replay, sampling, scaffold
 from mmgrpo.config import (
     ConfigError,
     DifficultyAugmentationConfig,
@@ -241,6 +241,11 @@ ROLLOUT_STEPS.add(
 )
 ROLLOUT_STEPS.add("gcpo", RolloutStep("batch", gcpo.apply, needs="inject", **gcpo.REFUSES), gcpo.GCPOOptions)
 ROLLOUT_STEPS.add("scaffold", RolloutStep("batch", scaffold.apply, **scaffold.REFUSES), scaffold.ScaffoldOptions)
+ROLLOUT_STEPS.add(  # the allocation half; the pruning is its twin in mmgrpo.advantage_steps
+    "cppo",
+    RolloutStep("batch", cppo.allocate, needs=("merge_states", "select_samples"), check=cppo.check),
+    cppo.CPPOOptions,
+)
 BUILTIN_ORDER = ("gt_injection", "difficulty_augmentation", "dynamic_sampling")
 """The built-in steps with a config section, in pipeline order (the sampler's observation comes last)."""
 

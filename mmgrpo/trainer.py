@@ -250,7 +250,7 @@ class Trainer:
         shaped.groups = batch.groups
         shaped.metrics = adv_metrics  # transforms → zero-variance filter → shaping → token weights (declared)
         advantage_steps.run(self.advantage_steps, shaped)
-        unit_adv, mask = shaped.unit, shaped.mask  # [B, T] each
+        rollout, unit_adv, mask = shaped.rollout, shaped.unit, shaped.mask  # [B, T] each; a step may keep fewer (CPPO)
 
         beta = schedules.beta_at(a.beta_schedule, step, self.cfg.steps, a.beta, a.beta_schedule_args)
         update_metrics = self._update(rollout, unit_adv, mask, self._ref_logprobs(rollout), beta, is_weights)
@@ -265,6 +265,7 @@ class Trainer:
                 "perf/rollout_s": self._rollout_s,
                 "perf/reward_s": t2 - t0 - self._rollout_s,
                 "perf/update_s": t3 - t2,
+                **advantage_steps.saved_time(shaped, t3 - t2),  # the samples a step left out (CPPO)
                 "perf/step_s": t3 - t0,
                 "optim/lr": self.scheduler.get_last_lr()[0],
                 "data/skipped_rows": float(self.skipped_rows),

@@ -447,6 +447,11 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             cache=PromptCache(encodings),
         )
 
+    def select_samples(self, state: VLMState, index: Tensor) -> VLMState:
+        """The state of samples ``index`` [n] only, each continuing its own prompt; the prompt encodings are shared
+        (CPPO's pruning, ``mmgrpo.cppo``)."""
+        return VLMState(completion_ids=state.completion_ids[index], prompt_of=state.prompt_of[index], cache=state.cache)
+
     def splice_states(self, state: VLMState, index: Tensor, donor: VLMState, donor_index: Tensor) -> VLMState:
         """``state`` with samples ``index`` [n] replaced by samples ``donor_index`` [n] of ``donor``, each continuing
         its own (donor) prompt, appended to the prompt cache (Scaf-GRPO's hinted samples, ``mmgrpo.scaffold``)."""
