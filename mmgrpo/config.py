@@ -254,6 +254,9 @@ class AlgorithmConfig:
     rollout_steps: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Further rollout-level variants, by name → options, in pipeline order (registry
     mmgrpo.rollout_steps.ROLLOUT_STEPS; the built-in ones keep their own sections above). docs/architecture.md."""
+    loss_terms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra loss terms, by name → options (registry mmgrpo.losses.LOSS_TERMS), each aggregated like the policy loss
+    and added to it: llds (the likelihood-preserving regulariser, arXiv 2512.04220). docs/variants.md."""
     credit: str = "trajectory"
     """Credit across the turns of multi-turn rollouts (registry mmgrpo.credit.CREDITS; rollout.tools, docs/agents.md):
     trajectory (one advantage per trajectory, every turn's tokens get it: GRPO) | gigpo (episode advantage + ω · step

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmgrpo import advantages, losses, multiturn, options, rollout_steps, sampling, schedules, shaping
+from mmgrpo import advantages, losses, multiturn, options, rollout_steps, sampling, schedules, shaping, tas
+from mmgrpo import llds as _llds  # noqa: F401  (registers the llds loss term, as tas registers its shaper)
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
@@ -256,6 +257,7 @@ def validate(cfg: TrainConfig) -> None:
             "algorithm.updates_per_epoch: more updates than samples per step (group_size * prompts_per_step)"
         )
     options.resolve(shaping.SHAPERS, a.shaping, a.shaping_args, "algorithm.shaping_args")
+    tas.check_config(a)  # shaping: tas with a surrogate that averages per-token advantages away
     _validate_variants(a)
     rollout_steps.check_config(a, cfg.rollout.multi_turn)  # names, options, combinations (the hooks: below)
     objective = (cfg.model.args or {}).get("objective", "logprob")  # DGPO: the flow adapter's DSM units

@@ -740,6 +740,8 @@ class LossOptions:
     surrogate: Any
     aggregation: Any
     kl: Any
+    terms: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``algorithm.loss_terms``: each extra loss term's options, by name (``LOSS_TERMS``)."""
 
 
 def resolve_options(algorithm: Any) -> LossOptions:
@@ -751,4 +753,84 @@ def resolve_options(algorithm: Any) -> LossOptions:
         surrogate=_resolve(SURROGATES, a.surrogate, a.surrogate_args, "algorithm.surrogate_args"),
         aggregation=_resolve(AGGREGATIONS, a.aggregation, a.aggregation_args, "algorithm.aggregation_args"),
         kl=_resolve(KL_ESTIMATORS, a.kl, a.kl_args, "algorithm.kl_args"),
+        terms=resolve_loss_terms(a),
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# extra loss terms: algorithm.loss_terms (LLDS, mmgrpo/llds.py; ...)
+
+
+@dataclass
+class LossTermInputs:
+    """What an extra loss term may read about one minibatch of n samples.
+
+    Shape:
+        logprobs: [n, T] the current policy's, with grad
+        old_logprobs, advantages, mask: [n, T] (advantages after shaping; mask after the filters)
+    """
+
+    logprobs: Tensor  # [n, T]
+    old_logprobs: Tensor  # [n, T]
+    advantages: Tensor  # [n, T]
+    mask: Tensor  # [n, T]
+    rollout: Any = None
+    """The step's Rollout (all B samples); ``index`` picks the minibatch's rows."""
+    index: Tensor | None = None
+    """[n] rows of ``rollout`` in this minibatch."""
+    adapter: Any = None
+    """The policy adapter, for a term that needs another forward (e.g. an entropy term)."""
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """A registered extra loss term: ``fn(inputs, options) -> (loss[n, T], metrics)``, the per-unit loss to minimise
+    (its coefficient is one of its options), aggregated by the trainer like the policy loss and added to it; and
+    ``check(algorithm)``, which raises ``ConfigError`` at load for a combination the term does not support."""
+
+    fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    check: Callable[[Any], None] | None = None
+
+
+LOSS_TERMS: Registry[LossTerm] = Registry("loss term")
+"""Extra loss terms by name (``algorithm.loss_terms: {name: {options}}``); register with
+``LOSS_TERMS.add(name, LossTerm(fn, check), OptionsDataclass)``."""
+
+
+def resolve_loss_terms(algorithm: Any) -> dict[str, Any]:
+    """``algorithm.loss_terms`` checked against each term's options dataclass and its ``check``; ConfigError in one
+    line for an unknown term, key or value."""
+    from mmgrpo.config import ConfigError
+    from mmgrpo.options import resolve
+
+    terms = {}
+    for name, args in (algorithm.loss_terms or {}).items():
+        if name not in LOSS_TERMS:
+            raise ConfigError(f"algorithm.loss_terms: unknown loss term {name!r}; valid: {', '.join(LOSS_TERMS)}")
+        terms[name] = resolve(LOSS_TERMS, name, args, f"algorithm.loss_terms.{name}")
+        term = LOSS_TERMS.get(name)
+        if term.check is not None:
+            term.check(algorithm)
+    return terms
+
+
+def apply_loss_terms(
+    terms: dict[str, Any], inputs: LossTermInputs, aggregate: Callable[..., Tensor], aggregation: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Σ over the configured terms of aggregate(term's per-unit loss): the same aggregation (and so the same
+    minibatch weighting) as the policy loss. Logs each term's aggregated value as ``loss/<name>`` plus the term's own
+    metrics. No terms: a zero without grad, which leaves the loss unchanged.
+
+    Shape:
+        inputs: [n, T] tensors → [] and metrics of []
+    """
+    m = inputs.mask.float()  # [n, T]
+    total = inputs.logprobs.new_zeros(())
+    metrics: dict[str, Tensor] = {}
+    for name, options in terms.items():
+        per_unit, mets = LOSS_TERMS.get(name).fn(inputs, options)  # [n, T]
+        value = aggregate(per_unit * m, m, aggregation, max_units=m.shape[1])  # []
+        total = total + value
+        metrics[f"loss/{name}"] = value.detach()
+        metrics.update({k: v.detach() for k, v in mets.items()})
+    return total, metrics

@@ -418,6 +418,11 @@ class Trainer:
                             kl_loss = aggregate(kl, m, opts.aggregation, max_units=m.shape[1])
                             loss = loss + beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
+                        old = rollout.old_logprobs[idx].to(device)  # [n, T]
+                        inp = losses.LossTermInputs(logp, old, unit_adv[idx].to(device), m, rollout, idx, self.adapter)
+                        extra, term_mets = losses.apply_loss_terms(opts.terms, inp, aggregate, opts.aggregation)
+                        loss = loss + extra  # algorithm.loss_terms (LLDS, ...); no terms: + 0, the loss unchanged
+                        mets.update(term_mets)
                         self.acc.backward(loss * share)
                     mets["loss/policy"] = policy_loss.detach()
                     for k, v in mets.items():
