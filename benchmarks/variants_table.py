@@ -15,6 +15,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study knapsack --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study igpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study cppo --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -87,6 +88,11 @@ Studies:
   (``configs/variant_igpo.yaml``: the ground-truth probe + ``algorithm.credit: igpo``; mmgrpo/igpo.py), and IGPO
   with the gains and outcomes normalised apart (``normalization: separate``). Also reported: the held-out
   crop_hits_box and tool_call_rate.
+- ``cppo`` (the quickstart cut to 60 steps of its 300, evaluations every 30 steps on 100 held-out rows):
+  ``configs/quickstart.yaml`` (GRPO) vs ``configs/variant_cppo.yaml`` (CPPO, pruning rate 0.5 with allocation: 64
+  prompts rolled out per step, the 256 samples of largest |advantage| trained) and the same without allocation (32
+  prompts, 128 samples trained). Also reported: the mean over steps of each ``perf`` metric (step, rollout and update
+  seconds, the pruning's estimated saving) and of ``cppo/kept_fraction``.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -316,6 +322,16 @@ STUDIES: dict[str, dict] = {
             "checkpoint.save_final=false",
         ],
     },
+    "cppo": {  # CPPO's pruning (+ allocation) vs GRPO: held-out accuracy and the time of a step (perf/*)
+        "metric": "accuracy",
+        "perf": ["perf/step_s", "perf/rollout_s", "perf/update_s", "perf/pruned_update_saved_s", "cppo/kept_fraction"],
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "cppo": ("configs/variant_cppo.yaml", []),  # r = 0.5 with allocation: 64 prompts rolled out, 256 trained
+            "cppo_noalloc": ("configs/variant_cppo.yaml", ["algorithm.rollout_steps.cppo.allocation=false"]),
+        },
+        "overrides": ["steps=60", "eval.every=30", "task.args.eval_size=100"],  # cut to ~3 min a run
+    },
     "gui": {
         "metric": "success_rate",
         "extra": ["first_move_share"],
@@ -346,13 +362,17 @@ def train(config: str, out: Path, seed: int, overrides: list[str], fresh: bool) 
     return time.perf_counter() - t0
 
 
-def read_run(out: Path, metric: str, extra: list[str] = ()) -> dict:
+def read_run(out: Path, metric: str, extra: list[str] = (), perf: list[str] = ()) -> dict:
     """Held-out ``metric`` at each evaluation (in order), the mean zero-variance fraction, the final value, and the
     final value of each ``extra`` held-out metric at the warm-up and after training (with ``extra``, also the mean
     sampled completion length of the last 50 training steps)."""
     evals, zero, units = [], [], []
+    steps: dict[str, list[float]] = {k: [] for k in perf}  # each ``perf`` training metric, per step
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
+        for k in perf:
+            if record.get(k) is not None:
+                steps[k].append(record[k])
         for key, value in record.items():
             if key.startswith("eval/") and key.endswith(f"/{metric}"):
                 evals.append((key.split("/")[1], record.get("step"), value))
@@ -369,6 +389,7 @@ def read_run(out: Path, metric: str, extra: list[str] = ()) -> dict:
         "extra": {
             **{f"{stage}/{k}": summary.get(f"eval/{stage}/{k}") for k in extra for stage in ("warmup", "after")},
             **({"train units, last 50 steps": statistics.fmean(units[-50:])} if extra and units else {}),
+            **{f"mean {k}": statistics.fmean(v) if v else None for k, v in steps.items()},
         },
     }
 
