@@ -399,3 +399,169 @@ def apply_transforms(
     for name in names:
         advantages = ADVANTAGE_TRANSFORMS.get(name)(advantages, rewards, seq_logprob, **options.get(name, {}))
     return advantages
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 51: NGRPO's virtual maximum-reward sample, the unlikeliness reward, SEED-GRPO's semantic-entropy scale
+
+REPLACES_ADVANTAGES = frozenset({"negative_groups", "ngrpo", "unlikeliness"})
+"""Transforms that compute their own group statistics from the rewards and replace the estimator's advantages:
+listed first, at most one of them (``mmgrpo.loader`` refuses other orders at load)."""
+
+
+@dataclass(frozen=True)
+class NGRPOOptions:
+    """``algorithm.advantage_transform_args.ngrpo`` (:func:`ngrpo_calibration`)."""
+
+    max_reward: float = 1.0
+    """r_max, the reward of the virtual sample: the largest combined reward a completion can get (the code's
+    ``max_reward``; 1.2 for accuracy + 0.2 format)."""
+    virtual_samples: int = 1
+    """How many virtual r_max samples join each group's statistics (the code's ``add_max_reward_num``, 1)."""
+    eps: float = 1e-6
+    """Added to the std before dividing (the code's ``epsilon``)."""
+
+
+@ADVANTAGE_TRANSFORMS.register("ngrpo", options=NGRPOOptions)
+def ngrpo_calibration(
+    advantages: Tensor,
+    rewards: Tensor,
+    seq_logprob: Tensor,
+    *,
+    max_reward: float = 1.0,
+    virtual_samples: int = 1,
+    eps: float = 1e-6,
+) -> Tensor:
+    """NGRPO's advantage calibration (Nan et al. 2025, "NGRPO: Negative-enhanced Group Relative Policy
+    Optimization", arXiv 2509.18851 §3, "Advantage Calibration"; the authors' code nangongrui-ngr/NGRPO
+    ``verl/trainer/ppo/core_algos.py::compute_ngrpo_outcome_advantage``): every group's mean and std are taken over
+    its G rewards plus V = ``virtual_samples`` virtual samples of reward r_max, which are not trained::
+
+        R' = {r_1, …, r_G} ∪ {r_max} × V
+        A_i = (r_i − mean(R')) / (std(R') + eps)          std unbiased (n − 1), as the code's torch.std
+
+    so an all-wrong group (every r_i < r_max) gets the same negative advantage for each sample instead of 0, and
+    an all-correct group (every r_i = r_max) keeps 0. The paper's worked case, G = 8 with one correct answer:
+    GRPO 2.47 / −0.35, NGRPO 1.76 / −0.50 (tested). The paper's second part, asymmetric clipping (a looser bound
+    for positive advantages, a stricter one for negative), is ``ppo_clip``'s ``clip_high`` / ``clip_low`` (the
+    authors' script: 0.24 / 0.16; ``configs/variant_ngrpo.yaml``). The estimator's advantages are replaced.
+
+    Departures: NaN rewards (not applicable) are left out of the statistics and get advantage 0; a group with no
+    valid reward keeps 0 (the code's singleton group, mean 0 and std 1, does not arise with V ≥ 1).
+
+    Shape:
+        advantages, rewards, seq_logprob: [P, G] → [P, G]
+    """
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
+    zero = torch.zeros_like(r)
+    rz = torch.where(valid, r, zero)  # [P, G]
+    v = float(virtual_samples)
+    n = valid.float().sum(1, keepdim=True) + v  # [P, 1] G + V
+    mean = (rz.sum(1, keepdim=True) + v * max_reward) / n  # [P, 1]
+    sq = torch.where(valid, (r - mean).square(), zero).sum(1, keepdim=True) + v * (max_reward - mean) ** 2  # [P, 1]
+    std = (sq / (n - 1.0).clamp_min(1.0)).sqrt()  # [P, 1]
+    out = (r - mean) / _nonzero(std + eps)  # [P, G]
+    return torch.where(valid, out, zero)  # [P, G]
+
+
+@dataclass(frozen=True)
+class UnlikelinessOptions:
+    """``algorithm.advantage_transform_args.unlikeliness`` (:func:`unlikeliness_reward`)."""
+
+    beta: float = 0.25
+    """β_rank: the most likely sample's reward is scaled by 1 − β·(n−1)/n (the code's ``rank_penalty``, 0.25)."""
+    eps: float = 1e-6
+    """Added to the std before dividing."""
+
+
+@ADVANTAGE_TRANSFORMS.register("unlikeliness", options=UnlikelinessOptions)
+def unlikeliness_reward(
+    advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, *, beta: float = 0.25, eps: float = 1e-6
+) -> Tensor:
+    """The unlikeliness reward (He, Fried & Welleck 2025, "Rewarding the Unlikely: Lifting GRPO Beyond Distribution
+    Sharpening", arXiv 2506.02355 §4), as the authors' code computes it (AndreHe02/rewarding-unlikely-release
+    ``verl/trainer/ppo/ray_lean_trainer.py::_compute_advantages``, ``lean.rank_penalty``, 0.25 in
+    ``examples/lean/grpo.sh``)::
+
+        k_i = rank of sample i by π_old likelihood within its group, 0 = least likely … n − 1 = most likely
+        r̃_i = r_i · (1 − β · k_i / n)
+        A_i = (r̃_i − mean_G r̃) / (std_G r̃ + eps)        std unbiased, as the code's torch.std
+
+    The likelihood is the mean token log-probability under the sampling policy (the code's masked mean of
+    ``old_log_probs``). With binary rewards only correct samples change: the improbable correct ones keep more of
+    their reward than the probable ones, which counters GRPO's rank bias. The estimator's advantages are replaced.
+
+    *(our reading)*: the paper's equation was not retrieved verbatim here; the code's form is implemented. Ties in
+    likelihood are ranked by sample index (the code's ``argsort`` leaves them unspecified). NaN rewards are left out
+    of the ranks (n counts the valid samples) and get advantage 0.
+
+    Shape:
+        advantages, rewards, seq_logprob: [P, G] → [P, G]
+    """
+    r, valid = _group_rewards(rewards)  # [P, G], [P, G]
+    lp = seq_logprob.float()  # [P, G]
+    G = r.shape[1]
+    idx = torch.arange(G, device=r.device)
+    below = (lp[:, None, :] < lp[:, :, None]) | ((lp[:, None, :] == lp[:, :, None]) & (idx[None, :] < idx[:, None]))
+    rank = (below & valid[:, None, :]).float().sum(-1)  # [P, G] valid samples ranked below sample i
+    n = valid.float().sum(1, keepdim=True).clamp_min(1.0)  # [P, 1]
+    shaped = torch.where(valid, r * (1.0 - beta * rank / n), r)  # [P, G] r̃ (NaN stays NaN)
+    mean, std, _ = _nan_stats(shaped, valid, 1, True)  # [P, 1], [P, 1]
+    out = (shaped - mean) / _nonzero(std + eps)  # [P, G]
+    return torch.where(valid, out, torch.zeros_like(out))  # [P, G]
+
+
+@dataclass(frozen=True)
+class SemanticEntropyOptions:
+    """``algorithm.advantage_transform_args.seed_grpo`` (:func:`semantic_entropy_scale`)."""
+
+    alpha: float = 0.5
+    """α: how strongly the normalised semantic entropy lowers the advantage, f = 1 − α·SE/SE_max."""
+    answer_pattern: str = r"<answer>(.*?)</answer>"
+    """Regular expression of a completion's answer: its last match (group 1 if it has one), stripped and compared
+    case-insensitively; a completion without a match is its own cluster."""
+
+
+@ADVANTAGE_TRANSFORMS.register("seed_grpo", options=SemanticEntropyOptions)
+def semantic_entropy_scale(
+    advantages: Tensor,
+    rewards: Tensor,
+    answer_ids: Tensor,
+    *,
+    alpha: float = 0.5,
+    answer_pattern: str = r"<answer>(.*?)</answer>",
+) -> Tensor:
+    """SEED-GRPO (Chen, Chen, Wang & Yang 2025, "SEED-GRPO: Semantic Entropy Enhanced GRPO for Uncertainty-Aware
+    Policy Optimization", arXiv 2505.12346 §3): the advantages of a prompt whose G answers disagree are scaled down::
+
+        clusters C_1..C_K of the group's answers (same extracted answer = same meaning)
+        p_k = |C_k| / n                                   n = the group's valid samples
+        SE = −(1/K) Σ_k log p_k,   SE_max = log n          (all n answers different: SE = SE_max)
+        Â_i = A_i · (1 − α · SE / SE_max)
+
+    The third argument is not the log-probability but each sample's answer cluster id (``answer_ids``, NaN = no
+    sample in that slot of a ragged group), filled in by ``mmgrpo.advantage_steps`` from the rollout's outputs with
+    ``answer_pattern`` (``TRANSFORM_INPUTS``).
+
+    *(our reading)*: the paper's Monte-Carlo form SE ≈ −(1/K) Σ_k log p(C_k | q) was retrieved; its p(C_k | q) is
+    the policy's probability mass of the cluster, estimated here by the cluster's share of the group (the discrete
+    semantic entropy of Farquhar et al. 2024), which makes SE_max = log n exact. Of the paper's scaling functions f
+    only the linear one, f(x) = 1 − x, is implemented; no public code was found. Clusters are exact matches of the
+    extracted answer (the paper's math-equivalence check is the task's business). A group of one sample keeps its
+    advantages.
+
+    Shape:
+        advantages, rewards, answer_ids: [P, G] → [P, G]
+    """
+    valid = ~torch.isnan(answer_ids)  # [P, G]
+    ids = torch.where(valid, answer_ids, torch.zeros_like(answer_ids))  # [P, G]
+    pair = valid[:, :, None] & valid[:, None, :]  # [P, G, G]
+    size = ((ids[:, :, None] == ids[:, None, :]) & pair).float().sum(-1)  # [P, G] |C| of sample i's cluster
+    n = valid.float().sum(1, keepdim=True)  # [P, 1]
+    inv = torch.where(valid, 1.0 / size.clamp_min(1.0), torch.zeros_like(size))  # [P, G] 1/|C|: sums to K
+    K = inv.sum(1, keepdim=True)  # [P, 1]
+    neg_log_p = torch.where(valid, (n / size.clamp_min(1.0)).log(), torch.zeros_like(size))  # [P, G] −log p_k
+    se = (inv * neg_log_p).sum(1, keepdim=True) / K.clamp_min(1.0)  # [P, 1]
+    se_max = n.clamp_min(1.0).log()  # [P, 1]
+    ratio = torch.where(n > 1, se / torch.where(n > 1, se_max, torch.ones_like(se_max)), torch.zeros_like(se))
+    return advantages * (1.0 - alpha * ratio)  # [P, G]

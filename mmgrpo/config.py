@@ -332,6 +332,13 @@ class EvalConfig:
     """Evaluate at most this many held-out rows (None = all)."""
     batch_size: int = 32
     """Rows per evaluation batch."""
+    pass_k: list[int] = field(default_factory=list)
+    """Also report ``eval/<stage>/pass@k`` for each k (e.g. [1, 4, 16]): ``pass_samples`` sampled completions per
+    held-out row, Chen et al.'s unbiased estimator (mmgrpo/pass_at_k.py); [] = none (each k <= pass_samples)."""
+    pass_samples: Annotated[int, Range(ge=1)] = 16
+    """n: completions sampled per held-out row for pass@k (the training sampler, keyed noise)."""
+    pass_metric: str = "accuracy"
+    """The task metric that marks a sampled completion correct for pass@k (0/1 per output)."""
 
 
 @dataclass

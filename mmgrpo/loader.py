@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -287,6 +288,9 @@ def validate(cfg: TrainConfig) -> None:
     multiturn.check_config(cfg)  # rollout.tools and algorithm.credit (docs/agents.md)
     _check_engine_sampling(cfg, ADAPTERS.get(cfg.model.adapter))
     _check_trackers(cfg.logging.trackers)
+    bad = [k for k in cfg.eval.pass_k if not 1 <= k <= cfg.eval.pass_samples]
+    if bad:
+        raise ConfigError(f"eval.pass_k: {bad} not in [1, eval.pass_samples={cfg.eval.pass_samples}]; lower k")
     if len(cfg.optim.betas) != 2:
         raise ConfigError(f"optim.betas: expected two numbers, got {cfg.optim.betas}")
     if not cfg.rewards:
@@ -313,11 +317,7 @@ def _validate_variants(a: AlgorithmConfig) -> None:
         raise ConfigError(f"algorithm.beta_schedule_args ({a.beta_schedule}): {e}") from None
     for name in a.advantage_transform:
         _check_choice("algorithm.advantage_transform", name, advantages.ADVANTAGE_TRANSFORMS.names())
-    if "negative_groups" in a.advantage_transform[1:]:
-        raise ConfigError(
-            f"algorithm.advantage_transform: negative_groups (LENS) replaces the advantages, so transforms before it "
-            f"would be lost; list it first, got {a.advantage_transform}"
-        )
+    _check_group_transforms(a)
     for name, args in a.advantage_transform_args.items():
         if name not in a.advantage_transform:
             raise ConfigError(
@@ -348,6 +348,41 @@ def _validate_variants(a: AlgorithmConfig) -> None:
                 f"and prompts_per_step to a multiple of updates_per_epoch (got {a.prompts_per_step} and "
                 f"{a.updates_per_epoch})"
             )
+
+
+def _check_group_transforms(a: AlgorithmConfig) -> None:
+    """Advantage transforms that replace the estimator's advantages (``advantages.REPLACES_ADVANTAGES``: LENS,
+    NGRPO, the unlikeliness reward) come first, one at most; NGRPO and the unlikeliness reward compute GRPO's own
+    group statistics, so they need its settings; NGRPO trains the all-wrong groups the zero-variance filter drops;
+    SEED-GRPO's answer pattern compiles (docs/variants.md)."""
+    names = a.advantage_transform
+    replacing = [n for n in names if n in advantages.REPLACES_ADVANTAGES]
+    if replacing and (len(replacing) > 1 or names[0] != replacing[0]):
+        raise ConfigError(
+            f"algorithm.advantage_transform: {replacing[-1]} replaces the advantages, so transforms before it "
+            f"would be lost; list it first, and only one of {sorted(advantages.REPLACES_ADVANTAGES)}, got {names}"
+        )
+    own = [n for n in names if n in ("ngrpo", "unlikeliness")]
+    if own and (a.estimator != "grpo" or a.scale not in ("auto", "group") or a.combine != "sum_then_normalize"):
+        raise ConfigError(
+            f"algorithm.advantage_transform: {own[0]} computes GRPO's group mean and std itself and replaces the "
+            f"estimator's advantages; set estimator: grpo, scale: auto (or group), combine: sum_then_normalize "
+            f"(got {a.estimator}, {a.scale}, {a.combine})"
+        )
+    if "ngrpo" in names and a.filter_zero_variance:
+        raise ConfigError(
+            "algorithm.filter_zero_variance: true drops the all-wrong groups that advantage_transform ngrpo exists "
+            "to train; set filter_zero_variance: false"
+        )
+    if "seed_grpo" in names:
+        pattern = (a.advantage_transform_args.get("seed_grpo") or {}).get("answer_pattern", r"<answer>(.*?)</answer>")
+        try:
+            re.compile(str(pattern))
+        except re.error as e:
+            raise ConfigError(
+                f"algorithm.advantage_transform_args.seed_grpo.answer_pattern: {pattern!r} is not a regular "
+                f"expression ({e}); give one whose last match is the answer, e.g. '<answer>(.*?)</answer>'"
+            ) from None
 
 
 def _check_reward_needs(cfg: TrainConfig) -> None:

@@ -32,6 +32,7 @@ from mmgrpo import (
     importance,
     losses,
     noise,
+    pass_at_k,
     rollout_steps,
     run_dir,
     sampling,
@@ -543,6 +544,7 @@ class Trainer:
         scores = self.task.score([o for _, o in outputs], rows)
         if scores is None:  # no task metric: the configured rewards, each and combined
             scores = self._reward_scores([o for _, o in outputs], rows)
+        scores = {**scores, **pass_at_k.sampled(self.acc, self.adapter, self.task, rows, self.cfg.eval, self.cfg.seed)}
         result = {f"eval/{stage}/{k}": float(v) for k, v in scores.items()}
         self.summary.update(result)
         if self.acc.is_main_process:
