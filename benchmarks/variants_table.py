@@ -15,6 +15,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study knapsack --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study igpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study calibration --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study cppo --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
@@ -93,6 +94,12 @@ Studies:
   prompts rolled out per step, the 256 samples of largest |advantage| trained) and the same without allocation (32
   prompts, 128 samples trained). Also reported: the mean over steps of each ``perf`` metric (step, rollout and update
   seconds, the pruning's estimated saving) and of ``cppo/kept_fraction``.
+
+- ``calibration`` (the quickstart cut to 80 steps, 100 held-out rows, evaluated after the warm-up, at step 40 and
+  after training; issue 51): GRPO (``configs/quickstart.yaml``) vs NGRPO (``configs/variant_ngrpo.yaml``: the
+  virtual max-reward sample + asymmetric clipping), SEED-GRPO (``configs/variant_seed_grpo.yaml``) and the
+  unlikeliness reward (``configs/variant_unlikeliness.yaml``). Also reported: held-out pass@1/4/16 of 16 sampled
+  completions per row (``eval.pass_k``), after the warm-up and after training.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -331,6 +338,24 @@ STUDIES: dict[str, dict] = {
             "cppo_noalloc": ("configs/variant_cppo.yaml", ["algorithm.rollout_steps.cppo.allocation=false"]),
         },
         "overrides": ["steps=60", "eval.every=30", "task.args.eval_size=100"],  # cut to ~3 min a run
+    },
+    "calibration": {  # issue 51 items 3, 4, 6: group statistics and advantage scales, with held-out pass@k
+        "metric": "accuracy",
+        "extra": ["pass@1", "pass@4", "pass@16"],
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", []),
+            "ngrpo": ("configs/variant_ngrpo.yaml", []),
+            "seed_grpo": ("configs/variant_seed_grpo.yaml", []),
+            "unlikeliness": ("configs/variant_unlikeliness.yaml", []),
+        },
+        "overrides": [  # cut to ~3 min a run; every arm reports pass@k of 16 samples per held-out row
+            "steps=80",
+            "eval.every=40",
+            "eval.before=false",
+            "task.args.eval_size=100",
+            "eval.pass_k=[1, 4, 16]",
+            "eval.pass_samples=16",
+        ],
     },
     "gui": {
         "metric": "success_rate",
