@@ -12,7 +12,8 @@ Layout under ``<output_dir>/checkpoints/``::
         state/rng-<rank>.safetensors  torch CPU (and CUDA) RNG of process <rank>
         model/                        the policy in Hugging Face format (full model or PEFT adapter) + README.md
         config.yaml                   the run's resolved config
-        COMPLETE                      written last; a directory without it is ignored by resume
+        COMPLETE                      the step (and ``manifest``); a directory without it is ignored by resume
+        MANIFEST.json                 every file's size and SHA-256, written last (:mod:`mmgrpo.manifest`)
     final/                            the final model (same layout)
 
 Under FSDP (the policy's weights sharded over processes, :mod:`mmgrpo.sharding`) every process takes part in
@@ -37,7 +38,6 @@ import random
 import re
 import shutil
 import tempfile
-import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from mmgrpo import sharded_checkpoint, sharding
+from mmgrpo import manifest, sharded_checkpoint, sharding
 from mmgrpo.resume_checks import STEP as _STEP
 from mmgrpo.resume_checks import damage, marker_step, non_finite, problem  # damage: the demo's cheap check
 from mmgrpo.types import frozen_reference
@@ -97,48 +97,10 @@ def holds_a_run(output_dir: Path) -> bool:
 
     A directory with only the start of a run (``config.yaml``, tracker logs, warm-up or evaluation records, an
     incomplete checkpoint) cannot be resumed, so it is not a run: a new run may start there (its leftovers are
-    moved aside first, see :func:`prepare_output_dir`)."""
+    moved aside first, see :func:`mmgrpo.run_dir.prepare_output_dir`)."""
     out = Path(output_dir)
     root = out / "checkpoints"
     return bool(_complete(root)) or (root / "final" / "COMPLETE").is_file() or (out / "summary.json").is_file()
-
-
-def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool) -> Path | None:
-    """Refuse to write a new run into a ``output_dir`` that :func:`holds_a_run` (read-only check, every process
-    may call it).
-
-    Returns the directory the old contents will be moved to (``<dir>.old-<time>``; nothing is deleted) when
-    ``overwrite`` is set, or when the directory holds only the leftovers of a run stopped before its first
-    checkpoint (anything besides ``config.yaml``), else ``None``. Raises :class:`ValueError` with one line when
-    the directory is in use.
-    """
-    out = Path(output_dir)
-    if resume or not out.exists():
-        return None
-    if not out.is_dir():
-        raise ValueError(f"output_dir={out} is a file, not a directory; choose another output_dir")
-    try:
-        contents = [p.name for p in out.iterdir()]
-    except OSError as e:
-        raise ValueError(os_reason(f"output_dir={out} cannot be read", e)) from None
-    if not contents or contents == ["config.yaml"]:  # empty, or a run stopped before it wrote anything else
-        return None
-    if holds_a_run(out) and not overwrite:
-        raise ValueError(
-            f"output_dir={out} already holds a run; pass resume=latest to continue it, overwrite=true to move it "
-            "aside (nothing is deleted), or another output_dir"
-        )
-    return out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
-def move_aside(output_dir: Path, target: Path) -> Path:
-    """Rename the old run out of the way (main process only); returns where it went."""
-    n, dest = 0, target
-    while dest.exists():
-        n += 1
-        dest = target.with_name(f"{target.name}-{n}")
-    os.replace(output_dir, dest)
-    return dest
 
 
 # ------------------------------------------------------------------------------------------ saving
@@ -258,7 +220,8 @@ def _write_main(tmp, adapter, model, optimizer, scheduler, files, whole, optim_s
 def _publish(tmp: Path, target: Path, root: Path, name: str, step: int, final: bool, keep_last: int, processes: int):
     """Verify ``tmp``, mark it COMPLETE, rename it to ``target`` and prune old checkpoints (process 0)."""
     verify(tmp, num_processes=processes)
-    atomic_write_text(tmp / "COMPLETE", f"{step}\n")
+    atomic_write_text(tmp / "COMPLETE", f"{step}\n{manifest.MARK}\n")
+    manifest.write(tmp)  # last: the size and SHA-256 of every file, COMPLETE and the DCP shards included
     if target.exists():  # re-saving the same step: move the old one aside before replacing it
         old = root / f".old-{name}"
         shutil.rmtree(old, ignore_errors=True)

@@ -6,16 +6,19 @@ Two stages, each returning one line saying why a checkpoint cannot be used, or `
   (weights, trainer state, both optimizer files, each process's RNG state, ``config.yaml``), every file readable,
   every weight and optimizer tensor finite and floating point, each optimizer tensor named after a parameter the
   optimizer file lists, and the step in ``state/trainer.json`` a non-negative integer equal to the directory's step
-  (its name, and the ``COMPLETE`` marker).
+  (its name, and the ``COMPLETE`` marker); last, every file's size and SHA-256 against the checkpoint's
+  ``MANIFEST.json`` (:mod:`mmgrpo.manifest`; one written before manifests is not hash-checked).
 - :func:`mismatch`, against the built model and optimizer, before anything is loaded into them
   (:func:`mmgrpo.run_dir.load_checkpoint`): every model tensor's name and shape, and the optimizer's groups and the
   shape of each state tensor.
 
 ``resume=latest`` passes over a checkpoint that fails either stage for the previous complete one, with one line
 saying why; a checkpoint named explicitly (``resume=<path>``) is refused in one line instead. Nothing here imports
-the rest of mmgrpo but :mod:`mmgrpo.sharded_checkpoint` (torch only; :mod:`mmgrpo.checkpoint` imports this module).
+the rest of mmgrpo but :mod:`mmgrpo.sharded_checkpoint` (torch only) and :mod:`mmgrpo.manifest` (standard library;
+:mod:`mmgrpo.checkpoint` imports this module).
 A sharded checkpoint (:mod:`mmgrpo.sharded_checkpoint`) is checked on its index and the sizes of its shard files;
-its tensors are not read here (that would hold the whole model on one process).
+its tensors are not loaded here (that would hold the whole model on one process), but its shard files are hashed
+against the manifest, so a flipped byte in a ``.distcp`` falls back like any other damage.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from mmgrpo import sharded_checkpoint
+from mmgrpo import manifest, sharded_checkpoint
 
 STEP = re.compile(r"^step-(\d+)$")
 _OPTIMIZER_KEY = re.compile(r"^state\.(\d+)\.(\w+)$")
@@ -98,6 +101,7 @@ def problem(directory: Path, processes: int = 1) -> str | None:
         or _optimizer_problem(state)
         or _tensor_problem(state)
         or (sharded_checkpoint.problem(state) if sharded_checkpoint.is_sharded(state) else None)
+        or manifest.problem(directory)  # last: every file's size and SHA-256 against MANIFEST.json
     )
 
 

@@ -9,9 +9,11 @@ chosen, after checking it fits the built model (:mod:`mmgrpo.resume_checks`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import time
 import weakref
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import tracking
+from mmgrpo import manifest, tracking
 from mmgrpo.config import ConfigError, TrainConfig, dump_config, to_dict
 from mmgrpo.loader import load_config
 from mmgrpo.resume_checks import mismatch, problem
@@ -61,30 +63,41 @@ def resolve_output_dir(output_dir: str) -> Path:
 # ------------------------------------------------------------------------------------------ the run lock
 
 
+LOCK = ".mmgrpo-lock"  # the lock file, inside the run directory
+MARK = ".mmgrpo-run"  # written into a directory a run starts in: what makes it a run before its first checkpoint
+_RUN_FILES = re.compile(  # the names a run writes into output_dir (a directory of only these is a run's leftovers)
+    r"^(config\.yaml|metrics\.jsonl|summary\.json|reward_curve\.png|checkpoints|logs|wandb|samples|samples_\w+\.json"
+    r"|\.mmgrpo-run|\.mmgrpo-lock)$"
+)
+
+
 def lock_path(output_dir: Path) -> Path:
-    """The lock file of a run directory: ``.<name>.mmgrpo-lock`` beside it (not inside, so that moving a run aside
-    with ``overwrite=true`` does not move the lock, and the run directory holds only the run's files)."""
-    out = Path(os.path.realpath(output_dir))  # one lock per directory, whatever the path (symlinks, ``..``)
-    return out.parent / f".{out.name}.mmgrpo-lock"
+    """The lock file of a run directory: ``.mmgrpo-lock`` inside it. A ``flock`` belongs to the file's inode, and
+    the file lives in the directory, so the lock is keyed by the directory itself (device and inode), not by a
+    path: a symlink, ``..``, a second path or a bind mount of the directory all meet the same lock."""
+    return Path(os.path.realpath(output_dir)) / LOCK
 
 
 class RunLock:
-    """An exclusive lock on a run directory, held for the run's life (``fcntl.flock`` on :func:`lock_path`).
+    """An exclusive lock on a run directory, held for the run's life (``fcntl.flock`` on :func:`lock_path`, inside
+    the directory, which it creates when missing and removes again on release if it is still empty).
 
     The kernel releases a ``flock`` when its holder exits, however it exits (SIGKILL included), so a lock left by a
     dead process is never mistaken for a live one: the file may remain, holding the dead process's PID and host,
-    and the next run takes it over and says so. The holder writes ``{"pid", "host", "started", "output_dir"}``
-    into the file, which a refused run quotes. :meth:`release` unlinks the file before unlocking, and
-    :meth:`acquire` checks after locking that the path still names the locked file (else retries), so a run never
-    holds a lock on a file that another has already unlinked. Over NFS, Linux maps ``flock`` to POSIX byte-range
-    locks (``nfs(5)``, ``local_lock``), so runs on two hosts exclude each other as long as the NFS lock service
-    runs.
+    and the next run takes it over and says so. The holder writes ``{"pid", "host", "started", "output_dir",
+    "directory"}`` (``directory``: the run directory's device and inode) into the file, which a refused run quotes.
+    :meth:`release` unlinks the file before unlocking, and :meth:`acquire` checks after locking that the path still
+    names the locked file (else retries), so a run never holds a lock on a file that another has already unlinked.
+    ``overwrite=true`` moves the old run's files aside but not the directory (:func:`move_aside`), so the lock stays
+    where it is. Over NFS, Linux maps ``flock`` to POSIX byte-range locks (``nfs(5)``, ``local_lock``), so runs on
+    two hosts exclude each other as long as the NFS lock service runs.
     """
 
     def __init__(self, output_dir: Path):
         self.output_dir = Path(output_dir)
         self.path = lock_path(output_dir)
         self._fd: int | None = None
+        self._created = False  # whether acquire() made the run directory (release removes it again if empty)
 
     @property
     def held(self) -> bool:
@@ -97,10 +110,15 @@ class RunLock:
         import fcntl
         import socket
 
+        directory = self.path.parent
+        if directory.exists() and not directory.is_dir():
+            what = f"output_dir={self.output_dir} is a file, not a directory"
+            raise ckpt.RunDirError(f"{what}; choose another output_dir")
+        self._created = not directory.exists()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            what = f"output_dir={self.output_dir}: cannot create its parent"
+            what = f"output_dir={self.output_dir}: cannot create the run lock {self.path}"
             raise ckpt.RunDirError(ckpt.os_reason(what, e)) from None
         for _ in range(20):
             try:
@@ -130,13 +148,14 @@ class RunLock:
                 "host": socket.gethostname(),
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "output_dir": str(self.output_dir),
+                "directory": [os.fstat(fd).st_dev, os.stat(directory).st_ino],
             }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(record).encode(), 0)
             self._fd = fd
             # released by release(), or at interpreter exit while os is still whole (a __del__ there can run after
             # the os module is torn down: "'NoneType' object has no attribute 'path'")
-            self._finalizer = weakref.finalize(self, _unlock, fd, self.path)
+            self._finalizer = weakref.finalize(self, _unlock, fd, self.path, self._created)
             return previous or None
         raise ckpt.RunDirError(f"output_dir={self.output_dir}: could not take the run lock {self.path}; try again")
 
@@ -148,14 +167,18 @@ class RunLock:
         self._finalizer()
 
 
-def _unlock(fd: int, path: Path) -> None:
-    """Unlink the lock file if it is still ours, and close (which unlocks) it."""
+def _unlock(fd: int, path: Path, created: bool) -> None:
+    """Unlink the lock file if it is still ours, close (which unlocks) it, and remove the run directory when the
+    lock created it and nothing was written there (a run refused before it started leaves no empty folder)."""
     try:
         if os.path.samestat(os.fstat(fd), os.stat(path)):
             os.unlink(path)
     except OSError:
         pass
     os.close(fd)
+    if created:
+        with contextlib.suppress(OSError):  # not empty (the run wrote files), or gone
+            os.rmdir(path.parent)
 
 
 def _read_record(fd: int) -> dict:
@@ -197,26 +220,96 @@ def take_run_lock(acc: Accelerator, out: Path) -> RunLock | None:
     return lock
 
 
+def is_a_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` is an mmgrpo run directory: it holds a run (:func:`mmgrpo.checkpoint.holds_a_run`), a
+    run started there (:data:`MARK`), or it holds a run's leftovers from before the mark (``config.yaml`` and only
+    names a run writes)."""
+    out = Path(output_dir)
+    if (out / MARK).is_file() or ckpt.holds_a_run(out):
+        return True
+    names = [p.name for p in out.iterdir()]
+    return "config.yaml" in names and all(_RUN_FILES.match(n) for n in names)
+
+
+def prepare_output_dir(output_dir: Path, *, resume: str | None, overwrite: bool) -> Path | None:
+    """Refuse to write a new run into an ``output_dir`` that holds a run, unless ``overwrite``, or that exists and
+    is not a run (:func:`is_a_run`: a folder of notes, sources or data is never moved); read-only, every process
+    may call it.
+
+    Returns the directory the old files will be moved to (``<dir>.old-<time>``; nothing is deleted) when
+    ``overwrite`` is set, or when the directory holds only the leftovers of a run stopped before its first
+    checkpoint (anything besides ``config.yaml``), else ``None``. Raises :class:`ValueError` with one line.
+    """
+    out = Path(output_dir)
+    if resume or not out.exists():
+        return None
+    if not out.is_dir():
+        raise ValueError(f"output_dir={out} is a file, not a directory; choose another output_dir")
+    try:
+        contents = sorted(p.name for p in out.iterdir() if p.name not in (LOCK, MARK))
+    except OSError as e:
+        raise ValueError(ckpt.os_reason(f"output_dir={out} cannot be read", e)) from None
+    if not contents or contents == ["config.yaml"]:  # empty, or a run stopped before it wrote anything else
+        return None
+    if not is_a_run(out):
+        raise ValueError(
+            f"output_dir={out} exists and is not an mmgrpo run ({len(contents)} entries, e.g. {contents[0]}); "
+            "nothing was moved; choose a new or empty output_dir"
+        )
+    if ckpt.holds_a_run(out) and not overwrite:
+        raise ValueError(
+            f"output_dir={out} already holds a run; pass resume=latest to continue it, overwrite=true to move it "
+            "aside (nothing is deleted), or another output_dir"
+        )
+    return out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def move_aside(output_dir: Path, target: Path) -> Path:
+    """Move the old run's files (all but the lock, which the new run holds) into a new directory beside it (main
+    process); returns that directory. The run directory itself stays, so its lock is never released or moved."""
+    n, dest = 0, target
+    while dest.exists():
+        n += 1
+        dest = target.with_name(f"{target.name}-{n}")
+    dest.mkdir()
+    for entry in sorted(Path(output_dir).iterdir()):
+        if entry.name != LOCK:
+            os.replace(entry, dest / entry.name)
+    return dest
+
+
+def mark_run(out: Path) -> None:
+    """Write :data:`MARK` into the run directory (main process): from now on it is a run, even before its first
+    checkpoint, and a later run there restarts it or is refused as a run, never as a stranger's folder."""
+    try:
+        ckpt.atomic_write_text(out / MARK, json.dumps({"started": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    except OSError as e:
+        raise ckpt.write_error(f"output_dir={out} is not writable", e) from None
+
+
 def check_run_dir(cfg: TrainConfig, acc: Accelerator, out: Path) -> Path | None:
-    """Refuse a used output_dir (``overwrite=true`` moves it aside); for ``resume``, find the checkpoint and
-    refuse a config that differs from the saved one except in :data:`RESUMABLE_CHANGES`. Returns the
-    checkpoint to resume from. Errors are one-line :class:`ConfigError` raised before the model loads.
+    """Refuse a used output_dir (``overwrite=true`` moves its files aside) or one that is not a run; for
+    ``resume``, find the checkpoint and refuse a config that differs from the saved one except in
+    :data:`RESUMABLE_CHANGES`. Returns the checkpoint to resume from. Errors are one-line :class:`ConfigError`
+    raised before the model loads.
 
     A directory holding only the start of a run that saved no checkpoint (:func:`mmgrpo.checkpoint.holds_a_run`
-    is false) is not a run: its leftovers are moved aside (nothing is deleted) and the new run starts there."""
+    is false) is not a run to keep: its leftovers are moved aside (nothing is deleted) and the new run starts
+    there."""
     if not cfg.resume:
         try:
-            aside = ckpt.prepare_output_dir(out, resume=None, overwrite=cfg.overwrite)
+            aside = prepare_output_dir(out, resume=None, overwrite=cfg.overwrite)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         acc.wait_for_everyone()  # every process has checked before the main one moves anything
         if acc.is_main_process:
             if aside is not None:
                 was_run = ckpt.holds_a_run(out)
-                moved = ckpt.move_aside(out, aside)
+                moved = move_aside(out, aside)
                 what = "the previous run" if was_run else "the leftovers of a run stopped before its first checkpoint"
                 logger.warning("%s in %s moved to %s (nothing deleted)", what, out, moved)
             check_writable(out)
+            mark_run(out)
         acc.wait_for_everyone()
         return None
     skipped: list[str] = []
@@ -225,6 +318,8 @@ def check_run_dir(cfg: TrainConfig, acc: Accelerator, out: Path) -> Path | None:
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
     _warn_skipped(cfg, acc, skipped, directory)
+    if acc.is_main_process and (line := manifest.note(directory)):  # a checkpoint written before manifests
+        logger.warning("resume=%s: %s", cfg.resume, line)
     step = ckpt.saved_step(directory)
     if step > cfg.steps:
         raise ConfigError(

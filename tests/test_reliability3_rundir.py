@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from mmgrpo import checkpoint as ckpt
-from mmgrpo import run_dir
+from mmgrpo import manifest, run_dir
 from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
@@ -133,7 +133,10 @@ def test_a_symlink_to_a_live_run_takes_the_same_lock(run, tmp_path):
         with pytest.raises(ckpt.RunDirError, match=f"output_dir={run} is in use by mmgrpo process"):
             _resume(link)
         assert run_dir.lock_path(link) == run_dir.lock_path(run)
-        assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".mmgrpo-lock")) == [".run.mmgrpo-lock"]
+        assert [p.name for p in run.iterdir() if p.name.endswith(".mmgrpo-lock")] == [
+            ".mmgrpo-lock"
+        ]  # issue 54: inside
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".mmgrpo-lock")]  # none beside, none in the link
     finally:
         live.close()
     other = _resume(link)  # free once the live run ended: the link resumes the run it points to
@@ -183,11 +186,13 @@ def _wrong_shape_weight(state: Path) -> str:
     _rewrite(
         state / "model.safetensors", lambda t: t.__setitem__(key, torch.zeros(*t[key].shape[:-1], t[key].shape[-1] + 1))
     )
+    manifest.write(state.parent)  # a whole checkpoint of another model (issue 54's manifest agrees): found at load
     return key
 
 
 def _wrong_shape_moment(state: Path) -> str:
     _rewrite(state / "optimizer.safetensors", lambda t: t.__setitem__("state.0.exp_avg", torch.zeros(2, 3)))
+    manifest.write(state.parent)
     return "state.0.exp_avg"
 
 
