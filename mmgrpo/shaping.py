@@ -11,7 +11,8 @@ Pure math (torch only). Every shaper has one signature::
 - ``value_anchored``: the VGPO family (Shao et al. 2025, arXiv 2512.12387): dense per-unit values → per-unit
   advantages from value differences, mixed with an absolute (value-anchored, not group-normalised) term whose
   weight grows as the group's reward std collapses. VGPO's equations were not available; what we implement is
-  written out in :func:`value_anchored` (VGPO, arXiv 2512.12387, abstract: no code is public).
+  written out in :func:`value_anchored` (VGPO, arXiv 2512.12387; where we looked for the paper's equations and the
+  authors' code, and found neither: docs/variants.md, "VGPO as published").
 - :func:`intragroup_divergence`, :func:`tw_grpo_weights`: TW-GRPO's per-position token weights from the
   divergence of the group's next-token distributions (arXiv 2505.24718), applied by the trainer to the per-unit
   advantages (``algorithm.token_weighting: tw_grpo``).
@@ -225,7 +226,9 @@ def value_anchored(
        A[b, t] = (1 − w_p)·Ã_rel[b, t] + w_p·Ã_abs[b, t]. A diverse group (std ≫ τ) is plain group-relative;
        a collapsed group (std → 0) keeps the absolute value-anchored signal. τ = 0 is purely relative.
 
-    Samples with a NaN (not applicable) reward get 0. These are our equations, not VGPO's (not available).
+    Samples with a NaN (not applicable) reward get 0. These are our equations, not VGPO's: its §3 (the "Temporal
+    Cumulative Reward Mechanism" and "Adaptive Dual Advantage Estimation", the names steps 1 and 4 stand for) and any
+    code of the authors could not be retrieved (searched 2026-11-29; docs/variants.md, "VGPO as published").
 
     Shape:
         advantages: [P, G]; inputs.values: [B, T] (required); inputs.rewards: [P, G] -> [B, T]
