@@ -23,7 +23,8 @@ Subclasses set ``model``, ``reference`` and ``args`` (with ``forward_batch_size`
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from mmgrpo import sharding
 from mmgrpo.types import Rollout
 
 from .. import _hf
+from .entropy import head_entropy
 from .logprobs import banned_mask, fusable_head, head_logprobs, tied_embedding_grad, vocab_size
 
 
@@ -62,10 +64,20 @@ class TokenPolicy:
     suppress_ids: list[int]
     pad_id: int
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_token_logprobs" in cls.__dict__:  # a family that scores its tokens its own way (AR image's CFG head):
+            cls.logprobs_and_entropy = None  # no entropy from the shared head path; refused at load (has_method)
+
     def _token_logprobs(self, model: torch.nn.Module, state: Any, index: Tensor) -> Tensor:
         """Log-probs [n, T] of the sampled units of rows ``index`` of ``state`` under ``model``: the completions'
         tokens under the sampling distribution (temperature, ``suppress_ids`` banned everywhere and
         ``_early_bans`` at the first steps), through the fused lm_head when the head is a plain linear layer."""
+        return self._scored(model, state, index, entropy=False)[0]
+
+    def _scored(self, model: torch.nn.Module, state: Any, index: Tensor, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """(log-probs [n, T], the sampling distribution's entropy [n, T] or None) of rows ``index`` from ONE
+        forward; both through the fused lm_head when the head allows it (``logprobs.py``, ``entropy.py``)."""
         head = fusable_head(model)
         with tied_embedding_grad(model, head) as tied:  # a tied head's one [V, H] gradient, made last
             comp, out = self._completion_logits(model, state, index, head)  # [n, T], [n, T, V] or [n, T, H]
@@ -73,7 +85,28 @@ class TokenPolicy:
         V = vocab_size(out, head)
         banned = banned_mask(V, self.suppress_ids, early_ids, early_steps, steps=comp.shape[1], device=out.device)
         comp = comp.to(out.device)
-        return head_logprobs(out, head, comp, temperature=self.args.temperature, banned=banned, late=tied)  # [n, T]
+        tau = self.args.temperature
+        logp = head_logprobs(out, head, comp, temperature=tau, banned=banned, late=tied)  # [n, T]
+        return logp, head_entropy(out, head, temperature=tau, banned=banned) if entropy else None
+
+    def logprobs_and_entropy(self, rollout: Rollout, index: Tensor) -> tuple[Tensor, Tensor]:
+        """(:meth:`logprobs`, the entropy of the sampling distribution at each unit) of rows ``index``, both masked
+        and differentiable, from one forward (the entropy loss terms, :mod:`mmgrpo.entropy_control`).
+        Shape: [n, T] each."""
+        logp, ent = self._scored(self.model, rollout.state, index, entropy=True)
+        m = rollout.mask[index].to(logp.device)  # [n, T]
+        return logp * m, ent * m
+
+    @contextmanager
+    def sampling_temperature(self, temperature: float) -> Iterator[None]:
+        """Inside the block the policy samples and scores at ``temperature`` (``args.temperature``), restored after:
+        AEPO's temperature-T rollouts (:mod:`mmgrpo.entropy_control`), whose old log-probs are then re-scored."""
+        saved = self.args.temperature
+        self.args.temperature = float(temperature)
+        try:
+            yield
+        finally:
+            self.args.temperature = saved
 
     def _completion_logits(
         self, model: torch.nn.Module, state: Any, index: Tensor, head: torch.nn.Linear | None = None
