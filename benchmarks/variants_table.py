@@ -15,6 +15,8 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study knapsack --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study replay --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study igpo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study tas --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study llds --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study calibration --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study cppo --seeds 0 1 2 --out runs/variants
 
@@ -100,6 +102,17 @@ Studies:
   virtual max-reward sample + asymmetric clipping), SEED-GRPO (``configs/variant_seed_grpo.yaml``) and the
   unlikeliness reward (``configs/variant_unlikeliness.yaml``). Also reported: held-out pass@1/4/16 of 16 sampled
   completions per row (``eval.pass_k``), after the warm-up and after training.
+
+- ``tas`` (video_motion, direction, 200 steps as the ``reg_grpo`` study; the configs ship 400): GRPO
+  (``configs/video_motion.yaml``) vs AVATAR's Temporal Advantage Shaping (``configs/variant_tas.yaml``: the same with
+  ``algorithm.shaping: tas``, α = 0.5; mmgrpo/tas.py).
+
+- ``llds`` (the zoom tool task, held-out accuracy on 100 rows): one shared warm-up as the ``igpo`` study's (200 steps
+  of 32, seed 0), then per seed 30 RL steps of 4 prompts × G = 8, two updates per step: GRPO
+  (``configs/variant_llds.yaml`` with ``coef: 0``: the same updates, the displacement logged, the loss unchanged) vs
+  LLDS (as shipped: λ = 0.2, action-level gate; mmgrpo/llds.py). Also reported: held-out crop_hits_box and
+  tool_call_rate, and the per-step means (``perf``) of ``llds/displacement`` (mean log π_θ − log π_old over tokens),
+  ``llds/fell_fraction`` and ``loss/llds``.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -357,6 +370,48 @@ STUDIES: dict[str, dict] = {
             "eval.pass_samples=16",
         ],
     },
+    "tas": {
+        "metric": "accuracy",
+        "runs": {
+            "grpo": ("configs/video_motion.yaml", []),
+            "tas": ("configs/variant_tas.yaml", []),
+        },
+        "overrides": ["steps=200", "eval.every=50"],
+    },
+    "llds": {
+        "metric": "accuracy",
+        "extra": ["crop_hits_box", "tool_call_rate"],
+        "perf": ["llds/displacement", "llds/fell_fraction", "loss/llds"],
+        "once": {  # the shared warm-up (seed 0), as the igpo study's
+            "warmup": (
+                "configs/variant_llds.yaml",
+                [
+                    "steps=1",
+                    "algorithm.loss_terms={llds: {coef: 0.0}}",
+                    "warmup.steps=200",
+                    "checkpoint.after_warmup=true",
+                    "eval.before=false",
+                    "eval.after=false",
+                    "task.args.eval_size=100",
+                    "checkpoint.save_final=false",
+                ],
+            ),
+        },
+        "runs": {
+            "grpo": ("configs/variant_llds.yaml", ["algorithm.loss_terms={llds: {coef: 0.0}}"]),
+            "llds": ("configs/variant_llds.yaml", []),
+        },
+        "overrides": [
+            "model.args.name_or_path=<base>/warmup_seed0/checkpoints/step-000000/model",
+            "warmup.steps=0",
+            "steps=30",
+            "algorithm.prompts_per_step=4",
+            "algorithm.minibatch_size=16",
+            "task.args.eval_size=100",
+            "eval.before=false",
+            "checkpoint.save_final=false",
+        ],
+    },
     "gui": {
         "metric": "success_rate",
         "extra": ["first_move_share"],
@@ -464,7 +519,7 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {}
     for name, (config, overrides) in study.get("once", {}).items():  # shared by every run (a warm-up): seed 0
         train(config, base / f"{name}_seed0", 0, [o.replace("<base>", str(base)) for o in overrides], args.fresh)
-        r = read_run(base / f"{name}_seed0", study["metric"], study.get("extra", []))
+        r = read_run(base / f"{name}_seed0", study["metric"], study.get("extra", []), study.get("perf", []))
         results[name] = {0: {**r, "after": r["evals"][-1][2] if r["after"] is None else r["after"]}}  # its last eval
     for name, (config, overrides) in study["runs"].items():
         if args.only and name not in args.only:
@@ -474,7 +529,9 @@ def main() -> None:
             given = [*study.get("overrides", []), *overrides]
             given = [o.replace("<base>", str(base)).replace("<seed>", str(seed)) for o in given]
             seconds = train(config, out, seed, given, args.fresh)
-            results.setdefault(name, {})[seed] = read_run(out, study["metric"], study.get("extra", []))
+            results.setdefault(name, {})[seed] = read_run(
+                out, study["metric"], study.get("extra", []), study.get("perf", [])
+            )
             print(f"{name} seed {seed}: after {results[name][seed]['after']} ({seconds:.0f} s)", flush=True)
     (base / "results.json").write_text(json.dumps(results, indent=2))
     text = table(results)
