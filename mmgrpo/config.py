@@ -698,6 +698,8 @@ def variant_methods(a: AlgorithmConfig) -> dict[str, str]:
     need = {}  # the rollout steps' hooks: mmgrpo.rollout_steps.check_config
     if a.token_weighting == "tw_grpo":
         need["vocab_logits"] = "algorithm.token_weighting: tw_grpo"
+    if "entropy_bonus" in a.loss_terms:  # the entropy of the sampling distribution (mmgrpo/entropy_control.py)
+        need["logprobs_and_entropy"] = "algorithm.loss_terms.entropy_bonus"
     return need
 
 
