@@ -19,6 +19,7 @@
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study llds --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study calibration --seeds 0 1 2 --out runs/variants
     OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study cppo --seeds 0 1 2 --out runs/variants
+    OMP_NUM_THREADS=1 python benchmarks/variants_table.py --study entropy --seeds 0 1 2 --out runs/variants
 
 Each row is one shipped config trained with ``mmgrpo train`` in its own process (seed and output directory set by
 override, everything else as shipped), so a variant differs from its default only in the keys its config changes.
@@ -113,6 +114,12 @@ Studies:
   LLDS (as shipped: λ = 0.2, action-level gate; mmgrpo/llds.py). Also reported: held-out crop_hits_box and
   tool_call_rate, and the per-step means (``perf``) of ``llds/displacement`` (mean log π_θ − log π_old over tokens),
   ``llds/fell_fraction`` and ``loss/llds``.
+- ``entropy`` (the quickstart cut to 60 steps of its 300, evaluations every 30 steps on 100 held-out rows):
+  ``configs/quickstart.yaml`` (GRPO, with the ``entropy_bonus`` term at coef 0 so that it logs ``entropy/mean``) vs
+  ``configs/variant_entropy_bonus.yaml`` (the entropy bonus, coef 0.01) and ``configs/variant_aepo.yaml`` (AEPO,
+  target entropy 0.5; mmgrpo/entropy_control.py). Also reported: the mean over steps of ``entropy/mean``,
+  ``aepo/temperature``, ``aepo/reinforce_samples`` and ``perf/step_s``; the per-step entropy is in each run's
+  ``metrics.jsonl``.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -427,6 +434,16 @@ STUDIES: dict[str, dict] = {
             ),
         },
         "overrides": ["steps=12", "task.args.eval_size=40", "eval.before=false"],  # cut to fit the shared CPU
+    },
+    "entropy": {  # issue 51 item 7: the entropy bonus and AEPO vs GRPO; entropy/mean logged by every arm (coef 0)
+        "metric": "accuracy",
+        "perf": ["entropy/mean", "aepo/temperature", "aepo/reinforce_samples", "perf/step_s"],
+        "runs": {
+            "grpo": ("configs/quickstart.yaml", ["algorithm.loss_terms.entropy_bonus.coef=0.0"]),
+            "entropy_bonus": ("configs/variant_entropy_bonus.yaml", []),
+            "aepo": ("configs/variant_aepo.yaml", []),
+        },
+        "overrides": ["steps=60", "eval.every=30", "task.args.eval_size=100"],  # cut to ~3 min a run
     },
 }
 
