@@ -404,9 +404,9 @@ def apply_transforms(
 # ---------------------------------------------------------------------------------------------------------------
 # issue 51: NGRPO's virtual maximum-reward sample, the unlikeliness reward, SEED-GRPO's semantic-entropy scale
 
-REPLACES_ADVANTAGES = frozenset({"negative_groups", "ngrpo", "unlikeliness"})
-"""Transforms that compute their own group statistics from the rewards and replace the estimator's advantages:
-listed first, at most one of them (``mmgrpo.loader`` refuses other orders at load)."""
+REPLACES_ADVANTAGES = {"negative_groups": "LENS", "ngrpo": "NGRPO", "unlikeliness": "Rewarding the Unlikely"}
+"""Transforms that compute their own group statistics from the rewards and replace the estimator's advantages (name →
+paper): listed first, at most one of them (``mmgrpo.loader`` refuses other orders at load)."""
 
 
 @dataclass(frozen=True)

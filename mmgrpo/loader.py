@@ -360,7 +360,8 @@ def _check_group_transforms(a: AlgorithmConfig) -> None:
     replacing = [n for n in names if n in advantages.REPLACES_ADVANTAGES]
     if replacing and (len(replacing) > 1 or names[0] != replacing[0]):
         raise ConfigError(
-            f"algorithm.advantage_transform: {replacing[-1]} replaces the advantages, so transforms before it "
+            f"algorithm.advantage_transform: {replacing[-1]} ({advantages.REPLACES_ADVANTAGES[replacing[-1]]}) "
+            f"replaces the advantages, so transforms before it "
             f"would be lost; list it first, and only one of {sorted(advantages.REPLACES_ADVANTAGES)}, got {names}"
         )
     own = [n for n in names if n in ("ngrpo", "unlikeliness")]

@@ -131,7 +131,11 @@ def test_seed_grpo_step_scales_the_advantages_from_the_rollouts_outputs():
 @pytest.mark.parametrize(
     "config, overrides, message",
     [
-        ("ngrpo", ["algorithm.advantage_transform=[difficulty, ngrpo]"], r"ngrpo replaces the advantages"),
+        (
+            "ngrpo",
+            ["algorithm.advantage_transform=[difficulty, ngrpo]"],
+            r"^algorithm\.advantage_transform: ngrpo \(NGRPO\) replaces the advantages",
+        ),
         ("ngrpo", ["algorithm.advantage_transform=[ngrpo, unlikeliness]"], r"and only one of"),
         ("ngrpo", ["algorithm.filter_zero_variance=true"], r"drops the all-wrong groups"),
         ("ngrpo", ["algorithm.estimator=rloo"], r"ngrpo computes GRPO's group mean and std itself"),
