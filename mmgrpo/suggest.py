@@ -47,6 +47,7 @@ TRL_NAMES = {
     "tools": "rollout.tools",
     "max_tool_calling_iterations": "rollout.max_turns",
     "environment_factory": "rollout.environment",
+    "entropy_coef": "algorithm.loss_terms",
 }
 """TRL option name → the mmgrpo config path that holds it (``docs/from_trl.md``)."""
 
@@ -55,6 +56,7 @@ _TRL_VALUES = {
     "loss_type": "algorithm.aggregation (per loss_type)",
     "max_tool_calling_iterations": "rollout.max_turns (= iterations + 1: assistant turns)",
     "tools": "rollout.tools (registry names or package.module:function)",
+    "entropy_coef": "algorithm.loss_terms.entropy_bonus.coef",
 }
 """Where a TRL flag becomes a value rather than a field of the same meaning."""
 
