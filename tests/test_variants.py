@@ -429,6 +429,8 @@ def test_variant_config_trains(name, tmp_path, mmgrpo_cache):
         assert 0.0 <= second["augment/hinted_fraction"] + second["augment/noised_fraction"] <= 1.0
     if cfg.algorithm.gt_injection.enabled:  # one ground-truth sample in each group of G = 4
         assert last["gt/injected_fraction"] == pytest.approx(0.25)
+    if "llds" in cfg.algorithm.loss_terms:  # the per-step likelihood displacement is logged (mmgrpo/llds.py)
+        assert math.isfinite(last["llds/displacement"]) and last["loss/llds"] >= 0.0
     if "entropy_bonus" in cfg.algorithm.loss_terms:  # the entropy is logged every step (mmgrpo/entropy_control.py)
         assert all(r["entropy/mean"] > 0.0 for r in _records(tmp_path / "run"))
     if "aepo" in cfg.algorithm.rollout_steps:  # T is one of AEPO's two temperatures
