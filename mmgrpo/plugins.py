@@ -65,6 +65,9 @@ class Inputs:
     """Every row must hold one of ``media`` (the speech adapters: audio)."""
     prompt: bool = True
     """It reads the row's ``prompt`` text (Whisper does not: its decoder prompt is fixed by the model)."""
+    outputs: str = "text"
+    """What its samples are, ``text`` or ``image`` (PIL images: flow, AR image): the reward load check
+    (``mmgrpo/reward_check.py``) calls each reward on synthetic samples of this kind before the model loads."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from mmgrpo import (
     losses,
     noise,
     pass_at_k,
+    reward_check,
     rollout_steps,
     run_dir,
     sampling,
@@ -52,13 +53,12 @@ from mmgrpo.loader import load_builtins, load_engine
 from mmgrpo.optim import build_optimizer
 from mmgrpo.plugins import ADAPTERS
 from mmgrpo.preflight import preflight
-from mmgrpo.rewards import RewardRunner, score_rows, weighted_scorer
+from mmgrpo.rewards import score_rows, weighted_scorer
 from mmgrpo.types import (
     EngineRollout,
     ForwardRecord,
     SupervisedLoss,
     SyncReference,
-    TextTokenizer,
     capability_text,
     frozen_reference,
     missing_method,
@@ -92,6 +92,7 @@ class Trainer:
         set_seed(cfg.seed)
         with self.acc.main_process_first():  # tiny models and data are built into a shared cache: once
             self.task = preflight(cfg)  # the --dry-run check: task, first rows, reward columns, warm-up rows
+            self.rewards = reward_check.load_rewards(cfg, self.task.train_rows())  # run once on a synthetic rollout
             self.adapter = ADAPTERS.get(cfg.model.adapter)(
                 cfg.model.args,
                 seed=cfg.seed,
@@ -101,15 +102,6 @@ class Trainer:
                 reward_scorer=weighted_scorer,  # families that score their own outputs (flow value_rewards)
                 rollout=cfg.rollout,  # tools / an environment: the adapter is built with its turn driver (agents.md)
             )
-        rt = cfg.reward_runtime
-        self.rewards = RewardRunner(
-            [(r.name, r.weight, r.kwargs) for r in cfg.rewards],
-            timeout_s=rt.timeout_s,
-            on_error=rt.on_error,
-            max_workers=rt.workers,
-            reward_types=[r.reward_types for r in cfg.rewards],
-            isolation=rt.isolation,
-        )
         a = cfg.algorithm  # plugins registered without a spec (no declared class) are checked here, once built
         need = required_capabilities(
             kl=a.kl,
@@ -554,21 +546,10 @@ class Trainer:
         return result
 
     def _reward_scores(self, outputs: list, rows: list[dict]) -> dict[str, float]:
-        """Mean of each configured reward over the held-out outputs as ``reward/<name>`` (NaN = not applicable is
-        left out; ``reward/wer`` is the reward 1 − WER, not the WER), and ``reward``, the weighted combination.
-
-        Held-out outputs are decoded text: their ``completion_ids`` are the text re-tokenised by the adapter's
-        tokenizer (without the EOS that training counts), where the adapter has one."""
-        extras = {}
-        text = outputs and all(isinstance(o, str) for o in outputs)
-        if isinstance(self.adapter, TextTokenizer) and callable(self.adapter.tokenizer) and text:
-            ids = self.adapter.tokenizer(list(outputs), add_special_tokens=False)["input_ids"]
-            extras["completion_ids"] = list(ids)
-        scores, _ = score_rows(self.rewards, outputs, rows, 1, extras, trainer_state=self._trl_state(self.state.step))
-        combined = adv_lib.combine_rewards(scores[:, None, :], self.rewards.weights)  # [n, 1]
-        result = {f"reward/{name}": float(scores[:, k].nanmean()) for k, name in enumerate(self.rewards.names)}
-        result["reward"] = float(combined.nanmean())
-        return result
+        """The configured rewards' held-out means, scored through the training path with the outputs' reward columns
+        (:func:`mmgrpo.evaluation.reward_scores`)."""
+        state = self._trl_state(self.state.step)
+        return evaluation.reward_scores(self.rewards, self.adapter, outputs, rows, trainer_state=state)
 
     def _trl_state(self, step: int):
         """What TRL passes its rewards as ``trainer_state``: a ``transformers.TrainerState`` (steps completed so far,

@@ -127,11 +127,30 @@ class PolicyAdapter(Protocol):
         ...
 
 
-class Transcript(str):
+class Answer(str):
+    """A held-out text output with the reward columns its sampling recorded beside it, one value each
+    (``completion_ids``, the image sizes, a multi-turn trajectory's ``tool_calls`` and ``turn_rewards``...): the
+    columns a training rollout gives the rewards in ``Rollout.extras``, so held-out outputs are scored with them
+    (:func:`mmgrpo.evaluation.output_columns`). A plain ``str`` everywhere else; pickles as itself (outputs are
+    gathered across processes)."""
+
+    columns: dict[str, Any]
+    """Reward column name → this output's value (the entry of ``Rollout.extras[name]`` a rollout would give it)."""
+
+    def __new__(cls, text: str, columns: dict[str, Any] | None = None) -> Answer:
+        out = super().__new__(cls, text)
+        out.columns = dict(columns or {})
+        return out
+
+    def __reduce__(self) -> tuple:
+        return (Answer, (str(self), self.columns))
+
+
+class Transcript(Answer):
     """A multi-turn answer: the assistant turns' text joined by newlines (what rewards, samples and most task metrics
     read, as a plain ``str``), with the turns kept apart in :attr:`turns` for metrics that replay them one by one
     (the sokoban task steps its game with each turn), and the whole exchange in :attr:`messages` for display (the
-    demo). Pickles as itself (outputs are gathered across processes)."""
+    demo). Its :attr:`columns` are the trajectory's reward columns (:class:`Answer`). Pickles as itself."""
 
     turns: tuple[str, ...]
     """The assistant turns' text, in order."""
@@ -146,15 +165,20 @@ class Transcript(str):
     column a training rollout gives the rewards (``env_return``): the demo scores an answer with it."""
 
     def __new__(
-        cls, turns: Sequence[str], cut_last: bool = False, messages: Sequence[dict] = (), turn_rewards: Sequence = ()
+        cls,
+        turns: Sequence[str],
+        cut_last: bool = False,
+        messages: Sequence[dict] = (),
+        turn_rewards: Sequence = (),
+        columns: dict[str, Any] | None = None,
     ) -> Transcript:
-        out = super().__new__(cls, "\n".join(turns))
+        out = super().__new__(cls, "\n".join(turns), columns)
         out.turns, out.cut_last, out.messages = tuple(turns), bool(cut_last), tuple(messages)
         out.turn_rewards = tuple(float(r) for r in turn_rewards)
         return out
 
     def __reduce__(self) -> tuple:
-        return (Transcript, (self.turns, self.cut_last, self.messages, self.turn_rewards))
+        return (Transcript, (self.turns, self.cut_last, self.messages, self.turn_rewards, self.columns))
 
 
 class EngineError(RuntimeError):
@@ -360,8 +384,8 @@ class SamplingSettings(Protocol):
 
 @runtime_checkable
 class TextTokenizer(Protocol):
-    """A token adapter's Hugging Face tokenizer: held-out text outputs are re-tokenised with it for rewards that
-    count tokens (the ``completion_ids`` column)."""
+    """A token adapter's Hugging Face tokenizer: held-out plain-text outputs (not :class:`Answer`, which carry their
+    own) are re-tokenised with it for rewards that count tokens (the ``completion_ids`` column)."""
 
     tokenizer: Any
 

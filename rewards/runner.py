@@ -355,37 +355,9 @@ class RewardRunner:
 
         ``trainer_state`` is passed as TRL passes it (a ``transformers.TrainerState``: ``global_step``,
         ``max_steps``...), not as a column."""
-        if self._closed:
-            raise RuntimeError("RewardRunner is closed")
         B = len(completions)
-        if len(prompts) != B:
-            raise RewardError(f"got {B} completions but {len(prompts)} prompts; pass one prompt per completion")
-        for key, values in columns.items():
-            if len(values) != B:
-                raise RewardError(
-                    f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample"
-                )
-        if B and all(_is_chat(p) for p in prompts):  # TRL's convention for conversational prompts
-            completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
+        jobs = self._jobs(completions, prompts, columns, trainer_state)
         rewards = torch.full((B, len(self.names)), math.nan, dtype=torch.float32)  # [B, K]
-        jobs = []
-        for k, caller in enumerate(self._callers):
-            rows = self._route(k, B, columns)
-            if not rows:
-                continue
-            if len(rows) == B:
-                job = _Job(k, caller, rows, list(completions), list(prompts), dict(columns))
-            else:
-                job = _Job(
-                    k,
-                    caller,
-                    rows,
-                    _take(completions, rows),
-                    _take(prompts, rows),
-                    {c: _take(v, rows) for c, v in columns.items()},
-                )
-            job.trainer_state = trainer_state
-            jobs.append(job)
         metrics: dict[str, float] = {}
         errors = 0
         for job in self._run(jobs):
@@ -429,6 +401,64 @@ class RewardRunner:
             )
         return rewards, metrics
 
+    def check(
+        self, completions: list, prompts: list, columns: dict[str, list], *, trainer_state: Any = None
+    ) -> list[tuple[int, str, bool]]:
+        """Run each reward once on these B samples, as :meth:`__call__` does, and return the failures instead of
+        raising or scoring NaN: ``(reward index k, one-line message, broken)`` per failing reward. ``broken``: the
+        reward breaks the calling contract whatever the data (it returns a non-list, a string, the wrong length or a
+        non-finite value, or names a column the batch lacks); otherwise its own code raised or it timed out. The
+        reward load check (``mmgrpo/reward_check.py``) calls it on a synthetic rollout.
+
+        A reward function runs in a forked worker here, whatever ``isolation`` says, so the check leaves nothing in
+        the run's process (a counter, a cache, a list of calls a reward keeps); a reward object (a model-based
+        reward, whose model may be on the GPU, which a fork cannot use) runs in a thread."""
+        failures = []
+        forked = [inspect.isfunction(getattr(fn, "func", fn)) for fn in self._rewards]  # functools.partial: .func
+        for job in self._run(self._jobs(completions, prompts, columns, trainer_state), forked):
+            if job.timed_out or job.exc is not None:
+                contract = isinstance(job.exc, RewardError) or getattr(job.exc, "is_reward_error", False)
+                failures.append((job.k, self._error(job), contract and not job.timed_out))
+            elif job.bad:
+                index, value = job.bad[0]
+                failures.append((job.k, _nonfinite_message(job.caller.name, value, index), True))
+        return failures
+
+    def _jobs(self, completions: list, prompts: list, columns: dict[str, list], trainer_state: Any) -> list[_Job]:
+        """One job per reward on the samples routed to it (none where no sample is); chat prompts give chat
+        completions (TRL's convention). Raises :class:`RewardError` for lengths that do not match."""
+        if self._closed:
+            raise RuntimeError("RewardRunner is closed")
+        B = len(completions)
+        if len(prompts) != B:
+            raise RewardError(f"got {B} completions but {len(prompts)} prompts; pass one prompt per completion")
+        for key, values in columns.items():
+            if len(values) != B:
+                raise RewardError(
+                    f"column {key!r} has {len(values)} values for {B} completions; columns hold one value per sample"
+                )
+        if B and all(_is_chat(p) for p in prompts):  # TRL's convention for conversational prompts
+            completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
+        jobs = []
+        for k, caller in enumerate(self._callers):
+            rows = self._route(k, B, columns)
+            if not rows:
+                continue
+            if len(rows) == B:
+                job = _Job(k, caller, rows, list(completions), list(prompts), dict(columns))
+            else:
+                job = _Job(
+                    k,
+                    caller,
+                    rows,
+                    _take(completions, rows),
+                    _take(prompts, rows),
+                    {c: _take(v, rows) for c, v in columns.items()},
+                )
+            job.trainer_state = trainer_state
+            jobs.append(job)
+        return jobs
+
     def _route(self, k: int, B: int, columns: dict[str, list]) -> list[int]:
         allowed = self.reward_types[k]
         if allowed is None:
@@ -441,14 +471,16 @@ class RewardRunner:
             )
         return [i for i, t in enumerate(columns["reward_type"]) if t in allowed]
 
-    def _run(self, jobs: list[_Job]) -> list[_Job]:
-        """Run the jobs, at most ``max_workers`` at once, each in a daemon thread with its own deadline."""
+    def _run(self, jobs: list[_Job], isolated: list[bool] | None = None) -> list[_Job]:
+        """Run the jobs, at most ``max_workers`` at once, each in a daemon thread or (``isolated``, default
+        :attr:`isolated`, per reward) a worker process, with its own deadline."""
+        isolated = self.isolated if isolated is None else isolated
         done: queue.Queue = queue.Queue()
         pending, running = deque(jobs), {}  # running: job -> deadline
         while pending or running:
             while pending and len(running) < self.max_workers:
                 job = pending.popleft()
-                if self.isolated[job.k]:
+                if isolated[job.k]:
                     self._start_process(job, done)
                 else:
                     threading.Thread(

@@ -178,6 +178,8 @@ REWARD_USERS = (
     "mmgrpo.row_check",
     "mmgrpo.demo",
     "mmgrpo.tasks",
+    "mmgrpo.evaluation",
+    "mmgrpo.reward_check",
 )
 """The modules that load, check or run rewards (the orchestration layer, and the tasks above it): the only ones that
 import ``mmgrpo.rewards``. The math, the schema, the registries, the rollout steps and the modalities take a scoring

@@ -38,12 +38,14 @@ class EvalRewards:
 
     def scores(self, outputs: list, rows: list[dict]) -> torch.Tensor:
         """Every metric of every output, scored by :func:`mmgrpo.rewards.score_rows` as training scores (the same
-        columns and calling convention). Shape: ``[n, K]`` float32, NaN where a metric does not apply."""
+        columns and calling convention, with the reward columns the outputs carry:
+        :func:`mmgrpo.evaluation.output_columns`). Shape: ``[n, K]`` float32, NaN where a metric does not apply."""
+        from mmgrpo.evaluation import output_columns
         from mmgrpo.rewards import RewardRunner, score_rows
 
         if self._runner is None:  # threads, no deadline: a held-out metric runs as long as it needs
             self._runner = RewardRunner([(n, 1.0, kw) for n, kw in self.specs], isolation="thread", timeout_s=None)
-        return score_rows(self._runner, outputs, rows)[0]
+        return score_rows(self._runner, outputs, rows, 1, output_columns(outputs), group_index=True)[0]
 
     def score(self, outputs: list, rows: list[dict]) -> dict[str, float]:
         """Mean of each metric over ``rows`` (``None`` values left out; NaN when none is left)."""

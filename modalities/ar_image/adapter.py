@@ -523,7 +523,7 @@ build_ar_image_adapter = ADAPTERS.register("ar_image")(
         args=ARImageArgs,
         cls=ARImageAdapter,
         load=_load_ar_image,
-        inputs=Inputs(),
+        inputs=Inputs(outputs="image"),
         load_check=lambda a: model_names.name_problem(a.name_or_path, "ar_image", (*TINY_NAMES, *SHIPPED)),
     )
 )

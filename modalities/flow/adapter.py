@@ -863,7 +863,7 @@ build_flow_adapter = ADAPTERS.register("flow")(
         cls=FlowAdapter,
         load=_load_flow,
         units_per_sample=lambda a: a.num_steps,
-        inputs=Inputs(),  # text prompts: rows with media are refused at load
+        inputs=Inputs(outputs="image"),  # text prompts: rows with media are refused at load
         load_check=lambda a: model_names.name_problem(
             a.name_or_path, "flow", (*TINY_NAMES, *SHIPPED), filenames=("model_index.json",)
         ),

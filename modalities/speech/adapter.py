@@ -47,7 +47,7 @@ from torch import Tensor
 from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
-from mmgrpo.types import Rollout
+from mmgrpo.types import Answer, Rollout
 
 from .. import _hf, model_names
 from ..tokens import prefix_sharing
@@ -273,11 +273,7 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
             outputs, to_end.float(), ended, group_size, state, engine_logprobs, self.args.mask_truncated
         )
         mask = rollout.mask  # [B, T]
-        rollout.extras = {
-            "audio_array": [w for w in cache.waveforms for _ in range(group_size)],
-            "sampling_rate": [self.sampling_rate] * len(prompt_of),
-            "completion_ids": completion_id_lists(completion_ids, to_end),
-        }
+        rollout.extras = self._reward_columns(cache, completion_ids, group_size)
         if engine_logprobs is None:  # as drawn (== the training forward: tests/test_speech_whisper.py)
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T]
         else:
@@ -285,8 +281,21 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
         return rollout
 
     @torch.no_grad()
-    def evaluate(self, prompts: list[dict]) -> list[str]:
-        return self._decode(self._sample(self._audio_cache(prompts), 1, greedy=True)[0])
+    def evaluate(self, prompts: list[dict]) -> list[Answer]:
+        """One greedy transcript per prompt, with the reward columns a rollout gives it (:class:`Answer`)."""
+        cache = self._audio_cache(prompts)
+        completion_ids = self._sample(cache, 1, greedy=True)[0]  # [P, T]
+        extras = self._reward_columns(cache, completion_ids, 1)  # as a rollout's: scored the same way
+        return [Answer(t, {k: v[i] for k, v in extras.items()}) for i, t in enumerate(self._decode(completion_ids))]
+
+    def _reward_columns(self, cache, completion_ids: Tensor, group_size: int) -> dict[str, list]:
+        """The B reward values of each column (``Rollout.extras``, module docstring; a held-out :class:`Answer`'s
+        ``columns``) of completions ``[B, T]`` of the P prompts of ``cache``, G per prompt."""
+        return {
+            "audio_array": [w for w in cache.waveforms for _ in range(group_size)],
+            "sampling_rate": [self.sampling_rate] * completion_ids.shape[0],
+            "completion_ids": completion_id_lists(completion_ids, self._completion_mask(completion_ids)),
+        }
 
     # --------------------------------------------------------------------------------------- log-probs
 

@@ -739,12 +739,7 @@ class TurnRunner:
             rollout.old_logprobs = self.sampler_logprobs(trajs) * mask  # [B, T]
         else:
             rollout.old_logprobs = a.batched_logprobs(rollout, a.model) * mask  # [B, T]
-        columns.update(a.image_columns(rows, encodings, columns.get("image_size")))
-        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
-        rollout.extras.update(trajectory_extras(trajs))
-        rollout.extras["completion_ids"] = [
-            [x for x, m in zip(row.tolist(), act.tolist()) if m] for row, act in zip(state.completion_ids, state.action)
-        ]
+        rollout.extras.update(reward_columns(a, rows, encodings, columns, state, trajs, group_size))
         rollout.validate()
         return rollout
 
@@ -772,8 +767,28 @@ class TurnRunner:
         with a.media_scope():
             rows, envs = self.environments(prompts, 1)
             encodings = [a.encode_prompt(row) for row in rows]
-            _, trajs = self.trajectories(rows, encodings, 1, None, envs, greedy=True)
-        return [Transcript(t.texts, cut_last=t.cut, messages=t.transcript, turn_rewards=t.turn_rewards) for t in trajs]
+            columns = {k: v for encoder in a.encoders for k, v in encoder.columns(rows).items()}
+            state, trajs = self.trajectories(rows, encodings, 1, None, envs, greedy=True)
+        extras = reward_columns(a, rows, encodings, columns, state, trajs, 1)  # as a rollout's: scored the same way
+        return [
+            Transcript(t.texts, t.cut, t.transcript, t.turn_rewards, {k: v[b] for k, v in extras.items()})
+            for b, t in enumerate(trajs)
+        ]
+
+
+def reward_columns(
+    a: TokenSampler, rows: list[dict], encodings: list, columns: dict, state: TurnState, trajs: list, group_size: int
+) -> dict[str, list]:
+    """The B reward values of each column of P rows' trajectories (``Rollout.extras``; a held-out
+    :class:`~mmgrpo.types.Transcript`'s ``columns``): the media ``columns`` of the rows and their images', repeated
+    G times, :func:`trajectory_extras`, and ``completion_ids`` (each trajectory's action tokens)."""
+    columns = {**columns, **a.image_columns(rows, encodings, columns.get("image_size"))}
+    out = {k: [v for v in col for _ in range(group_size)] for k, col in columns.items()}
+    out.update(trajectory_extras(trajs))
+    out["completion_ids"] = [
+        [x for x, m in zip(row.tolist(), act.tolist()) if m] for row, act in zip(state.completion_ids, state.action)
+    ]
+    return out
 
 
 def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:

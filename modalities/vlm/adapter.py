@@ -38,7 +38,7 @@ from mmgrpo import noise, sharding
 from mmgrpo.config import ConfigError, Range, RolloutConfig
 from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
-from mmgrpo.types import DataError, Rollout
+from mmgrpo.types import Answer, DataError, Rollout
 
 from .. import _hf, model_names
 from ..tokens import prefix_sharing
@@ -638,19 +638,20 @@ class SingleTurn:
             if p.args.old_logprobs == "sampler" and p.engine is None:
                 prefix_sharing.warn_fallback_once("old_logprobs=sampler", "the KV-expanded sampler is not in use")
             rollout.old_logprobs = p.batched_logprobs(rollout, p.model) * mask  # [B, T]
-        columns.update(p.image_columns(prompts, encodings, columns.get("image_size")))
-        rollout.extras.update({k: [v for v in col for _ in range(group_size)] for k, col in columns.items()})
-        rollout.extras["completion_ids"] = completion_id_lists(completion_ids, p.completion_mask(completion_ids))
+        rollout.extras.update(reward_columns(p, prompts, encodings, columns, completion_ids, group_size))
         rollout.validate()
         return rollout
 
     @torch.no_grad()
-    def evaluate(self, prompts: list[dict]) -> list[str]:
-        """One greedy completion per prompt."""
+    def evaluate(self, prompts: list[dict]) -> list[Answer]:
+        """One greedy completion per prompt, with the reward columns a rollout gives it (:class:`Answer`)."""
         p = self.policy
         with p.media_scope():
             encodings = [p.encode_prompt(row) for row in prompts]
-        return p.decode(p.sample(encodings, 1, greedy=True)[0])
+            columns = {k: v for encoder in p.encoders for k, v in encoder.columns(prompts).items()}
+        completion_ids = p.sample(encodings, 1, greedy=True)[0]  # [P, T]
+        extras = reward_columns(p, prompts, encodings, columns, completion_ids, 1)  # as a rollout's: scored the same
+        return [Answer(text, {k: v[i] for k, v in extras.items()}) for i, text in enumerate(p.decode(completion_ids))]
 
     def supervised_loss(self, rows: list[dict]) -> Tensor:
         """Mean token cross-entropy of ``row['target']`` + the end token given the prompt (teacher forcing)."""
@@ -660,6 +661,18 @@ class SingleTurn:
         eos = p.tokenizer.convert_ids_to_tokens(int(p.eos_ids[0]))
         targets = [p.tokenizer(row["target"] + eos, add_special_tokens=False)["input_ids"] for row in rows]
         return p.teacher_forced_loss(targets, PromptCache(encodings))
+
+
+def reward_columns(
+    p: TokenSampler, prompts: list[dict], encodings: list, columns: dict, completion_ids: Tensor, group_size: int
+) -> dict[str, list]:
+    """The B reward values of each column of P prompts' completions (``Rollout.extras``; a held-out
+    :class:`Answer`'s ``columns``): the media ``columns`` of the prompts and their images', repeated G times, and
+    ``completion_ids`` (each completion's tokens up to and including its end token). ``completion_ids``: [B, T]."""
+    columns = {**columns, **p.image_columns(prompts, encodings, columns.get("image_size"))}
+    out = {k: [v for v in col for _ in range(group_size)] for k, col in columns.items()}
+    out["completion_ids"] = completion_id_lists(completion_ids, p.completion_mask(completion_ids))
+    return out
 
 
 def _pad_to_largest(values: list[Tensor]) -> list[Tensor]:
