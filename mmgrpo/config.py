@@ -424,7 +424,8 @@ class RolloutConfig:
     tool message with mask 0, until no call, ``max_turns`` or ``max_total_tokens``. docs/agents.md."""
     tool_limits: dict[str, Any] = field(default_factory=dict)
     """Bounds of each tool call (mmgrpo.tools.run_tool_call's keywords): timeout_s, max_argument_chars,
-    max_observation_chars, max_images, max_frames, max_pixels, error_reward (verl's zoom tool: -0.05)."""
+    max_observation_chars, max_images, max_frames, max_pixels, error_reward (verl's zoom tool: -0.05). An environment's
+    reset/step are held to timeout_s and the observation sizes too (a fault ends the trajectory, tools/env_guard.py)."""
     max_turns: Annotated[int, Range(ge=1)] = 5
     """Assistant turns per trajectory at most (DeepEyes 5, Mini-o3 6); a tool call in the last turn is not run."""
     max_calls_per_turn: Annotated[int, Range(ge=1)] = 1
@@ -448,7 +449,8 @@ class RolloutConfig:
     turn <tool_response>...</tool_response>, modalities/tokens/turns.py) | qwen2.5_vl_tools_brief (the same with a
     one-line tool section: short prompts for small models trained from scratch) | a path to a Jinja file."""
     environment: str | None = None
-    """A multi-step game the policy plays (registry name in mmgrpo.tools.ENVIRONMENTS, e.g. sokoban): one instance
+    """A multi-step game the policy plays (registry name in mmgrpo.tools.ENVIRONMENTS, e.g. sokoban, or one's own by
+    reference, module:Class or module:factory(), docs/agents.md#your-own-environment): one instance
     per trajectory, reset from its row (its first observation joins the prompt); each assistant turn is its action
     (env.step), its observation the next user turn (mask 0), its reward the turn's reward, until done or max_turns."""
     environment_args: dict[str, Any] = field(default_factory=dict)

@@ -56,17 +56,21 @@ def check_config(cfg: TrainConfig) -> None:
             f"rollout.max_turns >= 2 (DeepEyes 5), or remove {what.split(' ')[0]} for single-turn rollouts"
         )
     from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
+    from mmgrpo.tools.env import is_reference
 
     try:
         load_tools(tool_specs(r.tools))
     except (KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"rollout.tools: {str(e).strip(chr(39))}") from None
     check_kwargs(run_tool_call, r.tool_limits, "rollout.tool_limits", skip=3)
-    if r.environment is not None:
-        if r.tools:
-            raise ConfigError("rollout.tools and rollout.environment: choose one (the environment reads each turn)")
+    if r.environment is not None and r.tools:
+        raise ConfigError("rollout.tools and rollout.environment: choose one (the environment reads each turn)")
+    if r.environment is not None and not is_reference(r.environment):  # references: mmgrpo/env_check.py, preflight
         if r.environment not in ENVIRONMENTS:
-            raise ConfigError(f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}")
+            raise ConfigError(
+                f"rollout.environment: {r.environment!r} is not one of {', '.join(ENVIRONMENTS.names())}, nor a "
+                "reference to your own (module:Class, module:factory(); docs/agents.md#your-own-environment)"
+            )
         check_kwargs(ENVIRONMENTS.get(r.environment), r.environment_args, "rollout.environment_args")
         try:  # the values too (e.g. a room too small, an unknown floor): built as the first rollout builds it
             make_environment(r.environment, **r.environment_args)
@@ -184,7 +188,8 @@ def unit_advantages(
 def turn_metrics(rollout: Rollout) -> dict[str, float]:
     """``turns/*`` and ``tools/*`` of a multi-turn rollout (empty for a single-turn one): mean assistant turns, tool
     calls run per trajectory, share of trajectories with a call, error observations per trajectory (malformed or
-    failed calls, invalid environment actions)."""
+    failed calls, invalid environment actions); with an environment, ``env/error_fraction``: the share of
+    trajectories an environment fault ended (it raised, timed out or broke the protocol: ``tools/env_guard.py``)."""
     ex = rollout.extras
     if "num_turns" not in ex:
         return {}
@@ -197,6 +202,7 @@ def turn_metrics(rollout: Rollout) -> dict[str, float]:
         "tools/call_fraction": float((calls > 0).float().mean()),
         "tools/errors_mean": float(errors.mean()),
         **tree_metrics(ex),
+        **({"env/error_fraction": sum(map(float, ex["env_errors"])) / len(turns)} if "env_errors" in ex else {}),
     }
 
 

@@ -26,7 +26,9 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
   ``list[list[dict[str, str]]]``, e.g. ``trl.rewards:accuracy_reward``, which reads ``completion[0]["content"]``)
   gets chat completions only from conversational prompts, so a plain-string prompt routed to it is refused
   (read from the source, never imported: :func:`mmgrpo.rewards.registry.completions_annotation`);
-- with ``rollout.environment``, the rows' prompts are strings (the first observation is appended to them);
+- with ``rollout.environment``, the rows' prompts are strings (the first observation is appended to them); one's own
+  environment by reference (``module:Class``) is found in its source at ``--dry-run`` and, for training, imported
+  under the rewards' code policy, built, reset from the first training row and stepped once (:mod:`mmgrpo.env_check`);
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
 - with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
@@ -47,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig
+from mmgrpo.env_check import check_environment
 from mmgrpo.igpo import check_row as check_probe_row
 from mmgrpo.igpo import probe_options
 from mmgrpo.media import add_media_parts, media_counts
@@ -100,6 +103,8 @@ def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
             media(row, where)
         if report is not None:
             report.rows[split] = min(n, len(rows))
+    train = task.train_rows()
+    check_environment(cfg, train[0] if len(train) else None)  # own environments: code policy, protocol probe
     _check_reward_loads(cfg)
     _check_adapter_loads(cfg)
     _check_engine(cfg)

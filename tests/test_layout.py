@@ -178,6 +178,7 @@ REWARD_USERS = (
     "mmgrpo.row_check",
     "mmgrpo.demo",
     "mmgrpo.tasks",
+    "mmgrpo.env_check",
     "mmgrpo.evaluation",
     "mmgrpo.reward_check",
 )

@@ -9,7 +9,8 @@ does not change, and the episode goes on. The observation a step returns is the 
 from: its :func:`~mmgrpo.tools.anchor_key` is that step's GiGPO anchor.
 
 ``ENVIRONMENTS`` maps names to factories (a class or a function taking keyword options) so a config can name one;
-the rollout builds one instance per sample with :func:`make_environment`.
+a config may name its own by reference instead (``module:Class``, ``module:factory()``: :data:`REFERENCES`); the
+rollout builds one instance per sample with :func:`make_environment`.
 """
 
 from __future__ import annotations
@@ -40,16 +41,37 @@ ENVIRONMENTS: Registry[Callable[..., Environment]] = Registry("environment")
 """Environment factories by name: ``ENVIRONMENTS.get(name)(**options)`` builds one instance."""
 
 
+REFERENCES: dict[str, Callable[..., Environment]] = {}
+"""Environments a config names by reference (``module:Class``, ``module:factory()``), by that text: the factory the
+trainer's load check imported under the code policy (``mmgrpo/env_check.py``), which :func:`make_environment` calls."""
+
+
+def is_reference(name: str) -> bool:
+    """``name`` names code (``module:Class`` or ``module:factory()``) rather than a registered environment."""
+    return ":" in name
+
+
+def environment_factory(name: str) -> Callable[..., Environment]:
+    """The factory of ``name``: a registered environment, or a reference loaded into :data:`REFERENCES`; a
+    ``KeyError`` in one line otherwise (the closest registered name and the valid ones)."""
+    if name in ENVIRONMENTS:
+        return ENVIRONMENTS.get(name)
+    if is_reference(name):
+        if name in REFERENCES:
+            return REFERENCES[name]
+        raise KeyError(f"environment {name!r} is code named by the config and was not loaded (the trainer loads it)")
+    valid = ENVIRONMENTS.names()
+    close = did_you_mean(name, valid)
+    hint = f"did you mean {close!r}? " if close else ""
+    raise KeyError(f"unknown environment {name!r}; {hint}valid: {', '.join(valid)}")
+
+
 def make_environment(name: str, **options: Any) -> Environment:
-    """A fresh instance of the registered environment ``name`` built with ``options``; an unknown name raises
-    ``KeyError`` with the closest name and the valid ones, a bad option ``TypeError`` naming it."""
-    if name not in ENVIRONMENTS:
-        valid = ENVIRONMENTS.names()
-        close = did_you_mean(name, valid)
-        hint = f"did you mean {close!r}? " if close else ""
-        raise KeyError(f"unknown environment {name!r}; {hint}valid: {', '.join(valid)}")
+    """A fresh instance of the environment ``name`` (:func:`environment_factory`) built with ``options``; an unknown
+    name raises ``KeyError`` with the closest name and the valid ones, a bad option ``TypeError`` naming it."""
+    factory = environment_factory(name)
     try:
-        return ENVIRONMENTS.get(name)(**options)
+        return factory(**options)
     except TypeError as e:
         raise TypeError(f"environment {name!r}: cannot build it with options {sorted(options)}: {e}") from None
 

@@ -56,6 +56,7 @@ vocabulary, ``H`` hidden size.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ from mmgrpo.types import Rollout, Transcript
 from . import prefix_sharing
 from .logprobs import head_outputs_hidden
 from .sampler import TokenSampler
+
+logger = logging.getLogger(__name__)
 
 TURN_NOISE = 0x7A12
 """Tag mixed into the seed of turns k ≥ 1 (turn 0 draws with the rollout's own keys)."""
@@ -212,6 +215,7 @@ class _Trajectory:
     transcript: list[dict] = field(default_factory=list)  # every message in order (Transcript.messages)
     tool_calls: int = 0
     tool_errors: int = 0
+    env_errors: int | None = None  # environment faults (0 or 1: one ends the trajectory); None: no environment
     images: int = 0
     done: bool = False
     truncated: bool = False
@@ -256,6 +260,7 @@ class TurnRunner:
 
     def __init__(self, adapter: TokenSampler, settings: RolloutConfig):
         from mmgrpo.tools import LIMITS, load_tools, render_tool_schemas, run_tool_call  # deferred: plug-in registry
+        from mmgrpo.tools.env_guard import env_limits
 
         self.adapter = adapter
         self.settings = settings
@@ -263,6 +268,8 @@ class TurnRunner:
         self.tools = load_tools(tool_specs(settings.tools))
         self.schemas = render_tool_schemas(self.tools)
         self.limits = {**LIMITS, **check_kwargs(run_tool_call, settings.tool_limits, "rollout.tool_limits", skip=3)}
+        self.env_limits = env_limits(self.limits)  # an environment's reset/step bounded as the tools' calls
+        self._env_fault_logged = False
         tok = adapter.tokenizer
         model_template = getattr(adapter.processor, "chat_template", None) or getattr(tok, "chat_template", None)
         self.template = resolve_template(settings.chat_template, model_template, self._qwen_style(model_template))
@@ -410,14 +417,15 @@ class TurnRunner:
         s = self.settings
         if s.environment is None:
             return prompts, [None] * (len(prompts) * group_size)
-        from mmgrpo.tools import make_environment
+        from mmgrpo.tools import Observation
+        from mmgrpo.tools.env_guard import start_episode
 
         envs, rows = [], []
         for row in prompts:
-            first = None
-            for _ in range(group_size):
-                env = make_environment(s.environment, **s.environment_args)
-                first = env.reset(row)
+            first = Observation()  # no G environment of the row started: each trajectory ends after its first turn
+            for _ in range(group_size):  # a build or reset that faults: that trajectory ends, counted (_respond)
+                env, obs = start_episode(s.environment, s.environment_args, row, self.env_limits)
+                first = obs or first
                 envs.append(env)
             if not isinstance(row.get("prompt", ""), str):
                 raise ConfigError(
@@ -513,6 +521,7 @@ class TurnRunner:
         ``probe`` (P pseudo responses, :meth:`.probe.GroundTruthProbe.targets`): probe each turn's context first."""
         s, G = self.settings, group_size
         trajs, contexts = self.start(prompts, G)
+        self.count_failed_starts(trajs, envs)
         active = list(range(len(trajs)))
         for turn in range(s.max_turns):
             if probe is not None:
@@ -565,6 +574,7 @@ class TurnRunner:
             t.anchors.append(
                 state_anchor(Observation(text=str(prompts[b // G].get("prompt")), images=contexts[b].images))
             )
+            t.env_errors = 0 if self.settings.environment is not None else None
         return trajs, contexts
 
     def absorb_turn(
@@ -615,11 +625,16 @@ class TurnRunner:
         """Answer turn ``turn`` of trajectory ``t``: run its tool calls or step its environment, append the
         observation; whether the trajectory goes on."""
         from mmgrpo.tools import Observation, parse_tool_calls, run_tool_calls, state_anchor
+        from mmgrpo.tools.env_guard import EnvironmentFault, checked_step
 
         s = self.settings
         last = turn == s.max_turns - 1
         if env is not None:
-            obs, reward, done = env.step(text)
+            try:
+                obs, reward, done = checked_step(env, text, self.env_limits)
+            except EnvironmentFault as e:  # raised, timed out, broke the protocol: the trajectory ends, counted
+                self._env_fault(t, str(e))
+                return False
             t.turn_rewards[-1], t.turn_invalid[-1] = float(reward), obs.invalid
             t.tool_errors += int(obs.invalid)
             observations, role = [obs], "user"
@@ -665,6 +680,30 @@ class TurnRunner:
         )
         t.anchors.append(state_anchor(seen))
         return True
+
+    def count_failed_starts(self, trajs: list[_Trajectory], envs: list) -> None:
+        """Count the trajectories whose environment could not start (build or ``reset`` faulted): each still takes
+        its first turn (sampled with its group) and ends there (:class:`~mmgrpo.tools.env_guard.FailedEnvironment`)."""
+        from mmgrpo.tools.env_guard import FailedEnvironment
+
+        for t, env in zip(trajs, envs):
+            if isinstance(env, FailedEnvironment):
+                self._env_fault(t, env.reason)
+
+    def _env_fault(self, t: _Trajectory, reason: str) -> None:
+        """End trajectory ``t`` on an environment fault (:mod:`mmgrpo.tools.env_guard`): counted in ``env_errors``
+        (``env/error_fraction``), marked truncated (``model.args.mask_truncated`` drops it), the first reason logged
+        once per run; the turn keeps reward 0."""
+        t.env_errors = 1
+        t.done = t.truncated = True
+        if not self._env_fault_logged:
+            self._env_fault_logged = True
+            logger.warning(
+                "rollout.environment %r: %s; that trajectory ended (counted in env/error_fraction; "
+                "this is logged once)",
+                self.settings.environment,
+                reason,
+            )
 
     def _run_calls(self, text: str, ctx: Any, t: _Trajectory, run_tool_calls: Any) -> list:
         """The observations of one turn's tool calls (empty: no call), the trajectory's call budget applied."""
@@ -797,8 +836,9 @@ def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
     the summed tool/environment reward, whether an observation was an error), ``anchors`` (per turn: the key of
     the state the turn acted on — the prompt and its images, then each turn's observations, GiGPO's anchor states)
     and ``messages`` (the trajectory as chat messages, observation images included); with the ground-truth probe,
-    ``gt_logprobs`` (per turn: ℓ before it, :mod:`.probe`)."""
-    return {
+    ``gt_logprobs`` (per turn: ℓ before it, :mod:`.probe`); with an environment, ``env_errors`` (1 where an
+    environment fault ended the trajectory, :mod:`mmgrpo.tools.env_guard`)."""
+    out: dict[str, list] = {
         "tool_calls": [t.tool_calls for t in trajs],
         "tool_errors": [t.tool_errors for t in trajs],
         "num_turns": [len(t.texts) for t in trajs],
@@ -806,7 +846,12 @@ def trajectory_extras(trajs: list[_Trajectory]) -> dict[str, list]:
         "turn_invalid": [list(t.turn_invalid) for t in trajs],
         "anchors": [list(t.anchors[: len(t.texts)]) for t in trajs],
         "messages": [list(t.messages) for t in trajs],
-    } | ({"gt_logprobs": [list(t.gt_logprobs) for t in trajs]} if any(t.gt_logprobs for t in trajs) else {})
+    }
+    if any(t.gt_logprobs for t in trajs):
+        out["gt_logprobs"] = [list(t.gt_logprobs) for t in trajs]
+    if trajs and trajs[0].env_errors is not None:
+        out["env_errors"] = [t.env_errors for t in trajs]
+    return out
 
 
 # -------------------------------------------------------------------------------------------- log-probs
