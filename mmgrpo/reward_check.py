@@ -168,7 +168,7 @@ def _media_columns(row: dict, index: int) -> dict[str, Any]:
         out["image_grid_thw"] = one([[1, 2 * max(1, h // 28), 2 * max(1, w // 28)] for w, h in sizes])
     if row.get("video") is not None:
         out.update(group_id=index, sample_fps=2.0, frame_timestamps=[0.0, 0.5, 1.0], duration=row.get("duration", 1.5))
-        out["shuffled_completions"] = "<answer>0</answer>"
+        out["shuffled_completions"] = ["<answer>0</answer>"]  # T-GRPO's samples on shuffled frames
     if row.get("audio") is not None:
         out.update(audio_array=np.zeros(SYNTHETIC_RATE, dtype=np.float32), sampling_rate=SYNTHETIC_RATE)
     return out

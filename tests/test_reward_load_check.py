@@ -256,3 +256,31 @@ def test_held_out_answers_carry_their_columns_through_pickling_and_task_metrics(
     assert pickle.loads(pickle.dumps(Answer("x", {"completion_ids": [1, 2]}))).columns == {"completion_ids": [1, 2]}
     rows = [{"prompt": "a"}, {"prompt": "b"}]
     assert EvalRewards([{"name": "env_return"}], "task.args.eval_rewards").score(back, rows) == {"env_return": 5.0}
+
+
+def test_video_answers_carry_the_rollout_columns_and_the_contrast_does_not_apply(mmgrpo_cache, tiny_vlm_path):
+    """A held-out video answer carries what a video rollout gives the rewards (timestamps, fps, completion ids); with
+    T-GRPO's contrast on it has no shuffled samples, so temporal_contrast is not applicable (NaN) at evaluation, where
+    it raised on the missing column before, and the other rewards score."""
+    from mmgrpo.evaluation import reward_scores
+    from mmgrpo.modalities.video.adapter import build_video_adapter
+    from mmgrpo.rewards import RewardRunner
+    from mmgrpo.tasks.video_motion import VideoMotionArgs, VideoMotionTask
+
+    rows = list(VideoMotionTask(VideoMotionArgs(questions=["direction"], train_size=2, eval_size=2)).eval_rows())[:2]
+    video = {"fps": 3.0, "min_frames": 4, "max_frames": 8, "min_pixels": 3136, "max_pixels": 3136}
+    adapter = build_video_adapter(
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 4, "video": video, "temporal_contrast": {"enabled": True}}
+    )
+    outputs = adapter.evaluate(rows)
+    rollout = adapter.rollout(rows[:1], group_size=2)
+    assert set(rollout.extras) <= set(outputs[0].columns)  # every column training gives, at evaluation too
+    assert outputs[0].columns["shuffled_completions"] is None
+    assert outputs[0].columns["frame_timestamps"] == rollout.extras["frame_timestamps"][0]
+    assert (
+        outputs[0].columns["completion_ids"][-1] in adapter.eos_ids.tolist()
+        or len(outputs[0].columns["completion_ids"]) == 4
+    )
+    runner = RewardRunner([("accuracy", 1.0, {}), ("temporal_contrast", 1.0, {})], isolation="thread")
+    scores = reward_scores(runner, adapter, outputs, rows)
+    assert math.isfinite(scores["reward/accuracy"]) and math.isnan(scores["reward/temporal_contrast"])

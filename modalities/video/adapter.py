@@ -41,7 +41,7 @@ from torch import Tensor
 from mmgrpo import noise
 from mmgrpo.config import ConfigError, RolloutConfig
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
-from mmgrpo.types import Rollout
+from mmgrpo.types import Answer, Rollout
 
 from .. import model_names
 from ..tokens.engine import EngineError, EnginePrompt
@@ -150,6 +150,17 @@ class VideoAdapter(VLMAdapter):
                 rollout.extras["shuffled_completions"] = [s for s in shuffled for _ in range(group_size)]
                 rollout.validate()
         return rollout
+
+    @torch.no_grad()
+    def evaluate(self, prompts: list[dict]) -> list[Answer]:
+        """One greedy answer per prompt (:class:`Answer`, with the rollout's reward columns); with the temporal
+        contrast on, ``shuffled_completions`` is None: a held-out answer has no shuffled samples, so the
+        ``temporal_contrast`` reward does not apply to it (None) instead of missing its column."""
+        outputs = super().evaluate(prompts)
+        if self.args.temporal_contrast.enabled:
+            for output in outputs:
+                output.columns.setdefault("shuffled_completions", None)
+        return outputs
 
     @torch.no_grad()
     def _shuffled_completions(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None) -> list:
