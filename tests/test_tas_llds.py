@@ -2,6 +2,7 @@
 likelihood-preserving regulariser (``loss_terms: {llds: ...}``, mmgrpo/llds.py), each on a hand-worked example of its
 equation, the combinations refused at load, and the loss-term seam leaving the loss unchanged when off."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,7 @@ def test_llds_is_zero_on_policy_and_through_the_seam():
     inputs = losses.LossTermInputs(logp, LL_OLD, LL_ADV, LL_MASK)
     opts = losses.LOSS_TERMS.options_class("llds")(coef=0.2, gate="action")
     total, mets = losses.apply_loss_terms({"llds": opts}, inputs, losses.token_mean, losses.TokenMeanOptions())
-    assert float(total) == pytest.approx(0.08 / 6) and float(mets["loss/llds"]) == pytest.approx(0.08 / 6)
+    assert float(total.detach()) == pytest.approx(0.08 / 6) and float(mets["loss/llds"]) == pytest.approx(0.08 / 6)
     # no terms: an exact zero without grad, so the loss is unchanged
     none, mets = losses.apply_loss_terms({}, inputs, losses.token_mean, losses.TokenMeanOptions())
     assert float(none) == 0.0 and not none.requires_grad and mets == {}
@@ -143,3 +144,45 @@ def test_llds_config_refusals():
         load_config(
             ROOT / "configs/variant_dgpo.yaml", ["algorithm.loss_terms={llds: {}}", "algorithm.updates_per_epoch=2"]
         )
+
+
+@dataclass(frozen=True)
+class NLLOptions:
+    """A test loss term's options."""
+
+    coef: float = 1.0
+
+
+def _nll_term(inputs: losses.LossTermInputs, options: NLLOptions):
+    """coef · (−log π_θ) per token: a term that always has a gradient."""
+    return -options.coef * inputs.logprobs, {}
+
+
+if "test_nll" not in losses.LOSS_TERMS:
+    losses.LOSS_TERMS.add("test_nll", losses.LossTerm(_nll_term), NLLOptions)
+
+
+def test_loss_terms_seam_in_training_llds_coef_zero_is_grpo(tmp_path, mmgrpo_cache):
+    """The seam: ``llds`` with ``coef: 0`` (the study's GRPO arm) gives GRPO's update bit for bit (the term adds + 0)
+    and logs the displacement; a term with a gradient (``test_nll``) reaches the update."""
+    import json
+
+    from mmgrpo.trainer import train
+    from tests.test_variants import SMALL
+
+    def run(name: str, terms: str) -> dict:
+        out = tmp_path / name
+        reward = "rewards=[{name: 'tests.test_variants:length_reward'}]"  # varies within groups: a real update
+        overrides = [*SMALL, "steps=1", "algorithm.updates_per_epoch=2", "algorithm.minibatch_size=8", reward, terms]
+        train(load_config(ROOT / "configs/quickstart.yaml", [*overrides, f"output_dir={out}"]))
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if "loss/policy" in r][-1]
+
+    grpo = run("grpo", "algorithm.loss_terms={}")
+    zero = run("zero", "algorithm.loss_terms={llds: {coef: 0.0}}")
+    nll = run("nll", "algorithm.loss_terms={test_nll: {coef: 1.0}}")
+    for key in ("loss/policy", "optim/grad_norm", "reward/mean"):
+        assert grpo[key] == zero[key], key
+    assert zero["loss/llds"] == 0.0 and "llds/displacement" in zero and "loss/llds" not in grpo
+    assert nll["reward/mean"] == grpo["reward/mean"]  # the same rollout
+    assert nll["loss/test_nll"] > 0.0 and nll["optim/grad_norm"] != grpo["optim/grad_norm"]
