@@ -119,6 +119,10 @@ class RewardRuntimeConfig:
     isolation: Literal["auto", "thread", "process"] = "auto"
     """Where reward calls run: auto (worker processes for rewards given by import path or entry point, threads
     for registry names) | thread | process (killed on timeout, so a reward holding the GIL cannot hang the run)."""
+    load_check: bool = True
+    """Run each reward once on a synthetic rollout before the model loads (mmgrpo/reward_check.py), so one that cannot
+    be scored stops the run in one line; false for a reward with effects outside the run that must see training
+    calls only (a file it counts calls in, a paid API)."""
 
 
 @dataclass

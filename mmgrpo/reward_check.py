@@ -42,7 +42,8 @@ SYNTHETIC_RATE = 16_000
 def load_rewards(cfg: TrainConfig, train_rows: Any) -> RewardRunner:
     """The run's :class:`~mmgrpo.rewards.RewardRunner` (``rewards``, ``reward_runtime``), its rewards imported
     under the code policy, checked on a synthetic rollout answering the first :data:`CHECK_ROWS` of
-    ``train_rows`` (:func:`check_rewards`); the trainer calls it before the model loads."""
+    ``train_rows`` (:func:`check_rewards`; not with ``reward_runtime.load_check: false``); the trainer calls it
+    before the model loads."""
     from mmgrpo.row_check import adapter_inputs
 
     rt = cfg.reward_runtime
@@ -54,6 +55,8 @@ def load_rewards(cfg: TrainConfig, train_rows: Any) -> RewardRunner:
         reward_types=[r.reward_types for r in cfg.rewards],
         isolation=rt.isolation,
     )
+    if not rt.load_check:  # reward_runtime.load_check: false
+        return runner
     inputs = adapter_inputs(cfg.model.adapter)
     rows = [train_rows[i] for i in range(min(CHECK_ROWS, len(train_rows)))]
     check_rewards(runner, cfg, rows, image_outputs=inputs is not None and inputs.outputs == "image")

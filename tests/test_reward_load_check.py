@@ -171,6 +171,8 @@ def test_on_error_nan_warns_for_a_reward_that_raises_but_refuses_a_broken_one(tm
     assert "raised ZeroDivisionError" in caplog.text
     with pytest.raises(ConfigError, match="returned '1'"):
         load_rewards(_cfg(tmp_path, data, "[{name: 'my_rewards:returns_strings'}]", nan), task.train_rows())
+    off = "reward_runtime.load_check=false"  # opted out: the reward is imported, not called
+    load_rewards(_cfg(tmp_path, data, "[{name: 'my_rewards:returns_strings'}]", off), task.train_rows()).close()
 
 
 def test_working_rewards_of_every_kind_pass_the_load_check(tmp_path, data):
