@@ -77,9 +77,9 @@ Studies:
 
 - ``gui`` (the synthetic phone app, Mobile-R1's setting, held-out task success): ``configs/gui_grpo.yaml`` (GRPO,
   trajectory credit) vs ``configs/gui_gigpo.yaml`` (GiGPO), the GiGPO run starting from the GRPO run's warm-up of the
-  same seed (its saved step 0); 12 RL steps (the configs ship 20), 40 held-out episodes, the untrained policy not
-  evaluated (it completes none). An override's ``<base>`` and ``<seed>`` are replaced by the study's output folder and
-  the run's seed.
+  same seed (its saved step 0); as shipped (150 warm-up steps, 30 RL steps, 50 held-out episodes evaluated every 10
+  steps), the untrained policy not evaluated (it completes none). An override's ``<base>`` and ``<seed>`` are
+  replaced by the study's output folder and the run's seed.
 
 - ``tree`` (the grid world cut to a 100-step warm-up of 16 and 8 RL steps of 8 levels × 8, 30 held-out rows):
   GRPO (``configs/gridworld_grpo.yaml``, which saves its warm-up as step 0) vs Tree-GRPO
@@ -433,7 +433,7 @@ STUDIES: dict[str, dict] = {
                 ],
             ),
         },
-        "overrides": ["steps=12", "task.args.eval_size=40", "eval.before=false"],  # cut to fit the shared CPU
+        "overrides": ["eval.before=false", "checkpoint.save_final=false"],  # as shipped; the untrained policy: 0.00
     },
     "entropy": {  # issue 51 item 7: the entropy bonus and AEPO vs GRPO; entropy/mean logged by every arm (coef 0)
         "metric": "accuracy",
