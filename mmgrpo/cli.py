@@ -198,6 +198,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     from mmgrpo import faults
     from mmgrpo.checkpoint import CheckpointError, RunDirError
+    from mmgrpo.rewards.runner import RewardError
     from mmgrpo.trainer import train
 
     main_process = int(os.environ.get("RANK", "0")) == 0
@@ -209,6 +210,9 @@ def _main(argv: list[str] | None = None) -> int:
         return 2
     except (FloatingPointError, CheckpointError, EngineError) as e:  # the last good checkpoint is kept
         print(f"mmgrpo: error: {e}", file=sys.stderr)
+        return 1
+    except RewardError as e:  # on_error: raise (a reward raised, timed out or returned NaN/inf): its first line
+        print(f"mmgrpo: error: {_first_line(e)}; {_resume_hint(cfg)}", file=sys.stderr)
         return 1
     except DataError as e:  # the first rows of a dataset are checked when the task is built
         print(f"mmgrpo: data error: {e}", file=sys.stderr)
@@ -234,6 +238,11 @@ def _main(argv: list[str] | None = None) -> int:
     if evals and int(os.environ.get("RANK", "0")) == 0:  # once, not once per process
         print("mmgrpo: " + " ".join(f"{k}={v}" for k, v in sorted(evals.items())))
     return 0
+
+
+def _first_line(e: Exception) -> str:
+    """The first line of an exception's message (a user's reward may raise with several)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _os_error_line(e: Exception) -> str:

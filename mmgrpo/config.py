@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
+from mmgrpo import strict_yaml
 from mmgrpo.errors import ConfigError  # defined below the schema so rewards and tools raise it without importing it
 from mmgrpo.suggest import unknown_field
 
@@ -478,8 +479,9 @@ class RolloutConfig:
 class TrainConfig:
     output_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, summary.json, checkpoints/."""
-    seed: int = 0
-    """Seed for data order, sampling and initialisation."""
+    seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = 0
+    """Seed for data order, sampling and initialisation (NumPy takes seeds in [0, 2^32), each process adds its
+    index)."""
     rollout_noise: Literal["keyed", "per_process"] = "keyed"
     """Sampling noise of rollouts. ``keyed``: each sample draws from its own generator seeded by (seed, step,
     global prompt position, sample index), so 1 process × P prompts and W processes × P/W prompts sample the
@@ -719,7 +721,7 @@ def read_config(path: str | Path | None, overrides: list[str] = ()) -> TrainConf
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = strict_yaml.load(p.read_text(), str(p)) or {}  # a key written twice: one line, both lines
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark else ""

@@ -24,6 +24,15 @@ from PIL import Image, UnidentifiedImageError
 
 from mmgrpo.types import DataError
 
+MAX_IMAGE_SIDE = 3584
+"""The largest square image side a task may draw: Qwen2-VL's processor default ``max_pixels`` = 12845056 = 3584²
+(a larger image is resized down by the processor anyway; ``image_size=100000`` asked for 30 GB of pixels)."""
+MAX_FRAME_SIDE = 1024
+"""The largest square video frame side a task may draw (Qwen2.5-VL's video path resizes frames to about 768·28²
+pixels, 776², by default)."""
+MAX_FRAMES = 1024
+"""The most frames a task may write into one video."""
+
 
 def as_list(value: Any) -> list[Any]:
     """``None`` → [], a list/tuple → list, anything else → [value]."""
@@ -59,6 +68,12 @@ def open_image(value: Any, what: str = "image") -> Image.Image:
         with Image.open(value) as img:
             img.load()
             return img.convert("RGB")
+    except Image.DecompressionBombError:  # not an OSError: a header claiming more pixels than Pillow will allocate
+        name = str(value) if isinstance(value, (str, Path)) else "bytes"
+        raise DataError(
+            f"{what} file {name!r} is a decompression bomb (its header claims more than {2 * Image.MAX_IMAGE_PIXELS} "
+            "pixels, Pillow's limit); replace or drop the file"
+        ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         name = str(value) if isinstance(value, (str, Path)) else "bytes"
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mmgrpo import checkpoint as ckpt
+from mmgrpo import manifest
 from mmgrpo.config import ConfigError, dump_config
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
@@ -190,6 +191,7 @@ def test_a_checkpoint_of_another_model_setting_is_one_line(tmp_path, mmgrpo_cach
     train(_cfg(lora, "steps=1", "model.lora.enabled=true"))
     full = _cfg(tmp_path / "full", "steps=2", f"resume={lora / 'checkpoints/final'}")
     (lora / "checkpoints/final/config.yaml").write_text(dump_config(full))
+    manifest.write(lora / "checkpoints/final")  # its manifest agrees (issue 54): whole, but of another setting
     trainer = Trainer(full)
     with pytest.raises(ckpt.CheckpointError) as err:
         trainer.run()

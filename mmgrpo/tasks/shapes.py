@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 from PIL import Image, ImageDraw
 
 from mmgrpo.config import ConfigError, Range
+from mmgrpo.media import MAX_IMAGE_SIDE
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 
@@ -58,7 +59,7 @@ class ShapesArgs:
     """Question types to mix: colour | shape | count | colours (which colours are present, several letters)."""
     colours: list[str] = field(default_factory=lambda: list(COLOURS))
     """Colours drawn (and the answer set of colour questions), a subset of: red, green, blue, yellow, purple, orange."""
-    image_size: int = 56
+    image_size: Annotated[int, Range(ge=28, le=MAX_IMAGE_SIDE)] = 56
     """Square image side in pixels (multiples of 28 map to whole merged patches for Qwen2-VL)."""
     train_size: Annotated[int, Range(ge=1)] = 2000
     """Rows in the train split."""
@@ -112,8 +113,6 @@ class ShapesTask:
         unknown = [c for c in args.colours if c not in COLOURS]
         if unknown or len(args.colours) < 2:
             raise ConfigError(f"task.args.colours: need >= 2 of {', '.join(COLOURS)}; got {args.colours}")
-        if args.image_size < 28:
-            raise ConfigError(f"task.args.image_size: must be >= 28, got {args.image_size}")
         self.args = args
         letters = "ABCDEFGH"[: len(args.colours)]
         self._options = ", ".join(f"{letter} {c}" for letter, c in zip(letters, args.colours))

@@ -39,6 +39,7 @@ from typing import Annotated
 import numpy as np
 
 from mmgrpo.config import ConfigError, Range
+from mmgrpo.media import MAX_FRAME_SIDE, MAX_FRAMES
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores, warmup_call_pick
 from mmgrpo.tasks.shapes import COLOURS
@@ -64,9 +65,9 @@ class VideoFindArgs:
     """Flash colours (a subset of the shapes task's, at least one per span); chance = 1 / their number."""
     spans: list[list[float]] = field(default_factory=lambda: [[0.5, 1.0], [1.5, 2.0], [2.5, 3.0], [3.5, 4.0]])
     """The time spans [start, end] (seconds) a prompt may name; each holds one flash, each flash a different colour."""
-    frame_size: int = 56
+    frame_size: Annotated[int, Range(ge=1, le=MAX_FRAME_SIDE)] = 56
     """Square frame side in pixels."""
-    num_frames: Annotated[int, Range(ge=4)] = 32
+    num_frames: Annotated[int, Range(ge=4, le=MAX_FRAMES)] = 32
     """Frames in each file."""
     fps: Annotated[int, Range(ge=1)] = 8
     """Frame rate of the files."""

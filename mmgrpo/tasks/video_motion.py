@@ -37,7 +37,7 @@ import numpy as np
 
 from mmgrpo.cache import cache_dir, publish_dir
 from mmgrpo.config import ConfigError, Range
-from mmgrpo.media import write_mp4
+from mmgrpo.media import MAX_FRAME_SIDE, MAX_FRAMES, write_mp4
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards
 
@@ -61,9 +61,9 @@ class VideoMotionArgs:
         default_factory=lambda: list(DIRECTIONS)
     )
     """Motion directions to draw from (left, right, up, down)."""
-    frame_size: int = 56
+    frame_size: Annotated[int, Range(ge=1, le=MAX_FRAME_SIDE)] = 56
     """Square frame side in pixels (a multiple of 28 maps to whole merged patches for Qwen2/2.5-VL)."""
-    num_frames: int = 16
+    num_frames: Annotated[int, Range(ge=1, le=MAX_FRAMES)] = 16
     """Frames written to each file."""
     fps: float = 8.0
     """Frame rate of the written files (the adapter samples from them at its own model.args.video.fps)."""

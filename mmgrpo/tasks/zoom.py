@@ -40,6 +40,7 @@ from typing import Annotated
 from PIL import Image
 
 from mmgrpo.config import ConfigError, Range
+from mmgrpo.media import MAX_IMAGE_SIDE
 from mmgrpo.plugins import TASKS, TaskSpec
 from mmgrpo.tasks.eval_rewards import EvalRewards, first_call_arguments, tool_answer_scores, warmup_call_pick
 from mmgrpo.tasks.shapes import COLOURS
@@ -61,7 +62,7 @@ class ZoomArgs:
     colours: list[str] = field(default_factory=lambda: ["red", "green", "blue", "yellow"])
     """Answer colours (a subset of the shapes task's), also the checkerboard's palette; chance = 1 / their number.
     At least grid² of them: every box's square has its own colour."""
-    image_size: Annotated[int, Range(ge=56)] = 448
+    image_size: Annotated[int, Range(ge=56, le=MAX_IMAGE_SIDE)] = 448
     """Side of the square image, original pixels (the configs' ``model.args.max_pixels`` 56² shows it at 56 × 56)."""
     grid: Annotated[int, Range(ge=1)] = 2
     """Boxes per side: grid × grid boxes, one centred in each image_size / grid cell, each with a square."""

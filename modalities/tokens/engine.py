@@ -203,6 +203,11 @@ class EngineClient:
                 raise EngineError(f"{self.name} returned {len(samples)} samples for a prompt, not G={group_size}")
             for g, sample in enumerate(samples):
                 toks, lps = sample["token_ids"][:T], sample["logprobs"][:T]
+                if not (isinstance(toks, list) and all(type(t) is int and 0 <= t < 2**63 for t in toks)):
+                    raise EngineError(
+                        f"{self.name} returned token_ids that are not non-negative integers (prompt {p}, sample "
+                        f"{g}); the engine is not serving this trainer's protocol: restart it from this mmgrpo"
+                    )
                 ids[p * group_size + g, : len(toks)] = torch.tensor(toks, dtype=torch.long)
                 logprobs[p * group_size + g, : len(lps)] = torch.tensor(lps, dtype=torch.float32)
         return ids, logprobs, [r.get("prompt_token_ids", []) for r in out.get("prompts", [])]
@@ -484,9 +489,29 @@ class EngineSampling:
                     f"prompt {i}: the vLLM engine tokenized it into {len(theirs)} tokens, the trainer into {len(ours)} "
                     f"(first difference at token {at}); serve the same checkpoint, processor and chat template"
                 )
+        check_vocabulary(ids, self.model)
         mask = self._completion_mask(ids)
         ids = torch.where(mask.bool(), ids, torch.full_like(ids, self.pad_id))  # [B, T]
         return ids, logprobs * mask  # [B, T] each
+
+
+def check_vocabulary(ids: Tensor, model: torch.nn.Module) -> None:
+    """Raise :class:`EngineError` (one line) when an engine's token id ``ids`` [B, T] is outside the policy's
+    vocabulary V (the rows of its output layer): an engine serving another checkpoint or tokenizer, or a faulty
+    one, would otherwise fail as an ``IndexError`` deep inside the embedding lookup of the training forward."""
+    core = _hf.unwrap(model, peft=True)
+    get = getattr(core, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
+        return  # a model without a named output layer: the forward's own checks apply
+    V = head.weight.shape[0]
+    bad = (ids < 0) | (ids >= V)  # [B, T]
+    if bool(bad.any()):
+        b, t = (int(i) for i in bad.nonzero()[0])
+        raise EngineError(
+            f"the rollout engine returned token id {int(ids[b, t])} (sample {b}, position {t}), outside the policy's "
+            f"vocabulary of {V}; serve the same checkpoint and tokenizer as the trainer"
+        )
 
 
 def server_command(cfg: Any, python: str | None = None) -> list[str]:
