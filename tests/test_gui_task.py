@@ -120,6 +120,18 @@ def test_reset_is_deterministic_and_never_starts_done():
         GuiApp().reset({"seed": "3"})
 
 
+def test_task_every_turn_repeats_the_task_in_each_observation_and_leaves_the_rest():
+    plain, every = GuiApp(), GuiApp(task_every_turn=True)
+    first = (plain.reset({"seed": 7}), every.reset({"seed": 7}))
+    task = f"Task: {every.task}. Your move?"
+    assert first[0].text == first[1].text == task
+    for action in ("back", "jump"):  # a valid action, then a malformed one
+        (p_obs, p_reward, _), (e_obs, e_reward, _) = act(plain, action), act(every, action)
+        assert e_obs.text.endswith(task) and "Task:" not in p_obs.text and p_obs.text.endswith("Your move?")
+        assert e_reward == p_reward and state_anchor(e_obs) == state_anchor(p_obs)  # same screen, same reward
+    assert e_obs.text.startswith("Invalid action (") and e_reward == -0.5
+
+
 def test_rendering_is_deterministic_and_shows_the_state():
     app = _app("send hi", Screen("settings", 0, (False, True, False)))  # a goal the taps below do not complete
     image = app.render()

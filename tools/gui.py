@@ -42,7 +42,9 @@ none at the time of writing).
   a policy can dodge the format penalty by never ending a turn (the shipped configs do; docs/agents.md).
 - **Observation**: the rendered screen (:meth:`GuiApp.render`: ``4·cell`` pixels a side, a title bar whose colour
   names the screen, each element a coloured tile with its name; switches show a green or red knob; the text field
-  shows the typed text) and the text ``instruction`` (the first observation starts with ``Task: <goal>.``). No step
+  shows the typed text) and the text ``instruction`` (the first observation starts with ``Task: <goal>.``; with
+  ``task_every_turn`` every observation does, as Mobile-R1's prompt repeats the instruction at each step: a small
+  model then finds the task next to the screen it acts on instead of turns back). No step
   counter, so equal screens give equal observations: the image is the GiGPO anchor state
   (:func:`~mmgrpo.tools.state_anchor`). The labels are drawn with Pillow's built-in bitmap font (no font file,
   the same pixels on every machine).
@@ -171,7 +173,12 @@ def candidate_actions(goal: tuple[str, str, bool]) -> tuple[str, ...]:
 
 
 class GuiApp:
-    """One episode of the app (module docstring); satisfies :class:`~mmgrpo.tools.Environment`."""
+    """One episode of the app (module docstring); satisfies :class:`~mmgrpo.tools.Environment`.
+
+    Options: ``max_steps`` (actions per episode), ``cell`` (pixels per screen row), ``task_reward``,
+    ``format_reward`` and ``action_reward`` (the reward terms' weights), ``instruction`` (each observation's text)
+    and ``task_every_turn`` (``Task: <goal>.`` before every observation's text, not only the first; off by default,
+    on in the shipped configs)."""
 
     def __init__(
         self,
@@ -182,12 +189,14 @@ class GuiApp:
         format_reward: float = 0.5,
         action_reward: float = 0.0,
         instruction: str = INSTRUCTION,
+        task_every_turn: bool = False,
     ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if cell < 8:
             raise ValueError(f"cell must be >= 8 pixels (a label needs room), got {cell}")
         self.max_steps, self.cell, self.instruction = max_steps, cell, instruction
+        self.task_every_turn = task_every_turn
         self.rewards = dict(task=task_reward, format=format_reward, action=action_reward)
         self.state = Screen("home", 0, (False,) * len(SWITCHES))
         self.goal: tuple[str, str, bool] = GOALS[0][1]
@@ -207,7 +216,8 @@ class GuiApp:
         self.state = Screen(rng.choice(SCREENS), rng.randrange(len(SWITCHES) - VISIBLE + 1), tuple(switches))
         self.steps, self.done = 0, False
         obs = self.observe()
-        obs.text = f"Task: {self.task}. {obs.text}".rstrip()
+        if not self.task_every_turn:
+            obs.text = f"Task: {self.task}. {obs.text}".rstrip()
         return obs
 
     def step(self, action_text: str) -> tuple[Observation, float, bool]:
@@ -270,7 +280,7 @@ class GuiApp:
 
     def observe(self, error: str | None = None) -> Observation:
         """The current screen as an observation: its rendering and the instruction text."""
-        text = self.instruction
+        text = f"Task: {self.task}. {self.instruction}".rstrip() if self.task_every_turn else self.instruction
         if error is not None:
             text = f"Invalid action ({error}); the screen is unchanged. {text}".rstrip()
         return Observation(text=text, images=[self.render()], error=error)
