@@ -116,10 +116,10 @@ Studies:
   ``llds/fell_fraction`` and ``loss/llds``.
 - ``entropy`` (the quickstart cut to 60 steps of its 300, evaluations every 30 steps on 100 held-out rows):
   ``configs/quickstart.yaml`` (GRPO, with the ``entropy_bonus`` term at coef 0 so that it logs ``entropy/mean``) vs
-  ``configs/variant_entropy_bonus.yaml`` (the entropy bonus, coef 0.01) and ``configs/variant_aepo.yaml`` (AEPO,
-  target entropy 0.5; mmgrpo/entropy_control.py). Also reported: the mean over steps of ``entropy/mean``,
-  ``aepo/temperature``, ``aepo/reinforce_samples`` and ``perf/step_s``; the per-step entropy is in each run's
-  ``metrics.jsonl``.
+  ``configs/variant_entropy_bonus.yaml`` (the entropy bonus, coef 0.01; also at coef 0.1) and
+  ``configs/variant_aepo.yaml`` (AEPO, target entropy 0.5; mmgrpo/entropy_control.py). Also reported: the mean
+  over steps of ``entropy/mean``, ``aepo/temperature``, ``aepo/reinforce_samples`` and ``perf/step_s``; the per-step
+  entropy is in each run's ``metrics.jsonl``.
 
 Writes ``<out>/<study>/results.json`` and ``table.md`` (one row per run plus a mean row per config), and prints the
 table. Runs that already have a ``summary.json`` are reused (``--fresh`` retrains them).
@@ -441,6 +441,10 @@ STUDIES: dict[str, dict] = {
         "runs": {
             "grpo": ("configs/quickstart.yaml", ["algorithm.loss_terms.entropy_bonus.coef=0.0"]),
             "entropy_bonus": ("configs/variant_entropy_bonus.yaml", []),
+            "entropy_bonus_c0.1": (
+                "configs/variant_entropy_bonus.yaml",
+                ["algorithm.loss_terms.entropy_bonus.coef=0.1"],  # ten times the shipped coef
+            ),
             "aepo": ("configs/variant_aepo.yaml", []),
         },
         "overrides": ["steps=60", "eval.every=30", "task.args.eval_size=100"],  # cut to ~3 min a run
