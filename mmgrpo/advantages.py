@@ -470,13 +470,22 @@ class UnlikelinessOptions:
 
     beta: float = 0.25
     """β_rank: the most likely sample's reward is scaled by 1 − β·(n−1)/n (the code's ``rank_penalty``, 0.25)."""
+    wrong_threshold: float = 0.0
+    """Only rewards above it (correct answers) are scaled; 0.2 for accuracy + 0.2 format, so that the format bonus
+    of a wrong answer is not rank-shaped."""
     eps: float = 1e-6
     """Added to the std before dividing."""
 
 
 @ADVANTAGE_TRANSFORMS.register("unlikeliness", options=UnlikelinessOptions)
 def unlikeliness_reward(
-    advantages: Tensor, rewards: Tensor, seq_logprob: Tensor, *, beta: float = 0.25, eps: float = 1e-6
+    advantages: Tensor,
+    rewards: Tensor,
+    seq_logprob: Tensor,
+    *,
+    beta: float = 0.25,
+    wrong_threshold: float = 0.0,
+    eps: float = 1e-6,
 ) -> Tensor:
     """The unlikeliness reward (He, Fried & Welleck 2025, "Rewarding the Unlikely: Lifting GRPO Beyond Distribution
     Sharpening", arXiv 2506.02355 §4), as the authors' code computes it (AndreHe02/rewarding-unlikely-release
@@ -484,12 +493,18 @@ def unlikeliness_reward(
     ``examples/lean/grpo.sh``)::
 
         k_i = rank of sample i by π_old likelihood within its group, 0 = least likely … n − 1 = most likely
-        r̃_i = r_i · (1 − β · k_i / n)
+        r̃_i = r_i · (1 − β · k_i / n)    for correct samples (r_i > ``wrong_threshold``); r̃_i = r_i otherwise
         A_i = (r̃_i − mean_G r̃) / (std_G r̃ + eps)        std unbiased, as the code's torch.std
 
     The likelihood is the mean token log-probability under the sampling policy (the code's masked mean of
-    ``old_log_probs``). With binary rewards only correct samples change: the improbable correct ones keep more of
-    their reward than the probable ones, which counters GRPO's rank bias. The estimator's advantages are replaced.
+    ``old_log_probs``). Only correct samples change: the improbable correct ones keep more of their reward than the
+    probable ones, which counters GRPO's rank bias. The estimator's advantages are replaced.
+
+    ``wrong_threshold`` is ours: the code scales every reward, which with its binary rewards (0 for a wrong proof)
+    changes only the correct ones; with a reward that pays wrong answers something (a format bonus), scaling them too
+    gives all-wrong groups advantages from the likelihood ranks alone, which the group std then blows up to the size
+    of a correctness signal (measured: the quickstart's policy collapsed, docs/variants.md). With 0/1 rewards and the
+    default 0 both forms are the same.
 
     *(our reading)*: the paper's equation was not retrieved verbatim here; the code's form is implemented. Ties in
     likelihood are ranked by sample index (the code's ``argsort`` leaves them unspecified). NaN rewards are left out
@@ -505,7 +520,8 @@ def unlikeliness_reward(
     below = (lp[:, None, :] < lp[:, :, None]) | ((lp[:, None, :] == lp[:, :, None]) & (idx[None, :] < idx[:, None]))
     rank = (below & valid[:, None, :]).float().sum(-1)  # [P, G] valid samples ranked below sample i
     n = valid.float().sum(1, keepdim=True).clamp_min(1.0)  # [P, 1]
-    shaped = torch.where(valid, r * (1.0 - beta * rank / n), r)  # [P, G] r̃ (NaN stays NaN)
+    correct = valid & (r > wrong_threshold)  # [P, G]
+    shaped = torch.where(correct, r * (1.0 - beta * rank / n), r)  # [P, G] r̃ (NaN stays NaN)
     mean, std, _ = _nan_stats(shaped, valid, 1, True)  # [P, 1], [P, 1]
     out = (shaped - mean) / _nonzero(std + eps)  # [P, G]
     return torch.where(valid, out, torch.zeros_like(out))  # [P, G]

@@ -66,6 +66,21 @@ def test_unlikeliness_reward_by_hand():
     assert out[0].tolist() == pytest.approx([0.268866, 0.672166, -1.478766, 0.537733], abs=1e-5)
 
 
+def test_unlikeliness_leaves_wrong_answers_with_a_format_bonus_unranked():
+    """r = [1.2, 0.2, 0.2, 1.2] (accuracy + 0.2 format), log-probs [−0.1, −0.2, −0.3, −0.4]: ranks [3, 2, 1, 0];
+    with wrong_threshold 0.2 only the correct ones are scaled: r̃ = [1.2·(1 − 0.25·3/4), 0.2, 0.2, 1.2] =
+    [0.975, 0.2, 0.2, 1.2], mean 0.64375, deviations [0.33125, −0.44375, −0.44375, 0.55625], Σ² = 0.8129688,
+    std √(0.8129688/3) = 0.520567 → A = [0.636325, −0.852436, −0.852436, 1.068546]. An all-wrong group [0.2] × 4
+    keeps 0 (the code's form, threshold below 0.2, would rank it: r̃ = 0.2·[1, 0.9375, 0.875, 0.8125])."""
+    r = torch.tensor([[1.2, 0.2, 0.2, 1.2], [0.2, 0.2, 0.2, 0.2]])
+    lp = torch.tensor([[-0.1, -0.2, -0.3, -0.4], [-0.4, -0.3, -0.2, -0.1]])
+    out = advantages.unlikeliness_reward(torch.zeros_like(r), r, lp, beta=0.25, wrong_threshold=0.2)
+    assert out[0].tolist() == pytest.approx([0.636325, -0.852436, -0.852436, 1.068546], abs=1e-5)
+    assert out[1].tolist() == pytest.approx([0.0] * 4)
+    ranked = advantages.unlikeliness_reward(torch.zeros_like(r), r, lp, beta=0.25, wrong_threshold=-1.0)
+    assert ranked[1, 0] > ranked[1, 3]  # every wrong answer ranked: the least likely one gets the largest advantage
+
+
 def test_unlikeliness_with_beta_zero_is_grpo_and_ranks_ties_by_index():
     """β = 0 gives GRPO's unbiased advantages; with equal log-probs the first sample ranks lowest: r = [1, 1]
     → ranks [0, 1] → r̃ = [1, 1 − 0.5·1/2] = [1, 0.75], mean 0.875, std √(2·0.015625/1) = 0.176777 → ±0.707107."""
@@ -156,7 +171,9 @@ def test_the_shipped_configs_load_with_their_options():
     a = load_config(ROOT / "configs/variant_ngrpo.yaml", []).algorithm
     assert a.advantage_transform == ["ngrpo"] and a.surrogate_args == {"clip_low": 0.16, "clip_high": 0.24}
     b = load_config(ROOT / "configs/variant_unlikeliness.yaml", [])
-    assert b.algorithm.advantage_transform_args == {"unlikeliness": {"beta": 0.25}} and b.eval.pass_k == [1, 4, 16]
+    assert b.algorithm.advantage_transform_args == {
+        "unlikeliness": {"beta": 0.25, "wrong_threshold": 0.2}
+    } and b.eval.pass_k == [1, 4, 16]
 
 
 # --------------------------------------------------------------------------------------------------- pass@k
