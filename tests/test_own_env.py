@@ -369,3 +369,17 @@ def test_a_failed_start_is_a_placeholder_that_faults(monkeypatch):
         env.step("")
     env, obs = start_episode("not:loaded", {}, {}, EnvLimits())  # a reference nobody loaded: the same, not a crash
     assert obs is None and "was not loaded" in env.reason
+
+
+def test_the_demo_loads_an_own_environment_only_when_trusted(tmp_path):
+    from mmgrpo.demo.answer import _eval_rows
+    from mmgrpo.loader import load_config
+
+    marker = tmp_path / "imported.txt"
+    source = f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n" + GOOD
+    config = _project(tmp_path, "env_demo", source, "env_demo:Env")
+    cfg = load_config(config, [f"output_dir={tmp_path / 'out'}"])
+    _, problem = _eval_rows(cfg, trust_run_config=False)
+    assert problem is None and not marker.exists() and "env_demo:Env" not in REFERENCES
+    _, problem = _eval_rows(cfg, trust_run_config=True)
+    assert problem is None and marker.exists() and "env_demo:Env" in REFERENCES

@@ -16,7 +16,9 @@ def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | N
     """Held-out rows of the run's task (at most 50), or ``([], reason)`` when the task cannot be built here.
 
     The task is built under the demo's reward code policy: its eval rewards given by import path are not imported
-    unless ``trust_run_config``."""
+    unless ``trust_run_config``, nor one's own environment (``rollout.environment: module:Class``, loaded here when
+    trusted: :func:`mmgrpo.env_check.check_environment`; untrusted, its games end at once, counted)."""
+    from mmgrpo.env_check import check_environment
     from mmgrpo.loader import load_builtins
     from mmgrpo.plugins import TASKS
     from mmgrpo.rewards.registry import reward_code_policy
@@ -25,6 +27,7 @@ def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | N
     try:
         with reward_code_policy("import" if trust_run_config else "registered"):
             task = TASKS.get(cfg.task.name)(cfg.task.args, seed=cfg.seed)
+            check_environment(cfg, None)  # imports and registers it only under "import"
         return list(task.eval_rows()[:50]), None
     except Exception as e:  # e.g. a dataset that is not on this machine: the prompt box still works
         return [], f"held-out examples unavailable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
