@@ -378,7 +378,10 @@ def load(directory: Path, accelerator, adapter, *, optimizer, scheduler) -> dict
         )
     model = accelerator.unwrap_model(adapter.model)
     if layered:  # any world size, sharded or not: DCP reads each process's part of the saved shards
-        sharded_checkpoint.load(state, model, optimizer)
+        try:
+            sharded_checkpoint.load(state, model, optimizer)
+        except sharded_checkpoint.ShardedCheckpointError as e:
+            raise CheckpointError(f"{directory}: {e}") from None
     elif sharding.is_sharded(model):  # every process reads the whole tensors and keeps its shards
         whole = load_file(str(state / "model.safetensors"))
         whole.update({alias: whole[kept] for alias, kept in _tied_names(model).items() if kept in whole})

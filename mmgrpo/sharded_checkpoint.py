@@ -160,6 +160,7 @@ def load(state: Path, model: torch.nn.Module, optimizer) -> None:
     not: each process reads the parts of the saved shards that its own tensors cover (DCP resharding). A collective
     under a process group: every process calls it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -177,7 +178,10 @@ def load(state: Path, model: torch.nn.Module, optimizer) -> None:
     if osd is not None:  # the live optimizer's state, initialised (torch's _init_optim_state), to be overwritten
         flat.update({f"optim.{f}.{k}": v for f, e in osd["state"].items() for k, v in e.items() if torch.is_tensor(v)})
     with _one_process() as no_dist:
-        dcp.load(flat, storage_reader=reader, no_dist=no_dist)
+        try:
+            dcp.load(flat, storage_reader=reader, no_dist=no_dist)
+        except CheckpointException as e:  # a BaseException holding every rank's traceback (175 lines on 2 ranks)
+            raise ShardedCheckpointError(_unreadable(e)) from None
     set_model_state_dict(model, {k: flat.get(f"model.{k}", v) for k, v in msd.items()}, options=StateDictOptions())
     if osd is not None:
         saved = index["optimizer"]
@@ -192,6 +196,18 @@ def load(state: Path, model: torch.nn.Module, optimizer) -> None:
             for group, live in zip(saved["param_groups"], osd["param_groups"], strict=True)
         ]
         set_optimizer_state_dict(model, optimizer, {"state": entries, "param_groups": groups})
+
+
+def _unreadable(e) -> str:
+    """One line for DCP's ``CheckpointException`` on load: the failing processes and the first one's error (a shard
+    damaged after the save; a checkpoint with a manifest is passed over before this, :mod:`mmgrpo.manifest`)."""
+    ranks = sorted(e.failures)
+    error = e.failures[ranks[0]][0] if ranks else e
+    first = (str(error).strip().splitlines() or [""])[0][:160]
+    return (
+        f"{DIR}: a shard cannot be read on process(es) {ranks} ({type(error).__name__}: {first}); its files changed "
+        "after the save: resume from another checkpoint"
+    )
 
 
 def read(state: Path) -> tuple[dict[str, torch.Tensor], dict]:

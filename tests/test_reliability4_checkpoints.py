@@ -147,3 +147,26 @@ def test_a_corrupt_distcp_shard_falls_back_in_one_line(tmp_path, mmgrpo_cache, c
     _resumes_from_step_1(
         out, caplog, f"state/{sc.DIR}/{shard.name} does not match its sha256", "checkpoint.sharded=true"
     )
+
+
+def test_a_corrupt_shard_of_a_checkpoint_without_a_manifest_is_one_line(tmp_path, mmgrpo_cache):
+    """An older sharded checkpoint (no manifest) whose shard's zip header is damaged: DCP's load fails; its report
+    (every rank's traceback) becomes one line naming the shard's processes and the error."""
+    from mmgrpo import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    train(_cfg(out, "steps=2", *RUN, "checkpoint.sharded=true"))
+    step = out / "checkpoints/step-000002"
+    (step / manifest.NAME).unlink()
+    (step / "COMPLETE").write_text("2\n")
+    (shard,) = sorted((step / "state" / sc.DIR).glob("*.distcp"))
+    _flip(shard, 0, 3)
+    trainer = Trainer(_cfg(out, "steps=3", *RUN, "resume=latest", "checkpoint.sharded=true"))
+    try:
+        assert trainer._resume_dir == step  # nothing on the files says it is damaged (no manifest)
+        with pytest.raises(ckpt.CheckpointError) as err:
+            trainer._maybe_resume()
+    finally:
+        trainer.close()
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{step}: {sc.DIR}: a shard cannot be read on process(es) [0] (")
