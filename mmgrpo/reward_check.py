@@ -91,13 +91,12 @@ def _check(runner: RewardRunner, completions: list, rows: list[dict], extras: di
 
     failures: list = []
 
-    class _Checking:  # score_rows calls its runner; this one collects the failures instead of scoring
-        def __call__(self, outputs, prompts, columns, **kwargs):
-            failures.extend(runner.check(outputs, prompts, columns, **kwargs))
-            return None, {}
+    def collect(outputs: list, prompts: list, columns: dict, **kwargs: Any) -> tuple:  # in the runner's place
+        failures.extend(runner.check(outputs, prompts, columns, **kwargs))
+        return None, {}
 
     state = TrainerState(global_step=0, max_steps=steps, epoch=0.0)  # as the first training step passes it
-    score_rows(_Checking(), completions, rows, CHECK_GROUP, extras, group_index=True, trainer_state=state)
+    score_rows(collect, completions, rows, CHECK_GROUP, extras, group_index=True, trainer_state=state)
     return failures
 
 
