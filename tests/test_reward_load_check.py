@@ -286,3 +286,26 @@ def test_video_answers_carry_the_rollout_columns_and_the_contrast_does_not_apply
     runner = RewardRunner([("accuracy", 1.0, {}), ("temporal_contrast", 1.0, {})], isolation="thread")
     scores = reward_scores(runner, adapter, outputs, rows)
     assert math.isfinite(scores["reward/accuracy"]) and math.isnan(scores["reward/temporal_contrast"])
+
+
+def test_the_demo_scores_answers_with_the_columns_their_rollout_records(tmp_path, data, tiny_vlm_path):
+    """The demo's reward lines come from the same columns: a greedy game answer and its sampled ones are scored with
+    their turn rewards, tool calls and turn counts (a reward reading all three is not n/a; the demo passed the turn
+    rewards alone before)."""
+    from types import SimpleNamespace
+
+    from mmgrpo.config import RolloutConfig
+    from mmgrpo.demo.answer import answer
+    from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
+    from mmgrpo.rewards import RewardRunner
+
+    env = {"distance_reward": 1.0, "max_steps": 2}
+    settings = RolloutConfig(environment="gridworld", environment_args=env, max_turns=2, max_total_tokens=300)
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 8}, rollout=settings)
+    runner = RewardRunner([("env_return", 1.0, {}), ("my_rewards:turns", 0.0, {})], isolation="thread")
+    models = SimpleNamespace(get=lambda: (adapter, adapter, runner))
+    result = answer(models, {"prompt": "Walk.", "seed": 3}, seed=0, group=2, with_ground_truth=True, out_dir=tmp_path)
+    greedy = adapter.evaluate([{"prompt": "Walk.", "seed": 3}])[0]
+    lines = result["trained"]["rewards"]
+    assert len(lines) == 3 and not any("n/a" in line for line in lines), lines
+    assert lines[0].startswith(f"reward {sum(greedy.turn_rewards):.3f}")

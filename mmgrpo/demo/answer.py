@@ -9,7 +9,7 @@ import torch
 from mmgrpo import samples as sample_files
 from mmgrpo.demo.kinds import MEDIA_KEYS, UPLOAD_SUFFIXES
 from mmgrpo.demo.run import DemoError, Models
-from mmgrpo.types import Transcript
+from mmgrpo.evaluation import output_columns
 
 
 def _eval_rows(cfg, trust_run_config: bool = False) -> tuple[list[dict], str | None]:
@@ -51,7 +51,8 @@ def _check_upload(path: str | None, kind: str) -> None:
 
 def score(rewards, outputs: list, row: dict, with_ground_truth: bool, extras: dict | None = None) -> list[str]:
     """One line per output: the weighted reward and each reward function's value ("n/a" where it cannot apply);
-    ``extras``: per-output columns a rollout gives the rewards (a multi-turn answer's ``turn_rewards``)."""
+    ``extras``: per-output columns a rollout gives the rewards (a multi-turn answer's ``turn_rewards``, the token
+    ids: :func:`mmgrpo.evaluation.output_columns` of the greedy answer, ``Rollout.extras`` of the sampled ones)."""
     from mmgrpo.advantages import combine_rewards
     from mmgrpo.rewards import score_rows
 
@@ -77,15 +78,15 @@ def answer(models: Models, row: dict, seed: int, group: int, with_ground_truth: 
     for name, adapter in (("base", base), ("trained", trained)):
         torch.manual_seed(seed)
         greedy = adapter.evaluate([row])[0]
-        multi_turn = isinstance(greedy, Transcript)  # scored with its turn rewards, as training scores it
-        sampled, turn_rewards = [], [list(greedy.turn_rewards)] if multi_turn else []
+        sampled, extras = [], output_columns([greedy])  # the columns its rollout records (turn rewards, token ids)
         if group > 0:
             torch.manual_seed(seed)
             rollout = adapter.rollout([row], group)
             sampled = list(rollout.outputs)
-            turn_rewards += rollout.extras["turn_rewards"] if multi_turn else []
-        extras = {"turn_rewards": turn_rewards} if multi_turn else None
-        lines = score(rewards, [greedy] + sampled, row, with_ground_truth, extras)
+            if extras:  # the greedy answer's columns (an Answer): the sampled ones' are the rollout's, as training's
+                keys = dict.fromkeys([*extras, *rollout.extras])
+                extras = {k: extras.get(k, [None]) + list(rollout.extras.get(k, [None] * group)) for k in keys}
+        lines = score(rewards, [greedy] + sampled, row, with_ground_truth, extras or None)
         shown = [
             sample_files.save_value(_for_display(o), out_dir, f"{name}_{i}") for i, o in enumerate([greedy] + sampled)
         ]
