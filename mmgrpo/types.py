@@ -123,7 +123,8 @@ class PolicyAdapter(Protocol):
         ...
 
     def evaluate(self, prompts: list[dict]) -> list[Any]:
-        """Deterministic (greedy / ODE) outputs for held-out prompts, one per prompt."""
+        """Deterministic (greedy / ODE) outputs for held-out prompts, one per prompt; a text output is an
+        :class:`Answer` holding the reward columns ``rollout`` would give it (held-out rewards score as in training)."""
         ...
 
 
