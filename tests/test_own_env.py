@@ -292,10 +292,12 @@ class _Scripted:
             return Observation(text="x" * 10_000_000), 0.0, False
         if self.n == 2 and self.behaviour == "pair":
             return Observation(text="x"), 0.0
+        if self.n == 2 and self.behaviour == "raise":
+            raise RuntimeError("physics exploded")
         return Observation(text="moved"), 1.0, False
 
 
-@pytest.mark.parametrize("behaviour", ["sleep", "huge", "pair"])
+@pytest.mark.parametrize("behaviour", ["sleep", "huge", "pair", "raise"])
 def test_a_step_that_times_out_returns_too_much_or_breaks_the_protocol_ends_the_trajectory(
     behaviour, tiny_vlm_path, monkeypatch
 ):
