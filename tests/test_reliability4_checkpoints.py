@@ -170,3 +170,26 @@ def test_a_corrupt_shard_of_a_checkpoint_without_a_manifest_is_one_line(tmp_path
         trainer.close()
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"{step}: {sc.DIR}: a shard cannot be read on process(es) [0] (")
+
+
+@pytest.mark.slow
+def test_a_corrupt_distcp_shard_under_fsdp_falls_back_on_both_processes(tmp_path, mmgrpo_cache):
+    """2 FSDP processes (gloo): 3 bytes flipped in process 1's shard of the newest checkpoint. The old tree stopped
+    with a 175-line ``UnpicklingError`` on both ranks; now both pass over it for step 1 and train to the end."""
+    from tests.test_fsdp import QUICK as FSDP_QUICK
+    from tests.test_fsdp import REWARD, VLM_STEP, _launch
+
+    (tmp_path / "length_rewards.py").write_text(REWARD)
+    every = ["checkpoint.every=1", "checkpoint.keep_last=5"]
+    _launch("fsdp_cpu_2proc", FSDP_QUICK, [*VLM_STEP, *every, "steps=3", "stop_after=2"], tmp_path / "run", tmp_path)
+    step = tmp_path / "run/checkpoints/step-000002"
+    shard = step / "state" / sc.DIR / "__1_0.distcp"
+    assert json.loads((step / manifest.NAME).read_text())["files"][f"state/{sc.DIR}/__1_0.distcp"]
+    _flip(shard, shard.stat().st_size // 2, 3)
+    assert problem(step, 2) == f"state/{sc.DIR}/__1_0.distcp does not match its sha256 in MANIFEST.json (the file " + (
+        "changed after it was saved)"
+    )
+    _launch("fsdp_cpu_2proc", FSDP_QUICK, [*VLM_STEP, *every, "steps=3", "resume=latest"], tmp_path / "run", tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2, 3]  # step 2 trained again from step 1
+    assert problem(step, 2) is None  # re-saved whole
