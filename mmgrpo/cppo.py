@@ -39,7 +39,8 @@ at the step's measured cost per kept unit (``perf/update_s``·(1/kept_unit_fract
 saving is the step-time difference in docs/variants.md).
 
 Refused at load: the group-level surrogates (they need whole groups per minibatch), multi-turn rollouts, a budget
-step's ragged groups (allocation assumes G per row), and adapters without ``select_samples``/``merge_states``.
+step's ragged groups and replay's groups of G + R beside allocation (allocation adds groups of G), and adapters
+without ``select_samples``/``merge_states``.
 """
 
 from __future__ import annotations
@@ -184,10 +185,16 @@ def allocate(ctx: RolloutContext, batch: RolloutBatch, options: CPPOOptions, mem
 
 
 def check(algorithm: Any, options: CPPOOptions) -> None:
-    """Refuse at load, in one line, a pruning rate outside [0, 1) and the surrogates that need whole groups."""
+    """Refuse at load, in one line, a pruning rate outside [0, 1), allocation beside replay's larger groups, and the
+    surrogates that need whole groups."""
     if not 0.0 <= options.pruning_rate < 1.0:
         raise ConfigError(
             f"algorithm.rollout_steps.cppo.pruning_rate must be in [0, 1), got {options.pruning_rate}; e.g. 0.5"
+        )
+    if options.allocation and "replay" in algorithm.rollout_steps:
+        raise ConfigError(
+            "algorithm.rollout_steps.cppo: allocation is not combined with replay (its groups of G + R samples and the "
+            "extra prompts' groups of G do not merge); set cppo.allocation: false or turn replay off"
         )
     if algorithm.surrogate in GROUP_SURROGATES:
         raise ConfigError(

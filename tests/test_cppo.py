@@ -121,6 +121,12 @@ def test_refused_at_load_in_one_line():
         load_config(flow, ["algorithm.rollout_steps={cppo: {}}"])
     with pytest.raises(ConfigError, match=r"rollout_steps\.cppo is not supported with rollout\.tools"):
         load_config(ROOT / "configs/zoom_tools.yaml", ["algorithm.rollout_steps={cppo: {}}"])
+    replay = ["algorithm.rollout_steps={replay: {}, cppo: {}}"]
+    with pytest.raises(ConfigError, match=r"allocation is not combined with replay"):
+        load_config(ROOT / "configs/variant_replay.yaml", replay)
+    load_config(
+        ROOT / "configs/variant_replay.yaml", ["algorithm.rollout_steps={replay: {}, cppo: {allocation: false}}"]
+    )
     knapsack = ["algorithm.rollout_steps={knapsack_budget: {}, cppo: {allocation: false}}"]
     with pytest.raises(ConfigError, match=r"rollout_steps\.cppo: not combined with knapsack_budget"):
         load_config(ROOT / "configs/variant_knapsack.yaml", knapsack)
