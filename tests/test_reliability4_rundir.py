@@ -101,6 +101,7 @@ def test_a_bind_mount_of_a_live_run_meets_its_lock(tmp_path):
     """The same run directory through a bind mount (``os.path.realpath`` cannot join the two paths): the old tree
     kept a lock file beside each path and both runs held a lock; now the second is refused."""
     run, alias = tmp_path / "run", tmp_path / "alias"
+    run.mkdir()
     alias.mkdir()
     lock = run_dir.RunLock(run)
     lock.acquire()
