@@ -4,7 +4,8 @@ Each config runs in its own process (``python -m mmgrpo``, so the import time co
 holds what the configs read, as tests/test_shipped_configs.py sets it up: the example datasets
 (``examples/make_example_datasets.py``), the recipes' prompt files, and an offline Hugging Face cache with the hub
 recipes' model and reward snapshots (empty files: the dry-run finds names, it loads no weights). The configs run at
-their full size (no overrides but ``output_dir``).
+their full size (no overrides but ``output_dir``). The synthetic tasks' data are built into ``MMGRPO_CACHE`` (a fresh
+one in the working directory unless set: set it to time warm dry-runs, as a user's second one).
 
     .venv/bin/python scripts/dry_run_times.py [--limit 15] [--out runs/dry_run_times.json] [configs/a.yaml ...]
 
@@ -50,7 +51,8 @@ def prepare(workdir: Path) -> dict[str, str]:
         (folder / "refs").mkdir(exist_ok=True)
         (folder / "refs" / "main").write_text(commit)
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
-    env.update(HF_HOME=str(workdir / "hf"), HF_HUB_OFFLINE="1", MMGRPO_CACHE=str(workdir / "mmgrpo_cache"))
+    env.update(HF_HOME=str(workdir / "hf"), HF_HUB_OFFLINE="1")
+    env.setdefault("MMGRPO_CACHE", str(workdir / "mmgrpo_cache"))  # a given cache: warm (second) dry-runs
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
