@@ -40,7 +40,8 @@ H(π_θold)); the code reads the same estimator (``actor/entropy_loss`` = −mas
 step's update. The paper's own numbered equation could not be retrieved here (only the abstract and the README's
 equation above); its α is implicit in the code (the share of replaced samples) and is not an option here either.
 Metrics: ``aepo/entropy`` (the estimate), ``aepo/temperature`` (T), ``aepo/reinforce_samples`` (n per step),
-``aepo/selected_fraction`` (kept share of the T-samples).
+``aepo/selected_fraction`` (kept share of the T-samples), ``aepo/width_mismatch`` (1 on a step whose T-rollout
+had another width than the batch, a sampler that trims to the longest completion: nothing spliced).
 """
 
 from __future__ import annotations
@@ -170,10 +171,14 @@ def aepo(ctx: RolloutContext, batch: RolloutBatch, o: AEPOOptions, memory: dict)
     keys = ctx.keys(noise.mix(ctx.seed, AEPO_NOISE), ctx.positions[:p])
     with ctx.adapter.sampling_temperature(T):
         hot = ctx.rollout(batch.rows[:p], batch.indices[:p], keys)
-    hot.rollout.old_logprobs = ctx.adapter.batched_logprobs(hot.rollout, ctx.adapter.unwrapped())  # [p·G, T] at τ
+    model = ctx.adapter.model  # the training model as the rollout scores it (wrapped: DDP/FSDP hooks run)
+    hot.rollout.old_logprobs = ctx.adapter.batched_logprobs(hot.rollout, model) * hot.rollout.mask  # [p·G, T] at τ
     combined = adv_lib.combine_rewards(hot.scores.view(p, G, -1), ctx.weights)  # [p, G]
     chosen = reinforce_selection(combined, o.advantage_threshold).nonzero().flatten()  # [s]
     n = reinforce_count(len(chosen), entropy, o)
+    if hot.rollout.mask.shape[1] != rollout.mask.shape[1]:  # a sampler that trims T to the longest completion
+        n = 0  # (transformers' generate fallback): nothing spliced this step, counted
+        batch.metrics["aepo/width_mismatch"] = 1.0
     marks = [False] * rollout.batch_size
     if n > 0:
         index = torch.arange(n)  # [n] the batch's first n samples, as the code's concat
@@ -213,7 +218,7 @@ def check_aepo(algorithm: Any, options: AEPOOptions) -> None:
         )
 
 
-AEPO_NEEDS = ("sampling_temperature", "batched_logprobs", "unwrapped", "splice_states")
+AEPO_NEEDS = ("sampling_temperature", "batched_logprobs", "splice_states")
 """The adapter methods AEPO calls (checked at load): sample at T, re-score at τ, splice the T-samples in."""
 
 ROLLOUT_STEPS.add(
