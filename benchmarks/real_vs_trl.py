@@ -136,9 +136,11 @@ def _peak_mb(device: str) -> float:
 
 
 def run_mmgrpo(cfg, task, device: str, every: int, meter: Meter) -> dict:
+    from mmgrpo import on_policy
     from mmgrpo.trainer import Trainer
 
     trainer = Trainer(cfg)
+    on_policy.configure(trainer.adapter, cfg)  # as Trainer.run: at μ = 1 no old-log-prob forward (mmgrpo/on_policy.py)
     model = trainer.acc.unwrap_model(trainer.adapter.model)
     tokenizer = trainer.adapter.tokenizer
     row = task.train_rows()[0]

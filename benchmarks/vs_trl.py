@@ -439,6 +439,7 @@ def _trl_arch(spec: RunSpec) -> tuple[list[dict], object, object, list[int]]:
 
 
 def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
+    from mmgrpo import on_policy
     from mmgrpo.config import TrainConfig, from_dict
     from mmgrpo.loader import validate
     from mmgrpo.rewards.registry import REWARDS, register_reward
@@ -490,6 +491,7 @@ def _run_mmgrpo(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
     )
     validate(cfg)
     trainer = Trainer(cfg)
+    on_policy.configure(trainer.adapter, cfg)  # as Trainer.run: at μ = 1 no old-log-prob forward (mmgrpo/on_policy.py)
     adapter = trainer.adapter
     seen: dict = {}
     encode = adapter._encode_prompt

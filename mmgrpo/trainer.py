@@ -32,6 +32,7 @@ from mmgrpo import (
     importance,
     losses,
     noise,
+    on_policy,
     pass_at_k,
     reward_check,
     rollout_steps,
@@ -170,6 +171,7 @@ class Trainer:
                 self._evaluate("before")
             if cfg.warmup.steps > 0:
                 self._warmup()
+        on_policy.configure(self.adapter, cfg)  # μ = 1: the adapter skips its old-log-prob forward where it can
         bar = tracking.progress_bar(cfg, acc, initial=self.state.step)
         t_start = time.perf_counter()
         stop = StopSignal()  # SIGTERM / Ctrl-C: finish the step, checkpoint, return
@@ -387,7 +389,8 @@ class Trainer:
                             else (self.adapter.logprobs(rollout, idx), None)
                         )
                         m = mask[idx].to(device)  # [n, T]
-                        log_ratio = logp - rollout.old_logprobs[idx].to(device)  # [n, T]
+                        old = on_policy.old_logprobs(rollout.old_logprobs[idx].to(device), logp)  # [n, T]
+                        log_ratio = logp - old  # [n, T]
                         if a.ratio_norm:
                             sig = None if rollout.unit_sigmas is None else rollout.unit_sigmas[idx].to(device)
                             extra = self.adapter.ratio_norm_inputs(
@@ -411,7 +414,6 @@ class Trainer:
                             kl_loss = aggregate(kl, m, opts.aggregation, max_units=m.shape[1])
                             loss = loss + beta * kl_loss
                             mets["kl/mean"] = kl_loss.detach()
-                        old = rollout.old_logprobs[idx].to(device)  # [n, T]
                         inp = losses.LossTermInputs(logp, old, unit_adv[idx].to(device), m, rollout, idx, self.adapter)
                         extra, term_mets = losses.apply_loss_terms(opts.terms, inp, aggregate, opts.aggregation)
                         loss = loss + extra  # algorithm.loss_terms (LLDS, ...); no terms: + 0, the loss unchanged

@@ -54,7 +54,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mmgrpo import noise, sharding
+from mmgrpo import noise, on_policy, sharding
 from mmgrpo.compat import keep_generation_fields
 from mmgrpo.config import ConfigError, Range
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
@@ -403,7 +403,10 @@ class ARImageAdapter(TokenPolicy):
             truncated=torch.zeros(B, dtype=torch.bool),
             state=state,
         )
-        rollout.old_logprobs = self._batched_no_grad(rollout, self.model)  # [B, T], the training forward's
+        if self.old_from_update:  # μ = 1: the update's own log-probs, detached (no forward)
+            rollout.old_logprobs = on_policy.deferred_like(mask)  # [B, T] NaN
+        else:
+            rollout.old_logprobs = self._batched_no_grad(rollout, self.model)  # [B, T], the training forward's
         return rollout
 
     @torch.no_grad()

@@ -63,6 +63,13 @@ class TokenPolicy:
 
     suppress_ids: list[int]
     pad_id: int
+    old_from_update: bool = False
+    """True once the trainer leaves π_old to the update at μ = 1 (:func:`mmgrpo.on_policy.configure`): rollouts skip
+    the no-grad log-prob forward after sampling and mark ``old_logprobs`` NaN (:data:`mmgrpo.on_policy.DEFERRED`)."""
+
+    def old_logprobs_from_update(self) -> None:
+        """Rollouts from now on leave π_old to the update (:class:`mmgrpo.on_policy.OldFromUpdate`)."""
+        self.old_from_update = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -65,7 +65,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mmgrpo import noise, sharding
+from mmgrpo import noise, on_policy, sharding
 from mmgrpo.config import ConfigError, RolloutConfig, check_kwargs
 from mmgrpo.media import IMAGE_PLACEHOLDER
 from mmgrpo.multiturn import tool_specs
@@ -774,6 +774,8 @@ class TurnRunner:
         if a.engine is not None:  # sampled by vLLM: its log-probs for the importance correction, ours as old
             rollout.engine_logprobs = self.sampler_logprobs(trajs) * mask  # [B, T]
             rollout.old_logprobs = a.batched_logprobs(rollout, a.model) * mask  # [B, T]
+        elif a.old_from_update:  # μ = 1: the update's own log-probs, detached (no forward)
+            rollout.old_logprobs = on_policy.deferred_like(mask)  # [B, T] NaN
         elif a.args.old_logprobs == "sampler":  # as drawn by the decode loop: no extra forward
             rollout.old_logprobs = self.sampler_logprobs(trajs) * mask  # [B, T]
         else:

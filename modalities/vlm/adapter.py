@@ -34,7 +34,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from mmgrpo import noise, sharding
+from mmgrpo import noise, on_policy, sharding
 from mmgrpo.config import ConfigError, Range, RolloutConfig
 from mmgrpo.media import add_media_parts, check_media_content, media_content
 from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
@@ -632,7 +632,9 @@ class SingleTurn:
             p.decode(completion_ids), mask, ended, group_size, state, engine_logprobs, p.args.mask_truncated
         )
         mask = rollout.mask  # [B, T]
-        if p.args.old_logprobs == "sampler" and sampler_logprobs is not None:
+        if p.old_from_update and p.engine is None:  # μ = 1: the update's own log-probs, detached (no forward)
+            rollout.old_logprobs = on_policy.deferred_like(mask)  # [B, T] NaN
+        elif p.args.old_logprobs == "sampler" and sampler_logprobs is not None:
             rollout.old_logprobs = sampler_logprobs * mask  # [B, T], as drawn: no extra forward
         else:
             if p.args.old_logprobs == "sampler" and p.engine is None:
