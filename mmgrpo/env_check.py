@@ -28,7 +28,7 @@ from typing import Any
 
 from mmgrpo.config import ConfigError, TrainConfig, check_kwargs
 from mmgrpo.rewards import registry as reward_code  # the rewards' code policy, applied to environments as well
-from mmgrpo.rewards.code_policy import TRUST_ENV, library_refusal, live_library_refusal
+from mmgrpo.rewards.code_policy import TRUST_ENV, is_stdlib, library_refusal, live_library_refusal
 
 PROBE_ACTION = ""
 """The reply the load check steps the environment with: an empty turn, which the protocol answers with an error
@@ -47,7 +47,7 @@ def check_environment(cfg: TrainConfig, row: Mapping[str, Any] | None) -> None:
     spec = cfg.rollout.environment
     if spec is None or not is_reference(spec):  # registered ones: checked by mmgrpo.multiturn.check_config
         return
-    policy = reward_code._policy  # "check": --dry-run; "registered": the demo of an untrusted run
+    policy = reward_code.current_policy()  # "check": --dry-run; "registered": the demo of an untrusted run
     if policy == "registered":
         return
     if policy == "check" and _module_name(spec) not in sys.modules:
@@ -73,7 +73,7 @@ def _origin_refusal(spec: str) -> None:
             f"rollout.environment {spec!r}: a reference is 'module:Class' or 'module:factory()' ({DOCS}), or a "
             "registered name"
         )
-    if reward_code._is_stdlib(module_name):
+    if is_stdlib(module_name):
         raise ConfigError(
             f"rollout.environment {spec!r} names the Python standard library module {module_name!r}, not an "
             "environment; name a class of your own module"
@@ -86,7 +86,7 @@ def _origin_refusal(spec: str) -> None:
             f"rollout.environment {spec!r}: cannot find module {module_name!r} (a module of your own must be next to "
             "the config file, in the working directory, or on PYTHONPATH)"
         )
-    if library_refusal(spec, module_name, found.origin) is not None:
+    if library_refusal(spec, module_name, found.origin, "environment") is not None:
         raise ConfigError(_library_line(spec, module_name))
 
 
@@ -102,7 +102,7 @@ def static_check(spec: str) -> None:
     a ``def`` for ``module:factory()``; what the source cannot show is checked when training starts."""
     _origin_refusal(spec)
     try:
-        kind, detail = reward_code._static_lookup(spec.removesuffix("()"), depth=0)
+        kind, detail = reward_code.static_lookup(spec.removesuffix("()"), kind="environment")
     except ValueError as e:  # the reward checker's words: a missing attribute, a syntax error
         raise ConfigError(str(e).replace("reward ", "rollout.environment ", 1)) from None
     if kind in ("class", "function"):
@@ -145,9 +145,9 @@ def load_reference(spec: str) -> None:
     obj = vars(module)[attr]
     if inspect.isclass(obj):
         _check_spelling(spec, True)
-        if reward_code._is_stdlib(obj.__module__):
+        if is_stdlib(obj.__module__):
             raise ConfigError(f"rollout.environment {spec!r} is a class of the Python standard library, not yours")
-        if live_library_refusal(spec, obj) is not None:
+        if live_library_refusal(spec, obj, "environment") is not None:
             raise ConfigError(_library_line(spec, obj.__module__))
     elif inspect.isfunction(obj):
         _check_spelling(spec, False)

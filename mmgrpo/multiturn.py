@@ -23,7 +23,6 @@ The per-turn advantages ``[B, S]`` reach the tokens through :func:`mmgrpo.credit
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
@@ -55,13 +54,11 @@ def check_config(cfg: TrainConfig) -> None:
             f"rollout.max_turns: 1 with {what}: a trajectory ends after its first assistant turn, so {why}; set "
             f"rollout.max_turns >= 2 (DeepEyes 5), or remove {what.split(' ')[0]} for single-turn rollouts"
         )
-    from mmgrpo.tools import ENVIRONMENTS, load_tools, make_environment, run_tool_call  # deferred: loads the built-ins
+    from mmgrpo.tool_check import check_tools  # the code policy of rewards (rewards/code_policy.py)
+    from mmgrpo.tools import ENVIRONMENTS, make_environment, run_tool_call  # deferred: loads the built-ins
     from mmgrpo.tools.env import is_reference
 
-    try:
-        load_tools(tool_specs(r.tools))
-    except (KeyError, ValueError, TypeError) as e:
-        raise ConfigError(f"rollout.tools: {str(e).strip(chr(39))}") from None
+    check_tools(r.tools)  # names known; import paths under the code policy, read in source: nothing imported
     check_kwargs(run_tool_call, r.tool_limits, "rollout.tool_limits", skip=3)
     if r.environment is not None and r.tools:
         raise ConfigError("rollout.tools and rollout.environment: choose one (the environment reads each turn)")
@@ -126,23 +123,11 @@ def _check_credit(cfg: TrainConfig) -> None:
 
 def tool_specs(names: list[str]) -> list[Any]:
     """``rollout.tools`` for :func:`mmgrpo.tools.load_tools`: registry names as they are, ``package.module:function``
-    imported (a typed function with a Google docstring is a tool: TRL's ``tools=``; the config's folder is on the
-    Python path, :func:`mmgrpo.loader.load_config`)."""
-    out: list[Any] = []
-    for name in names:
-        if ":" not in name:
-            out.append(name)
-            continue
-        module, _, attr = name.partition(":")
-        try:
-            fn = vars(importlib.import_module(module))[attr]
-        except (ImportError, KeyError) as e:
-            raise ConfigError(
-                f"rollout.tools: cannot import {name!r} ({type(e).__name__}: {e}); give package.module:function of a "
-                "module on the Python path (the config's folder is on it)"
-            ) from None
-        out.append(fn)
-    return out
+    under the code policy in force (:func:`mmgrpo.tool_check.resolve_tools`: imported and checked for training, a
+    placeholder at ``--dry-run`` and in an untrusted demo)."""
+    from mmgrpo.tool_check import resolve_tools
+
+    return resolve_tools(names)
 
 
 def turn_inputs(rollout: Rollout) -> credit.TurnInputs:

@@ -29,6 +29,8 @@ checks, on the first ``check_rows`` rows (``task.args.check_rows`` for dataset t
 - with ``rollout.environment``, the rows' prompts are strings (the first observation is appended to them); one's own
   environment by reference (``module:Class``) is found in its source at ``--dry-run`` and, for training, imported
   under the rewards' code policy, built, reset from the first training row and stepped once (:mod:`mmgrpo.env_check`);
+- ``rollout.tools`` by import path: under the same code policy, found in source at ``--dry-run`` and, for training,
+  imported, checked and their schemas built (:mod:`mmgrpo.tool_check`);
 - the supervised warm-up has rows: ``warmup.target_column`` is in the rows and ``warmup.target_template``
   formats, or the task has warm-up rows of its own;
 - with ``rollout.engine: vllm``, the rollout server answers at ``rollout.url``; colocated
@@ -54,6 +56,7 @@ from mmgrpo.igpo import check_row as check_probe_row
 from mmgrpo.igpo import probe_options
 from mmgrpo.media import add_media_parts, media_counts
 from mmgrpo.row_check import LoadReport, RowMediaCheck
+from mmgrpo.tool_check import resolve_tools
 from mmgrpo.types import DataError, WarmupTask
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,7 @@ def preflight(cfg: TrainConfig, report: LoadReport | None = None) -> Any:
             report.rows[split] = min(n, len(rows))
     train = task.train_rows()
     check_environment(cfg, train[0] if len(train) else None)  # own environments: code policy, protocol probe
+    resolve_tools(cfg.rollout.tools)  # own tools: imported and checked for training, read in source at --dry-run
     _check_reward_loads(cfg)
     _check_adapter_loads(cfg)
     _check_engine(cfg)

@@ -43,14 +43,29 @@ from typing import Any
 REWARD_LIBRARIES = ("trl.rewards", "mmgrpo.rewards")
 """Installed modules whose functions are rewards (or reward factories) by design; submodules included."""
 
+TOOL_LIBRARIES = ("mmgrpo.tools",)
+"""Installed modules whose functions are tools by design (the built-in tools); submodules included."""
+
+LIBRARIES = {"reward": REWARD_LIBRARIES, "tool": TOOL_LIBRARIES, "environment": ()}
+"""The allow-listed installed modules of each kind of user code named ``module:attr`` (rewards, ``rollout.tools``,
+``rollout.environment``)."""
+
 TRUST_ENV = "MMGRPO_TRUSTED_REWARD_MODULES"
-"""Comma-separated modules the user allows rewards from, on top of :data:`REWARD_LIBRARIES`."""
+"""Comma-separated modules the user allows code from (rewards, tools, environments), on top of :data:`LIBRARIES`."""
 
 
-def trusted_modules() -> tuple[str, ...]:
-    """:data:`REWARD_LIBRARIES` and the modules named in :data:`TRUST_ENV` (read now)."""
+def trusted_modules(kind: str = "reward") -> tuple[str, ...]:
+    """The allow-listed modules of ``kind`` (:data:`LIBRARIES`) and the modules named in :data:`TRUST_ENV` (read
+    now)."""
     extra = [m.strip() for m in os.environ.get(TRUST_ENV, "").split(",") if m.strip()]
-    return (*REWARD_LIBRARIES, *extra)
+    return (*LIBRARIES[kind], *extra)
+
+
+def is_stdlib(module: str) -> bool:
+    """``module`` (a dotted name) belongs to the Python standard library or is built into the interpreter: refused
+    as user code whatever the allow-list says (``os:system``, ``subprocess:run``, ``builtins:eval``)."""
+    top = module.partition(".")[0]
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names
 
 
 def _library_dirs() -> list[Path]:
@@ -69,16 +84,23 @@ def is_installed_library(origin: str) -> bool:
     return any(path.is_relative_to(d) for d in _library_dirs())
 
 
-def library_refusal(spec: str, module_name: str, origin: str | None) -> str | None:
-    """Why the code policy refuses ``spec``, which names code of ``module_name`` (file ``origin``): it is in an
-    installed library that is neither allow-listed nor trusted by :data:`TRUST_ENV` (by ``module_name`` or by the
-    module ``spec`` names). ``None``: allowed."""
+def library_refusal(spec: str, module_name: str, origin: str | None, kind: str = "reward") -> str | None:
+    """Why the code policy refuses ``spec`` (code of ``kind``: a key of :data:`LIBRARIES`), which names code of
+    ``module_name`` (file ``origin``): it is in an installed library that is neither allow-listed for ``kind`` nor
+    trusted by :data:`TRUST_ENV` (by ``module_name`` or by the module ``spec`` names). ``None``: allowed."""
     named = spec.partition(":")[0]
-    if any(n == m or n.startswith(m + ".") for m in trusted_modules() for n in (named, module_name)):
+    if any(n == m or n.startswith(m + ".") for m in trusted_modules(kind) for n in (named, module_name)):
         return None
     if not origin or not os.path.isabs(origin) or not is_installed_library(origin):
         return None  # one's own code (or a module without a file: builtins are refused elsewhere)
     where = named if module_name in (named, "") else f"{named} ({module_name})"
+    if kind != "reward":
+        allowed = "".join(f", or {m}" for m in LIBRARIES[kind])
+        return (
+            f"{kind} {spec!r} is code of the installed library {where}, not of your own modules (its functions may "
+            f"download, load or run anything); a {kind} must come from your own modules{allowed}; to allow it "
+            f"anyway, run with {TRUST_ENV}={named} (docs/reliability.md#tools-and-environments-code-and-bounds)"
+        )
     return (
         f"reward {spec!r} is code of the installed library {where}, which is not a reward library (its functions "
         "may load files or objects); a reward must come from your own modules, an entry point of the group "
@@ -87,12 +109,12 @@ def library_refusal(spec: str, module_name: str, origin: str | None) -> str | No
     )
 
 
-def live_library_refusal(spec: str, obj: Any) -> str | None:
-    """:func:`library_refusal` for a live function: the module that defines it (``obj.__module__``)."""
+def live_library_refusal(spec: str, obj: Any, kind: str = "reward") -> str | None:
+    """:func:`library_refusal` for a live function or class: the module that defines it (``obj.__module__``)."""
     module_name = getattr(obj, "__module__", None) or ""
     module = sys.modules.get(module_name)
     origin = getattr(module, "__file__", None) if module is not None else None
-    return library_refusal(spec, module_name, origin) if module_name else None
+    return library_refusal(spec, module_name, origin, kind) if module_name else None
 
 
 def factory_hint(label: str, positional: list[str], varargs: bool, returns: str, kwargs: dict) -> str | None:
@@ -140,10 +162,13 @@ def _annotation_text(ann: Any) -> str:
 
 
 __all__ = [
+    "LIBRARIES",
     "REWARD_LIBRARIES",
+    "TOOL_LIBRARIES",
     "TRUST_ENV",
     "factory_hint",
     "is_installed_library",
+    "is_stdlib",
     "library_refusal",
     "live_factory_hint",
     "live_library_refusal",

@@ -55,7 +55,7 @@ from mmgrpo.errors import ConfigError
 from mmgrpo.registry import Registry
 from mmgrpo.suggest import did_you_mean
 
-from .code_policy import library_refusal, live_factory_hint, live_library_refusal, static_factory_hint
+from .code_policy import is_stdlib, library_refusal, live_factory_hint, live_library_refusal, static_factory_hint
 
 REWARDS: Registry = Registry("reward")
 """Built-in and user-registered rewards, by name (functions, or classes for model-based rewards)."""
@@ -107,6 +107,12 @@ def reward_code_policy(policy: str) -> Iterator[None]:
         yield
     finally:
         _policy = previous
+
+
+def current_policy() -> str:
+    """The code policy in force (one of :data:`POLICIES`; :func:`reward_code_policy`): the same for every callable a
+    config names by import path — rewards, ``rollout.tools``, ``rollout.environment``."""
+    return _policy
 
 
 class RewardNotLoadedError(RuntimeError):
@@ -241,11 +247,12 @@ def _import_path(spec: str) -> Any:
     return obj
 
 
-def check_code_object(spec: str, obj: Any, *, library_ok: bool = False) -> None:
+def check_code_object(spec: str, obj: Any, *, library_ok: bool = False, kind: str = "reward") -> None:
     """Raise :class:`RewardCodeError` unless ``obj`` (what the import path ``spec`` names) is a plain Python
     function outside the standard library (a ``functools.partial`` of one is accepted), from one's own modules or
     an allowed reward library (:func:`~mmgrpo.rewards.code_policy.library_refusal`; ``library_ok``: an entry
-    point's code, vouched for by its package)."""
+    point's code, vouched for by its package; ``kind``: whose allow-list applies, ``reward``, ``tool``,
+    ``environment``)."""
     target = obj
     while isinstance(target, functools.partial):
         target = target.func
@@ -268,11 +275,11 @@ def check_code_object(spec: str, obj: Any, *, library_ok: bool = False) -> None:
         )
         raise RewardCodeError(f"reward {spec!r} is {kind} ({_qualname(target)}), not a Python function; {fix}")
     module = getattr(target, "__module__", None) or ""
-    if _is_stdlib(module):
+    if is_stdlib(module):
         raise RewardCodeError(
             f"reward {spec!r} is {_qualname(target)} from the Python standard library, not a reward; {fix}"
         )
-    refusal = None if library_ok else live_library_refusal(spec, target)
+    refusal = None if library_ok else live_library_refusal(spec, target, kind)
     if refusal is not None:
         raise RewardCodeError(refusal)
 
@@ -281,11 +288,6 @@ def _qualname(obj: Any) -> str:
     module = getattr(obj, "__module__", None)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(obj).__name__
     return f"{module}.{name}" if module else str(name)
-
-
-def _is_stdlib(module: str) -> bool:
-    top = module.partition(".")[0]
-    return top in sys.stdlib_module_names or top in sys.builtin_module_names
 
 
 def resolve_reward(spec: str) -> Any:
@@ -298,7 +300,7 @@ def resolve_reward(spec: str) -> Any:
         return REWARDS.get(spec)
     if ":" in spec:
         module = spec.partition(":")[0]
-        if _is_stdlib(module):  # refused before importing anything
+        if is_stdlib(module):  # refused before importing anything
             raise RewardCodeError(
                 f"reward {spec!r} names the Python standard library module {module!r}, not a reward; an import "
                 "path must name a plain Python function of your own code"
@@ -486,7 +488,7 @@ def static_reward_check(
     """
     label = label or spec
     where = f" (entry point {spec!r})" if entry_point else ""
-    found = _static_lookup(spec, depth=0, trusted=entry_point)
+    found = static_lookup(spec, depth=0, trusted=entry_point)
     kind, detail = found
     if kind == "class":
         raise ValueError(
@@ -513,14 +515,16 @@ def static_reward_check(
     )
 
 
-def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, Any]:
-    """``("function", (node, path))``, ``("class", qualname)``, ``("module", name)`` or ``("unknown", path)``;
-    raises ``ValueError`` for a module that is not there, the standard library, a missing attribute, or (unless
-    ``trusted``: an entry point's code) an installed library the code policy does not allow."""
+def static_lookup(spec: str, depth: int = 0, trusted: bool = False, kind: str = "reward") -> tuple[str, Any]:
+    """What ``module:attr`` names, read in the module's source without importing it: ``("function", (node, path))``,
+    ``("class", qualname)``, ``("module", name)`` or ``("unknown", path)``; raises ``ValueError`` for a module that is
+    not there, the standard library, a missing attribute, or (unless ``trusted``: an entry point's code) an installed
+    library the code policy does not allow for ``kind`` (``reward``, ``tool``, ``environment``:
+    :func:`~mmgrpo.rewards.code_policy.library_refusal`), re-exports followed. The messages begin ``reward 'spec'``."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"reward {spec!r}: an import path is 'package.module:function'")
-    if _is_stdlib(module_name):
+    if is_stdlib(module_name):
         raise ValueError(
             f"reward {spec!r} names the Python standard library module {module_name!r}, not a reward; an import "
             "path must name a plain Python function of your own code"
@@ -528,7 +532,7 @@ def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, A
     if module_name in sys.modules:  # already imported: no code runs by looking at it
         try:
             obj = _import_path(spec)
-            check_code_object(spec, obj, library_ok=trusted)
+            check_code_object(spec, obj, library_ok=trusted, kind=kind)
         except (UnknownRewardError, RewardCodeError) as e:
             raise ValueError(str(e).split(". Provide a reward")[0]) from None
         try:
@@ -544,7 +548,7 @@ def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, A
             "your own must be in the current directory, next to the config file, or an installed package)"
         )
     origin = mspec.origin
-    refusal = None if trusted else library_refusal(spec, module_name, origin)
+    refusal = None if trusted else library_refusal(spec, module_name, origin, kind)
     if refusal is not None:
         raise ValueError(refusal)
     if mspec.submodule_search_locations and origin in (None, "namespace"):
@@ -578,10 +582,10 @@ def _static_lookup(spec: str, depth: int, trusted: bool = False) -> tuple[str, A
         alias = next(a for a in last.names if (a.asname or a.name) == first)
         if target is not None:
             sub = f"{target}.{alias.name}"
-            if find_module_file(sub) is not None and not _is_stdlib(sub):
+            if find_module_file(sub) is not None and not is_stdlib(sub):
                 return "module", sub
             try:
-                return _static_lookup(f"{target}:{alias.name}", depth + 1, trusted)
+                return static_lookup(f"{target}:{alias.name}", depth + 1, trusted, kind)
             except ValueError as e:
                 raise ValueError(f"reward {spec!r} is imported from {target}: {e}") from None
     if isinstance(last, ast.Import) and len(bindings) == 1:
@@ -703,7 +707,7 @@ def completions_annotation(name: str) -> str:
             if name not in eps:
                 return ""
             name = eps[name].value
-        kind, detail = _static_lookup(name, depth=0)
+        kind, detail = static_lookup(name, depth=0)
     except Exception:  # not resolvable here: the other checks say why
         return ""
     node = detail[0] if kind == "function" else None

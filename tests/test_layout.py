@@ -179,6 +179,7 @@ REWARD_USERS = (
     "mmgrpo.demo",
     "mmgrpo.tasks",
     "mmgrpo.env_check",
+    "mmgrpo.tool_check",
     "mmgrpo.evaluation",
     "mmgrpo.reward_check",
 )
