@@ -20,7 +20,7 @@ from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer, train
 from mmgrpo.types import frozen_reference
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["logging.trackers=[]", "logging.progress=false", "eval.every=0"]
