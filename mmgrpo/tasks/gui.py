@@ -3,11 +3,18 @@ GiGPO of a vision-language GUI agent, Mobile-R1's setting (arXiv 2506.20332, see
 
 Each row is an episode seed: the app draws from it one of ten tasks ("turn on wifi", "turn off airplane", "send
 hi", …), the start screen (home, settings or messages), the settings list's scroll position and the switches. The
-policy reads the task from the first observation's text and the screen from the rendered image, and writes one
+policy reads the task from the observation's text and the screen from the rendered image, and writes one
 action per assistant turn (``<action>tap wifi</action>``, ``<action>type hi</action>``, ``<action>scroll
 down</action>``, ``<action>back</action>``). A task takes 1–4 actions (2.3 on average over seeds 0–1999); a
 uniformly random choice among the actions that matter (:func:`~mmgrpo.tools.gui.candidate_actions`) completes
 about 5 % of them in 5 steps.
+
+What the tiny model needs (docs/agents.md, "The GUI task"): the task in every observation (the app's
+``task_every_turn``, as Mobile-R1's prompt repeats the instruction each step) and a long enough warm-up. With the task
+in the first observation only and 100 warm-up steps, greedy play repeated one action whatever the task (held-out
+success 0.117, 3 seeds) and 12–24 RL steps did not move it. Every task can also be done without reading the screen
+(``back``, then a fixed plan of at most 3 actions per task, completes all of them), so held-out success measures the
+task, not screen reading; the shortest path, which the warm-up's expert shows, needs the screen.
 
 Rows: ``{"prompt", "seed", "task", "min_moves"}``; play with ``rollout.environment: gui``, whose ``environment_args``
 must give ``max_steps`` as this task does (``tests/test_gui_task.py`` checks the shipped configs).
