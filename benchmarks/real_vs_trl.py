@@ -13,7 +13,7 @@ GPU rule (completion positions only; on a CPU run it is switched to it, as in ``
 betas 0.9/0.999, no weight decay, gradient norm clipped to 1) and the same learning-rate schedule (lr 2e-5, the
 config's 2 warm-up steps; TRL gets the schedule through ``optimizers=``, since its ``constant_with_warmup`` starts
 at lr 0). Gradient checkpointing is off in both (TRL's default is on; it would only slow TRL down). TRL skips the
-old-log-prob forward at μ = 1; mmgrpo runs its default (one more no-grad forward), so that does not favour mmgrpo.
+old-log-prob forward at μ = 1, and so does mmgrpo by default (``mmgrpo/on_policy.py``, as ``Trainer.run``).
 
 How it is measured. One subprocess per (toolkit, seed), the order alternating, the same imports in both. Every
 ``--eval-every`` steps the held-out accuracy is measured by one function for both toolkits (:func:`held_out`: the
