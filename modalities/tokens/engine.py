@@ -29,6 +29,7 @@ import base64
 import contextlib
 import ctypes
 import dataclasses
+import hmac
 import io
 import json
 import logging
@@ -53,7 +54,7 @@ from .. import _hf
 from . import weight_buckets as wb
 from . import weight_sync
 from .decode import SamplingSpec
-from .engine_http import SECRET_ENV, find_secret, secret_file, write_secret
+from .engine_http import CHALLENGE_HEADER, SECRET_ENV, find_secret, secret_file, server_proof, write_secret
 
 logger = logging.getLogger(__name__)
 
@@ -230,9 +231,14 @@ class VLLMClient(EngineClient):
         return self._secret if self._secret is not None else find_secret(self.url)
 
     def _call(self, path: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> dict:
+        """``GET path`` (``data`` None: the health check, without the secret) or an authenticated ``POST``: the
+        server proves it holds the shared secret first (:meth:`authenticate`), then the request carries it."""
         headers = dict(headers or {})
-        if (secret := self.secret) is not None:
-            headers["Authorization"] = f"Bearer {secret}"
+        if data is not None:
+            headers["Authorization"] = f"Bearer {self.authenticate()}"
+        return self._request(path, data, headers)
+
+    def _request(self, path: str, data: bytes | None, headers: dict[str, str]) -> dict:
         req = urllib.request.Request(self.url + path, data=data, headers=headers)
         hint = "start it with `mmgrpo rollout-server CONFIG` (docs/scale.md) or set rollout.url"
         try:
@@ -251,19 +257,48 @@ class VLLMClient(EngineClient):
         except (urllib.error.URLError, ConnectionError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise EngineError(f"vLLM rollout server {self.url} is not reachable ({reason}); {hint}") from None
+        except ValueError as e:  # not JSON: not a rollout server
+            raise EngineError(
+                f"vLLM rollout server {self.url}{path} answered something that is not JSON ({e})"
+            ) from None
+
+    def authenticate(self) -> str:
+        """The server proves it holds this trainer's push secret before the trainer sends it (mutual authentication,
+        :mod:`.engine_http`): a fresh challenge on ``/health``, its HMAC checked here; returns the secret. A server
+        that gives no proof or a wrong one is an :class:`EngineError` in one line, and nothing more is sent to it."""
+        return self._prove()[0]
+
+    def _prove(self) -> tuple[str, dict]:
+        challenge = secrets.token_hex(32)
+        out = self._request("/health", None, {CHALLENGE_HEADER: challenge})  # a server that is down: one line first
+        secret = self.secret
+        if secret is None:
+            raise EngineError(
+                f"{self.name} answers only its own trainer and no push secret for it ({secret_file(self.url)}, "
+                f"written by `mmgrpo rollout-server` for this user, or ${SECRET_ENV}): run the server as this user, "
+                f"or set {SECRET_ENV} to the same value for both"
+            )
+        proof = out.get("proof") if isinstance(out, dict) else None
+        if isinstance(proof, str) and hmac.compare_digest(proof, server_proof(secret, challenge)):
+            return secret, out
+        why = (
+            "it does not take this trainer's push secret (no or wrong push secret: its proof is not the HMAC of this "
+            "trainer's secret over the challenge)"
+            if isinstance(proof, str)
+            else "it gave no proof that it holds this trainer's push secret (it is not a rollout server of this "
+            "mmgrpo, or something else answers on rollout.url)"
+        )
+        raise EngineError(
+            f"{self.name} refused: {why}; the trainer sent it neither its secret nor weights, nor asked it for "
+            f"rollouts (check rollout.url, restart `mmgrpo rollout-server` as this user, or set {SECRET_ENV} for both)"
+        )
 
     def health(self) -> dict:
-        """The server's state; an :class:`EngineError` when it is down, its engine dead, or it would refuse this
-        trainer's pushes (no secret, or another one: one line at ``--dry-run``, not at the first push)."""
-        out = self._call("/health")
-        if self.secret is None or out.get("authorized") is False:
-            why = "no push secret for it" if self.secret is None else "it does not take this trainer's push secret"
-            raise EngineError(
-                f"{self.name} answers only its own trainer and {why} ({secret_file(self.url)}, written by "
-                f"`mmgrpo rollout-server` for this user, or ${SECRET_ENV}): run the server as this user, or set "
-                f"{SECRET_ENV} to the same value for both"
-            )
-        return out
+        """The server's state once it has proven it holds this trainer's push secret (:meth:`authenticate`;
+        ``authorized``: True); an :class:`EngineError` when it is down, its engine dead, or it cannot prove it (no
+        secret, another one, not a rollout server: one line at ``--dry-run``, not at the first push)."""
+        _, out = self._prove()
+        return {**out, "authorized": True}
 
     def _media_item(self, kind: str, item: Any) -> Any:
         """A prompt's media item as the engine takes it: here, as the server's request body carries it."""
@@ -576,6 +611,9 @@ def address_taken(url: str) -> bool:
 
     u = urlparse(url)
     with socket.socket() as s:
+        # as the server binds (http.server's allow_reuse_address): a port whose last connections are in TIME_WAIT
+        # (a server just stopped or SIGKILLed) is free; one with a listening socket is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((u.hostname or "127.0.0.1", u.port or 8100))
         except OSError:
@@ -588,7 +626,7 @@ def run_server(cmd: list[str], grace_s: float = 20.0, secret_path: Path | None =
 
     The server's push secret (``$MMGRPO_ENGINE_SECRET`` if set, else made here) goes to it in its environment, never
     on its command line, and to the trainers of this user in ``secret_path`` (0600; :func:`.engine_http.secret_file`
-    of the server's URL), removed when the server stops.
+    of the server's URL), removed when the server stops; a stale one (left by a SIGKILLed server) is removed first.
 
     vLLM starts engine processes of its own (``VLLM::EngineCore`` / workers, ~2 GB each on CPU) that outlive a
     signal sent to the server alone. So the server runs in its own session (process group), and SIGTERM, SIGINT or
@@ -599,6 +637,8 @@ def run_server(cmd: list[str], grace_s: float = 20.0, secret_path: Path | None =
     """
     secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
     if secret_path is not None:
+        with contextlib.suppress(FileNotFoundError):  # a SIGKILLed server's (nothing listens here: address_taken)
+            secret_path.unlink()
         write_secret(secret_path, secret)
     parent = os.getpid()
     env = dict(os.environ, **{SECRET_ENV: secret})

@@ -2,6 +2,11 @@
 
 The server answers only its trainer (docs/reliability.md, "The rollout engine answers only its trainer"):
 
+* **the server proves itself first** (mutual authentication): before it sends its secret, a push or a request for
+  rollouts, the trainer sends a fresh random challenge (``GET /health`` with ``X-Mmgrpo-Challenge: <64 hex>``, no
+  secret) and the server answers ``"proof"``: the HMAC-SHA256 of the shared secret over it (:func:`server_proof`); a
+  server that cannot (a stand-in on ``rollout.url`` answering ``"authorized": true``, one with another secret) is
+  refused by the trainer in one line and never sees the secret (``engine.py`` ``VLLMClient``);
 * **a shared secret** on every POST (``Authorization: Bearer <secret>``, compared with :func:`hmac.compare_digest`):
   ``mmgrpo rollout-server`` makes it at start (or takes ``$MMGRPO_ENGINE_SECRET``), hands it to the server in the
   environment (never in argv, never logged) and to the trainers of this user in a 0600 key file
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import itertools
 import json
@@ -120,6 +126,24 @@ def find_secret(url: str) -> str | None:
         return secret_file(url).read_text().strip() or None
     except OSError:
         return None
+
+
+CHALLENGE_HEADER = "X-Mmgrpo-Challenge"
+"""The header of the trainer's challenge on ``GET /health``: 32 to 128 hex digits, fresh for each check."""
+_PROOF_CONTEXT = b"mmgrpo rollout server proof v1\0"
+"""Domain separation: a proof is never a value the secret signs for any other purpose."""
+
+
+def server_proof(secret: str, challenge: str) -> str:
+    """The server's answer to the trainer's ``challenge``: HMAC-SHA256 keyed by the shared ``secret`` over the
+    challenge (hex); only a holder of the secret can compute it, and the challenge is fresh, so it cannot be
+    replayed."""
+    return hmac.new(secret.encode(), _PROOF_CONTEXT + challenge.encode(), hashlib.sha256).hexdigest()
+
+
+def valid_challenge(value: str | None) -> bool:
+    """``value`` is a challenge the server answers: 32 to 128 hex digits (anything else gets no proof)."""
+    return value is not None and 32 <= len(value) <= 128 and re.fullmatch(r"[0-9a-f]+", value) is not None
 
 
 def check_secret(authorization: str | None, secret: str) -> None:
@@ -496,6 +520,9 @@ def handler(engine: Any, secret: str, limits: Limits | None = None) -> type[Base
             body = {"ok": dead is None, "version": engine.version, "model": engine.model}
             if dead is not None:
                 body["error"] = f"the vLLM engine is dead: {dead}"
+            challenge = self.headers.get(CHALLENGE_HEADER)
+            if valid_challenge(challenge):  # the server proves it holds the secret before the trainer sends it
+                body["proof"] = server_proof(secret, challenge)
             auth = self.headers.get("Authorization")
             if auth is not None:  # a trainer checking that the server takes its pushes
                 body["authorized"] = hmac.compare_digest(auth.encode(), f"Bearer {secret}".encode())

@@ -13,7 +13,9 @@ The protocol is plain HTTP + JSON on one address (127.0.0.1 by default), the sha
 CPU and across processes of one machine:
 
 * ``GET /health`` → ``{"ok": true, "version": V, "model": DIR}``; ``V`` is the version of the last weights pushed
-  (0 = the weights loaded from ``DIR``); with an ``Authorization`` header also ``"authorized"``: whether the server
+  (0 = the weights loaded from ``DIR``); with an ``X-Mmgrpo-Challenge`` header also ``"proof"``, the HMAC of the
+  push secret over the challenge (the server proves itself before the trainer sends its secret:
+  :func:`.engine_http.server_proof`); with an ``Authorization`` header also ``"authorized"``: whether the server
   takes that secret. 503 and ``{"ok": false, "error": ...}`` once the engine is dead.
 * ``POST /generate`` with ``{"requests": [{"prompt": str, "media": {"image": [base64 PNG, ...], "video":
   [{"frames": base64 raw, "shape": [F, H, W, C], "dtype": "uint8", "metadata": {"fps", "frames_indices",
