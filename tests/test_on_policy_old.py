@@ -6,6 +6,7 @@ update gives the same tokens, one forward fewer per rollout chunk, and the same 
 """
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from mmgrpo import noise, on_policy
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
+from tests.adapter_cases import CASES, build
+from tests.numerics import adapter_reductions
 from tests.test_aggregation_minibatch import TINY
 from tests.test_trainer import QUICK
 
@@ -116,3 +119,49 @@ def test_one_step_at_mu_one_trains_without_the_forward(tmp_path, mmgrpo_cache):
     t = Trainer(cfg)
     summary = t.run()
     assert t.adapter.old_from_update and summary["train/steps"] == 1
+
+
+def _module_calls(fn):
+    """``fn()`` and the number of ``nn.Module`` calls it made (every module, hooked globally)."""
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *_: calls.append(1))
+    try:
+        return fn(), len(calls)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("name", ["ar_image", "video", "audio_llm"])
+def test_other_token_families_skip_the_forward(name, mmgrpo_cache):
+    """AR image (its own rollout) and the VLM adapter's subclasses draw the same keyed units with one forward fewer;
+    every unit is left to the update (NaN), where the log-ratio is exactly 0."""
+    if name == "audio_llm" and shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install -y espeak-ng): no speech to synthesise")
+    case = CASES[name]
+    adapter = build(name, lora=False)
+    rows, G = case.rows(), 2
+    keys = noise.NoiseKeys(0, 1, (0, 1), G)
+    adapter.old_from_update = False
+    recomputed, n_recompute = _module_calls(lambda: adapter.rollout(rows, G, keys))
+    adapter.old_from_update = True
+    deferred, n_deferred = _module_calls(lambda: adapter.rollout(rows, G, keys))
+    assert torch.equal(getattr(recomputed.state, case.drawn), getattr(deferred.state, case.drawn))
+    assert n_deferred < n_recompute, (n_deferred, n_recompute)
+    assert torch.isnan(deferred.old_logprobs).all() and torch.isfinite(recomputed.old_logprobs).all()
+    logp = adapter.logprobs(deferred, torch.arange(deferred.batch_size))  # [B, T]
+    assert torch.equal(logp - on_policy.old_logprobs(deferred.old_logprobs, logp), torch.zeros_like(logp))
+    m = recomputed.mask > 0
+    adapter_reductions(adapter).assert_logprobs_close(logp.detach()[m], recomputed.old_logprobs[m])
+
+
+def test_multi_turn_rollout_leaves_old_logprobs_to_the_update(tiny_vlm_path):
+    """The multi-turn driver (modalities/tokens/turns.py): a two-turn trajectory with a tool observation."""
+    from tests.test_turns import CROP, _adapter, _rows, script
+
+    adapter = _adapter(tiny_vlm_path)
+    script(adapter, {0: [CROP, "<answer>red</answer>"], 1: ["<answer>blue</answer>"]})
+    adapter.old_logprobs_from_update()
+    rollout = adapter.rollout(_rows(1), group_size=2)
+    assert rollout.mask.sum() > 0 and torch.isnan(rollout.old_logprobs).all()
+    logp = adapter.logprobs(rollout, torch.arange(2))  # [2, T]
+    assert torch.equal(logp - on_policy.old_logprobs(rollout.old_logprobs, logp), torch.zeros_like(logp))
