@@ -74,13 +74,15 @@ class AudioLLMArgs:
     """Rows per no-grad forward when computing old/reference log-probs."""
     old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """recompute (a no-grad forward after sampling) | sampler (the sampling loop's own log-probs; ratio 1 up to
-    float rounding)."""
+    float rounding). At μ = 1 the trainer uses neither: the update's own log-probs, detached (mmgrpo/on_policy.py)."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
     gradient_checkpointing: bool = False
     """Recompute each decoder and audio-encoder layer in the backward pass instead of keeping its activations
     (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
     working through one packed forward per minibatch (needs sdpa or eager attention)."""
+    compile_decode: bool = False
+    """The sampler's per-token step compiled over a static KV cache (the vlm adapter's option of that name)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -98,6 +100,7 @@ class AudioLLMArgs:
             "forward_batch_size",
             "old_logprobs",
             "attn_implementation",
+            "compile_decode",
             "extra",
         )
         return {k: getattr(self, k) for k in keep} | {"prefix_sharing": True, "kv_expand_rollout": True}

@@ -41,7 +41,7 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Answer, DataError, Rollout
 
 from .. import _hf, model_names
-from ..tokens import prefix_sharing
+from ..tokens import compiled_decode, prefix_sharing
 from ..tokens.decode import SamplingSpec
 from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
@@ -101,6 +101,12 @@ class VLMArgs:
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; the same
     distribution as HF generate (its very draws with sample_draw: multinomial). False:
     generate(num_return_sequences=G), which prefills every prompt G times."""
+    compile_decode: bool = False
+    """The KV-expanded sampler's per-token step runs compiled over a static KV cache sized for the group
+    (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/tokens/compiled_decode.py): the same keyed
+    draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by default: on this CPU it is no
+    faster (docs/benchmarks.md). Needs kv_expand_rollout; falls back to the eager loop with a warning without a
+    C++ compiler, under FSDP or for sliding-window caches."""
     sample_draw: Literal["inverse_cdf", "multinomial"] = "inverse_cdf"
     """How the KV-expanded sampler draws each token from the same softmax: inverse_cdf (one uniform per row and
     step) | multinomial (torch.multinomial, HF generate's draws: a fixed seed gives generate's tokens; on CPU it
@@ -108,7 +114,9 @@ class VLMArgs:
     old_logprobs: Literal["recompute", "sampler"] = "recompute"
     """Source of old_logprobs: recompute (a no-grad log-prob forward after sampling) | sampler (the log-probs the
     KV-expanded sampling loop computed while drawing: no extra forward; they differ from the training forward by
-    float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding)."""
+    float rounding — ~1e-6 in fp32, more in bf16 — so the first ratio is 1 only up to that rounding). At μ = 1 with
+    nothing reading π_old before the update, the trainer uses neither: the update's own log-probs, detached
+    (mmgrpo/on_policy.py)."""
     overlong_prompts: Literal["error", "truncate"] = "error"
     """A prompt whose tokens plus max_new_tokens exceed the model's context: error (one line naming the length) |
     truncate (keep its last tokens, as TRL's max_prompt_length does, with a warning; never cuts media tokens)."""
@@ -172,6 +180,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         text_config = getattr(config, "text_config", None) or config
         self.context_length: int | None = getattr(text_config, "max_position_embeddings", None)
         self.truncated_prompts = 0
+        self.compiled = compiled_decode.CompiledDecoder()  # the compiled step and its static caches (compile_decode)
         turns = rollout is not None and rollout.multi_turn  # tools or an environment answer each turn
         self.driver: RolloutDriver = turn_driver(self, rollout) if turns else SingleTurn(self)
 
@@ -375,7 +384,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         try:
             if self.shares_prefix(model, "sampling", self.args.kv_expand_rollout):
                 spec = self._sampling_spec(greedy=greedy, synced=synced)
-                completion, logprobs = prefix_sharing.sample(model, batch, num_return_sequences, spec, keys)
+                completion, logprobs = self._kv_sample(model, batch, num_return_sequences, spec, keys)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
             if not greedy and keys is not None:
@@ -407,6 +416,18 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             completion = torch.cat([completion, pad], dim=1)
         mask = self._completion_mask(completion)
         return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id)), None  # [B, T]
+
+    def _kv_sample(
+        self, model: torch.nn.Module, batch: dict[str, Tensor], G: int, spec: SamplingSpec, keys: noise.NoiseKeys | None
+    ) -> tuple[Tensor, Tensor]:
+        """The KV-expanded sampler: the compiled static-cache step with ``compile_decode`` where it runs
+        (:mod:`..tokens.compiled_decode`), else the eager loop. [B, T] each."""
+        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
+        if reason is None:
+            return compiled_decode.sample(model, batch, G, spec, keys, self.compiled)
+        if reason != "off":
+            compiled_decode.warn_fallback(reason)
+        return prefix_sharing.sample(model, batch, G, spec, keys)
 
     def _decode(self, completion_ids: Tensor) -> list[str]:
         mask = self._completion_mask(completion_ids).bool()
@@ -720,6 +741,8 @@ def load_vlm_model(a: VLMArgs, ctx: BuildContext) -> tuple[torch.nn.Module, Any,
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
+    if a.compile_decode and not a.kv_expand_rollout:
+        raise ConfigError("model.args.compile_decode compiles the KV-expanded sampler: set kv_expand_rollout: true")
     model, processor = _load(a.name_or_path, a, _hf.DTYPES[ctx.dtype], ctx.seed)
     if a.freeze_vision:
         for name, p in model.named_parameters():
