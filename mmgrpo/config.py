@@ -235,10 +235,12 @@ class AlgorithmConfig:
     beta_start)."""
     advantage_transform: list[str] = field(default_factory=list)
     """Advantage transforms [P, G] → [P, G] applied in order after the estimator (registry
-    mmgrpo.advantages.ADVANTAGE_TRANSFORMS): difficulty (DGRPO) | negative_groups (LENS). docs/variants.md."""
+    mmgrpo.advantages.ADVANTAGE_TRANSFORMS): difficulty (DGRPO) | negative_groups (LENS) | ngrpo (NGRPO) |
+    unlikeliness (Rewarding the Unlikely) | seed_grpo (SEED-GRPO). docs/variants.md."""
     advantage_transform_args: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Options per transform, by name: difficulty {offset: 2.0} | negative_groups {alpha: 0.25, wrong_threshold: 0.0,
-    eps: 1e-6}, e.g. {negative_groups: {alpha: 0.5}}."""
+    eps: 1e-6} | ngrpo {max_reward: 1.0, virtual_samples: 1, eps: 1e-6} | unlikeliness {beta: 0.25, wrong_threshold:
+    0.0, eps: 1e-6} | seed_grpo {alpha: 0.5, answer_pattern}, e.g. {negative_groups: {alpha: 0.5}}."""
     sampler: str = "sequential"
     """Prompt sampler (registry mmgrpo.sampling.SAMPLERS): sequential (seeded permutation per epoch) |
     variance (MMR1 / Temporal-RLT variance-aware re-weighting)."""
