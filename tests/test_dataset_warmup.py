@@ -108,7 +108,7 @@ def test_a_checkpoint_after_the_warmup_resumes_past_it_and_starts_other_runs(tmp
         load_config(None, [*base, f"output_dir={tmp_path / 'a'}", "warmup.steps=40", "checkpoint.after_warmup=true"])
     )
     step0 = tmp_path / "a" / "checkpoints" / "step-000000"
-    assert (step0 / "COMPLETE").read_text().strip() == "0" and (step0 / "model" / "config.json").is_file()
+    assert (step0 / "COMPLETE").read_text().split() == ["0", "manifest"] and (step0 / "model" / "config.json").is_file()
     assert json.loads((step0 / "state" / "trainer.json").read_text())["trainer"]["warmup_done"] is True
 
     (step1,) = [
