@@ -58,7 +58,9 @@ def check_config(cfg: TrainConfig) -> None:
     from mmgrpo.tools import ENVIRONMENTS, make_environment, run_tool_call  # deferred: loads the built-ins
     from mmgrpo.tools.env import is_reference
 
-    check_tools(r.tools)  # names known; import paths under the code policy, read in source: nothing imported
+    check_tools(
+        r.tools, r.tool_limits
+    )  # names known; import paths under the code policy, read in source: nothing imported
     check_kwargs(run_tool_call, r.tool_limits, "rollout.tool_limits", skip=3)
     if r.environment is not None and r.tools:
         raise ConfigError("rollout.tools and rollout.environment: choose one (the environment reads each turn)")

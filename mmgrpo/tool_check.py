@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmgrpo.config import ConfigError
@@ -167,10 +167,19 @@ def resolve_tools(specs: Sequence[Any]) -> list[Any]:
     return out
 
 
-def check_tools(specs: Sequence[str]) -> None:
+def check_tools(specs: Sequence[str], limits: Mapping[str, Any] | None = None) -> None:
     """``rollout.tools`` at load, importing nothing: registry names known, import paths under the code policy and
-    found in source (not looked for under ``registered``), no two tools of one name. One :class:`ConfigError`."""
+    found in source (not looked for under ``registered``), no two tools of one name; ``rollout.tool_limits``'
+    ``isolation`` one of :data:`mmgrpo.tools.worker.ISOLATIONS`. One :class:`ConfigError`."""
     from mmgrpo.tools import get_tool
+    from mmgrpo.tools.worker import ISOLATIONS
+
+    isolation = (limits or {}).get("isolation", "auto")
+    if isolation not in ISOLATIONS:
+        raise ConfigError(
+            f"rollout.tool_limits.isolation: {isolation!r} is not one of {', '.join(ISOLATIONS)} (process: a forked "
+            "worker killed with its process group at the deadline; thread: for a tool that needs the GPU)"
+        )
 
     names = []
     for spec in specs:

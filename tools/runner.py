@@ -1,32 +1,32 @@
 """Run one parsed tool call, bounded: whatever the model wrote, the answer is an :class:`Observation`.
 
 :func:`run_tool_call` never raises. An unknown tool, arguments that are too long or do not fit the tool's schema,
-a tool that raises, returns something that is not an observation, or runs past ``timeout_s`` — each becomes an
-error observation whose text names the fix (``reward = error_reward``); an observation that is too large is cut
-to the limits (text to ``max_observation_chars`` from the middle, as verl's ``tool_response_truncate_side:
-middle``; images and frames to their counts; each image to ``max_pixels``).
+a tool that raises, returns something that is not an observation, returns an image over ``max_source_pixels``, or
+runs past ``timeout_s`` — each becomes an error observation whose text names the fix (``reward = error_reward``); an
+observation that is too large is cut to the limits (text to ``max_observation_chars`` from the middle, as verl's
+``tool_response_truncate_side: middle``; images and frames to their counts; each image to ``max_pixels``).
 
-Time-outs work as the reward runner's ``isolation="thread"`` (``rewards/runner.py``): the call runs in a daemon
-thread; one still running at the deadline is abandoned (Python cannot kill a thread; it runs on in the background
-and its result is dropped). A tool that holds the GIL (a pure-Python loop without I/O) therefore delays the whole
-process; the built-in tools bound their own work (box sizes, frame counts) so they never need the time-out.
+The deadline covers the tool **and** that post-processing (an image's downscale): both run in the worker
+(:mod:`.worker`): a forked process whose process group is killed at the deadline and at exit (``isolation: process``,
+the default for tools that are not mmgrpo's own), or one of a bounded set of threads (``isolation: thread``, the
+default for the built-in tools, which bound their own work: box sizes, frame counts).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
-import queue
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from PIL import Image
 
-from .base import Observation, Tool, ToolCall, ToolContext, _unknown
+from .base import FunctionTool, Observation, Tool, ToolCall, ToolContext, _unknown
 from .parsing import parse_tool_calls
+from .worker import ISOLATIONS, Busy, RemoteError, in_process, in_thread
 
 
 def run_tool_call(
@@ -40,7 +40,9 @@ def run_tool_call(
     max_images: int = 4,
     max_frames: int = 16,
     max_pixels: int = 2_000_000,
+    max_source_pixels: int = 50_000_000,
     error_reward: float = 0.0,
+    isolation: str = "auto",
 ) -> Observation:
     """Run ``call`` with the tool of that name among ``tools``; never raises.
 
@@ -48,14 +50,20 @@ def run_tool_call(
         call: a parsed call (:func:`~mmgrpo.tools.parse_tool_calls`).
         tools: the tools this rollout may run (by name, or a list); nothing else runs.
         context: what the tool may read (:class:`~mmgrpo.tools.ToolContext`).
-        timeout_s: seconds before the call is abandoned (``None`` or ``inf``: no limit).
+        timeout_s: seconds before the call is abandoned, its worker killed (``None`` or ``inf``: no limit); the
+            observation's post-processing (an image's downscale) is inside it.
         max_argument_chars: longest accepted argument text (the raw JSON between the tags).
         max_observation_chars: longest text returned; longer text keeps its head and tail around a marker.
         max_images: most images returned (later ones dropped, the text says so).
         max_frames: most video frames returned (uniformly thinned, times kept aligned).
         max_pixels: largest image area returned; larger images are downscaled, aspect kept.
+        max_source_pixels: largest image area a tool may return at all; a larger one is an error (a 12000x12000
+            image is not downscaled: its decode and resize alone cost seconds and gigabytes).
         error_reward: ``Observation.reward`` of an error observation, the runner's or a tool's own error that
             carries no reward of its own (verl's ``ImageZoomInTool``: −0.05).
+        isolation: where the call runs (:mod:`.worker`): ``process`` (a forked worker, killed with its process
+            group at the deadline), ``thread`` (a bounded set of threads), ``auto`` (threads for mmgrpo's own
+            tools, a process for the others).
 
     Returns:
         The tool's observation, bounded; or an error observation (``error`` set) saying what was wrong.
@@ -82,24 +90,58 @@ def run_tool_call(
         problem = check_arguments(tool.schema, call.arguments)
         if problem is not None:
             return fail(f"{call.name}: {problem}")
-        done, value = _call_with_deadline(tool, call.arguments, context, timeout_s)
+        work = functools.partial(_answer, tool, call, context, limits, max_source_pixels, error_reward)
+        run = in_process if _isolated(tool, isolation) else in_thread
+        try:
+            done, value = run(work, timeout_s, tool.name)
+        except Busy as e:
+            return fail(f"{call.name} was not run: {e}; try again later")
         if not done:
             return fail(f"{call.name} did not finish within {timeout_s:g} s; try a smaller request")
         if isinstance(value, BaseException):
+            kind = value.type_name if isinstance(value, RemoteError) else type(value).__name__
             reason = str(value).splitlines()[0][:200] if str(value) else ""
-            return fail(f"{call.name} failed ({type(value).__name__}: {reason})")
-        if not isinstance(value, Observation):
-            return fail(f"{call.name} returned a {type(value).__name__}, not an Observation (a bug in the tool)")
-        problem = _malformed(value)
-        if problem is not None:
-            return fail(f"{call.name} returned {problem} (a bug in the tool)")
-        if not math.isfinite(float(value.reward)):
-            return fail(f"{call.name} returned a non-finite reward {value.reward!r} (a bug in the tool)")
-        if value.invalid and value.reward == 0.0:  # the tool's own error (a bad box): the same penalty
-            value = dataclasses.replace(value, reward=error_reward)
-        return bound(value, **limits)
+            return fail(f"{call.name} failed ({kind}: {reason})")
+        return fail(value) if isinstance(value, str) else value
     except Exception as e:  # a bug here must not end the rollout either
         return Observation(text=f"Error: internal tool runner error ({type(e).__name__})", error=str(e)[:200])
+
+
+def _answer(
+    tool: Tool, call: ToolCall, context: ToolContext, limits: dict, max_source_pixels: int, error_reward: float
+) -> Observation | str:
+    """In the worker: the tool's observation, checked and bounded (the post-processing inside the deadline), or the
+    one-line reason it is unusable."""
+    value = tool(dict(call.arguments), context)
+    if not isinstance(value, Observation):
+        return f"{call.name} returned a {type(value).__name__}, not an Observation (a bug in the tool)"
+    problem = _malformed(value) or _oversized(value, max_source_pixels)
+    if problem is not None:
+        return f"{call.name} returned {problem} (a bug in the tool)"
+    if not math.isfinite(float(value.reward)):
+        return f"{call.name} returned a non-finite reward {value.reward!r} (a bug in the tool)"
+    if value.invalid and value.reward == 0.0:  # the tool's own error (a bad box): the same penalty
+        value = dataclasses.replace(value, reward=error_reward)
+    return bound(value, **limits)
+
+
+def _oversized(obs: Observation, max_source_pixels: int) -> str | None:
+    """An image or frame larger than ``max_source_pixels`` (refused rather than downscaled), or ``None``."""
+    big = next((im for im in [*obs.images, *obs.frames] if im.width * im.height > max_source_pixels), None)
+    if big is None:
+        return None
+    return f"a {big.width}x{big.height} image, more than rollout.tool_limits.max_source_pixels={max_source_pixels}"
+
+
+def _isolated(tool: Tool, isolation: str) -> bool:
+    """Whether ``tool`` runs in a worker process (:mod:`.worker`): ``auto`` for every tool whose code is not
+    mmgrpo's own."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"rollout.tool_limits.isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation != "auto":
+        return isolation == "process"
+    code = tool.fn if isinstance(tool, FunctionTool) else type(tool)
+    return not str(code.__module__).startswith("mmgrpo.")
 
 
 LIMITS: dict[str, Any] = {
@@ -217,24 +259,3 @@ def _shrink(image: Image.Image, max_pixels: int) -> Image.Image:
         return image
     scale = math.sqrt(max_pixels / (w * h))
     return image.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.Resampling.BICUBIC)
-
-
-def _call_with_deadline(
-    tool: Tool, arguments: dict[str, Any], context: ToolContext, timeout_s: float | None
-) -> tuple[bool, Any]:
-    """``(finished, result or the exception it raised)``; the call runs in a daemon thread that is abandoned
-    at the deadline (rewards/runner.py's thread isolation)."""
-    box: queue.Queue = queue.Queue(maxsize=1)
-
-    def work() -> None:
-        try:
-            box.put((True, tool(dict(arguments), context)))
-        except BaseException as e:  # returned to the caller as a value
-            box.put((True, e))
-
-    threading.Thread(target=work, daemon=True, name=f"mmgrpo-tool-{tool.name}").start()
-    wait = None if timeout_s is None or math.isinf(timeout_s) else max(0.0, float(timeout_s))
-    try:
-        return box.get(timeout=wait)
-    except queue.Empty:
-        return False, None
