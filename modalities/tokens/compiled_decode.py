@@ -1,0 +1,201 @@
+"""A compiled decode step for the KV-expanded sampler: a static KV cache sized for the group, the step compiled.
+
+The eager loop (:class:`.prefix_sharing.PrefixStepper`) runs every decoding step as a Python walk over the layers
+(a dozen kernels each); with a small model or a small batch that step is launch-bound, not FLOP-bound. The
+gpt-fast recipe (a static cache, the per-token forward under ``torch.compile``; on CUDA captured as a graph,
+``mode="reduce-overhead"``) removes that overhead. Here, behind ``model.args.compile_decode``:
+
+1. the P prompts are **prefilled eagerly** once (media included), as the eager loop does
+   (:func:`.prefix_sharing.prefill`);
+2. their keys/values are copied, G-expanded (row b from prompt b // G), into a transformers ``StaticCache`` of
+   ``S = bucket(L + T)`` positions (``BUCKET``-token buckets, so prompts of nearby lengths share one compiled graph)
+   and the 2-D attention mask becomes ``[B, S]``: the prompt's mask, then 0 for the positions not yet written;
+3. each step writes its token's position into the mask (1) and calls the **compiled step**: the model's forward over
+   one token per row with the static cache (``StaticLayer.update`` writes in place at its ``cumulative_length``,
+   a tensor, so the step position is data, not a guard), rope positions continuing each prompt's.
+
+The attention of a step sees the same keys as the eager loop's plus masked-out slots (weight exactly 0), so the
+logits agree up to float rounding (inductor may fuse and reorder reductions) and keyed draws are the same unless a
+rounding moves a uniform across a boundary of the cumulative distribution (tests/test_compiled_decode.py checks the
+tokens on the tiny models).
+
+Recompilation is bounded: the graph depends on (B, S, dtype, device) only; the static caches are kept per shape
+(:class:`CompiledDecoder` owns them: ``StaticLayer`` marks its buffers as static addresses, and a fresh cache would
+be a new guard), so a new prompt length inside a bucket reuses the graph. :attr:`CompiledDecoder.compilations`
+counts the graphs compiled (a backend wrapper).
+
+Not covered (the eager loop runs, with a one-time warning naming the reason): caches with sliding-window or other
+non-plain layers, sharded weights (FSDP: each forward is a collective), a missing C++ compiler for inductor on CPU.
+
+Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``L`` padded prompt length, ``T`` completion tokens,
+``S`` static cache length, ``V`` vocabulary, ``R`` rope sections.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicLayer, StaticCache
+
+from mmgrpo import noise
+
+from .. import _hf
+from .decode import SamplingSpec, decode, sampling_scores
+from .prefix_sharing import _position_arg, core_model, prefill, warn_fallback_once
+
+logger = logging.getLogger(__name__)
+
+BUCKET = 64
+"""Static cache lengths are multiples of this many positions: prompts whose L + T fall in one bucket share a graph."""
+
+
+def bucket_length(n: int, bucket: int = BUCKET) -> int:
+    """The static cache length for ``n`` positions: ``n`` rounded up to a multiple of ``bucket``."""
+    return -(-n // bucket) * bucket
+
+
+def compiler_problem(device: torch.device) -> str | None:
+    """None when ``torch.compile`` can build the step on ``device``; else why not (one line): inductor on CPU needs a
+    C++ compiler on the PATH."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        return (
+            "inductor on CPU needs a C++ compiler (g++/clang++) on the PATH; install one or set compile_decode: false"
+        )
+    return None
+
+
+@dataclass
+class CompiledDecoder:
+    """The compiled decode step of one policy and its static caches, kept across rollouts (one graph per shape).
+
+    ``backend`` is ``torch.compile``'s (``inductor``; tests may pass ``eager`` to count graphs cheaply); ``mode``
+    defaults to ``reduce-overhead`` (CUDA graphs) on CUDA and inductor's default on CPU.
+    """
+
+    backend: str = "inductor"
+    """torch.compile backend of the step."""
+    bucket: int = BUCKET
+    """Static cache lengths are multiples of this."""
+    compilations: int = 0
+    """Graphs compiled so far (every recompilation and graph-break piece counts one)."""
+    caches: dict[tuple, StaticCache] = field(default_factory=dict)
+    """Static caches by (B, S, dtype, device), reset in place for each rollout."""
+    _steps: dict[str, Callable] = field(default_factory=dict)
+
+    def _backend(self, graphs: bool) -> Callable:
+        """The backend wrapper: count one compilation, then compile with ``self.backend`` (inductor with CUDA graphs
+        when ``graphs``: what ``mode="reduce-overhead"`` sets)."""
+
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            self.compilations += 1
+            if self.backend == "eager":
+                return gm.forward
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": graphs})
+
+        return compile_graph
+
+    def step_fn(self, device: torch.device) -> Callable:
+        """The compiled step for ``device``: ``(model, cache, tokens [B, 1], mask [B, S], positions) → logits [B, V]``;
+        on CUDA captured as CUDA graphs."""
+        if device.type not in self._steps:
+            backend = self._backend(graphs=device.type == "cuda")
+            self._steps[device.type] = torch.compile(_step, backend=backend, dynamic=False)
+        return self._steps[device.type]
+
+    def static_cache(self, model: torch.nn.Module, like: list[tuple[Tensor, Tensor]], B: int, S: int) -> StaticCache:
+        """The pooled static cache of shape (B, S) for ``model``, its layers allocated like ``like`` (per layer
+        keys/values [*, H, *, d]) and emptied (``cumulative_length`` 0)."""
+        k0 = like[0][0]
+        key = (B, S, k0.dtype, k0.device)
+        cache = self.caches.get(key)
+        if cache is None:
+            cache = StaticCache(config=core_model(model).config, max_cache_len=S)
+            for layer, (k, v) in zip(cache.layers, like, strict=True):
+                layer.lazy_initialization(k[:1].expand(B, -1, -1, -1), v[:1].expand(B, -1, -1, -1))
+            self.caches[key] = cache
+        return cache
+
+
+def _step(model: torch.nn.Module, cache: StaticCache, tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+    """One decoding step over the static cache: logits of the next token. tokens [B, 1], mask [B, S] → [B, V]."""
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, **_hf.kv_cache(cache))
+    return out.logits[:, -1]  # [B, V]
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when the static cache covers ``model``'s decoder; otherwise why the eager loop runs (one line)."""
+    config = core_model(model).config.get_text_config(decoder=True)
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
+        return f"layer types {sorted(kinds)} (sliding window or linear attention) need a static cache not covered here"
+    return None
+
+
+class StaticPrefixStepper:
+    """:class:`~.decode.Stepper` of :class:`.prefix_sharing.PrefixStepper`'s distribution over a static cache and a
+    compiled step (the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, batch: dict[str, Tensor], reserve: int, decoder: CompiledDecoder):
+        self.model, self.batch, self.reserve, self.decoder = model, batch, reserve, decoder
+
+    def prefill(self, group_size: int) -> Tensor:
+        prefix = prefill(self.model, self.batch)  # eager: media, prompts of any length
+        P, L = prefix.attention_mask.shape
+        rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
+        B, S = P * group_size, bucket_length(L + self.reserve, self.decoder.bucket)
+        layers = prefix.cache.layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            raise ValueError("static cache: the prefill cache has non-plain layers")
+        cache = self.decoder.static_cache(self.model, [(la.keys, la.values) for la in layers], B, S)
+        for static, dynamic in zip(cache.layers, layers, strict=True):
+            static.keys.zero_()
+            static.values.zero_()
+            static.keys[:, :, :L].copy_(dynamic.keys.index_select(0, rows))  # [B, H, L, d]
+            static.values[:, :, :L].copy_(dynamic.values.index_select(0, rows))
+            static.cumulative_length.fill_(L)
+        self.cache, self.L = cache, L
+        self.mask = prefix.attention_mask.new_zeros((B, S))  # [B, S]
+        self.mask[:, :L] = prefix.attention_mask.index_select(0, rows)
+        self.next_position = prefix.next_position.index_select(1, rows)  # [R, B]
+        self.step_fn = self.decoder.step_fn(prefix.last_logits.device)
+        return prefix.last_logits.index_select(0, rows)  # [B, V]
+
+    def scores(self, logits: Tensor, step: int, spec: SamplingSpec) -> Tensor:
+        return sampling_scores(logits, step, spec)
+
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        self.mask[:, self.L + step] = 1
+        positions = _position_arg((self.next_position + step)[..., None])  # [R, B, 1] → the model's form
+        return self.step_fn(self.model, self.cache, tokens[:, None], self.mask, positions).clone()  # [B, V]
+
+
+@torch.no_grad()
+def sample(
+    model: torch.nn.Module,
+    batch: dict[str, Tensor],
+    group_size: int,
+    spec: SamplingSpec,
+    keys: noise.NoiseKeys | None,
+    decoder: CompiledDecoder,
+) -> tuple[Tensor, Tensor]:
+    """:func:`.prefix_sharing.sample` with the compiled static-cache step (same shapes, same draws up to rounding)."""
+    return decode(StaticPrefixStepper(model, batch, spec.max_new_tokens, decoder), group_size, spec, keys)
+
+
+def fallback_reason(model: torch.nn.Module, synced: bool) -> str | None:
+    """Why the compiled step cannot run for ``model`` here (warned once by the caller), or None."""
+    if synced:
+        return "sharded weights (FSDP) run each forward as a collective; the compiled step is not used"
+    return unsupported_reason(model) or compiler_problem(next(model.parameters()).device)
+
+
+def warn_fallback(reason: str) -> None:
+    """Log once that sampling uses the eager loop instead of the compiled step."""
+    warn_fallback_once("compiled decode (compile_decode)", reason)
