@@ -431,9 +431,9 @@ class RolloutConfig:
     tool message with mask 0, until no call, ``max_turns`` or ``max_total_tokens``. docs/agents.md."""
     tool_limits: dict[str, Any] = field(default_factory=dict)
     """Bounds of each tool call (mmgrpo.tools.run_tool_call's keywords): timeout_s, max_argument_chars,
-    max_observation_chars, max_images, max_frames, max_pixels, max_source_pixels, error_reward (verl's zoom tool: -0.05),
-    isolation (auto | process | thread: where a call runs, tools/worker.py). An environment's
-    reset/step are held to timeout_s and the observation sizes too (a fault ends the trajectory, tools/env_guard.py)."""
+    max_observation_chars, max_images, max_frames, max_pixels, max_source_pixels, error_reward (verl's zoom tool:
+    -0.05), isolation (auto | process | thread: where a call runs, tools/worker.py). An environment's reset/step are
+    held to timeout_s and the observation sizes too (a fault ends the trajectory, tools/env_guard.py)."""
     max_turns: Annotated[int, Range(ge=1)] = 5
     """Assistant turns per trajectory at most (DeepEyes 5, Mini-o3 6); a tool call in the last turn is not run."""
     max_calls_per_turn: Annotated[int, Range(ge=1)] = 1
