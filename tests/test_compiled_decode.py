@@ -16,6 +16,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.modalities.tokens import compiled_decode
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
+from tests import adapter_cases
 from tests.numerics import model_reductions
 from tests.test_prefix_sharing import TEXT_ARCHITECTURES, TEXT_ROWS, _text_adapter
 
@@ -62,6 +63,21 @@ def test_static_cache_step_draws_the_eager_tokens_vlm(tiny_vlm_path):
     _assert_same_draws(adapter, eager, compiled)
     greedy_eager = adapter.evaluate(_image_rows())
     assert adapter.evaluate(_image_rows()) == greedy_eager  # compile_decode still on: greedy through the static step
+
+
+@pytest.mark.parametrize(
+    ("case", "lora"),
+    [("video", False), ("audio_llm", False), ("vlm_idefics3", False), ("vlm_llava", False), ("vlm", True)],
+)
+def test_static_cache_step_draws_the_eager_tokens_every_vlm_family(case, lora):
+    """The adapters built on the VLM one (video, audio LLM), other media layouts (SmolVLM, LLaVA) and a LoRA-wrapped
+    policy: the compiled step (eager backend) draws the eager loop's keyed tokens."""
+    torch._dynamo.reset()
+    adapter = adapter_cases.build(case, lora=lora, temperature=0.9)
+    rows = adapter_cases.CASES[case].rows()[:2]
+    eager, compiled = _eager_and_compiled(adapter, rows, 3, noise.NoiseKeys(0, 4, tuple(range(len(rows))), 3), "eager")
+    _assert_same_draws(adapter, eager, compiled)
+    assert adapter.compiled.compilations >= 1
 
 
 def test_recompilation_is_bounded_by_length_buckets():
