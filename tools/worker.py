@@ -24,11 +24,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
-import multiprocessing
 import os
+import pickle
 import queue
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -83,41 +85,63 @@ class RemoteError(Exception):
 
 def in_process(work: Callable[[], Any], timeout_s: float | None, name: str) -> tuple[bool, Any]:
     """``(finished, work() or a RemoteError)`` from a forked worker in its own session; its process group is killed
-    when the answer is in, at the deadline, or on any way out (module docstring). ``work()``'s value must pickle."""
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(work, send), daemon=True, name=f"mmgrpo-tool-{name}")
-    proc.start()
-    _LIVE.add(proc.pid)
-    send.close()  # the child holds the only write end: a child that dies makes recv() raise EOFError
+    when the answer is in, at the deadline, or on any way out (module docstring). ``work()``'s value must pickle.
+    ``name``: the tool's, for errors."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: never returns
+        os.close(read)
+        _child(work, write)
+    os.close(write)  # the child holds the only write end: EOF once it exits or is killed
+    _LIVE.add(pid)
     try:
-        if not receive.poll(_deadline(timeout_s)):
+        data = _read_all(read, _deadline(timeout_s))
+        if data is None:
             return False, None
-        try:
-            ok, value = receive.recv()
-        except (EOFError, OSError):
-            return True, RemoteError("WorkerExit", "its worker process exited before answering")
+        if not data:
+            return True, RemoteError("WorkerExit", f"the worker process of {name} exited before answering")
+        ok, value = pickle.loads(data)  # written by our own fork
         return True, value if ok else RemoteError(*value)
     finally:
-        _kill(proc.pid)
-        proc.kill()  # killed before it made its own group (a deadline of 0): the child itself
-        proc.join()
-        _LIVE.discard(proc.pid)
-        receive.close()
+        os.close(read)
+        _kill(pid)  # its group: the tool's children too (a pid not reaped yet cannot be reused)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # killed before it made its own group (a deadline of 0)
+        os.waitpid(pid, 0)
+        _LIVE.discard(pid)
 
 
-def _child(work: Callable[[], Any], send: Any) -> None:
-    """In the forked worker: a session of its own, then ``work()``'s value (or its exception's name and message)."""
-    os.setsid()
+def _read_all(fd: int, timeout_s: float | None) -> bytes | None:
+    """Everything written to ``fd`` until EOF, or ``None`` when the deadline passes first."""
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    chunks = []
+    while True:
+        left = None if end is None else max(0.0, end - time.monotonic())
+        if not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _child(work: Callable[[], Any], write: int) -> None:
+    """In the forked worker: a session of its own, then ``work()``'s value (or its exception's name and message),
+    pickled to ``write``; exits without running the parent's exit handlers."""
     try:
-        message = (True, work())
-    except BaseException as e:
-        message = (False, (type(e).__name__, (str(e).splitlines() or [""])[0][:200]))
-    try:
-        send.send(message)
-    except Exception as e:  # a value that does not pickle
-        send.send((False, (type(e).__name__, f"its result could not be sent back: {str(e)[:200]}")))
-    send.close()
+        os.setsid()
+        try:
+            message = (True, work())
+        except BaseException as e:
+            message = (False, (type(e).__name__, (str(e).splitlines() or [""])[0][:200]))
+        try:
+            data = pickle.dumps(message)
+        except Exception as e:  # a value that does not pickle
+            data = pickle.dumps((False, (type(e).__name__, f"its result could not be sent back: {str(e)[:200]}")))
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+    finally:
+        os._exit(0)
 
 
 def _kill(group: int) -> None:
