@@ -1,4 +1,6 @@
-"""What a reward named by code (``module:function``, a factory ``module:make()``, an entry point) must be.
+"""What a reward named by code (``module:function``, a factory ``module:make()``, an entry point) must be; the same
+functions judge ``rollout.tools`` (``mmgrpo/tool_check.py``) and ``rollout.environment`` (``mmgrpo/env_check.py``)
+by reference: one code policy for every callable a config names (``kind``: whose allow-list, :data:`LIBRARIES`).
 
 Functions here only judge; :mod:`mmgrpo.rewards.registry` calls them on the live object (a module already
 imported) or on the ``def`` read from source (a module not imported yet) and raises its own errors with their
