@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo import advantages, losses, multiturn, options, rollout_steps, sampling, schedules, shaping, tas
-from mmgrpo import llds as _llds  # noqa: F401  (registers the llds loss term, as tas registers its shaper)
 from mmgrpo import entropy_control as _entropy  # noqa: F401  (registers entropy_bonus and the aepo step)
+from mmgrpo import llds as _llds  # noqa: F401  (registers the llds loss term, as tas registers its shaper)
 from mmgrpo.config import (
     AlgorithmConfig,
     ConfigError,
