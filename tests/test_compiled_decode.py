@@ -61,8 +61,11 @@ def test_static_cache_step_draws_the_eager_tokens_vlm(tiny_vlm_path):
     adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 12, "temperature": 0.8})
     eager, compiled = _eager_and_compiled(adapter, _image_rows(), 4, noise.NoiseKeys(0, 1, (0, 1), 4), "eager")
     _assert_same_draws(adapter, eager, compiled)
-    greedy_eager = adapter.evaluate(_image_rows())
-    assert adapter.evaluate(_image_rows()) == greedy_eager  # compile_decode still on: greedy through the static step
+    compilations = adapter.compiled.compilations
+    greedy_compiled = adapter.evaluate(_image_rows())  # B = P rows: a graph of its own
+    assert adapter.compiled.compilations == compilations + 1
+    adapter.args.compile_decode = False
+    assert adapter.evaluate(_image_rows()) == greedy_compiled
 
 
 @pytest.mark.parametrize(
