@@ -5,17 +5,20 @@ and Reason Over Video", arXiv 2508.03100): the sample's advantage, re-weighted p
 Registered as the shaper ``tas`` (``algorithm.shaping: tas``, ``shaping_args: {alpha, normalize}``), so it runs where
 GRPO broadcasts the sample's advantage to its tokens (:mod:`mmgrpo.advantage_steps`, step 3).
 
-**Our reading.** The paper's abstract (v4) says TAS "emphasizes early (planning) and late (synthesis) reasoning
-phases"; its exact weighting function and constants could not be retrieved here (the arXiv HTML gave only the
-abstract and introduction, and no public code was found), so the profile below is ours: a U-shaped quadratic in the
-normalised position u ∈ [0, 1] of the token among the sample's trained tokens,
+**From the authors' code** (github.com/yogkul2000/AVATAR, ``ms-swift/swift/rlhf_trainers/grpo_tas_trainer.py``,
+``GRPOTASTrainer._compute_tas_weights``; λ_TAS = ``tas_lambda`` = 0.3 in ``ms-swift/swift/rlhf_trainers/
+args_mixin.py``). The paper's abstract (v4) says TAS "emphasizes early (planning) and late (synthesis) reasoning
+phases"; the code makes that a parabola in the normalised position u = t / (L − 1) of the token in its completion
+(u = 0 for a one-token completion), multiplying each token's clipped surrogate:
 
-    w(u) = 1 + α · (2u − 1)²,      A_{b,t} = A_b · w(u_{b,t})
+    w(u) = 1 + λ · (2u − 1)²,      loss_{b,t} = w(u_{b,t}) · ℓ^{clip}_{b,t}
 
-which is 1 + α at the first and last token and 1 in the middle. With ``normalize`` the weights are divided by their
-mean over each sample's trained tokens, so the sample's total advantage stays GRPO's and only its distribution over
-positions changes. In multi-turn rollouts (``rollout.tools``) u runs over all of a trajectory's action tokens
-(observation tokens have mask 0), so the first turn's opening and the final answer get the weight.
+which is 1 + λ at the first and last token and 1 in the middle. For the clipped surrogates here
+−min(r·A·w, clip(r)·A·w) = w · (−min(r·A, clip(r)·A)) since w > 0, so TAS is registered as a shaper that multiplies the
+broadcast advantage: A_{b,t} = A_b · w(u_{b,t}), the same update. ``normalize`` (ours, off by default as in the code)
+divides the weights by their mean over each sample's trained tokens, so the sample's total advantage stays GRPO's. In
+multi-turn rollouts (``rollout.tools``) u runs over all of a trajectory's action tokens (observation tokens have mask
+0), so the first turn's opening and the final answer get the weight.
 
 Pure torch, no config objects.
 """
@@ -25,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import torch
 from torch import Tensor
 
 from mmgrpo.config import ConfigError, Range
@@ -37,8 +39,9 @@ position weights away."""
 
 
 def unit_positions(mask: Tensor) -> Tensor:
-    """u_{b,t} = k / (L_b − 1): the rank k = 0..L_b−1 of unit t among sample b's L_b valid units, in [0, 1]; 0.5 for
-    a sample with one valid unit; 0 where the mask is 0.
+    """u_{b,t} = k / max(L_b − 1, 1): the rank k = 0..L_b−1 of unit t among sample b's L_b valid units, in [0, 1] (0
+    for a sample with one valid unit, as the authors' ``positions / (lengths − 1).clamp(min=1)``); 0 where the mask
+    is 0.
 
     Shape:
         mask: [B, T] -> [B, T]
@@ -47,13 +50,12 @@ def unit_positions(mask: Tensor) -> Tensor:
     rank = m.cumsum(dim=1) - 1  # [B, T] k at valid units
     length = m.sum(dim=1, keepdim=True)  # [B, 1]
     u = rank / (length - 1).clamp_min(1.0)  # [B, T]
-    u = torch.where(length > 1, u, torch.full_like(u, 0.5))  # [B, T]
     return u * m
 
 
 def tas_weights(mask: Tensor, alpha: float, normalize: bool) -> Tensor:
     """w_{b,t} = 1 + α·(2u_{b,t} − 1)² at valid units (0 elsewhere); with ``normalize`` divided by the mean of w over
-    sample b's valid units (our reading of AVATAR's TAS, arXiv 2508.03100: see the module docstring).
+    sample b's valid units (AVATAR's TAS, arXiv 2508.03100, as the authors' code: the module docstring).
 
     Shape:
         mask: [B, T] -> [B, T]
@@ -70,14 +72,16 @@ def tas_weights(mask: Tensor, alpha: float, normalize: bool) -> Tensor:
 class TASOptions:
     """``algorithm.shaping_args`` of ``tas`` (:func:`tas`)."""
 
-    alpha: Annotated[float, Range(ge=0)] = 0.5
-    """α: the extra weight of the first and last token over the middle one (w = 1 + α at the ends); 0 = GRPO."""
-    normalize: bool = True
-    """Divide the weights by their mean over each sample's tokens (the sample's total advantage stays GRPO's)."""
+    alpha: Annotated[float, Range(ge=0)] = 0.3
+    """λ_TAS (the authors' ``tas_lambda``, default 0.3): the extra weight of the first and last token over the middle
+    one (w = 1 + λ at the ends); 0 = GRPO."""
+    normalize: bool = False
+    """Ours (not in the authors' code): divide the weights by their mean over each sample's tokens, so the sample's
+    total advantage stays GRPO's."""
 
 
 @SHAPERS.register("tas", options=TASOptions)
-def tas(advantages: Tensor, inputs: ShapingInputs, alpha: float = 0.5, normalize: bool = True) -> Tensor:
+def tas(advantages: Tensor, inputs: ShapingInputs, alpha: float = 0.3, normalize: bool = False) -> Tensor:
     """A_{b,t} = A_b · w_{b,t}: GRPO's broadcast advantage times TAS's position weights (:func:`tas_weights`).
 
     Shape:

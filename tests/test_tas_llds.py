@@ -28,12 +28,12 @@ def test_tas_positions_and_weights_by_hand():
     u = unit_positions(MASK)
     torch.testing.assert_close(u[0], torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 0.0]))
     torch.testing.assert_close(u[1], torch.tensor([0.0, 1.0, 0, 0, 0, 0]))
-    torch.testing.assert_close(u[2], torch.tensor([0.0, 0.5, 0, 0, 0, 0]))  # one unit: the middle
+    torch.testing.assert_close(u[2], torch.tensor([0.0, 0.0, 0, 0, 0, 0]))  # one unit: u = 0 (0 / max(0, 1))
     # w = 1 + 0.5 (2u - 1)^2: (2u-1)^2 = 1, 1/4, 0, 1/4, 1 on the first row
     raw = tas_weights(MASK, alpha=0.5, normalize=False)
     torch.testing.assert_close(raw[0], torch.tensor([1.5, 1.125, 1.0, 1.125, 1.5, 0.0]))
     torch.testing.assert_close(raw[1], torch.tensor([1.5, 1.5, 0, 0, 0, 0]))
-    torch.testing.assert_close(raw[2], torch.tensor([0.0, 1.0, 0, 0, 0, 0]))
+    torch.testing.assert_close(raw[2], torch.tensor([0.0, 1.5, 0, 0, 0, 0]))
     # normalised: the first row's mean is 6.25 / 5 = 1.25 -> 1.2, 0.9, 0.8, 0.9, 1.2; the others' rows are all 1
     norm = tas_weights(MASK, alpha=0.5, normalize=True)
     torch.testing.assert_close(norm[0], torch.tensor([1.2, 0.9, 0.8, 0.9, 1.2, 0.0]))
@@ -46,13 +46,16 @@ def test_tas_shaper_scales_the_broadcast_advantage():
     out = shape_advantages("tas", adv, inputs, {"alpha": 0.5, "normalize": False})
     torch.testing.assert_close(out[0], torch.tensor([3.0, 2.25, 2.0, 2.25, 3.0, 0.0]))  # 2 * w
     torch.testing.assert_close(out[1], torch.tensor([-1.5, -1.5, 0, 0, 0, 0]))
-    torch.testing.assert_close(out[2], torch.tensor([0.0, 0.5, 0, 0, 0, 0]))
+    torch.testing.assert_close(out[2], torch.tensor([0.0, 0.75, 0, 0, 0, 0]))  # 0.5 * 1.5
     # alpha = 0 is GRPO's broadcast
     grpo = shape_advantages("none", adv, inputs, {})
     torch.testing.assert_close(shape_advantages("tas", adv, inputs, {"alpha": 0.0}), grpo)
     # normalised: each sample's total advantage over its tokens is GRPO's
-    tas = shape_advantages("tas", adv, inputs, {"alpha": 0.5})
+    tas = shape_advantages("tas", adv, inputs, {"alpha": 0.5, "normalize": True})
     torch.testing.assert_close(tas.sum(1), grpo.sum(1))
+    # the authors' defaults (lambda 0.3, no normalisation): w = 1.3, 1.075, 1, 1.075, 1.3 on the five-unit row
+    authors = shape_advantages("tas", adv, inputs, {})
+    torch.testing.assert_close(authors[0], 2.0 * torch.tensor([1.3, 1.075, 1.0, 1.075, 1.3, 0.0]))
 
 
 def test_tas_config_refusals():
