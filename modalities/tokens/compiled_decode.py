@@ -19,9 +19,10 @@ logits agree up to float rounding (inductor may fuse and reorder reductions) and
 rounding moves a uniform across a boundary of the cumulative distribution (tests/test_compiled_decode.py checks the
 tokens on the tiny models).
 
-Recompilation is bounded: the graph depends on (B, S, dtype, device) only; the static caches are kept per shape
-(:class:`CompiledDecoder` owns them: ``StaticLayer`` marks its buffers as static addresses, and a fresh cache would
-be a new guard), so a new prompt length inside a bucket reuses the graph. :attr:`CompiledDecoder.compilations`
+Recompilation is bounded: the graph depends on (B, S, dtype, device) only, so a new prompt length inside a bucket
+reuses the graph. The static caches are kept per shape and overwritten in place (:class:`CompiledDecoder` owns them:
+``StaticLayer`` marks its buffers as static addresses, which CUDA graphs replay from; no allocation per rollout). The
+memory kept is one cache per (B, bucket) seen: 2·layers·B·H_kv·S·d values each. :attr:`CompiledDecoder.compilations`
 counts the graphs compiled (a backend wrapper).
 
 Not covered (the eager loop runs, with a one-time warning naming the reason): caches with sliding-window or other
