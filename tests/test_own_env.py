@@ -13,6 +13,8 @@
 import json
 import math
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -385,3 +387,40 @@ def test_the_demo_loads_an_own_environment_only_when_trusted(tmp_path):
     assert problem is None and not marker.exists() and "env_demo:Env" not in REFERENCES
     _, problem = _eval_rows(cfg, trust_run_config=True)
     assert problem is None and marker.exists() and "env_demo:Env" in REFERENCES
+
+
+def test_hung_environment_calls_never_add_threads_past_the_bound():
+    """An environment whose ``step`` hangs: each call faults at its deadline, the hung calls keep their slots, and once
+    every slot is held the next call faults at once — the thread count stays within the tools' bound however many
+    calls hang (issue 54: no thread leak)."""
+    from mmgrpo.tools import worker
+
+    release = threading.Event()
+
+    class Hangs:
+        def reset(self, row):
+            return Observation(text="start")
+
+        def step(self, action_text):
+            release.wait(30)
+            return Observation(text="late"), 0.0, True
+
+    limits = EnvLimits(timeout_s=0.05)
+    before = threading.active_count()
+    messages = []
+    try:
+        for _ in range(3 * worker.MAX_THREADS):
+            with pytest.raises(EnvironmentFault) as e:
+                checked_step(Hangs(), "", limits)
+            messages.append(str(e.value))
+            assert threading.active_count() <= before + worker.MAX_THREADS
+    finally:
+        release.set()
+    assert sum("did not return within 0.05 s" in m for m in messages) <= worker.MAX_THREADS
+    assert sum("was not called" in m for m in messages) >= 2 * worker.MAX_THREADS
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:  # the released calls end
+        time.sleep(0.01)
+    assert threading.active_count() <= before
+    obs, _, done = checked_step(Hangs(), "", limits)  # the slots are free again
+    assert obs.text == "late" and done is True

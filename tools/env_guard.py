@@ -13,22 +13,23 @@ The same checks serve twice: at load the trainer builds the environment and call
 row, a fault being one :class:`~mmgrpo.config.ConfigError` line (``mmgrpo/env_check.py``); mid-run a fault ends that
 trajectory, counted in ``env/error_fraction`` (``modalities/tokens/turns.py``), never a traceback.
 
-Deadlines work as the tool runner's (``tools/runner.py``): the method runs in a daemon thread that is abandoned at
-the deadline (Python cannot kill a thread; a method holding the GIL delays the process until it lets go).
+Deadlines use the tools' bounded thread slots (``tools/worker.py``, :func:`_call`): the method runs in a daemon
+thread that is abandoned at the deadline but keeps its slot, so hung calls never add threads past the bound (Python
+cannot kill a thread; a method holding the GIL delays the process until it lets go). Not a forked process as
+untrusted tools get: an environment's state lives in its object from turn to turn.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import queue
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
 
+from . import worker
 from .base import Observation
 from .env import Environment, make_environment
 
@@ -75,29 +76,28 @@ def _shown(value: Any) -> str:
 
 def _call(method: Callable[..., Any], argument: Any, what: str, expect: str, timeout_s: float | None) -> Any:
     """``method(argument)``; its exception or a time-out as an :class:`EnvironmentFault` naming ``what`` and what the
-    protocol ``expect``s."""
+    protocol ``expect``s. With a deadline the call runs in one of the tools' bounded thread slots
+    (:func:`mmgrpo.tools.worker.in_thread`): a call still running at the deadline is abandoned but keeps its slot, and
+    with every slot held by hung calls the next one faults at once, so hung environments never add threads past
+    :data:`~mmgrpo.tools.worker.MAX_THREADS`. (Not a forked process: an environment's state lives in its object
+    across turns.)"""
     if timeout_s is None or math.isinf(timeout_s):
         try:
             return method(argument)
         except Exception as e:
             raise EnvironmentFault(_raised(what, e, expect)) from None
-    box: queue.Queue = queue.Queue(maxsize=1)
-
-    def work() -> None:
-        try:
-            box.put((True, method(argument)))
-        except BaseException as e:  # handed to the caller as a value
-            box.put((False, e))
-
-    threading.Thread(target=work, daemon=True, name="mmgrpo-environment").start()
     try:
-        ok, value = box.get(timeout=max(0.0, float(timeout_s)))
-    except queue.Empty:
+        finished, value = worker.in_thread(lambda: method(argument), timeout_s, "environment")
+    except worker.Busy as e:
+        raise EnvironmentFault(
+            f"{what} was not called: {e}; fix the environment that hangs or raise rollout.tool_limits.timeout_s"
+        ) from None
+    if not finished:
         raise EnvironmentFault(
             f"{what} did not return within {timeout_s:g} s (rollout.tool_limits.timeout_s); make it faster or raise "
             "the limit"
-        ) from None
-    if not ok:
+        )
+    if isinstance(value, BaseException):
         raise EnvironmentFault(_raised(what, value, expect))
     return value
 
