@@ -34,7 +34,6 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``L`` padded prom
 
 from __future__ import annotations
 
-import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,8 +47,6 @@ from mmgrpo import noise
 from .. import _hf
 from .decode import SamplingSpec, decode, sampling_scores
 from .prefix_sharing import _position_arg, core_model, prefill, warn_fallback_once
-
-logger = logging.getLogger(__name__)
 
 BUCKET = 64
 """Static cache lengths are multiples of this many positions: prompts whose L + T fall in one bucket share a graph."""
