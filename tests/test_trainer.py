@@ -38,8 +38,35 @@ SMALL = [
 ]
 
 
+VARIED_REWARD = '''
+import zlib
+
+
+def score(completions, **kwargs):
+    """CRC-32 of the completion's text mod 7, over 6: deterministic, and it varies within a group of 5-token
+    completions (the quickstart's rewards are all 0 there, so the policy update would be zero)."""
+    return [(zlib.crc32(str(c).encode()) % 7) / 6.0 for c in completions]
+'''
+VARIED = "rewards=[{name: 'varied_reward:score'}]"  # with VARIED_REWARD written to a folder on the path
+
+
 def _final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "checkpoints/final/model/model.safetensors"))
+
+
+def assert_trained_after(cut: dict[str, torch.Tensor], final: dict[str, torch.Tensor], run: Path, step: int) -> float:
+    """The steps after ``step`` (the checkpoint ``cut`` was read from) moved the weights to ``final`` and had reward
+    contrast (``advantage/zero_std_fraction`` < 1 on one of them in ``run``'s metrics): a resume compared on a
+    zero update would prove nothing. Returns max |final - cut| over the weights."""
+    shared = [k for k in final if k in cut]
+    assert shared, "the checkpoint and the final weights have no tensor name in common"
+    moved = max(float((final[k].float() - cut[k].float()).abs().max()) for k in shared)
+    assert moved > 0, "the steps after the checkpoint left every weight unchanged"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    flat = [r["advantage/zero_std_fraction"] for r in records if r.get("step", 0) > step and "reward/mean" in r]
+    assert flat and min(flat) < 1, flat  # some group had reward variance: a non-zero advantage
+    print(f"{run.name}: max |w_final - w_step{step}| = {moved:.3e}")
+    return moved
 
 
 def test_prompt_sampler_is_deterministic_and_partitions_ranks():
@@ -77,17 +104,21 @@ def test_run_writes_metrics_summary_checkpoint_and_plot(tmp_path, mmgrpo_cache):
     assert load_config(out / "config.yaml").steps == 3  # the resolved config reloads
 
 
-def test_resume_reaches_the_same_parameters(tmp_path, mmgrpo_cache):
-    """Stop after step 2 (checkpoint), resume to step 5 == an uninterrupted 5-step run."""
-    common = SMALL + ["steps=5", "eval.before=false", "eval.after=false"]
+def test_resume_reaches_the_same_parameters(tmp_path, mmgrpo_cache, monkeypatch):
+    """Stop after step 2 (checkpoint), resume to step 5 == an uninterrupted 5-step run, under a varied reward."""
+    (tmp_path / "varied_reward.py").write_text(VARIED_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = SMALL + ["steps=5", "eval.before=false", "eval.after=false", VARIED]
     full, parts = tmp_path / "full", tmp_path / "parts"
     train(load_config(QUICK, common + [f"output_dir={full}"]))
     train(load_config(QUICK, common + [f"output_dir={parts}", "stop_after=2"]))
     assert [p.name for p in ckpt.complete_checkpoints(parts)] == ["step-000002"]
     assert not (parts / "checkpoints/final").exists()
+    cut = load_file(str(parts / "checkpoints/step-000002/state/model.safetensors"))
     train(load_config(QUICK, common + [f"output_dir={parts}", "resume=latest"]))
     a, b = _final_weights(full), _final_weights(parts)
     assert a.keys() == b.keys()
+    assert_trained_after(cut, load_file(str(parts / "checkpoints/final/state/model.safetensors")), parts, 2)
     for k in a:  # equal by construction: the same process and order; resume restores weights, optimizer and RNG
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
     steps = [json.loads(x)["step"] for x in (parts / "metrics.jsonl").read_text().splitlines()]
@@ -107,24 +138,29 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
         ckpt.find(tmp_path / "empty", "latest")
 
 
-def _cli(*args, **kw):
+def _cli(*args, path: Path | None = None, **kw):
+    """``python -m mmgrpo train configs/quickstart.yaml *args``; ``path``: a folder put first on PYTHONPATH."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen([sys.executable, "-m", "mmgrpo", "train", str(QUICK), *args], env=env, **kw)
 
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_parameters(tmp_path, mmgrpo_cache):
-    """SIGKILL a real run after its step-2 checkpoint, resume it, compare with an uninterrupted run."""
+    """SIGKILL a real run after its step-2 checkpoint, resume it, compare with an uninterrupted run (varied reward)."""
+    (tmp_path / "varied_reward.py").write_text(VARIED_REWARD)
     common = SMALL + [
         "steps=6",
         "checkpoint.every=2",
         "checkpoint.keep_last=5",
         "eval.before=false",
         "eval.after=false",
+        VARIED,
     ]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    assert _cli(*common, f"output_dir={full}").wait(timeout=600) == 0
-    proc = _cli(*common, f"output_dir={killed}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert _cli(*common, f"output_dir={full}", path=tmp_path).wait(timeout=600) == 0
+    proc = _cli(*common, f"output_dir={killed}", path=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while not (killed / "checkpoints/step-000002/COMPLETE").exists():
         assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
@@ -132,8 +168,11 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path, mmgrpo_cache):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "checkpoints/final").exists()
-    assert _cli(*common, f"output_dir={killed}", "resume=latest").wait(timeout=600) == 0
+    cut = load_file(str(killed / "checkpoints/step-000002/state/model.safetensors"))
+    assert _cli(*common, f"output_dir={killed}", "resume=latest", path=tmp_path).wait(timeout=600) == 0
     a, b = _final_weights(full), _final_weights(killed)
+    assert a.keys() == b.keys()
+    assert_trained_after(cut, load_file(str(killed / "checkpoints/final/state/model.safetensors")), killed, 2)
     for k in a:  # equal by construction: one thread in both, resume restores weights, optimizer and RNG bit for bit
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
 
