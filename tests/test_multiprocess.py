@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_trainer import QUICK, ROOT, SMALL
+from tests.test_trainer import QUICK, ROOT, SMALL, VARIED, VARIED_REWARD, assert_trained_after
 
 REWARD = '''
 import os
@@ -66,7 +66,8 @@ def test_two_processes_log_the_global_reward_mean(tmp_path, mmgrpo_cache):
 @pytest.mark.slow
 def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgrpo_cache):
     """A 2-process gloo run cut after its second checkpoint (its later checkpoints removed, as a kill leaves it)
-    resumes to the uninterrupted run's final weights; resuming failed with "device cpu:0 is invalid" before."""
+    resumes to the uninterrupted run's final weights; resuming failed with "device cpu:0 is invalid" before. The
+    reward varies within groups (tests/test_trainer.py's VARIED_REWARD), so the resumed step moves the weights."""
     import shutil
 
     import torch
@@ -76,8 +77,10 @@ def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgr
     launch = [str(accelerate), "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
     launch += ["--main_process_port", "0"]  # any free rendezvous port, not 29500: launches on two test workers at once
     common = [*SMALL, "steps=3", "warmup.steps=0", "eval.before=false", "eval.after=false", "logging.plot=false"]
-    common += ["checkpoint.every=1", "checkpoint.keep_last=5"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    common += ["checkpoint.every=1", "checkpoint.keep_last=5", VARIED]
+    (tmp_path / "varied_reward.py").write_text(VARIED_REWARD)
+    pythonpath = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", PYTHONPATH=pythonpath)
     full, cut = tmp_path / "full", tmp_path / "cut"
     run = subprocess.run(
         [*launch, "-m", "mmgrpo", "train", str(QUICK), *common, f"output_dir={full}"],
@@ -90,6 +93,7 @@ def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgr
     shutil.copytree(full, cut)
     for later in ("step-000003", "final"):
         shutil.rmtree(cut / "checkpoints" / later)
+    before = load_file(str(cut / "checkpoints/step-000002/state/model.safetensors"))
     resumed = subprocess.run(
         [*launch, "-m", "mmgrpo", "train", str(QUICK), *common, f"output_dir={cut}", "resume=latest"],
         env=env,
@@ -101,6 +105,7 @@ def test_two_process_cpu_run_resumes_to_the_uninterrupted_weights(tmp_path, mmgr
     a = load_file(str(full / "checkpoints/final/state/model.safetensors"))
     b = load_file(str(cut / "checkpoints/final/state/model.safetensors"))
     assert a.keys() == b.keys()
+    assert_trained_after(before, b, cut, 2)
     for k in a:  # equal by construction: the same 2 processes and threads; resume restores every state bit for bit
         torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=k)
     steps = [json.loads(line)["step"] for line in (cut / "metrics.jsonl").read_text().splitlines()]
