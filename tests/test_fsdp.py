@@ -29,7 +29,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.loader import load_config
 from tests.adapter_cases import CASES
 from tests.numerics import assert_one_adamw_step_apart, weight_deltas
-from tests.test_trainer import QUICK, ROOT
+from tests.test_trainer import QUICK, ROOT, assert_trained_after
 from tests.test_world_size import flow_budget, vlm_budget
 
 FLOW = ROOT / "configs/flow_grpo.yaml"
@@ -163,12 +163,16 @@ def _step_lr(run: Path) -> float:
 
 @pytest.mark.slow
 def test_fsdp_checkpoint_resumes(tmp_path, mmgrpo_cache):
-    """A run stopped after step 1 under FSDP and resumed (resume=latest) ends where an uninterrupted FSDP run ends."""
+    """A run stopped after step 1 under FSDP and resumed (resume=latest) ends where an uninterrupted FSDP run ends;
+    the reward (length) varies within groups, so the resumed step moves the weights."""
+    from mmgrpo import sharded_checkpoint as sc
+
     (tmp_path / "length_rewards.py").write_text(REWARD)
     run = [*VLM_STEP, "steps=2"]  # full fine-tuning with the k3 KL: policy, reference and optimizer state all resume
     full = _launch("fsdp_cpu_2proc", QUICK, run, tmp_path / "full", tmp_path)
     _launch("fsdp_cpu_2proc", QUICK, [*run, "stop_after=1"], tmp_path / "cut", tmp_path)
     assert [p.name for p in (tmp_path / "cut/checkpoints").iterdir()] == ["step-000001"]
+    before, _ = sc.read(tmp_path / "cut/checkpoints/step-000001/state")  # the sharded step checkpoint, gathered
     resumed = _launch("fsdp_cpu_2proc", QUICK, [*run, "resume=latest"], tmp_path / "cut", tmp_path)
     assert resumed["train/processes"] == 2 and resumed["train/sharded"] == 1.0 and full["train/sharded"] == 1.0
     records = [json.loads(line) for line in (tmp_path / "cut/metrics.jsonl").read_text().splitlines()]
@@ -177,25 +181,32 @@ def test_fsdp_checkpoint_resumes(tmp_path, mmgrpo_cache):
         a = load_file(str(tmp_path / "full/checkpoints/final/state" / name))
         b = load_file(str(tmp_path / "cut/checkpoints/final/state" / name))
         assert sorted(a) == sorted(b)
+        if name == "model.safetensors":
+            assert_trained_after(before, b, tmp_path / "cut", 1)
         for k in a:
             torch.testing.assert_close(a[k], b[k], atol=0, rtol=0, msg=f"{name}: {k}")  # same kernels, same order
 
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_1_and_on_2_with_identical_state(tmp_path, mmgrpo_cache):
+def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_1_and_on_2_with_identical_state(
+    tmp_path, mmgrpo_cache, monkeypatch
+):
     """Issue 35: under FSDP the step checkpoint is sharded (torch.distributed.checkpoint: each process wrote its own
     shards, nothing gathered, no model/ export). Resumed on 2 FSDP processes and on 1 plain process at its own step
     (``steps=1``: nothing left to train, the final save runs), each run's ``final/`` (gathered) holds exactly the
-    weights and AdamW state the 2 processes saved; the 2-process one is also a normal Hugging Face directory."""
+    weights and AdamW state the 2 processes saved; the 2-process one is also a normal Hugging Face directory. The
+    length reward varies within groups: the saved weights differ from the initial ones."""
     from mmgrpo import sharded_checkpoint as sc
 
     (tmp_path / "length_rewards.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the reward module, for _initial_weights' config
     run = [*VLM_STEP, "steps=2", "stop_after=1"]  # full fine-tuning: the reference copy and the optimizer too
     _launch("fsdp_cpu_2proc", QUICK, run, tmp_path / "cut", tmp_path)
     step = tmp_path / "cut/checkpoints/step-000001"
     assert sorted(p.name for p in (step / "state/sharded").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not (step / "state/model.safetensors").exists() and not (step / "model").exists()
     weights, optim = sc.read(step / "state")
+    assert_trained_after(_initial_weights(QUICK, run), weights, tmp_path / "cut", 0)  # the saved state is trained
     names = [n for g in optim["param_groups"] for n in g["params"]]  # the optimizer's order: its state-dict index
     for world, out in ((2, "two"), (1, "one")):
         shutil.copytree(tmp_path / "cut", tmp_path / out)
