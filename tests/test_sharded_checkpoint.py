@@ -19,7 +19,7 @@ from mmgrpo import sharded_checkpoint as sc
 from mmgrpo.loader import load_config
 from mmgrpo.trainer import Trainer
 from tests.test_reliability import TINY
-from tests.test_trainer import QUICK
+from tests.test_trainer import QUICK, VARIED, VARIED_REWARD, assert_trained_after
 
 
 class Tiny(torch.nn.Module):
@@ -103,23 +103,32 @@ FAST = [*TINY, "checkpoint.every=1", "checkpoint.sharded=true"]
 
 
 @pytest.mark.slow
-def test_a_run_with_sharded_checkpoints_resumes_from_them_and_exports_a_normal_final(tmp_path, mmgrpo_cache):
+def test_a_run_with_sharded_checkpoints_resumes_from_them_and_exports_a_normal_final(
+    tmp_path, mmgrpo_cache, monkeypatch
+):
     """Single process, ``checkpoint.sharded=true``: step checkpoints in the DCP layout (no model/ export), a run cut
     after step 1 and resumed from it ends with the uninterrupted run's weights and optimizer state, bit for bit, and
-    ``final/`` holds the gathered state and a Hugging Face directory that loads."""
+    ``final/`` holds the gathered state and a Hugging Face directory that loads. The reward varies within groups
+    (tests/test_trainer.py's VARIED_REWARD): the resumed step moves the weights."""
     from safetensors.torch import load_file
 
-    full = Trainer(load_config(QUICK, [*FAST, "steps=2", f"output_dir={tmp_path / 'full'}"]))
+    (tmp_path / "varied_reward.py").write_text(VARIED_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = [*FAST, "steps=2", VARIED]
+    full = Trainer(load_config(QUICK, [*run, f"output_dir={tmp_path / 'full'}"]))
     full.run()
     step1 = tmp_path / "full/checkpoints/step-000002/state"
     assert sc.is_sharded(step1) and not (step1 / "model.safetensors").exists()
     assert not (tmp_path / "full/checkpoints/step-000002/model").exists()
-    Trainer(load_config(QUICK, [*FAST, "steps=2", "stop_after=1", f"output_dir={tmp_path / 'cut'}"])).run()
-    Trainer(load_config(QUICK, [*FAST, "steps=2", "resume=latest", f"output_dir={tmp_path / 'cut'}"])).run()
+    Trainer(load_config(QUICK, [*run, "stop_after=1", f"output_dir={tmp_path / 'cut'}"])).run()
+    cut, _ = sc.read(tmp_path / "cut/checkpoints/step-000001/state")
+    Trainer(load_config(QUICK, [*run, "resume=latest", f"output_dir={tmp_path / 'cut'}"])).run()
     for name in ("model.safetensors", "optimizer.safetensors"):
         a = load_file(str(tmp_path / "full/checkpoints/final/state" / name))
         b = load_file(str(tmp_path / "cut/checkpoints/final/state" / name))
         assert sorted(a) == sorted(b)
+        if name == "model.safetensors":
+            assert_trained_after(cut, b, tmp_path / "cut", 1)
         for k in a:
             assert torch.equal(a[k], b[k]), (name, k)
     final = tmp_path / "full/checkpoints/final"
