@@ -122,3 +122,51 @@ def test_rows_are_deterministic():
         assert x["colours"] == y["colours"]
     assert a.train_rows()[0]["image"].tobytes() != a.eval_rows()[0]["image"].tobytes()
     assert a.warmup_rows(0) == b.warmup_rows(0) and a.warmup_rows(0) != a.warmup_rows(1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 9, 16, 17, 100, 2**31 - 1])
+def test_randbelow_many_draws_what_the_randrange_loop_draws(n):
+    """The bulk draw (numpy's MT19937 at the generator's state) gives the loop's numbers and leaves the generator
+    where the loop leaves it, so every later draw of the task is unchanged."""
+    import random
+
+    from mmgrpo.tasks.zoom import randbelow_many
+
+    for count in (0, 1, 7, 1000):
+        loop_rng, bulk_rng = random.Random(n * 31 + count), random.Random(n * 31 + count)
+        loop = [loop_rng.randrange(n) for _ in range(count)]
+        assert randbelow_many(bulk_rng, n, count).tolist() == loop
+        assert bulk_rng.getstate() == loop_rng.getstate()
+
+
+def test_render_equals_the_per_cell_loop():
+    """The checkerboard drawn in bulk is the image the per-cell ``putdata`` loop drew (pixels and the generator's
+    state after), on 20 seeds."""
+    import random
+
+    from PIL import Image
+
+    from mmgrpo.tasks.zoom import COLOURS, render
+
+    a = ZoomArgs(tools=True)
+    squares = list(zip(a.colours, ZoomTask(ZoomArgs(tools=True, train_size=1, eval_size=1)).boxes()))
+
+    def by_loop(rng):
+        n = a.image_size // a.cell
+        palette = [COLOURS[c] for c in a.colours]
+        small = Image.new("RGB", (n, n))
+        small.putdata([palette[rng.randrange(len(palette))] for _ in range(n * n)])
+        image = small.resize((n * a.cell, n * a.cell), Image.Resampling.NEAREST)
+        if image.size != (a.image_size, a.image_size):
+            image = image.crop((0, 0, a.image_size, a.image_size))
+        for colour, (x1, y1, x2, y2) in squares:
+            margin = max(0, (x2 - x1 - a.target) // 4)
+            x = rng.randint(x1 + margin, x2 - a.target - margin)
+            y = rng.randint(y1 + margin, y2 - a.target - margin)
+            image.paste(Image.new("RGB", (a.target, a.target), COLOURS[colour]), (x, y))
+        return image
+
+    for seed in range(20):
+        loop_rng, bulk_rng = random.Random(seed), random.Random(seed)
+        assert render(bulk_rng, a, squares).tobytes() == by_loop(loop_rng).tobytes()
+        assert bulk_rng.getstate() == loop_rng.getstate()

@@ -37,6 +37,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import numpy as np
 from PIL import Image
 
 from mmgrpo.config import ConfigError, Range
@@ -88,9 +89,9 @@ def render(rng: random.Random, a: ZoomArgs, squares: list[tuple[str, list[int]]]
     """The checkerboard of random palette colours and, for each ``(colour, box)``, a square of that colour at a
     random place inside the box."""
     n = a.image_size // a.cell
-    palette = [COLOURS[c] for c in a.colours]
-    small = Image.new("RGB", (n, n))
-    small.putdata([palette[rng.randrange(len(palette))] for _ in range(n * n)])
+    palette = np.array([COLOURS[c] for c in a.colours], dtype=np.uint8)  # [C, 3]
+    cells = randbelow_many(rng, len(palette), n * n)  # [n²], rng.randrange(C) n² times
+    small = Image.fromarray(palette[cells].reshape(n, n, 3), "RGB")
     image = small.resize((n * a.cell, n * a.cell), Image.Resampling.NEAREST)
     if image.size != (a.image_size, a.image_size):
         image = image.crop((0, 0, a.image_size, a.image_size))
@@ -100,6 +101,35 @@ def render(rng: random.Random, a: ZoomArgs, squares: list[tuple[str, list[int]]]
         y = rng.randint(y1 + margin, y2 - a.target - margin)
         image.paste(Image.new("RGB", (a.target, a.target), COLOURS[colour]), (x, y))
     return image
+
+
+def randbelow_many(rng: random.Random, n: int, count: int) -> np.ndarray:
+    """``[rng.randrange(n) for _ in range(count)]`` as an int64 array [count], the same numbers and ``rng`` left in
+    the same state, drawn in bulk: ``randrange(n)`` takes the top ``k = n.bit_length()`` bits of one 32-bit Mersenne
+    Twister output and redraws while the value is ``>= n`` (CPython's ``_randbelow_with_getrandbits``); numpy's
+    MT19937 started from ``rng``'s state gives the same outputs, so the accepted values are those of the loop, and
+    ``rng`` is moved past exactly the outputs the loop would have used (tests/test_zoom_task.py checks both)."""
+    k = n.bit_length()
+    if count <= 0 or k > 32:  # nothing to draw / more bits than one output: the loop itself
+        return np.array([rng.randrange(n) for _ in range(count)], dtype=np.int64)
+    version, internal, gauss = rng.getstate()
+    key = np.array(internal[:-1], dtype=np.uint32)  # [624]
+    start = {"bit_generator": "MT19937", "state": {"key": key, "pos": internal[-1]}}
+    bits = np.random.MT19937()
+    bits.state = start
+    raw = np.zeros(0, dtype=np.uint64)
+    accepted = np.zeros(0, dtype=np.int64)
+    while len(accepted) < count:  # about count · 2^k / n outputs, and a margin
+        more = bits.random_raw(int((count - len(accepted)) * (1 << k) / n) + 64)  # [m] 32-bit outputs
+        raw = np.concatenate([raw, more])
+        accepted = np.flatnonzero((raw >> np.uint64(32 - k)) < n)
+    used = int(accepted[count - 1]) + 1  # outputs the loop consumes
+    values = (raw[accepted[:count]] >> np.uint64(32 - k)).astype(np.int64)  # [count]
+    bits.state = start
+    bits.random_raw(used)
+    after = bits.state["state"]
+    rng.setstate((version, (*(int(w) for w in after["key"]), int(after["pos"])), gauss))
+    return values
 
 
 def crop_call(box: list[int]) -> str:
