@@ -244,6 +244,39 @@ def test_dry_run_does_not_import_the_environment(tmp_path, capsys):
     assert "has no attribute 'Missing'" in capsys.readouterr().err and not marker.exists()
 
 
+def test_dry_run_with_trust_config_runs_the_load_checks_train_runs(tmp_path, capsys):
+    """``--dry-run --trust-config``: the config is the user's, so its code is imported and probed as ``train`` does
+    before the model loads — an environment's protocol mistake and a reward returning None are one line here, where
+    a plain ``--dry-run`` (source read, nothing run) passes them."""
+    source = """
+    from mmgrpo.tools import Observation
+
+    class Env:
+        def reset(self, row):
+            return Observation(text="start")
+
+        def step(self, action_text):
+            return Observation(text="x"), 0.0
+    """
+    config = _project(tmp_path, "env_pair", source, "env_pair:Env")
+    out = f"output_dir={tmp_path / 'out'}"
+    assert main(["train", str(config), "--dry-run", out]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", str(config), "--dry-run", "--trust-config", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "step(action_text) returned a tuple of 2 values" in err, err
+
+    (tmp_path / "none_reward.py").write_text("def score(completions, **kwargs):\n    return None\n")
+    config = _project(tmp_path, "env_ok", GOOD, "env_ok:Env")
+    rewards = "rewards=[{name: 'none_reward:score'}]"
+    assert main(["train", str(config), "--dry-run", out, rewards]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["train", str(config), "--dry-run", "--trust-config", out, rewards]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none_reward:score" in err and "None" in err, err
+    assert not (tmp_path / "out").exists()  # a dry run writes no run directory
+
+
 # ------------------------------------------------------------------------------ mid-run: counted, never a traceback
 
 
