@@ -517,7 +517,9 @@ def find(output_dir: Path, resume: str, skipped: list[str] | None = None, *, pro
             raise FileNotFoundError(no_usable_checkpoint(root, reasons))
         there = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         what = f"{root} holds only {', '.join(there)} (incomplete)" if there else f"{root} does not exist"
-        if not holds_a_run(output_dir) and Path(output_dir).is_dir():  # stopped before its first checkpoint
+        out = Path(output_dir)  # the lock and the start mark live inside it: a directory with only them never ran
+        started = out.is_dir() and any(p.name not in (".mmgrpo-lock", ".mmgrpo-run") for p in out.iterdir())
+        if started and not holds_a_run(output_dir):  # stopped before its first checkpoint
             raise FileNotFoundError(
                 f"resume=latest: no complete checkpoint, {what}: the run stopped before its first checkpoint, so "
                 "there is nothing to continue; start it again without resume= (the same output_dir is accepted)"
