@@ -63,11 +63,15 @@ def test_bf16_compute_matches_fp32_within_bf16_rounding(name, mmgrpo_cache):
     loss_tol = budget.tol(scale * float(adv.abs().max()), stored=torch.bfloat16)
     assert abs(float(loss16 - loss32)) <= loss_tol, (float(loss16), float(loss32), loss_tol)
     back = budget.backward()
+    # a parameter's gradient is a sum over upstream gradients rounded in bf16 whatever its own size, so every
+    # gradient is held to the budget on the scale of the largest one (a small gradient's own maximum is no bound on
+    # the rounding it inherits: flow's smallest tensors missed theirs by 4 % under AVX2 kernels)
+    gscale = max(float(w.abs().max()) for w in g32 if w is not None)
+    gtol = back.tol(gscale, stored=torch.bfloat16)
     checked = 0
     for g, w in zip(g16, g32, strict=True):
         if w is None or float(w.abs().max()) == 0.0:
             continue
-        gtol = back.tol(float(w.abs().max()), stored=torch.bfloat16)
         assert g is not None and float((g - w).abs().max()) <= gtol, (float((g - w).abs().max()), gtol)
         checked += 1
     assert checked > 0
