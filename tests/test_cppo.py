@@ -12,6 +12,7 @@ from mmgrpo.config import ConfigError
 from mmgrpo.groups import Groups
 from mmgrpo.loader import load_config
 from mmgrpo.types import Rollout
+from tests.test_variants import SMALL as VARIANT_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/variant_cppo.yaml"
@@ -132,21 +133,7 @@ def test_refused_at_load_in_one_line():
         load_config(ROOT / "configs/variant_knapsack.yaml", knapsack)
 
 
-SMALL = [
-    "algorithm.prompts_per_step=2",
-    "algorithm.group_size=4",
-    "algorithm.minibatch_size=4",
-    "model.args.max_new_tokens=5",
-    "task.args.train_size=16",
-    "task.args.eval_size=4",
-    "warmup.steps=0",
-    "eval.before=false",
-    "eval.after=false",
-    "eval.every=0",
-    "logging.trackers=[]",
-    "checkpoint.save_final=false",
-    "rewards=[{name: 'tests.test_variants:length_reward'}]",  # rewards that differ within a group
-]
+SMALL = [*VARIANT_RUN, "rewards=[{name: 'tests.test_variants:length_reward'}]"]  # rewards that differ within a group
 
 
 def _run(tmp_path: Path, name: str, overrides: list[str]) -> list[dict]:
@@ -158,14 +145,14 @@ def _run(tmp_path: Path, name: str, overrides: list[str]) -> list[dict]:
 
 
 def test_cppo_trains_on_the_kept_samples_and_rate_zero_is_grpo(tmp_path, mmgrpo_cache):
-    records = [r for r in _run(tmp_path, "cppo", ["steps=2"]) if "cppo/kept_fraction" in r]
+    records = [r for r in _run(tmp_path, "cppo", []) if "cppo/kept_fraction" in r]
     assert len(records) == 2
     for r in records:  # 2 prompts → ⌊2/0.5⌋ = 4 rolled out, 16 samples, the 8 of largest |A| trained
         assert r["cppo/prompts"] == 4.0 and r["cppo/kept_fraction"] == 0.5
         assert 0.0 < r["cppo/kept_unit_fraction"] <= 1.0 and r["perf/pruned_update_saved_s"] > 0.0
     # r = 0 without allocation keeps every sample in order: the same update as GRPO's, bit for bit
-    zero = _run(tmp_path, "zero", ["steps=2", "algorithm.rollout_steps.cppo={pruning_rate: 0.0, allocation: false}"])
-    grpo = _run(tmp_path, "grpo", ["steps=2", "algorithm.rollout_steps={}"])
+    zero = _run(tmp_path, "zero", ["algorithm.rollout_steps.cppo={pruning_rate: 0.0, allocation: false}"])
+    grpo = _run(tmp_path, "grpo", ["algorithm.rollout_steps={}"])
     for a, b in zip(zero, grpo, strict=True):
         for key in ("loss/policy", "kl/mean", "optim/grad_norm", "reward/mean"):
             if key in b:
