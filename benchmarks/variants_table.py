@@ -144,6 +144,18 @@ FROM_GRPO_STEP0 = [
 ]
 """Overrides that start a run from the GRPO run's warm-up of the same seed (its step 0), as docs/agents.md does."""
 
+
+SHARED_WARMUP = [
+    "steps=1",
+    "warmup.steps=200",
+    "checkpoint.after_warmup=true",
+    "eval.before=false",
+    "eval.after=false",
+    "task.args.eval_size=100",
+    "checkpoint.save_final=false",
+]
+"""Overrides of a study's one shared warm-up run (seed 0): 200 warm-up steps saved as step 0, every arm starts there."""
+
 STUDIES: dict[str, dict] = {
     "quickstart": {
         "metric": "accuracy",
@@ -322,15 +334,7 @@ STUDIES: dict[str, dict] = {
         "once": {  # the shared warm-up, trained before the runs (seed 0), evaluated as their starting point
             "warmup": (
                 "configs/zoom_tools.yaml",
-                [
-                    "steps=1",
-                    "warmup.steps=200",
-                    "checkpoint.after_warmup=true",
-                    "eval.before=false",
-                    "eval.after=false",
-                    "task.args.eval_size=100",
-                    "checkpoint.save_final=false",
-                ],
+                SHARED_WARMUP,
             ),
         },
         "runs": {
@@ -392,16 +396,7 @@ STUDIES: dict[str, dict] = {
         "once": {  # the shared warm-up (seed 0), as the igpo study's
             "warmup": (
                 "configs/variant_llds.yaml",
-                [
-                    "steps=1",
-                    "algorithm.loss_terms={llds: {coef: 0.0}}",
-                    "warmup.steps=200",
-                    "checkpoint.after_warmup=true",
-                    "eval.before=false",
-                    "eval.after=false",
-                    "task.args.eval_size=100",
-                    "checkpoint.save_final=false",
-                ],
+                [*SHARED_WARMUP, "algorithm.loss_terms={llds: {coef: 0.0}}"],
             ),
         },
         "runs": {
