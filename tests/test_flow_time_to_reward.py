@@ -87,7 +87,9 @@ def test_benchmark_runs_two_iterations(ttr, tmp_path):
     cpu = [p["train_cpu_s"] for p in curve]
     assert cpu[0] < 0.2 < cpu[1] < cpu[2]  # the clock starts at run(); each iteration costs CPU
     assert all(p["eval_cpu_s"] > 0.1 for p in curve)  # evaluations are measured, and not in the clock
-    assert run["children_cpu_s"] < 0.05  # all the work ran in this process
+    # all the work ran in this process: child CPU (RUSAGE_CHILDREN, which in a long pytest session also counts an
+    # earlier test's child reaped inside this window) stays a small fraction of the trainer's own
+    assert run["children_cpu_s"] < 0.1 * cpu[-1]
     assert s["target"] == pytest.approx(curve[-1]["reward"])
     assert s["rows"]["grpo"]["reach_mean_curve"] <= cpu[-1]
     assert png.stat().st_size > 1000
