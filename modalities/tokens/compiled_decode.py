@@ -28,6 +28,13 @@ counts the graphs compiled (a backend wrapper).
 Not covered (the eager loop runs, with a one-time warning naming the reason): caches with sliding-window or other
 non-plain layers, sharded weights (FSDP: each forward is a collective), a missing C++ compiler for inductor on CPU.
 
+The other token families reuse the same machinery (:class:`CompiledDecoder`: pooled static caches, the step compiled
+once per shape and counted, :func:`load_prefix`, the fallback warning) with their own step function:
+Whisper's encoder-decoder step (``modalities/speech/compiled_step.py``: the self-attention cache static and bucketed,
+the cross-attention K/V computed once per prompt and copied G-expanded into a static cache of the encoder's length)
+and the CFG image-token step (``modalities/ar_image/compiled_step.py``: the conditional and unconditional rows in one
+static cache, the guided logits inside the compiled step).
+
 Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``L`` padded prompt length, ``T`` completion tokens,
 ``S`` static cache length, ``V`` vocabulary, ``R`` rope sections.
 """
@@ -40,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import DynamicLayer, StaticCache
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from mmgrpo import noise
 
@@ -81,9 +88,9 @@ class CompiledDecoder:
     """Static cache lengths are multiples of this."""
     compilations: int = 0
     """Graphs compiled so far (every recompilation and graph-break piece counts one)."""
-    caches: dict[tuple, StaticCache] = field(default_factory=dict)
-    """Static caches by (B, S, dtype, device), reset in place for each rollout."""
-    _steps: dict[str, Callable] = field(default_factory=dict)
+    caches: dict[tuple, Cache] = field(default_factory=dict)
+    """Static caches by (kind, B, S, layers, dtype, device), overwritten in place for each rollout."""
+    _steps: dict[tuple, Callable] = field(default_factory=dict)
 
     def _backend(self, graphs: bool) -> Callable:
         """The backend wrapper: count one compilation, then compile with ``self.backend`` (inductor with CUDA graphs
@@ -99,29 +106,51 @@ class CompiledDecoder:
 
         return compile_graph
 
-    def step_fn(self, device: torch.device) -> Callable:
-        """The compiled step for ``device``: ``(model, cache, tokens [B, 1], mask [B, S], positions) → logits [B, V]``;
-        on CUDA captured as CUDA graphs."""
-        if device.type not in self._steps:
+    def step_fn(self, device: torch.device, fn: Callable | None = None) -> Callable:
+        """``fn`` compiled for ``device`` (default :func:`_step`: ``(model, cache, tokens [B, 1], mask [B, S],
+        positions) → logits [B, V]``), once per (function, device type); on CUDA captured as CUDA graphs."""
+        fn = fn or _step
+        if (fn, device.type) not in self._steps:
             backend = self._backend(graphs=device.type == "cuda")
-            self._steps[device.type] = torch.compile(_step, backend=backend, dynamic=False)
-        return self._steps[device.type]
+            self._steps[fn, device.type] = torch.compile(fn, backend=backend, dynamic=False)
+        return self._steps[fn, device.type]
 
-    def static_cache(self, model: torch.nn.Module, like: list[tuple[Tensor, Tensor]], B: int, S: int) -> StaticCache:
-        """The pooled static cache of shape (B, S) for ``model``, its layers allocated like ``like`` (per layer
-        keys/values [*, H, *, d]) and emptied (``cumulative_length`` 0)."""
+    def static_cache(self, like: list[tuple[Tensor, Tensor]], B: int, S: int, kind: str = "self") -> Cache:
+        """The pooled static cache of ``kind`` and shape (B, S), one ``StaticLayer`` per entry of ``like`` (per layer
+        keys/values [*, H, *, d]: heads, head size, dtype and device are read from them). Built once per shape; its
+        buffers keep their addresses across rollouts (:func:`load_prefix` overwrites them)."""
         k0 = like[0][0]
-        key = (B, S, k0.dtype, k0.device)
+        key = (kind, B, S, len(like), k0.dtype, k0.device)
         cache = self.caches.get(key)
         if cache is None:
-            cache = StaticCache(config=core_model(model).config, max_cache_len=S)
+            cache = Cache(layers=[StaticLayer(max_cache_len=S) for _ in like])
             for layer, (k, v) in zip(cache.layers, like, strict=True):
                 layer.lazy_initialization(k[:1].expand(B, -1, -1, -1), v[:1].expand(B, -1, -1, -1))
             self.caches[key] = cache
         return cache
 
 
-def _step(model: torch.nn.Module, cache: StaticCache, tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
+def load_prefix(cache: Cache, layers: list, rows: Tensor) -> int:
+    """Copy the prefilled keys/values of plain dynamic ``layers`` ([P, H, L, d] each) into the static ``cache``,
+    row b from prefix row ``rows[b]`` (the G-way expansion), positions ``L`` on zeroed; the cache continues at L.
+    Returns L.
+
+    Shape:
+        rows: [B] indices into the P prefix rows; the cache's layers are [B, H, S, d] with S >= L
+    """
+    if not all(type(layer) is DynamicLayer for layer in layers):
+        raise ValueError("static cache: the prefill cache has non-plain layers")
+    L = layers[0].keys.shape[-2]
+    for static, dynamic in zip(cache.layers, layers, strict=True):
+        static.keys.zero_()
+        static.values.zero_()
+        static.keys[:, :, :L].copy_(dynamic.keys.index_select(0, rows))  # [B, H, L, d]
+        static.values[:, :, :L].copy_(dynamic.values.index_select(0, rows))
+        static.cumulative_length.fill_(L)
+    return L
+
+
+def _step(model: torch.nn.Module, cache: Cache, tokens: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
     """One decoding step over the static cache: logits of the next token. tokens [B, 1], mask [B, S] → [B, V]."""
     out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True, **_hf.kv_cache(cache))
     return out.logits[:, -1]  # [B, V]
@@ -149,16 +178,8 @@ class StaticPrefixStepper:
         rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
         B, S = P * group_size, bucket_length(L + self.reserve, self.decoder.bucket)
         layers = prefix.cache.layers
-        if not all(type(layer) is DynamicLayer for layer in layers):
-            raise ValueError("static cache: the prefill cache has non-plain layers")
-        cache = self.decoder.static_cache(self.model, [(la.keys, la.values) for la in layers], B, S)
-        for static, dynamic in zip(cache.layers, layers, strict=True):
-            static.keys.zero_()
-            static.values.zero_()
-            static.keys[:, :, :L].copy_(dynamic.keys.index_select(0, rows))  # [B, H, L, d]
-            static.values[:, :, :L].copy_(dynamic.values.index_select(0, rows))
-            static.cumulative_length.fill_(L)
-        self.cache, self.L = cache, L
+        cache = self.decoder.static_cache([(la.keys, la.values) for la in layers], B, S)
+        self.cache, self.L = cache, load_prefix(cache, layers, rows)
         self.mask = prefix.attention_mask.new_zeros((B, S))  # [B, S]
         self.mask[:, :L] = prefix.attention_mask.index_select(0, rows)
         self.next_position = prefix.next_position.index_select(1, rows)  # [R, B]
