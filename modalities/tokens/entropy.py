@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .logprobs import DEFAULT_CHUNK, DEFAULT_ROWS, _block_scores
+from .logprobs import DEFAULT_CHUNK, DEFAULT_ROWS, _block_scores, check_blocks, flat_bans
 
 
 def token_entropy(logits: Tensor, *, temperature: float = 1.0, banned: Tensor | None = None) -> Tensor:
@@ -63,19 +63,11 @@ def linear_token_entropy(
         banned: bool, broadcastable to [..., V] ([V], or [T, V] for position-dependent bans); True = −inf
         returns [...] fp32
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if rows < 1 or chunk < 1:
-        raise ValueError(f"rows and chunk must be >= 1, got {rows} and {chunk}")
+    check_blocks(temperature, rows, chunk)
     if hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"shapes do not match: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}")
-    V = weight.shape[0]
     lead = hidden.shape[:-1]
-    ban_row = None
-    if banned is not None:  # row r of the flattened positions uses row ban_row[r] of banned.reshape(-1, V)
-        ban_row = torch.arange(banned[..., 0].numel(), device=banned.device).reshape(banned.shape[:-1])
-        ban_row = ban_row.expand(lead).reshape(-1)
-        banned = banned.reshape(-1, V)
+    banned, ban_row = flat_bans(banned, lead)
     flat = hidden.reshape(-1, hidden.shape[-1])  # [N, H]
     out = _LinearTokenEntropy.apply(flat, weight, bias, banned, ban_row, float(temperature), rows, chunk, round_to)
     return out.reshape(lead)

@@ -204,28 +204,44 @@ def linear_token_logprobs(
         banned: bool, broadcastable to [..., V] ([V], or [T, V] for position-dependent bans); True = −inf
         returns [...] fp32
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if rows < 1 or chunk < 1:
-        raise ValueError(f"rows and chunk must be >= 1, got {rows} and {chunk}")
+    check_blocks(temperature, rows, chunk)
     if hidden.shape[-1] != weight.shape[-1] or hidden.shape[:-1] != tokens.shape:
         raise ValueError(
             f"shapes do not match: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}, "
             f"tokens {tuple(tokens.shape)} (want [..., H], [V, H], [...])"
         )
-    V = weight.shape[0]
     lead = tokens.shape
-    if banned is not None:  # row r of the flattened positions uses row ban_row[r] of banned.reshape(-1, V)
-        b_lead = banned.shape[:-1]
-        ban_row = torch.arange(banned[..., 0].numel(), device=banned.device).reshape(b_lead).expand(lead).reshape(-1)
-        banned = banned.reshape(-1, V)
-    else:
-        ban_row = None
+    banned, ban_row = flat_bans(banned, lead)
     out = _LinearTokenLogProbs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias, tokens.reshape(-1), banned, ban_row,
         float(temperature), int(rows), int(chunk), round_to, late,
     )  # fmt: skip
     return out.reshape(lead)
+
+
+def check_blocks(temperature: float, rows: int, chunk: int) -> None:
+    """The fused lm_head's arguments (:func:`linear_token_logprobs`, :func:`.entropy.linear_token_entropy`): a
+    positive temperature and blocks of at least one row and one vocabulary column; ``ValueError`` otherwise."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if rows < 1 or chunk < 1:
+        raise ValueError(f"rows and chunk must be >= 1, got {rows} and {chunk}")
+
+
+def flat_bans(banned: Tensor | None, lead: torch.Size) -> tuple[Tensor | None, Tensor | None]:
+    """``banned`` as one row per ban pattern, and the pattern each flattened position of ``lead`` uses: position r
+    reads row ``ban_row[r]`` of the returned ``[n, V]`` (a ``[V]`` ban is one row for all, a ``[T, V]`` ban one per
+    position), so the blocks of the fused head mask without expanding the bans to ``[N, V]``. (None, None) without
+    bans.
+
+    Shape:
+        banned: bool [..., V], broadcastable to lead + [V]; lead: the positions' shape [...] (N positions)
+        returns banned [n, V], ban_row [N] long
+    """
+    if banned is None:
+        return None, None
+    ban_row = torch.arange(banned[..., 0].numel(), device=banned.device).reshape(banned.shape[:-1])  # [...]
+    return banned.reshape(-1, banned.shape[-1]), ban_row.expand(lead).reshape(-1)  # [n, V], [N]
 
 
 def _block_scores(
