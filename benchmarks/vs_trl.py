@@ -756,6 +756,11 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
         for r in table:
             q = r["trl_over_mmgrpo_sampler"]
             lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['peak_rss_mb']:.2f} |")
+    if "mmgrpo_compiled" in toolkits:
+        lines += ["", "| L:T | step × (TRL / mmgrpo, compile_decode) | rollout × | peak RSS × |", "|---|---|---|---|"]
+        for r in table:
+            q = r["trl_over_mmgrpo_compiled"]
+            lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['rollout_s']:.2f} | {q['peak_rss_mb']:.2f} |")
     if "mmgrpo_naive" in toolkits:
         lines += ["", "| L:T | step × (TRL / mmgrpo naive path) | peak RSS × |", "|---|---|---|"]
         for r in table:
@@ -768,6 +773,7 @@ TRL_HEAD = {"trl_cpu": "device"}  # the second TRL row: TRL's CPU rule (its fuse
 MMGRPO_ARGS = {
     "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
     "mmgrpo_sampler": {"old_logprobs": "sampler"},  # no extra no-grad forward: TRL's saving at μ = 1
+    "mmgrpo_compiled": {"compile_decode": True},  # the compiled static-cache decode step (compiled_decode.py)
     "mmgrpo_ckpt": {"gradient_checkpointing": True},
 }
 
@@ -829,6 +835,12 @@ def main(argv: list[str] | None = None) -> int:
         "extra forward, as TRL skips its old-log-prob forward at μ = 1), reported as its own row",
     )
     p.add_argument(
+        "--compiled-row",
+        action="store_true",
+        help="also run mmgrpo with model.args.compile_decode: true (the static-cache decode step under torch.compile, "
+        "inductor on CPU), reported as its own row",
+    )
+    p.add_argument(
         "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
     )
     p.add_argument("--checkpointing", action="store_true", help="also run both toolkits with gradient checkpointing on")
@@ -888,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads((out / "vs_trl.json").read_text())
         toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
         toolkits += ["mmgrpo_sampler"] if "trl_over_mmgrpo_sampler" in report["table"][0] else []
+        toolkits += ["mmgrpo_compiled"] if "trl_over_mmgrpo_compiled" in report["table"][0] else []
         toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if "trl_ckpt" in report["table"][0] else []
         toolkits += ["trl_cpu"] if "trl_cpu" in report["table"][0] else []
         (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
@@ -897,6 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     raw.mkdir(parents=True, exist_ok=True)
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
     toolkits += ["mmgrpo_sampler"] if a.sampler_row else []
+    toolkits += ["mmgrpo_compiled"] if a.compiled_row else []
     toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
     toolkits += ["trl_cpu"] if a.trl_cpu_row else []
     T = a.completion_tokens
