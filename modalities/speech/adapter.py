@@ -50,7 +50,7 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Answer, Rollout
 
 from .. import _hf, model_names
-from ..tokens import prefix_sharing
+from ..tokens import compiled_decode, prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
@@ -59,6 +59,7 @@ from ..tokens.logprobs import (
 )
 from ..tokens.policy import CompletionState, TokenPolicy, sampled_rollout
 from .audio import load_audio
+from .compiled_step import StaticWhisperStepper
 from .tiny import NAMES, resolve_model_path
 
 
@@ -98,6 +99,11 @@ class WhisperArgs:
     """Rows per no-grad forward when computing old/reference log-probs."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
+    compile_decode: bool = False
+    """The sampler's per-token decoder step runs compiled over static self- and cross-attention caches sized for the
+    group (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/speech/compiled_step.py): the same keyed
+    draws up to float rounding, one graph per (B, 64-token bucket of prefix + T). Off by default (docs/benchmarks.md);
+    falls back to the eager loop with a warning without a C++ compiler or under FSDP."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -148,6 +154,7 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.pad_id = self.eos_id
         self.suppress_ids, self.begin_suppress_ids = self._banned_tokens()
+        self.compiled = compiled_decode.CompiledDecoder()  # the compiled step and its static caches (compile_decode)
 
     def _banned_tokens(self) -> tuple[list[int], list[int]]:
         """Tokens never sampled (specials but end-of-text, timestamps unless enabled, the model's
@@ -218,10 +225,20 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
         was_training = model.training
         model.eval()
         try:
-            ids, logprobs = decode(_WhisperStepper(self, model, cache, spec.max_new_tokens), group_size, spec, keys)
+            ids, logprobs = decode(self._stepper(model, cache, spec), group_size, spec, keys)
         finally:
             model.train(was_training)
         return ids.cpu(), logprobs.cpu()
+
+    def _stepper(self, model: torch.nn.Module, cache: AudioCache, spec: SamplingSpec) -> Any:
+        """The compiled static-cache stepper with ``compile_decode`` where it runs (``compiled_step.py``), else the
+        eager one (a one-time warning says why)."""
+        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
+        if reason is None:
+            return StaticWhisperStepper(self, model, cache, spec.max_new_tokens, self.compiled)
+        if reason != "off":
+            compiled_decode.warn_fallback(reason)
+        return _WhisperStepper(self, model, cache, spec.max_new_tokens)
 
     def _sampling_spec(self, greedy: bool = False, synced: bool = False) -> SamplingSpec:
         """The sampling distribution of ``model.args`` (both engines draw from it): ``suppress_ids`` banned at every
@@ -347,6 +364,7 @@ def _load_whisper(a: WhisperArgs, ctx: BuildContext) -> WhisperAdapter:
     """The ``whisper`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`)."""
     from transformers import AutoProcessor, WhisperForConditionalGeneration
 
+    compiled_decode.check_args(a.compile_decode)
     path = resolve_model_path(a.name_or_path, seed=ctx.seed)
     with _hf.loading(a.name_or_path):  # one line for a missing path or an offline / unknown hub id
         model = WhisperForConditionalGeneration.from_pretrained(

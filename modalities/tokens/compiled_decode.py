@@ -42,6 +42,7 @@ Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G``, ``L`` padded prom
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from mmgrpo import noise
+from mmgrpo.config import ConfigError
 
 from .. import _hf
 from .decode import SamplingSpec, decode, sampling_scores
@@ -74,6 +76,16 @@ def compiler_problem(device: torch.device) -> str | None:
     return None
 
 
+def check_args(compile_decode: bool) -> None:
+    """At load: refuse ``model.args.compile_decode`` where ``torch.compile`` cannot run at all (ConfigError, one line);
+    a missing C++ compiler or sharded weights fall back at sampling time instead (:func:`fallback_reason`)."""
+    if compile_decode and not torch._dynamo.is_dynamo_supported():
+        raise ConfigError(
+            f"model.args.compile_decode: torch.compile is not supported on Python {sys.version.split()[0]} with torch "
+            f"{torch.__version__}; set compile_decode: false"
+        )
+
+
 @dataclass
 class CompiledDecoder:
     """The compiled decode step of one policy and its static caches, kept across rollouts (one graph per shape).
@@ -90,6 +102,8 @@ class CompiledDecoder:
     """Graphs compiled so far (every recompilation and graph-break piece counts one)."""
     caches: dict[tuple, Cache] = field(default_factory=dict)
     """Static caches by (kind, B, S, layers, dtype, device), overwritten in place for each rollout."""
+    buffers: dict[tuple, Tensor] = field(default_factory=dict)
+    """Other static step inputs by (kind, shape, dtype, device) (:meth:`static_buffer`)."""
     _steps: dict[tuple, Callable] = field(default_factory=dict)
 
     def _backend(self, graphs: bool) -> Callable:
@@ -128,6 +142,15 @@ class CompiledDecoder:
                 layer.lazy_initialization(k[:1].expand(B, -1, -1, -1), v[:1].expand(B, -1, -1, -1))
             self.caches[key] = cache
         return cache
+
+    def static_buffer(self, value: Tensor, kind: str) -> Tensor:
+        """A pooled copy of ``value`` at a fixed address (``torch._dynamo.mark_static_address``: a CUDA graph replays
+        from it without copying it in), one per (kind, shape, dtype, device), overwritten in place."""
+        key = (kind, tuple(value.shape), value.dtype, value.device)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty_like(value)
+            torch._dynamo.mark_static_address(self.buffers[key])
+        return self.buffers[key].copy_(value)
 
 
 def load_prefix(cache: Cache, layers: list, rows: Tensor) -> int:
