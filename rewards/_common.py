@@ -10,14 +10,17 @@ from typing import Any
 from .parsing import Which, answer_or_text, completion_text, parse_number
 
 
-def column(columns: dict[str, Any], key: str, reward: str, n: int | None = None) -> Sequence:
-    """The column ``key`` (B values), or a ``KeyError`` naming the reward, the missing column and those present;
-    with ``n``, a ``ValueError`` when it does not hold ``n`` values."""
+def column(
+    columns: dict[str, Any],
+    key: str,
+    reward: str,
+    n: int | None = None,
+    what: str = "set the reward's *_key argument to use another",
+) -> Sequence:
+    """The column ``key`` (B values), or a ``KeyError`` naming the reward, the missing column (``what``: what it
+    holds and what fills it) and those present; with ``n``, a ``ValueError`` when it does not hold ``n`` values."""
     if key not in columns:
-        raise KeyError(
-            f"reward {reward!r} needs the column {key!r} (set the reward's *_key argument to use another); "
-            f"the batch has columns {sorted(columns)}"
-        )
+        raise KeyError(f"reward {reward!r} needs the column {key!r} ({what}); the batch has columns {sorted(columns)}")
     values = columns[key]
     if n is not None and len(values) != n:
         raise ValueError(f"reward {reward!r}: column {key!r} has {len(values)} values for {n} completions")

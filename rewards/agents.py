@@ -23,12 +23,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._common import column
 from .parsing import completion_text
 from .registry import load_reward, register_reward
 
 ROLLOUT_NEEDS = {"deepeyes": "rollout.tools", "otc": "rollout.tools", "env_return": "rollout.environment"}
 """The rewards here that read what a multi-turn rollout records (``tool_calls``, ``turn_rewards``), and the setting
 that makes one: checked at load (``mmgrpo.loader``), before any model is built."""
+
+TOOL_CALLS = "the number of tool calls of each sample, filled by the multi-turn rollout: set rollout.tools"
+"""What the ``tool_calls`` column of :func:`deepeyes` and :func:`~.tool_efficiency.otc` holds (their error)."""
 
 MAX_ANSWER_CHARS = 1000
 """DeepEyes scores an answer this long or longer as wrong and badly formatted."""
@@ -60,14 +64,7 @@ def deepeyes(
     Source: DeepEyes (arXiv 2505.14362), ``Visual-Agent/DeepEyes`` ``verl/utils/reward_score/vl_agent.py``
     ``compute_score``; acc from our accuracy rewards instead of its LLM judge.
     """
-    if tool_calls_key not in columns:
-        raise KeyError(
-            f"reward 'deepeyes' needs the column {tool_calls_key!r} (the number of tool calls of each sample, filled "
-            f"by the multi-turn rollout); the batch has columns {sorted(columns)}"
-        )
-    calls = columns[tool_calls_key]
-    if len(calls) != len(completions):
-        raise ValueError(f"reward 'deepeyes': column {tool_calls_key!r} has {len(calls)} values for {len(completions)}")
+    calls = column(columns, tool_calls_key, "deepeyes", len(completions), TOOL_CALLS)
     acc_fn = load_reward(accuracy_reward, **(accuracy_kwargs or {}))
     accs = acc_fn(completions, prompts=prompts, **columns)
     out: list[float | None] = []
@@ -111,15 +108,6 @@ def env_return(
     Source: verl-agent (``langfengQ/verl-agent``), ``gigpo/core_gigpo.py``: ``episode_rewards`` is the sum of the
     environment's step rewards, the score GRPO and GiGPO's episode groups normalise.
     """
-    if turn_rewards_key not in columns:
-        raise KeyError(
-            f"reward 'env_return' needs the column {turn_rewards_key!r} (each trajectory's per-turn environment "
-            "rewards, filled by a multi-turn rollout with rollout.environment); the batch has columns "
-            f"{sorted(columns)}"
-        )
-    per_turn = columns[turn_rewards_key]
-    if len(per_turn) != len(completions):
-        raise ValueError(
-            f"reward 'env_return': column {turn_rewards_key!r} has {len(per_turn)} values for {len(completions)}"
-        )
+    what = "each trajectory's per-turn environment rewards, filled by a multi-turn rollout with rollout.environment"
+    per_turn = column(columns, turn_rewards_key, "env_return", len(completions), what)
     return [float(sum(float(r) for r in rewards)) for rewards in per_turn]

@@ -30,7 +30,8 @@ import math
 from collections import defaultdict
 from typing import Any, Literal
 
-from ._common import group_ids
+from ._common import column, group_ids
+from .agents import TOOL_CALLS
 from .registry import load_reward, register_reward
 
 
@@ -94,14 +95,7 @@ def otc(
         raise ValueError(f"reward 'otc': mode must be 'grpo' or 'ppo', got {mode!r}")
     if c <= 0:
         raise ValueError(f"reward 'otc': c must be > 0 (the cosine's smoothing constant), got {c}")
-    if tool_calls_key not in columns:
-        raise KeyError(
-            f"reward 'otc' needs the column {tool_calls_key!r} (the number of tool calls of each sample, filled by "
-            f"the multi-turn rollout: set rollout.tools); the batch has columns {sorted(columns)}"
-        )
-    calls = [int(m or 0) for m in columns[tool_calls_key]]
-    if len(calls) != len(completions):
-        raise ValueError(f"reward 'otc': column {tool_calls_key!r} has {len(calls)} values for {len(completions)}")
+    calls = [int(m or 0) for m in column(columns, tool_calls_key, "otc", len(completions), TOOL_CALLS)]
     accs = load_reward(accuracy_reward, **(accuracy_kwargs or {}))(completions, prompts=prompts, **columns)
     known = [a is not None and not (isinstance(a, float) and math.isnan(a)) for a in accs]
     correct = [ok and float(a) > acc_threshold for ok, a in zip(known, accs)]
