@@ -61,10 +61,11 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs
 from mmgrpo.types import Rollout
 
 from .. import _hf, model_names
-from ..tokens import prefix_sharing
+from ..tokens import compiled_decode, prefix_sharing
 from ..tokens.decode import SamplingSpec, decode, reserve_cache
 from ..tokens.logprobs import fusable_head, linear_token_logprobs, token_logprobs
 from ..tokens.policy import TokenPolicy
+from .compiled_step import StaticGuidedStepper
 from .tiny import IMAGE_TOKENS, SHIPPED, TINY_NAMES, build_processor, resolve_model_path
 
 FROZEN_PARTS = ("model.vqmodel.", "model.vision_model.", "model.aligner.")
@@ -104,6 +105,11 @@ class ARImageArgs:
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
     freeze_vq: bool = True
     """Keep the VQ auto-encoder and the understanding vision tower frozen (they are not part of the policy)."""
+    compile_decode: bool = False
+    """The sampler's per-token step (both CFG branches, the head and the guidance) runs compiled over a static KV
+    cache sized for the group (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/ar_image/
+    compiled_step.py): the same keyed draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by
+    default (docs/benchmarks.md); falls back to the eager loop with a warning without a C++ compiler or under FSDP."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 
@@ -220,6 +226,7 @@ class ARImageAdapter(TokenPolicy):
         self.args = args
         self.reference = reference
         self.T = family.grid[0] * family.grid[1]
+        self.compiled = compiled_decode.CompiledDecoder()  # the compiled step and its static caches (compile_decode)
 
     def _base(self, model: torch.nn.Module) -> torch.nn.Module:
         """The ``JanusForConditionalGeneration`` under a peft wrapper (LoRA layers live inside it)."""
@@ -381,11 +388,21 @@ class ARImageAdapter(TokenPolicy):
         was_training = model.training
         model.eval()
         try:
-            stepper = _GuidedStepper(self, model, ids, reserve=spec.max_new_tokens)
-            tokens, logprobs = decode(stepper, group_size, spec, keys, generator)
+            tokens, logprobs = decode(self._stepper(model, ids, spec), group_size, spec, keys, generator)
         finally:
             model.train(was_training)
         return tokens.cpu(), logprobs.cpu()
+
+    def _stepper(self, model: torch.nn.Module, ids: list[list[int]], spec: SamplingSpec) -> Any:
+        """The compiled static-cache stepper with ``compile_decode`` where it runs (``compiled_step.py``), else the
+        eager one (a one-time warning says why)."""
+        eager = _GuidedStepper(self, model, ids, reserve=spec.max_new_tokens)
+        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
+        if reason is None:
+            return StaticGuidedStepper(eager, self.compiled)
+        if reason != "off":
+            compiled_decode.warn_fallback(reason)
+        return eager
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:
         ids = [self._encode(row) for row in prompts]  # once per prompt
@@ -504,6 +521,7 @@ def _load_ar_image(a: ARImageArgs, ctx: BuildContext) -> ARImageAdapter:
     """The ``ar_image`` family's loader (:class:`~mmgrpo.plugins.AdapterSpec`)."""
     if a.cfg_logprob == "scaled" and a.guidance_scale <= 0:
         raise ConfigError("model.args.cfg_logprob: scaled divides by guidance_scale; set guidance_scale > 0")
+    compiled_decode.check_args(a.compile_decode)
     model, processor, family_cls = _load(a, _hf.DTYPES[ctx.dtype], ctx.seed)
     family = family_cls(model, processor.tokenizer)
     if a.freeze_vq:
