@@ -50,11 +50,10 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from mmgrpo import noise
 from mmgrpo.config import ConfigError
 
 from .. import _hf
-from .decode import SamplingSpec, decode, sampling_scores
+from .decode import SamplingSpec, sampling_scores
 from .prefix_sharing import _position_arg, core_model, prefill, warn_fallback_once
 
 BUCKET = 64
@@ -216,19 +215,6 @@ class StaticPrefixStepper:
         self.mask[:, self.L + step] = 1
         positions = _position_arg((self.next_position + step)[..., None])  # [R, B, 1] → the model's form
         return self.step_fn(self.model, self.cache, tokens[:, None], self.mask, positions).clone()  # [B, V]
-
-
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    batch: dict[str, Tensor],
-    group_size: int,
-    spec: SamplingSpec,
-    keys: noise.NoiseKeys | None,
-    decoder: CompiledDecoder,
-) -> tuple[Tensor, Tensor]:
-    """:func:`.prefix_sharing.sample` with the compiled static-cache step (same shapes, same draws up to rounding)."""
-    return decode(StaticPrefixStepper(model, batch, spec.max_new_tokens, decoder), group_size, spec, keys)
 
 
 def fallback_reason(model: torch.nn.Module, synced: bool) -> str | None:

@@ -5,9 +5,9 @@ samples of a prompt share it. The naive path — and TRL's ``GRPOTrainer``, whic
 (TRL's ``RepeatSampler`` in ``trl/trainer/grpo_trainer.py``) — runs the vision encoder and the prompt forward G
 times per prompt, when sampling and again in every training forward. This module does that work once per prompt:
 
-* **KV-expanded sampling** (:func:`sample`). The P prompts are prefilled once (vision encoder included); the
-  prompt KV cache and the last-position logits are expanded G ways along the batch (:class:`PrefixStepper`), and
-  the one decode loop (:mod:`.decode`) draws the G continuations. The logits processing is that of HF ``generate``
+* **KV-expanded sampling** (:class:`PrefixStepper`). The P prompts are prefilled once (vision encoder included);
+  the prompt KV cache and the last-position logits are expanded G ways along the batch, and the one decode loop
+  (:func:`.decode.decode`) draws the G continuations. The logits processing is that of HF ``generate``
   in its order — min-new-tokens EOS ban, suppressed tokens, temperature, top-k, top-p — followed by one categorical
   draw per row and step (:func:`.decode.draw_token`): either ``torch.multinomial`` over the softmax, the same draws as
   ``generate(num_return_sequences=G)`` (a fixed seed gives the same tokens unless float rounding moves a draw
@@ -76,11 +76,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mmgrpo import noise
 from mmgrpo.compat import attn_implementation
 
 from .. import _hf
-from .decode import SamplingSpec, decode, reserve_cache, sampling_scores
+from .decode import SamplingSpec, reserve_cache, sampling_scores
 
 logger = logging.getLogger(__name__)
 
@@ -433,21 +432,3 @@ class PrefixStepper:
     def step(self, tokens: Tensor, step: int) -> Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones((tokens.shape[0], 1))], dim=1)
         return continue_prefix(self.model, self.prefix, tokens[:, None], self.mask, offset=step)[:, -1]  # [B, V]
-
-
-@torch.no_grad()
-def sample(
-    model: torch.nn.Module,
-    batch: dict[str, Tensor],
-    group_size: int,
-    spec: SamplingSpec,
-    keys: noise.NoiseKeys | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Sample ``group_size`` completions per prompt with one prefill per prompt and a G-way expanded KV cache,
-    through the one decode loop (:func:`.decode.decode`: draws, keyed noise, EOS, the cross-process stop).
-
-    Shape:
-        batch: left-padded prompts, input_ids [P, L] (+ media)
-        returns completion_ids [B, T] (long, on the model's device), logprobs [B, T] fp32
-    """
-    return decode(PrefixStepper(model, batch, reserve=spec.max_new_tokens), group_size, spec, keys)

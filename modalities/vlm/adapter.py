@@ -42,7 +42,7 @@ from mmgrpo.types import Answer, DataError, Rollout
 
 from .. import _hf, model_names
 from ..tokens import compiled_decode, prefix_sharing
-from ..tokens.decode import SamplingSpec
+from ..tokens.decode import SamplingSpec, Stepper, decode
 from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
     completion_id_lists,
@@ -384,7 +384,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         try:
             if self.shares_prefix(model, "sampling", self.args.kv_expand_rollout):
                 spec = self._sampling_spec(greedy=greedy, synced=synced)
-                completion, logprobs = self._kv_sample(model, batch, num_return_sequences, spec, keys)
+                completion, logprobs = decode(self._stepper(model, batch, spec), num_return_sequences, spec, keys)
                 return completion.cpu(), logprobs.cpu()  # [B, T] each, pad / 0 after EOS
             a = self.args
             if not greedy and keys is not None:
@@ -417,17 +417,16 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         mask = self._completion_mask(completion)
         return torch.where(mask.bool(), completion, torch.full_like(completion, self.pad_id)), None  # [B, T]
 
-    def _kv_sample(
-        self, model: torch.nn.Module, batch: dict[str, Tensor], G: int, spec: SamplingSpec, keys: noise.NoiseKeys | None
-    ) -> tuple[Tensor, Tensor]:
-        """The KV-expanded sampler: the compiled static-cache step with ``compile_decode`` where it runs
-        (:mod:`..tokens.compiled_decode`), else the eager loop. [B, T] each."""
+    def _stepper(self, model: torch.nn.Module, batch: dict[str, Tensor], spec: SamplingSpec) -> Stepper:
+        """The KV-expanded sampler's stepper (one prefill per prompt, the cache expanded G ways): the compiled
+        static-cache step with ``compile_decode`` where it runs (:mod:`..tokens.compiled_decode`), else the eager one
+        (a one-time warning says why). ``batch``: the left-padded prompts, input_ids [P, L] (+ media)."""
         reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
         if reason is None:
-            return compiled_decode.sample(model, batch, G, spec, keys, self.compiled)
+            return compiled_decode.StaticPrefixStepper(model, batch, spec.max_new_tokens, self.compiled)
         if reason != "off":
             compiled_decode.warn_fallback(reason)
-        return prefix_sharing.sample(model, batch, G, spec, keys)
+        return prefix_sharing.PrefixStepper(model, batch, reserve=spec.max_new_tokens)
 
     def _decode(self, completion_ids: Tensor) -> list[str]:
         mask = self._completion_mask(completion_ids).bool()
