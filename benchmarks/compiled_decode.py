@@ -10,7 +10,11 @@ next of three prompt pairs of different lengths, so the recompile count shows wh
 again (one compilation per 64-token bucket of L + T is expected; ``buckets`` lists them). The first compiled call
 (compilation) is timed apart and not counted. Reports the median sampling time (prefill + T steps), tokens/s =
 B·T / time, the ratio, the compilations and whether the keyed tokens agree. Models: the tiny Qwen2.5-VL (images)
-and, when it is set up here, SmolLM2-135M-Instruct (text).
+and, when it is set up here, SmolLM2-135M-Instruct (text); the other token families' steps the same way:
+``tiny-whisper`` (the whisper adapter, :mod:`mmgrpo.modalities.speech.compiled_step`: three pairs of spoken-digit
+clips, one decoder-prompt length; end-of-text banned in both arms so every row decodes T tokens) and ``tiny-janus``
+(the ar_image adapter with guidance 5, :mod:`mmgrpo.modalities.ar_image.compiled_step`: 2B CFG rows, T fixed by the
+model, three prompt pairs of different lengths).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +33,8 @@ from mmgrpo.modalities.tokens import compiled_decode
 from mmgrpo.modalities.vlm.adapter import build_vlm_adapter
 from mmgrpo.tasks.shapes import ShapesArgs, ShapesTask
 
+_PADS = ["", "Please answer. ", "Please look carefully and answer in one word. "]
+"""Prefixes that make three prompt pairs of different lengths."""
 TEXT = ["What is 5 plus 7?", "Name a colour.", "Why is the sky blue? Answer briefly.", "Count to three."]
 
 
@@ -37,43 +44,42 @@ def _prompt_pairs(image: bool) -> list[list[dict]]:
         rows = ShapesTask(ShapesArgs(train_size=2, eval_size=1, image_size=56)).train_rows()[:2]
     else:
         rows = [{"prompt": p} for p in TEXT[:2]]
-    pads = ["", "Please answer. ", "Please look carefully and answer in one word. "]
-    return [[dict(r, prompt=pad + r["prompt"]) for r in rows] for pad in pads]
+    return [[dict(r, prompt=pad + r["prompt"]) for r in rows] for pad in _PADS]
 
 
-def _sample(adapter, encodings, G: int, keys, compiled: bool) -> tuple[float, torch.Tensor]:
-    """Seconds of one keyed KV-expanded sampling call, and its tokens."""
-    adapter.args.compile_decode = compiled
-    start = time.perf_counter()
-    ids, _ = adapter.sample(encodings, G, False, keys)
-    return time.perf_counter() - start, ids
-
-
-def measure(name: str, repeats: int, T: int, G: int) -> dict:
-    """Eager vs compiled sampling of ``name`` (the module docstring)."""
-    adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": T, "min_new_tokens": T})
-    adapter._unwrapped().eval()
-    pairs = _prompt_pairs(adapter.is_multimodal)
-    encs = [[adapter.encode_prompt(r) for r in rows] for rows in pairs]
-    lengths = [adapter.collate(e)["input_ids"].shape[1] for e in encs]
-    keys = noise.NoiseKeys(0, 0, (0, 1), G)
-    _sample(adapter, encs[0], G, keys, False)  # warm-up of the eager path
-    first, _ = _sample(adapter, encs[0], G, keys, True)  # compiles
+def _side_by_side(adapter, sample: Callable, inputs: list, repeats: int) -> tuple[float, dict, bool]:
+    """Time ``sample(inputs[i], compiled)`` (seconds, tokens) with ``compile_decode`` off and on, alternating: the
+    first compiled call (compilation) apart, the order flipped every repeat. Returns the first compiled call's
+    seconds, the times of each arm and whether every repeat drew the same tokens in both."""
+    for compiled in (False, True):
+        adapter.args.compile_decode = compiled
+        first = sample(inputs[0])[0]  # eager: warm-up; compiled: compiles
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
     same = True
     for r in range(repeats):
-        e = encs[r % len(encs)]
-        order = [False, True] if r % 2 == 0 else [True, False]
         out = {}
-        for compiled in order:
-            seconds, out[compiled] = _sample(adapter, e, G, keys, compiled)
+        for compiled in [False, True] if r % 2 == 0 else [True, False]:
+            adapter.args.compile_decode = compiled
+            seconds, out[compiled] = sample(inputs[r % len(inputs)])
             times["compiled" if compiled else "eager"].append(seconds)
         same = same and torch.equal(out[False], out[True])
-    tokens = 2 * G * T
+    return first, times, same
+
+
+def _timed(fn: Callable, *args, **kwargs) -> tuple[float, torch.Tensor]:
+    """Seconds of ``fn(*args, **kwargs)`` and the first tensor it returns (the drawn tokens)."""
+    start = time.perf_counter()
+    tokens = fn(*args, **kwargs)[0]
+    return time.perf_counter() - start, tokens
+
+
+def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float, times: dict, same: bool) -> dict:
+    """The result row of one model (the module docstring)."""
+    tokens = rows * T
     eager, comp = statistics.median(times["eager"]), statistics.median(times["compiled"])
     return {
         "model": name,
-        "rows": 2 * G,
+        "rows": rows,
         "new_tokens": T,
         "prompt_lengths": lengths,
         "eager_s": round(eager, 4),
@@ -88,12 +94,59 @@ def measure(name: str, repeats: int, T: int, G: int) -> dict:
     }
 
 
+def measure_whisper(repeats: int, T: int, G: int) -> dict:
+    """Eager vs compiled sampling of the tiny Whisper on three pairs of spoken-digit clips (the module docstring)."""
+    from mmgrpo.modalities.speech.adapter import build_whisper_adapter
+    from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
+
+    adapter = build_whisper_adapter({"name_or_path": "tiny-whisper", "max_new_tokens": T, "temperature": 0.9})
+    adapter._unwrapped().eval()
+    adapter.suppress_ids = sorted({*adapter.suppress_ids, adapter.eos_id})  # every row decodes T tokens
+    rows = SpokenDigitsTask(SpokenDigitsArgs(train_size=6, eval_size=1)).train_rows()[:6]
+    caches = [adapter._audio_cache(rows[i : i + 2]) for i in (0, 2, 4)]
+    keys = noise.NoiseKeys(0, 0, (0, 1), G)
+    first, times, same = _side_by_side(adapter, lambda c: _timed(adapter._sample, c, G, False, keys), caches, repeats)
+    return _row("tiny-whisper", adapter, 2 * G, T, [adapter.prefix.shape[0]], first, times, same)
+
+
+def measure_ar_image(repeats: int, G: int) -> dict:
+    """Eager vs compiled sampling of the tiny Janus (CFG, guidance 5) on three prompt pairs (the module docstring)."""
+    from mmgrpo.modalities.ar_image.adapter import build_ar_image_adapter
+
+    adapter = build_ar_image_adapter({"name_or_path": "tiny-janus", "guidance_scale": 5.0}, seed=0)
+    adapter._unwrapped().eval()
+    pairs = [[{"prompt": pad + p} for p in ("a red circle", "a blue square")] for pad in _PADS]
+    ids = [[adapter._encode(r) for r in rows] for rows in pairs]
+    keys = noise.NoiseKeys(0, 0, (0, 1), G)
+    first, times, same = _side_by_side(adapter, lambda i: _timed(adapter._sample, i, G, False, keys=keys), ids, repeats)
+    lengths = [max(len(i) for i in pair) for pair in ids]
+    return _row("tiny-janus (CFG)", adapter, 2 * G, adapter.T, lengths, first, times, same)
+
+
+def measure(name: str, repeats: int, T: int, G: int) -> dict:
+    """Eager vs compiled sampling of ``name`` (the module docstring)."""
+    if name == "tiny-whisper":
+        return measure_whisper(repeats, T, G)
+    if name == "tiny-janus":
+        return measure_ar_image(repeats, G)
+    adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": T, "min_new_tokens": T})
+    adapter._unwrapped().eval()
+    pairs = _prompt_pairs(adapter.is_multimodal)
+    encs = [[adapter.encode_prompt(r) for r in rows] for rows in pairs]
+    lengths = [adapter.collate(e)["input_ids"].shape[1] for e in encs]
+    keys = noise.NoiseKeys(0, 0, (0, 1), G)
+    first, times, same = _side_by_side(adapter, lambda e: _timed(adapter.sample, e, G, False, keys), encs, repeats)
+    return _row(name, adapter, 2 * G, T, lengths, first, times, same)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--models", nargs="+", default=["tiny-qwen2.5-vl", "smollm2-135m-instruct"])
+    p.add_argument(
+        "--models", nargs="+", default=["tiny-qwen2.5-vl", "smollm2-135m-instruct", "tiny-whisper", "tiny-janus"]
+    )
     p.add_argument("--out", default="runs/compiled_decode.json")
     a = p.parse_args()
     print(
