@@ -16,7 +16,7 @@ from mmgrpo import noise
 from mmgrpo.config import ConfigError
 from mmgrpo.modalities.ar_image.adapter import build_ar_image_adapter
 from mmgrpo.modalities.speech.adapter import build_whisper_adapter
-from mmgrpo.modalities.tokens import compiled_decode
+from mmgrpo.modalities.tokens import compiled_decode, prefix_sharing
 from tests import adapter_cases
 from tests.numerics import adapter_reductions
 
@@ -134,6 +134,7 @@ def test_missing_compiler_falls_back_to_the_eager_loop(monkeypatch, caplog):
     nothing; the tokens are the eager loop's."""
     adapter = build_ar_image_adapter({"name_or_path": "tiny-janus", "guidance_scale": 2.0}, seed=0)
     monkeypatch.setattr(compiled_decode.shutil, "which", lambda name: None)
+    monkeypatch.setattr(prefix_sharing, "_warned", set())  # warned once per process: this test's own "once"
     with caplog.at_level(logging.WARNING):
         eager, compiled = _ar_pair(adapter, AR_ROWS, 2, noise.NoiseKeys(0, 0, (0, 1), 2), backend="inductor")
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])

@@ -397,11 +397,8 @@ class ARImageAdapter(TokenPolicy):
         """The compiled static-cache stepper with ``compile_decode`` where it runs (``compiled_step.py``), else the
         eager one (a one-time warning says why)."""
         eager = _GuidedStepper(self, model, ids, reserve=spec.max_new_tokens)
-        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
-        if reason is None:
+        if compiled_decode.use_compiled(self.args.compile_decode, model, spec.synced):
             return StaticGuidedStepper(eager, self.compiled)
-        if reason != "off":
-            compiled_decode.warn_fallback(reason)
         return eager
 
     def rollout(self, prompts: list[dict], group_size: int, keys: noise.NoiseKeys | None = None) -> Rollout:

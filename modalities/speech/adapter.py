@@ -233,11 +233,8 @@ class WhisperAdapter(EngineSampling, TokenPolicy):
     def _stepper(self, model: torch.nn.Module, cache: AudioCache, spec: SamplingSpec) -> Any:
         """The compiled static-cache stepper with ``compile_decode`` where it runs (``compiled_step.py``), else the
         eager one (a one-time warning says why)."""
-        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
-        if reason is None:
+        if compiled_decode.use_compiled(self.args.compile_decode, model, spec.synced):
             return StaticWhisperStepper(self, model, cache, spec.max_new_tokens, self.compiled)
-        if reason != "off":
-            compiled_decode.warn_fallback(reason)
         return _WhisperStepper(self, model, cache, spec.max_new_tokens)
 
     def _sampling_spec(self, greedy: bool = False, synced: bool = False) -> SamplingSpec:

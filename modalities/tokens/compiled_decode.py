@@ -224,6 +224,15 @@ def fallback_reason(model: torch.nn.Module, synced: bool) -> str | None:
     return unsupported_reason(model) or compiler_problem(next(model.parameters()).device)
 
 
+def use_compiled(on: bool, model: torch.nn.Module, synced: bool) -> bool:
+    """Whether a family's sampler takes its compiled static-cache stepper: ``compile_decode`` is ``on`` and nothing in
+    :func:`fallback_reason` stops it (then the eager loop runs, warned once with the reason)."""
+    reason = fallback_reason(model, synced) if on else "off"
+    if reason not in (None, "off"):
+        warn_fallback(reason)
+    return reason is None
+
+
 def warn_fallback(reason: str) -> None:
     """Log once that sampling uses the eager loop instead of the compiled step."""
     warn_fallback_once("compiled decode (compile_decode)", reason)

@@ -421,11 +421,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
         """The KV-expanded sampler's stepper (one prefill per prompt, the cache expanded G ways): the compiled
         static-cache step with ``compile_decode`` where it runs (:mod:`..tokens.compiled_decode`), else the eager one
         (a one-time warning says why). ``batch``: the left-padded prompts, input_ids [P, L] (+ media)."""
-        reason = compiled_decode.fallback_reason(model, spec.synced) if self.args.compile_decode else "off"
-        if reason is None:
+        if compiled_decode.use_compiled(self.args.compile_decode, model, spec.synced):
             return compiled_decode.StaticPrefixStepper(model, batch, spec.max_new_tokens, self.compiled)
-        if reason != "off":
-            compiled_decode.warn_fallback(reason)
         return prefix_sharing.PrefixStepper(model, batch, reserve=spec.max_new_tokens)
 
     def _decode(self, completion_ids: Tensor) -> list[str]:
