@@ -7,9 +7,11 @@ gpt-fast recipe (a static cache, the per-token forward under ``torch.compile``; 
 
 1. the P prompts are **prefilled eagerly** once (media included), as the eager loop does
    (:func:`.prefix_sharing.prefill`);
-2. their keys/values are copied, G-expanded (row b from prompt b // G), into a transformers ``StaticCache`` of
-   ``S = bucket(L + T)`` positions (``BUCKET``-token buckets, so prompts of nearby lengths share one compiled graph)
-   and the 2-D attention mask becomes ``[B, S]``: the prompt's mask, then 0 for the positions not yet written;
+2. their keys/values are copied, G-expanded (row b from prompt b // G), into a static cache (a transformers ``Cache``
+   of ``StaticLayer`` s, one per prefilled layer: what ``StaticCache`` builds for a full-attention decoder, without
+   reading the layer count from a config that may describe an encoder too) of ``S = bucket(L + T)`` positions
+   (``BUCKET``-token buckets, so prompts of nearby lengths share one compiled graph) and the 2-D attention mask
+   becomes ``[B, S]``: the prompt's mask, then 0 for the positions not yet written;
 3. each step writes its token's position into the mask (1) and calls the **compiled step**: the model's forward over
    one token per row with the static cache (``StaticLayer.update`` writes in place at its ``cumulative_length``,
    a tensor, so the step position is data, not a guard), rope positions continuing each prompt's.
