@@ -7,6 +7,7 @@ positions, the CFG rows and left-padded masks) is checked with torch.compile's `
 step, nothing is code-generated: seconds); inductor's code once on the tiny Whisper (slow).
 """
 
+import contextlib
 import logging
 
 import pytest
@@ -153,16 +154,27 @@ def test_inductor_step_draws_the_eager_tokens_on_the_tiny_whisper():
     assert adapter.compiled.compilations == 1
 
 
+@contextlib.contextmanager
+def _fp32_matmuls():
+    """TF32 off in the block (both arms in fp32, as tests/test_cuda.py compares), restored after."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 @pytest.mark.cuda
 def test_cuda_graph_step_draws_the_eager_tokens_whisper():
     """On CUDA (inductor with CUDA graphs, fp32 matmuls): the tiny Whisper's eager keyed tokens."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    torch.backends.cuda.matmul.allow_tf32 = False
     adapter = adapter_cases.build("whisper", lora=False, temperature=0.9, max_new_tokens=8)
     adapter.model.cuda()
     rows = adapter_cases.CASES["whisper"].rows()
-    eager, compiled = _whisper_pair(adapter, rows, 4, noise.NoiseKeys(0, 3, (0, 1), 4), backend="inductor")
+    with _fp32_matmuls():
+        eager, compiled = _whisper_pair(adapter, rows, 4, noise.NoiseKeys(0, 3, (0, 1), 4), backend="inductor")
     _assert_same_draws(adapter, eager, compiled)
 
 
@@ -171,8 +183,8 @@ def test_cuda_graph_step_draws_the_eager_tokens_ar_image():
     """On CUDA (inductor with CUDA graphs, fp32 matmuls): the tiny Janus's eager keyed CFG image tokens."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    torch.backends.cuda.matmul.allow_tf32 = False
     adapter = build_ar_image_adapter({"name_or_path": "tiny-janus", "guidance_scale": 3.0}, seed=0)
     adapter.model.cuda()
-    eager, compiled = _ar_pair(adapter, AR_ROWS, 4, noise.NoiseKeys(0, 5, (0, 1), 4), backend="inductor")
+    with _fp32_matmuls():
+        eager, compiled = _ar_pair(adapter, AR_ROWS, 4, noise.NoiseKeys(0, 5, (0, 1), 4), backend="inductor")
     _assert_same_draws(adapter, eager, compiled, factor=3.0)
