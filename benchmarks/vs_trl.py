@@ -245,7 +245,9 @@ class _Clock:
         if len(self.step) == self.profile_step:
             import torch
 
-            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            self._prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, with_flops=True
+            )
             self._prof.__enter__()
         self._t0, self._in_rollout = time.perf_counter(), 0.0
 
@@ -340,7 +342,20 @@ def _write_profile(prof, step_s: float, rollout_s: float, path: str) -> None:
         for e in by_shape[:25]
     ]
     out = {"step_s": step_s, "rollout_s": rollout_s, "scopes_s": scopes, "top_ops": top, "top_ops_by_shape": shapes}
-    Path(path).write_text(json.dumps(out, indent=1))
+    Path(path).write_text(json.dumps({**out, "matmul": matmul_rate(events)}, indent=1))
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # the kernels (aten::matmul dispatches here)
+
+
+def matmul_rate(events) -> dict:
+    """The matmul kernels' own FLOP rate in a profiled step: the FLOPs torch.profiler counts (``with_flops``) for
+    the matrix-multiply operators over their self CPU time — the rate of the GEMMs themselves, with the step's other
+    operators (copies, fills, softmax, the optimizer) left out, which the FLOPs-over-step-time share mixes in."""
+    mm = [e for e in events if e.key in MATMUL_OPS and e.flops]
+    flops = sum(e.flops for e in mm)
+    seconds = sum(e.self_cpu_time_total for e in mm) / 1e6
+    return {"gflop": flops / 1e9, "self_s": seconds, "gflop_per_s": flops / 1e9 / seconds if seconds else None}
 
 
 def _run_trl(spec: RunSpec, clock: _Clock, flop_box: dict) -> dict:
@@ -808,7 +823,12 @@ def profile(a, model_dir: Path, point: tuple, raw: Path, out: Path) -> int:
         run_worker(a, tk, model_dir, image_size, result, steps=1, seed=a.seed, flops=False, profile=str(path), **fields)
         report["toolkits"][tk] = json.loads(path.read_text())
         scopes = report["toolkits"][tk]["scopes_s"]
-        print(f"profile {tk}: step {report['toolkits'][tk]['step_s']:.2f}s " + json.dumps(scopes), flush=True)
+        mm = report["toolkits"][tk]["matmul"]
+        print(
+            f"profile {tk}: step {report['toolkits'][tk]['step_s']:.2f}s, matmuls {mm['gflop']:.1f} GFLOP in "
+            f"{mm['self_s']:.2f}s = {mm['gflop_per_s']:.1f} GFLOP/s " + json.dumps(scopes),
+            flush=True,
+        )
     (out / "profile.json").write_text(json.dumps(report, indent=1))
     return 0
 
