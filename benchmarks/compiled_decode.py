@@ -12,7 +12,8 @@ again (one compilation per 64-token bucket of L + T is expected; ``buckets`` lis
 B·T / time, the ratio, the compilations and whether the keyed tokens agree. Models: the tiny Qwen2.5-VL (images)
 and, when it is set up here, SmolLM2-135M-Instruct (text); the other token families' steps the same way:
 ``tiny-whisper`` (the whisper adapter, :mod:`mmgrpo.modalities.speech.compiled_step`: three pairs of spoken-digit
-clips, one decoder-prompt length; end-of-text banned in both arms so every row decodes T tokens) and ``tiny-janus``
+clips, one decoder-prompt length; end-of-text banned in both arms so every row decodes T tokens; ``whisper-tiny.en``
+the same on the real weights when scripts/setup_real_models.sh has converted them) and ``tiny-janus``
 (the ar_image adapter with guidance 5, :mod:`mmgrpo.modalities.ar_image.compiled_step`: 2B CFG rows, T fixed by the
 model, three prompt pairs of different lengths).
 """
@@ -94,19 +95,20 @@ def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float
     }
 
 
-def measure_whisper(repeats: int, T: int, G: int) -> dict:
-    """Eager vs compiled sampling of the tiny Whisper on three pairs of spoken-digit clips (the module docstring)."""
+def measure_whisper(name: str, repeats: int, T: int, G: int) -> dict:
+    """Eager vs compiled sampling of the Whisper ``name`` (``tiny-whisper`` or the real ``whisper-tiny.en``) on three
+    pairs of spoken-digit clips (the module docstring)."""
     from mmgrpo.modalities.speech.adapter import build_whisper_adapter
     from mmgrpo.tasks.spoken_digits import SpokenDigitsArgs, SpokenDigitsTask
 
-    adapter = build_whisper_adapter({"name_or_path": "tiny-whisper", "max_new_tokens": T, "temperature": 0.9})
+    adapter = build_whisper_adapter({"name_or_path": name, "max_new_tokens": T, "temperature": 0.9})
     adapter._unwrapped().eval()
     adapter.suppress_ids = sorted({*adapter.suppress_ids, adapter.eos_id})  # every row decodes T tokens
     rows = SpokenDigitsTask(SpokenDigitsArgs(train_size=6, eval_size=1)).train_rows()[:6]
     caches = [adapter._audio_cache(rows[i : i + 2]) for i in (0, 2, 4)]
     keys = noise.NoiseKeys(0, 0, (0, 1), G)
     first, times, same = _side_by_side(adapter, lambda c: _timed(adapter._sample, c, G, False, keys), caches, repeats)
-    return _row("tiny-whisper", adapter, 2 * G, T, [adapter.prefix.shape[0]], first, times, same)
+    return _row(name, adapter, 2 * G, T, [adapter.prefix.shape[0]], first, times, same)
 
 
 def measure_ar_image(repeats: int, G: int) -> dict:
@@ -125,8 +127,8 @@ def measure_ar_image(repeats: int, G: int) -> dict:
 
 def measure(name: str, repeats: int, T: int, G: int) -> dict:
     """Eager vs compiled sampling of ``name`` (the module docstring)."""
-    if name == "tiny-whisper":
-        return measure_whisper(repeats, T, G)
+    if name in ("tiny-whisper", "whisper-tiny.en"):
+        return measure_whisper(name, repeats, T, G)
     if name == "tiny-janus":
         return measure_ar_image(repeats, G)
     adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": T, "min_new_tokens": T})
