@@ -766,15 +766,12 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
                     f"| {q['update_s']:.2f} | {t['peak_rss_mb']:.0f} | {1 - 1 / q['peak_rss_mb']:.0%} "
                     f"| {t['flops_per_step'] / 1e9:.1f} |"
                 )
-    if "mmgrpo_sampler" in toolkits:
-        lines += ["", "| L:T | step × (TRL / mmgrpo, old_logprobs: sampler) | peak RSS × |", "|---|---|---|"]
+    for tk, label in ROW_LABELS.items():
+        if tk not in toolkits:
+            continue
+        lines += ["", f"| L:T | step × (TRL / mmgrpo, {label}) | rollout × | peak RSS × |", "|---|---|---|---|"]
         for r in table:
-            q = r["trl_over_mmgrpo_sampler"]
-            lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['peak_rss_mb']:.2f} |")
-    if "mmgrpo_compiled" in toolkits:
-        lines += ["", "| L:T | step × (TRL / mmgrpo, compile_decode) | rollout × | peak RSS × |", "|---|---|---|---|"]
-        for r in table:
-            q = r["trl_over_mmgrpo_compiled"]
+            q = r[f"trl_over_{tk}"]
             lines.append(f"| {r['ratio']:.1f}:1 | {q['step_s']:.2f} | {q['rollout_s']:.2f} | {q['peak_rss_mb']:.2f} |")
     if "mmgrpo_naive" in toolkits:
         lines += ["", "| L:T | step × (TRL / mmgrpo naive path) | peak RSS × |", "|---|---|---|"]
@@ -784,11 +781,17 @@ def markdown(table: list[dict], toolkits: list[str]) -> str:
     return "\n".join(lines)
 
 
+ROW_LABELS = {
+    "mmgrpo_sampler": "old_logprobs: sampler",
+    "mmgrpo_compiled": "compile_decode",
+    "mmgrpo_packed": "packed_training",
+}  # the extra mmgrpo rows (--sampler-row, --compiled-row, --packed-row), each a table of its own
 TRL_HEAD = {"trl_cpu": "device"}  # the second TRL row: TRL's CPU rule (its fused head scores every position)
 MMGRPO_ARGS = {
     "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
     "mmgrpo_sampler": {"old_logprobs": "sampler"},  # no extra no-grad forward: TRL's saving at μ = 1
     "mmgrpo_compiled": {"compile_decode": True},  # the compiled static-cache decode step (compiled_decode.py)
+    "mmgrpo_packed": {"packed_training": True},  # the packed cache-free training forward (prefix_sharing.py)
     "mmgrpo_ckpt": {"gradient_checkpointing": True},
 }
 
@@ -861,6 +864,12 @@ def main(argv: list[str] | None = None) -> int:
         "inductor on CPU), reported as its own row",
     )
     p.add_argument(
+        "--packed-row",
+        action="store_true",
+        help="also run mmgrpo with model.args.packed_training: true (one packed cache-free training forward per "
+        "minibatch), reported as its own row",
+    )
+    p.add_argument(
         "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
     )
     p.add_argument("--checkpointing", action="store_true", help="also run both toolkits with gradient checkpointing on")
@@ -919,8 +928,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.replot:
         report = json.loads((out / "vs_trl.json").read_text())
         toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if "trl_over_mmgrpo_naive" in report["table"][0] else [])
-        toolkits += ["mmgrpo_sampler"] if "trl_over_mmgrpo_sampler" in report["table"][0] else []
-        toolkits += ["mmgrpo_compiled"] if "trl_over_mmgrpo_compiled" in report["table"][0] else []
+        toolkits += [tk for tk in ROW_LABELS if f"trl_over_{tk}" in report["table"][0]]
         toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if "trl_ckpt" in report["table"][0] else []
         toolkits += ["trl_cpu"] if "trl_cpu" in report["table"][0] else []
         (out / "vs_trl.md").write_text(markdown(report["table"], toolkits) + "\n")
@@ -929,8 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
-    toolkits += ["mmgrpo_sampler"] if a.sampler_row else []
-    toolkits += ["mmgrpo_compiled"] if a.compiled_row else []
+    toolkits += [tk for tk, on in zip(ROW_LABELS, (a.sampler_row, a.compiled_row, a.packed_row)) if on]
     toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
     toolkits += ["trl_cpu"] if a.trl_cpu_row else []
     T = a.completion_tokens

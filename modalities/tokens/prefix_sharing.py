@@ -278,20 +278,28 @@ def continue_prefix(
 
 
 def completion_logits(
-    model: torch.nn.Module, batch: dict[str, Tensor], rows: Tensor, completions: Tensor, completion_mask: Tensor
+    model: torch.nn.Module,
+    batch: dict[str, Tensor],
+    rows: Tensor,
+    completions: Tensor,
+    completion_mask: Tensor,
+    packed: bool = False,
 ) -> Tensor:
     """Logits that score ``completions``: the split-attention equivalent of the naive [prompt ; completion] forward.
 
     The U prompts in ``batch`` are encoded once; completion i continues prompt ``rows[i]``. The logit at the last
     prompt position predicts token 0; completion tokens 0..T-2 (attending to their prompt and causally to each
-    other) predict tokens 1..T-1, so token T-1 is never fed.
+    other) predict tokens 1..T-1, so token T-1 is never fed. Under gradient checkpointing, or with ``packed``
+    (``model.args.packed_training``) where the attention kernel takes a custom mask, the same logits come from one
+    packed cache-free forward (:func:`packed_completion_logits`): faster when a prompt's G·T completion tokens are
+    no longer than the prompt, slower beyond (docs/benchmarks.md, "The training forward in isolation").
 
     Shape:
         batch: left-padded prompts, input_ids/attention_mask [U, L] (+ media tensors)
         rows: [n] prompt row of each completion; completions, completion_mask: [n, T]
         returns logits [n, T, V] (the model's dtype)
     """
-    if checkpointing(model):
+    if checkpointing(model) or (packed and packs(model)):
         return packed_completion_logits(model, batch, rows, completions, completion_mask)
     prefix = prefill(model, batch).select(rows)
     first = prefix.last_logits[:, None]  # [n, 1, V]
@@ -301,6 +309,16 @@ def completion_logits(
     mask = torch.cat([prefix.attention_mask, completion_mask[:, : T - 1].to(prefix.attention_mask.dtype)], dim=1)
     rest = continue_prefix(model, prefix, completions[:, : T - 1], mask, offset=0)  # [n, T-1, V]
     return torch.cat([first, rest], dim=1)  # [n, T, V]
+
+
+def packs(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention kernel takes the packed forward's 4-D mask (``PACKED_KERNELS``); if not, warns once
+    that ``packed_training`` falls back to the cache layout."""
+    kernel = attn_implementation(core_model(model).config.get_text_config())
+    if kernel in PACKED_KERNELS:
+        return True
+    warn_fallback_once("packed_training", f"{kernel!r} attention takes no custom 4-D mask (sdpa or eager does)")
+    return False
 
 
 def packed_completion_logits(

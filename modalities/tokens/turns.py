@@ -894,7 +894,12 @@ def trajectory_logits(
             unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
             batch = adapter.collate([state.encodings[p] for p in unique.tolist()])
             out = prefix_sharing.completion_logits(
-                model, batch, rows.to(device), comp[:, :t].to(device), valid[:, :t].to(device)
+                model,
+                batch,
+                rows.to(device),
+                comp[:, :t].to(device),
+                valid[:, :t].to(device),
+                adapter.args.packed_training,
             )  # [n, t, V | H]
         else:
             if any(media) and adapter.args.prefix_sharing:

@@ -97,6 +97,13 @@ class VLMArgs:
     """Recompute each decoder and vision layer in the backward pass instead of keeping its activations
     (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
     working (one packed forward per minibatch, modalities/tokens/prefix_sharing.py)."""
+    packed_training: bool = False
+    """The split-attention log-prob forward packs each prompt and its completions into one row under a block mask
+    (one cache-free forward, as under gradient checkpointing) instead of continuing the prompt's KV cache: no G-fold
+    copy of the prompt's keys/values per layer, but masked slot × slot attention that grows with (G·T)². Faster when
+    a prompt's G·(T−1) completion tokens are no longer than the prompt (short answers to long prompts), slower beyond
+    (docs/benchmarks.md, "The training forward in isolation"). Needs sdpa or eager attention (else the cache layout,
+    with a warning)."""
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; the same
     distribution as HF generate (its very draws with sample_draw: multinomial). False:
@@ -562,7 +569,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
                 comp = comp.to(self.device)
                 out = prefix_sharing.completion_logits(
-                    model, batch, rows.to(self.device), comp, self._completion_mask(comp)
+                    model, batch, rows.to(self.device), comp, self._completion_mask(comp), self.args.packed_training
                 )  # [n, T, V] logits or [n, T, H] hidden states, the model's dtype
             else:
                 batch = self.collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
