@@ -147,3 +147,41 @@ def test_cuda_graph_step_draws_the_eager_tokens():
     adapter.model.cuda()
     eager, compiled = _eager_and_compiled(adapter, TEXT_ROWS, 4, noise.NoiseKeys(0, 2, (0, 1), 4), "inductor")
     _assert_same_draws(adapter, eager, compiled)
+
+
+class _GraphKeeper(compiled_decode.CompiledDecoder):
+    """The compiled decoder, keeping every graph it is given (eager backend)."""
+
+    def _backend(self, graphs: bool):
+        inner = super()._backend(graphs)
+        self.graphs = []
+
+        def keep(gm, example_inputs):
+            self.graphs.append(gm)
+            return inner(gm, example_inputs)
+
+        return keep
+
+
+def test_the_cpu_step_passes_grouped_kv_heads_to_sdpa_unexpanded():
+    """A grouped-query decoder (Qwen2: 4 query / 2 K/V heads here): the compiled step's SDPA calls take the static
+    cache's K/V heads as they are with ``enable_gqa`` (no per-step copy of the cache to the query heads), the switch
+    is set only during the call, and the tokens stay the eager loop's."""
+    import os
+
+    adapter = _text_adapter("qwen2")
+    text = adapter._unwrapped().config
+    assert text.num_attention_heads > text.num_key_value_heads  # the case the expansion copied
+    adapter.args.old_logprobs, adapter.args.compile_decode = "sampler", False
+    keys = noise.NoiseKeys(0, 5, (0, 1), 3)
+    eager = adapter.rollout(TEXT_ROWS, 3, keys)
+    adapter.args.compile_decode = True
+    adapter.compiled = _GraphKeeper(backend="eager")
+    torch._dynamo.reset()
+    compiled = adapter.rollout(TEXT_ROWS, 3, keys)
+    assert compiled_decode.GQA_SWITCH not in os.environ  # restored after the call
+    _assert_same_draws(adapter, eager, compiled)
+    sdpa = [n for gm in adapter.compiled.graphs for n in gm.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert len(sdpa) == text.num_hidden_layers
+    heads = {n.args[1].meta["example_value"].shape[1] for n in sdpa}  # the keys' head count
+    assert heads == {text.num_key_value_heads} and all(n.kwargs.get("enable_gqa") for n in sdpa)
