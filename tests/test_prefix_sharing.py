@@ -340,14 +340,22 @@ def _attention_calls(model) -> list[int]:
     return calls
 
 
+PACKED_LAYOUTS = {  # option → the first layer's attention calls, shared then naive
+    "gradient_checkpointing": ([2, 2], [4, 4]),  # forward, then the checkpoint's recompute in the backward
+    "packed_training": ([2], [4]),  # one forward (the naive path keeps no cache: one row per completion)
+}
+
+
+@pytest.mark.parametrize("option", PACKED_LAYOUTS)
 @pytest.mark.parametrize("lora", [False, True])
-def test_gradient_checkpointing_keeps_prompt_sharing_exact(tiny_vlm_path, lora, caplog):
-    """Checkpointed layers drop the KV cache, so the shared forward packs [prompt ; completion slots] into one
-    forward with a 4-D mask; it equals the naive forward (also checkpointed) and really recomputes its layers."""
+def test_packed_forward_keeps_prompt_sharing_exact(tiny_vlm_path, lora, option, caplog):
+    """Checkpointed layers drop the KV cache (and ``packed_training`` asks for no cache), so the shared forward packs
+    [prompt ; completion slots] into one forward with a 4-D mask; it equals the naive forward (also checkpointed
+    under checkpointing) and really runs packed, one row per prompt (checkpointed: recomputing its layers)."""
     from mmgrpo.config import LoraConfig
 
     adapter = build_vlm_adapter(
-        {"name_or_path": tiny_vlm_path, "max_new_tokens": 7, "gradient_checkpointing": True},
+        {"name_or_path": tiny_vlm_path, "max_new_tokens": 7, option: True},
         lora=LoraConfig(enabled=True, r=4, alpha=8) if lora else None,
     )
     model = adapter._unwrapped()
@@ -356,19 +364,21 @@ def test_gradient_checkpointing_keeps_prompt_sharing_exact(tiny_vlm_path, lora, 
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0, 0.1)
-    assert prefix_sharing.checkpointing(model) and prefix_sharing.unsupported_reason(model) is None
+    assert prefix_sharing.checkpointing(model) == (option == "gradient_checkpointing")
+    assert prefix_sharing.unsupported_reason(model) is None
     state = _state(adapter, _rows(), G=3, T=7)
     prefix_sharing._warned.clear()
     with caplog.at_level(logging.WARNING, logger=prefix_sharing.__name__):
         _assert_same(adapter, state, torch.arange(6))  # whole groups
         _assert_same(adapter, state, torch.tensor([5, 0, 3, 4]))  # across groups, unordered
     assert not [r for r in caplog.records if r.name == prefix_sharing.__name__]  # no fallback
+    shared, naive = PACKED_LAYOUTS[option]
     calls = _attention_calls(model)
     _logp_and_grads(adapter, state, torch.tensor([5, 0, 3, 4]), shared=True)
-    assert calls == [2, 2]  # one packed row per prompt, forward then the checkpoint's recompute in backward
+    assert calls == shared  # one packed row per prompt
     calls.clear()
     _logp_and_grads(adapter, state, torch.tensor([5, 0, 3, 4]), shared=False)
-    assert calls == [4, 4]  # the naive path: one row per completion
+    assert calls == naive  # the naive path: one row per completion
 
 
 def test_gradient_checkpointing_text_only_qwen2():
