@@ -10,9 +10,10 @@ run: a touchpoint that disappeared fails by name, before a user's run hits it.
 
 A private attribute (``x._name``, read or set) is reached only through the named function of this module its
 touchpoint names (``accessor``: :func:`no_split_modules`, :func:`attn_implementation`, :func:`has_forward_hooks`,
-:func:`graph_task_id`, :func:`flux_pack_latents`, :func:`flux_latent_image_ids`, :func:`tensorboard_file_writer`,
-:func:`keep_generation_fields`): ``tests/test_compat.py`` fails on a library's private attribute, or on any
-``getattr(x, "_name")`` string, anywhere else in ``mmgrpo/``, ``modalities/``, ``rewards/`` and ``tools/``.
+:func:`graph_task_id`, :func:`dynamo_supported`, :func:`mark_static_address`, :func:`flux_pack_latents`,
+:func:`flux_latent_image_ids`, :func:`tensorboard_file_writer`, :func:`keep_generation_fields`):
+``tests/test_compat.py`` fails on a library's private attribute, or on any ``getattr(x, "_name")`` string, anywhere
+else in ``mmgrpo/``, ``modalities/``, ``rewards/`` and ``tools/``.
 
 Standard library only (it runs in ``.venv-vllm``, where mmgrpo is not installed); it imports no part of mmgrpo, so
 the core may list the modalities' touchpoints without importing them (docs/architecture.md's dependency rule).
@@ -204,6 +205,27 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "torch",
+        "torch:_dynamo.is_dynamo_supported",
+        "modalities/tokens/compiled_decode.py (check_args)",
+        "refuses compile_decode at load where torch.compile cannot run; missing: the option fails at its first step",
+        accessor="dynamo_supported",
+    ),
+    Touchpoint(
+        "torch",
+        "torch:_dynamo.mark_static_address",
+        "modalities/tokens/compiled_decode.py (CompiledDecoder.static_buffer)",
+        "keeps a pooled step input at the fixed address a CUDA graph replays from; missing: no compiled decode",
+        accessor="mark_static_address",
+    ),
+    Touchpoint(
+        "transformers",
+        "transformers.integrations.sdpa_attention:use_gqa_in_sdpa",
+        "modalities/tokens/compiled_decode.py (grouped_kv_sdpa)",
+        "reads TRANSFORMERS_SDPA_FORCE_GQA, which the compiled CPU step sets so that SDPA takes grouped K/V heads as "
+        "they are; missing: each step copies its static cache to the query heads again (same values, slower)",
+    ),
+    Touchpoint(
+        "torch",
         "torch.nn:Module()._forward_hooks",
         "modalities/tokens/logprobs.py",
         "a head with hooks is not fused (its hooks would be skipped)",
@@ -335,6 +357,21 @@ def has_forward_hooks(module: Any) -> bool:
     """A torch module with forward hooks or forward pre-hooks registered (``Module._forward_hooks``,
     ``Module._forward_pre_hooks``)."""
     return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def dynamo_supported() -> bool:
+    """Whether ``torch.compile`` can run here (``torch._dynamo.is_dynamo_supported``: this Python and platform)."""
+    import torch  # here, not at the top: this file runs in environments without torch (``.venv-vllm``'s check)
+
+    return torch._dynamo.is_dynamo_supported()
+
+
+def mark_static_address(tensor: Any) -> None:
+    """Mark ``tensor``'s storage as a fixed address for compiled graphs (``torch._dynamo.mark_static_address``): a CUDA
+    graph replays from it without copying it in."""
+    import torch
+
+    torch._dynamo.mark_static_address(tensor)
 
 
 def graph_task_id() -> Callable[[], int] | None:

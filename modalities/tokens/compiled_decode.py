@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from mmgrpo.compat import dynamo_supported, mark_static_address
 from mmgrpo.config import ConfigError
 
 from .. import _hf
@@ -81,7 +82,7 @@ def compiler_problem(device: torch.device) -> str | None:
 def check_args(compile_decode: bool) -> None:
     """At load: refuse ``model.args.compile_decode`` where ``torch.compile`` cannot run at all (ConfigError, one line);
     a missing C++ compiler or sharded weights fall back at sampling time instead (:func:`fallback_reason`)."""
-    if compile_decode and not torch._dynamo.is_dynamo_supported():
+    if compile_decode and not dynamo_supported():
         raise ConfigError(
             f"model.args.compile_decode: torch.compile is not supported on Python {sys.version.split()[0]} with torch "
             f"{torch.__version__}; set compile_decode: false"
@@ -152,7 +153,7 @@ class CompiledDecoder:
         key = (kind, tuple(value.shape), value.dtype, value.device)
         if key not in self.buffers:
             self.buffers[key] = torch.empty_like(value)
-            torch._dynamo.mark_static_address(self.buffers[key])
+            mark_static_address(self.buffers[key])
         return self.buffers[key].copy_(value)
 
 
