@@ -221,6 +221,8 @@ def test_the_load_check_leaves_nothing_in_the_run_process(tmp_path, data, monkey
     from mmgrpo.tasks.dataset import build_dataset_task
 
     def recording(completions, **kwargs):
+        """Records its calls. Source: this test (the registry asks every reward for a one-line description and a
+        source, and test_rewards_registry checks them on whatever is registered in its process)."""
         CALLS.append(len(completions))
         return [0.0] * len(completions)
 
