@@ -163,10 +163,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     one_window = window is not None and getattr(text, "use_sliding_window", True) and not _all_full(text)
     if not sliding_layers and (one_window or getattr(text, "use_sliding_window", False)):  # Mistral with a window
         return f"sliding-window attention (window {window}) keeps a different cache (sliding_window: null shares)"
-    if checkpointing(model):
-        kernel = attn_implementation(text)
-        if kernel not in PACKED_KERNELS:
-            return f"gradient checkpointing needs a custom attention mask, which {kernel!r} attention does not take"
+    kernel = unpacked_kernel(model)
+    if checkpointing(model) and kernel is not None:
+        return f"gradient checkpointing needs a custom attention mask, which {kernel!r} attention does not take"
     return None
 
 
@@ -311,14 +310,20 @@ def completion_logits(
     return torch.cat([first, rest], dim=1)  # [n, T, V]
 
 
-def packs(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s attention kernel takes the packed forward's 4-D mask (``PACKED_KERNELS``); if not, warns once
-    that ``packed_training`` falls back to the cache layout."""
+def unpacked_kernel(model: torch.nn.Module) -> str | None:
+    """None when ``model``'s attention kernel takes the packed forward's 4-D mask (``PACKED_KERNELS``); else its name
+    (gradient checkpointing and ``packed_training`` both need the mask)."""
     kernel = attn_implementation(core_model(model).config.get_text_config())
-    if kernel in PACKED_KERNELS:
-        return True
-    warn_fallback_once("packed_training", f"{kernel!r} attention takes no custom 4-D mask (sdpa or eager does)")
-    return False
+    return None if kernel in PACKED_KERNELS else kernel
+
+
+def packs(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s attention kernel takes the packed forward's 4-D mask; if not, warns once that
+    ``packed_training`` falls back to the cache layout."""
+    kernel = unpacked_kernel(model)
+    if kernel is not None:
+        warn_fallback_once("packed_training", f"{kernel!r} attention takes no custom 4-D mask (sdpa or eager does)")
+    return kernel is None
 
 
 def packed_completion_logits(
