@@ -9,9 +9,10 @@ attribute and deep import of those libraries in the source is listed here. Upgra
 run: a touchpoint that disappeared fails by name, before a user's run hits it.
 
 A private attribute (``x._name``, read or set) is reached only through the named function of this module its
-touchpoint names (``accessor``: :func:`no_split_modules`, :func:`attn_implementation`, :func:`has_forward_hooks`,
-:func:`graph_task_id`, :func:`dynamo_supported`, :func:`mark_static_address`, :func:`flux_pack_latents`,
-:func:`flux_latent_image_ids`, :func:`tensorboard_file_writer`, :func:`keep_generation_fields`):
+touchpoint names (``accessor``: :func:`no_split_modules`, :func:`attn_implementation`,
+:func:`set_attn_implementation`, :func:`has_forward_hooks`, :func:`graph_task_id`, :func:`dynamo_supported`,
+:func:`mark_static_address`, :func:`flux_pack_latents`, :func:`flux_latent_image_ids`, :func:`tensorboard_file_writer`,
+:func:`keep_generation_fields`):
 ``tests/test_compat.py`` fails on a library's private attribute, or on any ``getattr(x, "_name")`` string, anywhere
 else in ``mmgrpo/``, ``modalities/``, ``rewards/`` and ``tools/``.
 
@@ -109,6 +110,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "modalities/tokens/prefix_sharing.py",
         "the attention kernel the shared-prefix forward must mask for (eager adds the mask itself)",
         accessor="attn_implementation",
+    ),
+    Touchpoint(
+        "transformers",
+        "transformers:PretrainedConfig()._attn_implementation",
+        "modalities/tokens/shared_prefix_decode.py (kernel)",
+        "the decode step's switch of the text layers to the shared-prefix kernel and back; missing: the option "
+        "falls back to the expanded cache at load",
+        accessor="set_attn_implementation",
     ),
     Touchpoint(
         "transformers",
@@ -351,6 +360,12 @@ def attn_implementation(config: Any) -> str | None:
     """The attention kernel a transformers config selects (``PretrainedConfig._attn_implementation``: ``eager``,
     ``sdpa``, ``flash_attention_2``, ...); None where the config has none."""
     return getattr(config, "_attn_implementation", None)
+
+
+def set_attn_implementation(config: Any, name: str | None) -> None:
+    """Select the attention kernel ``name`` on one transformers config (``PretrainedConfig._attn_implementation``), that
+    config only: the shared-prefix decode step switches its text layers' kernel for the step and back."""
+    config._attn_implementation = name
 
 
 def has_forward_hooks(module: Any) -> bool:

@@ -58,7 +58,7 @@ from mmgrpo.config import ConfigError
 
 from .. import _hf
 from .decode import SamplingSpec, sampling_scores
-from .prefix_sharing import _position_arg, core_model, prefill, warn_fallback_once
+from .prefix_sharing import core_model, position_arg, prefill, warn_fallback_once
 
 BUCKET = 64
 """Static cache lengths are multiples of this many positions: prompts whose L + T fall in one bucket share a graph."""
@@ -248,7 +248,7 @@ class StaticPrefixStepper:
 
     def step(self, tokens: Tensor, step: int) -> Tensor:
         self.mask[:, self.L + step] = 1
-        positions = _position_arg((self.next_position + step)[..., None])  # [R, B, 1] → the model's form
+        positions = position_arg((self.next_position + step)[..., None])  # [R, B, 1] → the model's form
         return self.step_fn(self.model, self.cache, tokens[:, None], self.mask, positions).clone()  # [B, V]
 
 

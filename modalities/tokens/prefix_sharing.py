@@ -238,7 +238,7 @@ def prompt_positions(model: torch.nn.Module, batch: dict[str, Tensor]) -> tuple[
     return positions[..., :L], positions[..., L]  # [3, U, L], [3, U]
 
 
-def _position_arg(positions: Tensor) -> Tensor:
+def position_arg(positions: Tensor) -> Tensor:
     """[R, n, t] → what the model's forward takes: [3, n, t] for mRoPE, [n, t] for 1-D RoPE."""
     return positions[0] if positions.shape[0] == 1 else positions
 
@@ -246,7 +246,7 @@ def _position_arg(positions: Tensor) -> Tensor:
 def prefill(model: torch.nn.Module, batch: dict[str, Tensor]) -> PromptPrefix:
     """Run the U prompts of ``batch`` (media included) once, keeping the KV cache (with grad if enabled)."""
     positions, next_position = prompt_positions(model, batch)
-    out = model(**batch, position_ids=_position_arg(positions), use_cache=True, logits_to_keep=1)
+    out = model(**batch, position_ids=position_arg(positions), use_cache=True, logits_to_keep=1)
     return PromptPrefix(_hf.returned_cache(out), out.logits[:, -1], batch["attention_mask"], next_position)
 
 
@@ -266,7 +266,7 @@ def continue_prefix(
     out = model(
         input_ids=tokens,
         attention_mask=attention_mask,
-        position_ids=_position_arg(positions),
+        position_ids=position_arg(positions),
         use_cache=True,
         **_hf.kv_cache(prefix.cache),
     )
@@ -373,7 +373,7 @@ def packed_completion_logits(
     if blocks is not None:  # Gemma 3: the tokens of one image attend to each other both ways
         allowed = allowed | ((blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0))  # [U, S, S]
     packed["attention_mask"] = _packed_mask(model, allowed, all_positions[0])
-    position_ids = _position_arg(all_positions)  # [R, U, S] or [U, S]
+    position_ids = position_arg(all_positions)  # [R, U, S] or [U, S]
     logits = model(**packed, position_ids=position_ids, use_cache=False, logits_to_keep=S - L + 1).logits
     logits = logits[:, logits.shape[1] - (S - L + 1) :]  # (Qwen2-Audio ignores logits_to_keep)
     # logits [U, 1 + K·t, V]: index 0 is the last prompt position, 1 + k·t + a completion token a of slot k

@@ -41,7 +41,7 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Answer, DataError, Rollout
 
 from .. import _hf, model_names
-from ..tokens import compiled_decode, prefix_sharing
+from ..tokens import compiled_decode, prefix_sharing, shared_prefix_decode
 from ..tokens.decode import SamplingSpec, Stepper, decode
 from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
@@ -114,6 +114,12 @@ class VLMArgs:
     draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by default: on this CPU it is no
     faster (docs/benchmarks.md). Needs kv_expand_rollout; falls back to the eager loop with a warning without a
     C++ compiler, under FSDP or for sliding-window caches."""
+    shared_prefix_decode: bool = True
+    """The eager KV-expanded sampler keeps each prompt's cache once, not G copies: every decoding step stacks the G
+    rows' queries against their prompt's keys in one matmul and merges it with each row's own keys by log-sum-exp
+    (Hydragen, arXiv 2402.05099; modalities/tokens/shared_prefix_decode.py). The same tokens and log-probs up to
+    float rounding. Falls back to the expanded cache (said once at INFO level) for sliding windows, flash/flex
+    kernels and sharded weights; compile_decode takes precedence."""
     sample_draw: Literal["inverse_cdf", "multinomial"] = "inverse_cdf"
     """How the KV-expanded sampler draws each token from the same softmax: inverse_cdf (one uniform per row and
     step) | multinomial (torch.multinomial, HF generate's draws: a fixed seed gives generate's tokens; on CPU it
@@ -427,9 +433,12 @@ class VLMAdapter(EngineSampling, TokenPolicy):
     def _stepper(self, model: torch.nn.Module, batch: dict[str, Tensor], spec: SamplingSpec) -> Stepper:
         """The KV-expanded sampler's stepper (one prefill per prompt, the cache expanded G ways): the compiled
         static-cache step with ``compile_decode`` where it runs (:mod:`..tokens.compiled_decode`), else the eager one
-        (a one-time warning says why). ``batch``: the left-padded prompts, input_ids [P, L] (+ media)."""
+        over the unexpanded prompt cache with ``shared_prefix_decode`` (:mod:`..tokens.shared_prefix_decode`), else
+        over the expanded cache. ``batch``: the left-padded prompts, input_ids [P, L] (+ media)."""
         if compiled_decode.use_compiled(self.args.compile_decode, model, spec.synced):
             return compiled_decode.StaticPrefixStepper(model, batch, spec.max_new_tokens, self.compiled)
+        if shared_prefix_decode.use_shared(self.args.shared_prefix_decode, model, spec.synced):
+            return shared_prefix_decode.SharedPrefixStepper(model, batch, reserve=spec.max_new_tokens)
         return prefix_sharing.PrefixStepper(model, batch, reserve=spec.max_new_tokens)
 
     def _decode(self, completion_ids: Tensor) -> list[str]:

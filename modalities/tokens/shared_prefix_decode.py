@@ -1,0 +1,256 @@
+"""Decode attention that reads each prompt's keys/values once for its whole group (``model.args.shared_prefix_decode``).
+
+The KV-expanded sampler (:class:`.prefix_sharing.PrefixStepper`) prefills each prompt once, then copies its cache G
+ways, so every decoding step attends each of the B = P·G rows to its own copy of the prompt: G small attention
+problems per prompt that read the same L keys and values G times. Hydragen (Juravsky et al. 2024, "Hydragen:
+High-Throughput LLM Inference with Shared Prefixes", arXiv 2402.05099, §3) splits the softmax over the two parts of
+the keys, the shared prefix and each row's own suffix, and merges the two partial results by their log-sum-exps:
+
+    A(q, K) = (e^{lse_p} · A(q, K_p) + e^{lse_s} · A(q, K_s)) / (e^{lse_p} + e^{lse_s}),
+    lse_x = log Σ_{k ∈ K_x} exp(q·k · scale)                                            (Hydragen §3.1, eq. 2–3)
+
+so the queries of all G rows of a prompt are stacked into one matrix against the prompt's keys (one matmul per
+prompt and K/V head instead of G matrix–vector products), and only the suffix part is per row. Exact in exact
+arithmetic; in floating point it differs from the expanded cache's kernel by rounding
+(tests/test_shared_prefix_decode.py checks the keyed tokens and log-probs against the expanded cache on tiny models
+of each architecture).
+
+How it plugs into transformers without touching the model: the prompt cache is not expanded; each full-attention
+layer of it becomes a :class:`SharedPrefixLayer` (the prompt's keys/values [P, H_kv, L, d] and a buffer for the
+rows' own keys/values [B, H_kv, T, d]), and each decoding step runs the model with the attention kernel
+:data:`KERNEL`, registered with transformers' ``AttentionInterface`` (public: ``AttentionInterface.register``),
+which transformers calls with the layer's query, the rows' own keys/values (what the cache's ``update`` returns)
+and the forward's keyword arguments, where ``shared_prefix`` carries the cache. A kernel transformers has no mask
+function for gets no mask (``masking_utils._preprocess_mask_arguments``), so no [B, 1, 1, L + t] mask is built per
+step either: the prompt's padding is one additive bias per prompt, the suffix needs none (one query per row, every
+own position visible).
+
+Where it applies (:func:`unsupported_reason`): decoder-only and media models whose text layers are all full
+attention with the ``sdpa`` or ``eager`` kernel (the prefix-sharing families of :mod:`.prefix_sharing` without
+sliding windows), fp32/bf16/fp16, one process or data-parallel (not sharded weights). Elsewhere the eager
+expanded loop runs; the option is on by default, so that is said once at INFO level, not warned.
+
+Shape glossary: ``P`` prompts, ``G`` group size, ``B = P·G`` rows (group-major), ``H`` query heads, ``H_kv`` K/V
+heads, ``g = H / H_kv``, ``L`` prompt length (left-padded), ``n`` own positions so far, ``t`` new tokens, ``d`` head
+dimension.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicLayer
+
+from mmgrpo import compat
+
+from .. import _hf
+from . import prefix_sharing
+
+logger = logging.getLogger(__name__)
+_told: set[str] = set()
+
+KERNEL = "mmgrpo_shared_prefix"
+"""The name of :func:`shared_prefix_attention` in transformers' ``AttentionInterface``."""
+
+KERNELS = ("sdpa", "eager")
+"""The attention kernels the shared decode replaces (both compute plain softmax attention with the model's scaling)."""
+
+
+class SharedPrefixLayer(DynamicLayer):
+    """One full-attention layer of the shared cache: the prompts' keys/values once, each row's own after them.
+
+    ``update`` (the decoding step's new keys/values) writes the rows' own part in place and returns it; the kernel
+    reads the prompt part from here. Past ``extra`` own positions it grows by concatenation, so a longer
+    continuation is never wrong.
+
+    Shape:
+        keys, values: [P, H_kv, L, d]; bias: [P, 1, 1, L] (0 at prompt tokens, -inf at left padding)
+        own keys/values: [B, H_kv, n, d], B = P·group
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor, bias: Tensor, group: int, extra: int):
+        super().__init__()
+        P, H, _, d = keys.shape
+        self.prompt_keys, self.prompt_values, self.bias, self.group = keys, values, bias, group
+        self._k = keys.new_empty((P * group, H, extra, d))  # [B, H_kv, T, d]
+        self._v = values.new_empty((P * group, H, extra, d))
+        self.device, self.is_initialized = keys.device, True
+        self.keys, self.values = self._k[..., :0, :], self._v[..., :0, :]
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        n = self.keys.shape[-2]
+        m = n + key_states.shape[-2]
+        if m > self._k.shape[-2]:
+            self._k = torch.cat([self.keys, key_states], dim=-2)
+            self._v = torch.cat([self.values, value_states], dim=-2)
+        else:
+            self._k[..., n:m, :].copy_(key_states)
+            self._v[..., n:m, :].copy_(value_states)
+        self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """Positions seen: the (padded) prompt and the own ones."""
+        return self.prompt_keys.shape[-2] + self.keys.shape[-2]
+
+
+def _partial(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Unnormalised softmax attention over one part of the keys: (Σ e^{s−m} v, Σ e^{s−m}, m), in fp32.
+
+    Shape: scores [..., q, k], values [..., k, d] → [..., q, d], [..., q], [..., q]"""
+    s = scores.float()
+    m = s.amax(dim=-1)  # [..., q]
+    e = (s - m[..., None]).exp_()  # [..., q, k]
+    return (e.to(values.dtype) @ values).float(), e.sum(dim=-1), m
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """Attention of B rows over [their prompt's keys ; their own keys], the prompt part stacked per prompt
+    (Hydragen, arXiv 2402.05099, §3.1, eq. 2–3; see the module docstring). Called by transformers' attention
+    modules when the config selects :data:`KERNEL`; ``key``/``value`` are the rows' own, the prompt's come from
+    ``kwargs["shared_prefix"]`` (the cache) at ``module.layer_idx``. Query token i of t sits at own position
+    n − t + i and sees own positions ≤ it.
+
+    Shape:
+        query [B, H, t, d]; key, value [B, H_kv, n, d]
+        returns [B, t, H, d] (what transformers' kernels return), None
+    """
+    cache = kwargs.get("shared_prefix")
+    if cache is None:
+        raise RuntimeError(
+            f"attention kernel {KERNEL!r} runs only inside the shared-prefix decode step (it needs the shared cache); "
+            "set the model's attn_implementation back to sdpa or eager"
+        )
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None or dropout:
+        raise RuntimeError(f"attention kernel {KERNEL!r}: no logit soft-capping, attention sinks or dropout")
+    layer: SharedPrefixLayer = cache.layers[module.layer_idx]
+    B, H, t, d = query.shape
+    P, Hkv = layer.prompt_keys.shape[:2]
+    G, g, n = layer.group, H // Hkv, key.shape[-2]
+    scale = d**-0.5 if scaling is None else scaling
+    # the prompt part: the G rows' queries of prompt p as one [G·g·t, d] block per K/V head
+    q_prompt = query.reshape(P, G, Hkv, g * t, d).transpose(1, 2).reshape(P, Hkv, G * g * t, d)
+    s_prompt = (q_prompt @ layer.prompt_keys.transpose(-1, -2)) * scale + layer.bias  # [P, H_kv, G·g·t, L]
+    prompt_part = _partial(s_prompt, layer.prompt_values)  # per prompt: [P, H_kv, G·g·t, d], [P, H_kv, G·g·t] x2
+    o_p, l_p, m_p = (x.unflatten(2, (G, g * t)).transpose(1, 2).flatten(0, 1) for x in prompt_part)
+    # the own part, per row: [g·t, d] queries against n own keys, causal over the t new tokens
+    s_own = (query.reshape(B, Hkv, g * t, d) @ key.transpose(-1, -2)) * scale  # [B, H_kv, g·t, n]
+    if t > 1:
+        seen = torch.arange(n, device=query.device) <= torch.arange(n - t, n, device=query.device)[:, None]  # [t, n]
+        s_own = s_own.masked_fill(~seen.repeat(g, 1), float("-inf"))
+    o_s, l_s, m_s = _partial(s_own, value)  # [B, H_kv, g·t, d], [B, H_kv, g·t] x2
+    m = torch.maximum(m_p, m_s)
+    w_p, w_s = (m_p - m).exp(), (m_s - m).exp()  # [B, H_kv, g·t]
+    out = (o_p * w_p[..., None] + o_s * w_s[..., None]) / (l_p * w_p + l_s * w_s)[..., None]  # [B, H_kv, g·t, d]
+    return out.to(query.dtype).reshape(B, H, t, d).transpose(1, 2), None
+
+
+AttentionInterface.register(KERNEL, shared_prefix_attention)
+
+
+def text_attention_configs(model: torch.nn.Module) -> list:
+    """The distinct configs the decoder's attention modules read their kernel from (those with a ``layer_idx``:
+    the text layers, not a vision tower's)."""
+    configs: dict[int, object] = {}
+    for module in prefix_sharing.core_model(model).modules():
+        config = getattr(module, "config", None)
+        if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups") and config is not None:
+            configs[id(config)] = config
+    return list(configs.values())
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the shared-prefix decode cannot run on ``model`` (None when it can)."""
+    configs = text_attention_configs(model)
+    if not configs:
+        return "no decoder attention module with a layer index and K/V groups was found"
+    kernels = {compat.attn_implementation(c) for c in configs}
+    if not kernels <= set(KERNELS):
+        return f"attention kernel {sorted(map(str, kernels))}; it replaces only {' / '.join(KERNELS)}"
+    for config in configs:
+        if getattr(config, "layer_types", None) and set(config.layer_types) != {"full_attention"}:
+            return "sliding-window or linear-attention layers"
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            return "a sliding attention window"
+        if getattr(config, "attn_logit_softcapping", None):
+            return "attention logit soft-capping"
+    return None
+
+
+def use_shared(on: bool, model: torch.nn.Module, synced: bool) -> bool:
+    """Whether the sampler takes :class:`SharedPrefixStepper`: ``shared_prefix_decode`` is ``on`` and the model allows
+    it (else the expanded cache, warned once with the reason)."""
+    if not on:
+        return False
+    reason = "sharded weights (FSDP): not tested there" if synced else unsupported_reason(model)
+    if reason is not None and reason not in _told:  # on by default: said once, not as a warning
+        _told.add(reason)
+        logger.info("shared-prefix decode (shared_prefix_decode): the expanded cache runs instead because %s", reason)
+    return reason is None
+
+
+@contextmanager
+def kernel(configs: list) -> Iterator[None]:
+    """Within the block, ``configs`` select :data:`KERNEL`; restored after, also on error."""
+    before = [compat.attn_implementation(c) for c in configs]
+    try:
+        for c in configs:
+            compat.set_attn_implementation(c, KERNEL)
+        yield
+    finally:
+        for c, name in zip(configs, before):
+            compat.set_attn_implementation(c, name)
+
+
+def share(cache, attention_mask: Tensor, group: int, extra: int) -> None:
+    """Turn the prefilled prompt ``cache`` (per layer [P, H_kv, L, d]) into the shared cache, in place: each layer a
+    :class:`SharedPrefixLayer` with room for ``extra`` own positions per row. ``attention_mask``: [P, L]."""
+    layers = cache.layers
+    if not all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers):
+        raise ValueError("shared-prefix decode: the prompt cache has layers other than plain full attention")
+    bias = torch.zeros(attention_mask.shape, dtype=layers[0].keys.dtype, device=layers[0].keys.device)
+    bias = bias.masked_fill(attention_mask.to(bias.device) == 0, float("-inf"))[:, None, None, :]  # [P, 1, 1, L]
+    for i, layer in enumerate(layers):
+        layers[i] = SharedPrefixLayer(layer.keys, layer.values, bias, group, extra)
+
+
+class SharedPrefixStepper(prefix_sharing.PrefixStepper):
+    """:class:`~.decode.Stepper` of the shared-prefix decode: the eager stepper's prefill (one per prompt), the
+    prompt cache kept unexpanded (:func:`share`), each step through :data:`KERNEL`."""
+
+    def prefill(self, group_size: int) -> Tensor:
+        prefix = prefix_sharing.prefill(self.model, self.batch)
+        share(prefix.cache, prefix.attention_mask, group_size, max(self.reserve, 1))
+        P = prefix.last_logits.shape[0]
+        rows = torch.arange(P, device=prefix.last_logits.device).repeat_interleave(group_size)  # [B]
+        self.prefix = prefix_sharing.PromptPrefix(
+            prefix.cache, prefix.last_logits[rows], prefix.attention_mask[rows], prefix.next_position[:, rows]
+        )
+        self.configs = text_attention_configs(self.model)
+        return self.prefix.last_logits  # [B, V]
+
+    def step(self, tokens: Tensor, step: int) -> Tensor:
+        positions = self.prefix.next_position[..., None] + step  # [R, B, 1]
+        with kernel(self.configs):
+            out = self.model(
+                input_ids=tokens[:, None],
+                position_ids=prefix_sharing.position_arg(positions),
+                use_cache=True,
+                shared_prefix=self.prefix.cache,
+                **_hf.kv_cache(self.prefix.cache),
+            )
+        return out.logits[:, -1]  # [B, V]
