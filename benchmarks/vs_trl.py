@@ -785,13 +785,15 @@ ROW_LABELS = {
     "mmgrpo_sampler": "old_logprobs: sampler",
     "mmgrpo_compiled": "compile_decode",
     "mmgrpo_packed": "packed_training",
-}  # the extra mmgrpo rows (--sampler-row, --compiled-row, --packed-row), each a table of its own
+    "mmgrpo_expanded": "shared_prefix_attention: false",
+}  # the extra mmgrpo rows (--sampler-row, --compiled-row, --packed-row, --expanded-row), each a table of its own
 TRL_HEAD = {"trl_cpu": "device"}  # the second TRL row: TRL's CPU rule (its fused head scores every position)
 MMGRPO_ARGS = {
     "mmgrpo_naive": {"prefix_sharing": False, "kv_expand_rollout": False},
     "mmgrpo_sampler": {"old_logprobs": "sampler"},  # no extra no-grad forward: TRL's saving at μ = 1
     "mmgrpo_compiled": {"compile_decode": True},  # the compiled static-cache decode step (compiled_decode.py)
     "mmgrpo_packed": {"packed_training": True},  # the packed cache-free training forward (prefix_sharing.py)
+    "mmgrpo_expanded": {"shared_prefix_attention": False},  # decode over the G-expanded prompt cache (before Hydragen)
     "mmgrpo_ckpt": {"gradient_checkpointing": True},
 }
 
@@ -870,6 +872,12 @@ def main(argv: list[str] | None = None) -> int:
         "minibatch), reported as its own row",
     )
     p.add_argument(
+        "--expanded-row",
+        action="store_true",
+        help="also run mmgrpo with model.args.shared_prefix_attention: false (decoding over the G-expanded prompt "
+        "cache instead of the shared one), reported as its own row",
+    )
+    p.add_argument(
         "--vocab", choices=sorted(VOCABS), default="small", help="text vocabulary: small (~600) | real (151,936)"
     )
     p.add_argument("--checkpointing", action="store_true", help="also run both toolkits with gradient checkpointing on")
@@ -937,7 +945,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     toolkits = ["trl", "mmgrpo"] + (["mmgrpo_naive"] if a.naive else [])
-    toolkits += [tk for tk, on in zip(ROW_LABELS, (a.sampler_row, a.compiled_row, a.packed_row)) if on]
+    toolkits += [tk for tk, on in zip(ROW_LABELS, (a.sampler_row, a.compiled_row, a.packed_row, a.expanded_row)) if on]
     toolkits += ["trl_ckpt", "mmgrpo_ckpt"] if a.checkpointing else []
     toolkits += ["trl_cpu"] if a.trl_cpu_row else []
     T = a.completion_tokens

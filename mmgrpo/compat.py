@@ -114,7 +114,7 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "transformers",
         "transformers:PretrainedConfig()._attn_implementation",
-        "modalities/tokens/shared_prefix_decode.py (kernel)",
+        "modalities/tokens/shared_attention.py (kernel)",
         "the decode step's switch of the text layers to the shared-prefix kernel and back; missing: the option "
         "falls back to the expanded cache at load",
         accessor="set_attn_implementation",

@@ -593,9 +593,9 @@ def test_reserved_cache_layer_equals_concatenation_and_writes_in_place():
 
 def test_kv_expanded_sampler_reserves_the_cache_and_keeps_its_draws(tiny_vlm_path, monkeypatch):
     """The KV-expanded sampler decodes on a reserved cache (every step's K/V written in place), with the same keyed
-    tokens and log-probs as on transformers' concatenating cache (the expanded cache: shared_prefix_decode off)."""
+    tokens and log-probs as on transformers' concatenating cache (the expanded cache: shared_prefix_attention off)."""
     args = {"name_or_path": tiny_vlm_path, "max_new_tokens": 6, "old_logprobs": "sampler"}
-    adapter = build_vlm_adapter({**args, "shared_prefix_decode": False})
+    adapter = build_vlm_adapter({**args, "shared_prefix_attention": False})
     rows, G = _rows(), 3
     keys = noise.NoiseKeys(seed=0, step=0, positions=tuple(range(len(rows))), group_size=G)
     updates = []

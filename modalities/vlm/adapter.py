@@ -41,7 +41,7 @@ from mmgrpo.plugins import ADAPTERS, AdapterSpec, BuildContext, Inputs, serves
 from mmgrpo.types import Answer, DataError, Rollout
 
 from .. import _hf, model_names
-from ..tokens import compiled_decode, prefix_sharing, shared_prefix_decode
+from ..tokens import compiled_decode, prefix_sharing, shared_attention
 from ..tokens.decode import SamplingSpec, Stepper, decode
 from ..tokens.engine import EnginePrompt, EngineSampling
 from ..tokens.logprobs import (
@@ -114,12 +114,15 @@ class VLMArgs:
     draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by default: on this CPU it is no
     faster (docs/benchmarks.md). Needs kv_expand_rollout; falls back to the eager loop with a warning without a
     C++ compiler, under FSDP or for sliding-window caches."""
-    shared_prefix_decode: bool = True
-    """The eager KV-expanded sampler keeps each prompt's cache once, not G copies: every decoding step stacks the G
-    rows' queries against their prompt's keys in one matmul and merges it with each row's own keys by log-sum-exp
-    (Hydragen, arXiv 2402.05099; modalities/tokens/shared_prefix_decode.py). The same tokens and log-probs up to
-    float rounding. Falls back to the expanded cache (said once at INFO level) for sliding windows, flash/flex
-    kernels and sharded weights; compile_decode takes precedence."""
+    shared_prefix_attention: bool = True
+    """Attention over a shared prompt reads its keys/values once for the group, not G copies: the eager KV-expanded
+    sampler keeps each prompt's cache once and every decoding step stacks the G rows' queries against their prompt's
+    keys in one matmul, merged with each row's own keys by log-sum-exp (Hydragen, arXiv 2402.05099); the
+    split-attention log-prob forward does the same for completions in group-major order (no G-fold copy of the
+    prompt's keys/values, nor its summing backward). modalities/tokens/shared_attention.py. The same tokens,
+    log-probs and gradients up to float rounding. Falls back to the expanded cache (said once at INFO level) for
+    sliding windows, soft-capping, flash/flex kernels and sharded weights; compile_decode, gradient checkpointing and
+    packed_training take precedence."""
     sample_draw: Literal["inverse_cdf", "multinomial"] = "inverse_cdf"
     """How the KV-expanded sampler draws each token from the same softmax: inverse_cdf (one uniform per row and
     step) | multinomial (torch.multinomial, HF generate's draws: a fixed seed gives generate's tokens; on CPU it
@@ -433,12 +436,12 @@ class VLMAdapter(EngineSampling, TokenPolicy):
     def _stepper(self, model: torch.nn.Module, batch: dict[str, Tensor], spec: SamplingSpec) -> Stepper:
         """The KV-expanded sampler's stepper (one prefill per prompt, the cache expanded G ways): the compiled
         static-cache step with ``compile_decode`` where it runs (:mod:`..tokens.compiled_decode`), else the eager one
-        over the unexpanded prompt cache with ``shared_prefix_decode`` (:mod:`..tokens.shared_prefix_decode`), else
+        over the unexpanded prompt cache with ``shared_prefix_attention`` (:mod:`..tokens.shared_attention`), else
         over the expanded cache. ``batch``: the left-padded prompts, input_ids [P, L] (+ media)."""
         if compiled_decode.use_compiled(self.args.compile_decode, model, spec.synced):
             return compiled_decode.StaticPrefixStepper(model, batch, spec.max_new_tokens, self.compiled)
-        if shared_prefix_decode.use_shared(self.args.shared_prefix_decode, model, spec.synced):
-            return shared_prefix_decode.SharedPrefixStepper(model, batch, reserve=spec.max_new_tokens)
+        if shared_attention.use_shared(self.args.shared_prefix_attention, model, spec.synced):
+            return shared_attention.SharedPrefixStepper(model, batch, reserve=spec.max_new_tokens)
         return prefix_sharing.PrefixStepper(model, batch, reserve=spec.max_new_tokens)
 
     def _decode(self, completion_ids: Tensor) -> list[str]:
@@ -576,14 +579,27 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             if self.shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
                 batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
-                comp = comp.to(self.device)
-                out = prefix_sharing.completion_logits(
-                    model, batch, rows.to(self.device), comp, self._completion_mask(comp), self.args.packed_training
-                )  # [n, T, V] logits or [n, T, H] hidden states, the model's dtype
+                comp, mask = comp.to(self.device), self._completion_mask(comp)
+                if group := self._shared_group(model, rows, len(unique)):  # queries stacked per prompt
+                    out = shared_attention.completion_logits(model, batch, group, comp, mask)
+                else:  # the prompt's keys/values index-selected per completion, or the packed forward
+                    out = prefix_sharing.completion_logits(
+                        model, batch, rows.to(self.device), comp, mask, self.args.packed_training
+                    )  # [n, T, V] logits or [n, T, H] hidden states, the model's dtype
             else:
                 batch = self.collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
                 out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
         return comp, out
+
+    def _shared_group(self, model: torch.nn.Module, rows: Tensor, prompts: int) -> int | None:
+        """G when the log-prob forward takes the shared kernel (``shared_prefix_attention``): the cache layout (not
+        checkpointed or packed), a model it supports, completions in group-major order; else None."""
+        a = self.args
+        if not a.shared_prefix_attention or prefix_sharing.checkpointing(model):
+            return None
+        if (a.packed_training and prefix_sharing.packs(model)) or shared_attention.unsupported_reason(model):
+            return None
+        return shared_attention.group_of(rows, prompts)
 
     def _early_bans(self) -> tuple[list[int], int]:
         return self.eos_ids.tolist(), self.args.min_new_tokens  # no EOS before min_new_tokens

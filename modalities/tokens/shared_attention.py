@@ -1,4 +1,4 @@
-"""Decode attention that reads each prompt's keys/values once for its whole group (``model.args.shared_prefix_decode``).
+"""Attention that reads each prompt's keys/values once for its whole group (``model.args.shared_prefix_attention``).
 
 The KV-expanded sampler (:class:`.prefix_sharing.PrefixStepper`) prefills each prompt once, then copies its cache G
 ways, so every decoding step attends each of the B = P·G rows to its own copy of the prompt: G small attention
@@ -12,7 +12,7 @@ the keys, the shared prefix and each row's own suffix, and merges the two partia
 so the queries of all G rows of a prompt are stacked into one matrix against the prompt's keys (one matmul per
 prompt and K/V head instead of G matrix–vector products), and only the suffix part is per row. Exact in exact
 arithmetic; in floating point it differs from the expanded cache's kernel by rounding
-(tests/test_shared_prefix_decode.py checks the keyed tokens and log-probs against the expanded cache on tiny models
+(tests/test_shared_attention.py checks the keyed tokens and log-probs against the expanded cache on tiny models
 of each architecture).
 
 How it plugs into transformers without touching the model: the prompt cache is not expanded; each full-attention
@@ -24,6 +24,12 @@ and the forward's keyword arguments, where ``shared_prefix`` carries the cache. 
 function for gets no mask (``masking_utils._preprocess_mask_arguments``), so no [B, 1, 1, L + t] mask is built per
 step either: the prompt's padding is one additive bias per prompt, the suffix needs none (one query per row, every
 own position visible).
+
+The split-attention log-prob forward (:func:`completion_logits`) has the same shape of work: each of the U·G
+completions continues its prompt, and :func:`.prefix_sharing.completion_logits` copies the prompt's keys/values G
+ways per layer (``index_select``) (and sums their gradients back in the backward). Here the completions' queries are
+stacked per prompt against the prompt's keys once, their own keys causal with the completion padding masked; the
+prompt's keys/values still receive every completion's gradient, through the one matmul.
 
 Where it applies (:func:`unsupported_reason`): decoder-only and media models whose text layers are all full
 attention with the ``sdpa`` or ``eager`` kernel (the prefix-sharing families of :mod:`.prefix_sharing` without
@@ -77,6 +83,7 @@ class SharedPrefixLayer(DynamicLayer):
         super().__init__()
         P, H, _, d = keys.shape
         self.prompt_keys, self.prompt_values, self.bias, self.group = keys, values, bias, group
+        self.own_bias: Tensor | None = None  # [B, 1, 1, n] additive, the training forward's completion padding
         self._k = keys.new_empty((P * group, H, extra, d))  # [B, H_kv, T, d]
         self._v = values.new_empty((P * group, H, extra, d))
         self.device, self.is_initialized = keys.device, True
@@ -100,12 +107,13 @@ class SharedPrefixLayer(DynamicLayer):
 
 
 def _partial(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Unnormalised softmax attention over one part of the keys: (Σ e^{s−m} v, Σ e^{s−m}, m), in fp32.
+    """Unnormalised softmax attention over one part of the keys: (Σ e^{s−m} v, Σ e^{s−m}, m), in fp32; a query that
+    sees no key of this part gets (0, 0, −inf).
 
     Shape: scores [..., q, k], values [..., k, d] → [..., q, d], [..., q], [..., q]"""
     s = scores.float()
     m = s.amax(dim=-1)  # [..., q]
-    e = (s - m[..., None]).exp_()  # [..., q, k]
+    e = (s - m.masked_fill(m == float("-inf"), 0.0)[..., None]).exp()  # [..., q, k]
     return (e.to(values.dtype) @ values).float(), e.sum(dim=-1), m
 
 
@@ -149,6 +157,8 @@ def shared_prefix_attention(
     o_p, l_p, m_p = (x.unflatten(2, (G, g * t)).transpose(1, 2).flatten(0, 1) for x in prompt_part)
     # the own part, per row: [g·t, d] queries against n own keys, causal over the t new tokens
     s_own = (query.reshape(B, Hkv, g * t, d) @ key.transpose(-1, -2)) * scale  # [B, H_kv, g·t, n]
+    if layer.own_bias is not None:  # the training forward: padding after a completion's end
+        s_own = s_own + layer.own_bias
     if t > 1:
         seen = torch.arange(n, device=query.device) <= torch.arange(n - t, n, device=query.device)[:, None]  # [t, n]
         s_own = s_own.masked_fill(~seen.repeat(g, 1), float("-inf"))
@@ -192,14 +202,14 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 
 
 def use_shared(on: bool, model: torch.nn.Module, synced: bool) -> bool:
-    """Whether the sampler takes :class:`SharedPrefixStepper`: ``shared_prefix_decode`` is ``on`` and the model allows
-    it (else the expanded cache, warned once with the reason)."""
+    """Whether the sampler takes :class:`SharedPrefixStepper`: ``shared_prefix_attention`` is ``on`` and the model
+    allows it (else the expanded cache, the reason said once at INFO level)."""
     if not on:
         return False
     reason = "sharded weights (FSDP): not tested there" if synced else unsupported_reason(model)
     if reason is not None and reason not in _told:  # on by default: said once, not as a warning
         _told.add(reason)
-        logger.info("shared-prefix decode (shared_prefix_decode): the expanded cache runs instead because %s", reason)
+        logger.info("shared_prefix_attention: the expanded cache runs instead because %s", reason)
     return reason is None
 
 
@@ -254,3 +264,49 @@ class SharedPrefixStepper(prefix_sharing.PrefixStepper):
                 **_hf.kv_cache(self.prefix.cache),
             )
         return out.logits[:, -1]  # [B, V]
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def group_of(rows: Tensor, prompts: int) -> int | None:
+    """G when completion i continues prompt i // G for every i (a rollout's group-major order), else None."""
+    n = rows.numel()
+    if n == 0 or n % prompts:
+        return None
+    G = n // prompts
+    return G if torch.equal(rows.cpu(), torch.arange(prompts).repeat_interleave(G)) else None
+
+
+def completion_logits(
+    model: torch.nn.Module, batch: dict[str, Tensor], group: int, completions: Tensor, completion_mask: Tensor
+) -> Tensor:
+    """:func:`.prefix_sharing.completion_logits` through the shared kernel: the U prompts encoded once (with
+    autograd), completion i continuing prompt i // ``group`` with its queries stacked per prompt against the prompt's
+    keys (no G-fold ``index_select`` copy of them, nor its summing backward), its own keys causal and padding-masked.
+
+    Shape:
+        batch: left-padded prompts, input_ids/attention_mask [U, L] (+ media); completions, completion_mask [U·G, T]
+        returns logits [U·G, T, V] (the model's dtype)
+    """
+    prefix = prefix_sharing.prefill(model, batch)
+    U, T = prefix.last_logits.shape[0], completions.shape[1]
+    rows = torch.arange(U, device=completions.device).repeat_interleave(group)  # [n]
+    first = prefix.last_logits[rows][:, None]  # [n, 1, V]
+    if T == 1:
+        return first
+    share(prefix.cache, prefix.attention_mask, group, 0)
+    own = completion_mask[:, : T - 1].to(device=completions.device)  # [n, T-1]
+    own_bias = torch.zeros(own.shape, dtype=first.dtype, device=own.device).masked_fill(own == 0, float("-inf"))
+    for layer in prefix.cache.layers:
+        layer.own_bias = own_bias[:, None, None, :]  # [n, 1, 1, T-1]
+    positions = prefix.next_position[:, rows][..., None] + torch.arange(T - 1, device=completions.device)
+    with kernel(text_attention_configs(model)):
+        out = model(
+            input_ids=completions[:, : T - 1],
+            position_ids=prefix_sharing.position_arg(positions),  # [R, n, T-1] → the model's form
+            use_cache=True,
+            shared_prefix=prefix.cache,
+            **_hf.kv_cache(prefix.cache),
+        )
+    return torch.cat([first, out.logits], dim=1)  # [n, T, V]

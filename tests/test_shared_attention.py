@@ -1,4 +1,4 @@
-"""The shared-prefix decode (modalities/tokens/shared_prefix_decode.py, ``model.args.shared_prefix_decode``): the
+"""The shared-prefix decode (modalities/tokens/shared_attention.py, ``model.args.shared_prefix_attention``): the
 kernel against softmax attention over [prompt ; own] keys on hand-made tensors (Hydragen's merge, arXiv 2402.05099
 §3.1), keyed rollouts against the expanded cache for every VLM-built family, the kernel switch restored, and the
 fallbacks in one warning."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from mmgrpo import compat, noise
-from mmgrpo.modalities.tokens import shared_prefix_decode
-from mmgrpo.modalities.tokens.shared_prefix_decode import SharedPrefixLayer, shared_prefix_attention
+from mmgrpo.modalities.tokens import shared_attention
+from mmgrpo.modalities.tokens.shared_attention import SharedPrefixLayer, shared_prefix_attention
 from tests import adapter_cases
-from tests.numerics import model_reductions
-from tests.test_prefix_sharing import TEXT_ARCHITECTURES, TEXT_ROWS, _text_adapter
+from tests.numerics import gradient_scales, model_reductions
+from tests.test_prefix_sharing import TEXT_ARCHITECTURES, TEXT_ROWS, _logp_and_grads, _rows, _state, _text_adapter
 
 
 class _Attn(torch.nn.Module):
@@ -77,14 +77,14 @@ def _expanded_and_shared(adapter, rows, G, keys, shares=True):
     """Keyed rollouts of ``rows`` over the G-expanded cache and over the shared one, with the sampler's log-probs;
     checks that the second took the shared stepper (``shares``) or fell back."""
     adapter.args.old_logprobs = "sampler"
-    adapter.args.shared_prefix_decode = False
+    adapter.args.shared_prefix_attention = False
     expanded = adapter.rollout(rows, G, keys)
-    adapter.args.shared_prefix_decode = True
+    adapter.args.shared_prefix_attention = True
     steps = []
-    step = shared_prefix_decode.SharedPrefixStepper.step
+    step = shared_attention.SharedPrefixStepper.step
     with pytest.MonkeyPatch.context() as patch:
         counted = lambda self, *a: steps.append(1) or step(self, *a)
-        patch.setattr(shared_prefix_decode.SharedPrefixStepper, "step", counted)
+        patch.setattr(shared_attention.SharedPrefixStepper, "step", counted)
         shared = adapter.rollout(rows, G, keys)
     assert bool(steps) == shares
     return expanded, shared
@@ -101,7 +101,7 @@ def test_shared_decode_draws_the_expanded_tokens_text(model_type):
     """Text decoders (grouped-query heads, left-padded prompts of two lengths): the expanded cache's keyed tokens."""
     adapter = _text_adapter(model_type, **TEXT_ARCHITECTURES[model_type])
     adapter.args.min_new_tokens, adapter.args.temperature, adapter.args.max_new_tokens = 3, 0.9, 6
-    assert shared_prefix_decode.unsupported_reason(adapter.model) is None
+    assert shared_attention.unsupported_reason(adapter.model) is None
     expanded, shared = _expanded_and_shared(adapter, TEXT_ROWS, 3, noise.NoiseKeys(0, 2, (0, 1), 3))
     _assert_same_draws(adapter, expanded, shared)
 
@@ -111,7 +111,7 @@ def test_shared_decode_draws_the_expanded_tokens_every_vlm_family(case):
     """Images (mRoPE positions continued), video, audio, SmolVLM tiles, LLaVA, InternVL: the same keyed draws."""
     adapter = adapter_cases.build(case, lora=False, temperature=0.9)
     rows = adapter_cases.CASES[case].rows()[:2]
-    assert shared_prefix_decode.unsupported_reason(adapter._unwrapped()) is None
+    assert shared_attention.unsupported_reason(adapter._unwrapped()) is None
     expanded, shared = _expanded_and_shared(adapter, rows, 3, noise.NoiseKeys(0, 4, tuple(range(len(rows))), 3))
     _assert_same_draws(adapter, expanded, shared)
 
@@ -123,23 +123,23 @@ def test_lora_policy_and_greedy_evaluation():
     expanded, shared = _expanded_and_shared(adapter, rows, 2, noise.NoiseKeys(0, 1, (0, 1), 2))
     _assert_same_draws(adapter, expanded, shared)
     greedy_shared = adapter.evaluate(rows)
-    adapter.args.shared_prefix_decode = False
+    adapter.args.shared_prefix_attention = False
     assert adapter.evaluate(rows) == greedy_shared
 
 
 def test_kernel_switch_is_restored_even_when_the_step_fails():
     adapter = _text_adapter("llama")
-    configs = shared_prefix_decode.text_attention_configs(adapter.model)
+    configs = shared_attention.text_attention_configs(adapter.model)
     inside = []
 
     def fail_inside():
-        with shared_prefix_decode.kernel(configs):
+        with shared_attention.kernel(configs):
             inside.extend(compat.attn_implementation(c) for c in configs)
             raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
         fail_inside()
-    assert set(inside) == {shared_prefix_decode.KERNEL}
+    assert set(inside) == {shared_attention.KERNEL}
     assert {compat.attn_implementation(c) for c in configs} == {"sdpa"}
 
 
@@ -147,12 +147,42 @@ def test_sliding_windows_and_soft_capping_fall_back_saying_why_once(caplog):
     """Sliding-window layers (Gemma 3) and Gemma 2's soft-capping keep the expanded cache, said once at INFO level
     (the option is on by default: no warning); the tokens are the expanded cache's."""
     gemma3 = _text_adapter("gemma3_text", **TEXT_ARCHITECTURES["gemma3_text"])
-    assert "sliding" in shared_prefix_decode.unsupported_reason(gemma3.model)
+    assert "sliding" in shared_attention.unsupported_reason(gemma3.model)
     gemma2 = _text_adapter("gemma2", **TEXT_ARCHITECTURES["gemma2"])
-    assert shared_prefix_decode.unsupported_reason(gemma2.model) is not None
-    shared_prefix_decode._told.clear()
+    assert shared_attention.unsupported_reason(gemma2.model) is not None
+    shared_attention._told.clear()
     with caplog.at_level(logging.INFO):
         expanded, shared = _expanded_and_shared(gemma3, TEXT_ROWS, 2, noise.NoiseKeys(0, 0, (0, 1), 2), shares=False)
     assert torch.equal(expanded.state.completion_ids, shared.state.completion_ids)
-    told = [r for r in caplog.records if r.name == shared_prefix_decode.__name__]
+    told = [r for r in caplog.records if r.name == shared_attention.__name__]
     assert len(told) == 1 and told[0].levelno == logging.INFO and "sliding" in told[0].getMessage()
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen3", "vlm"])
+def test_log_prob_forward_through_the_kernel_keeps_log_probs_and_gradients(case):
+    """The training forward over group-major completions (the kernel, no G-fold copy of the prompt's keys/values)
+    against the index-selected cache layout: the same log-probs and every parameter's gradient within the rounding
+    budget; a minibatch out of group order takes the cache layout."""
+    if case == "vlm":
+        adapter, rows = adapter_cases.build("vlm", lora=False), _rows()  # images of two sizes, prompts of two lengths
+    else:
+        adapter, rows = _text_adapter(case, **TEXT_ARCHITECTURES[case]), TEXT_ROWS
+    state = _state(adapter, rows, G=3, T=5)
+    calls, kernel_forward = [], shared_attention.completion_logits
+
+    def logp_and_grads(on: bool, index: torch.Tensor):
+        adapter.args.shared_prefix_attention = on
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(shared_attention, "completion_logits", lambda *a: calls.append(on) or kernel_forward(*a))
+            return _logp_and_grads(adapter, state, index, shared=True)
+
+    shared, cache = logp_and_grads(True, torch.arange(6)), logp_and_grads(False, torch.arange(6))
+    assert calls == [True]
+    budget = model_reductions(adapter._unwrapped())
+    budget.assert_logprobs_close(shared[0], cache[0])
+    assert shared[1].keys() == cache[1].keys() and shared[1]
+    scales = gradient_scales(cache[1])
+    for name in cache[1]:
+        budget.backward().assert_close(shared[1][name], cache[1][name], scale=scales[name], msg=name)
+    logp_and_grads(True, torch.tensor([5, 0, 3]))  # prompts 1, 0, 1: not group-major
+    assert calls == [True]
