@@ -63,7 +63,7 @@ def test_layer_writes_in_place_and_grows_past_its_room():
     room = layer._k
     for step in range(3):
         k, _ = layer.update(torch.full((2, 1, 1, 4), float(step)), torch.full((2, 1, 1, 4), float(step)))
-    assert k.shape == (2, 1, 3, 4) and k[:, 0, :, 0].tolist() == [[0.0, 1.0, 2.0]] * 2
+    assert k.shape == (1, 1, 2, 3, 4) and k[0, 0, :, :, 0].tolist() == [[0.0, 1.0, 2.0]] * 2  # [P, H_kv, G, n, d]
     assert layer._k is not room  # the third position is past the reserved room: grown by concatenation
 
 

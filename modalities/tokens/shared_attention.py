@@ -70,26 +70,29 @@ KERNELS = ("sdpa", "eager")
 class SharedPrefixLayer(DynamicLayer):
     """One full-attention layer of the shared cache: the prompts' keys/values once, each row's own after them.
 
-    ``update`` (the decoding step's new keys/values) writes the rows' own part in place and returns it; the kernel
-    reads the prompt part from here. Past ``extra`` own positions it grows by concatenation, so a longer
-    continuation is never wrong.
+    ``update`` (a step's new keys/values) writes the rows' own part in place, grouped by prompt, and returns it; the
+    kernel reads the prompt part from here. Past ``extra`` own positions it grows by concatenation, so a longer
+    continuation is never wrong (the training forward reserves none).
 
     Shape:
         keys, values: [P, H_kv, L, d]; bias: [P, 1, 1, L] (0 at prompt tokens, -inf at left padding)
-        own keys/values: [B, H_kv, n, d], B = P·group
+        own keys/values: [P, H_kv, G, n, d] (row b = p·G + i at [p, :, i]); own_bias: None or [P, 1, G, 1, n]
     """
 
     def __init__(self, keys: Tensor, values: Tensor, bias: Tensor, group: int, extra: int):
         super().__init__()
         P, H, _, d = keys.shape
-        self.prompt_keys, self.prompt_values, self.bias, self.group = keys, values, bias, group
-        self.own_bias: Tensor | None = None  # [B, 1, 1, n] additive, the training forward's completion padding
-        self._k = keys.new_empty((P * group, H, extra, d))  # [B, H_kv, T, d]
-        self._v = values.new_empty((P * group, H, extra, d))
+        self.prompt_keys, self.prompt_values, self.bias, self.group = keys, values, bias[:, :, None], group
+        self.own_bias: Tensor | None = None  # the training forward's completion padding, additive
+        self._k = keys.new_empty((P, H, group, extra, d))
+        self._v = values.new_empty((P, H, group, extra, d))
         self.device, self.is_initialized = keys.device, True
         self.keys, self.values = self._k[..., :0, :], self._v[..., :0, :]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """Append the rows' new keys/values ([B, H_kv, t, d]); the own part so far, [P, H_kv, G, n + t, d]."""
+        key_states = key_states.unflatten(0, (-1, self.group)).transpose(1, 2)  # [P, H_kv, G, t, d]
+        value_states = value_states.unflatten(0, (-1, self.group)).transpose(1, 2)
         n = self.keys.shape[-2]
         m = n + key_states.shape[-2]
         if m > self._k.shape[-2]:
@@ -106,17 +109,6 @@ class SharedPrefixLayer(DynamicLayer):
         return self.prompt_keys.shape[-2] + self.keys.shape[-2]
 
 
-def _partial(scores: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Unnormalised softmax attention over one part of the keys: (Σ e^{s−m} v, Σ e^{s−m}, m), in fp32; a query that
-    sees no key of this part gets (0, 0, −inf).
-
-    Shape: scores [..., q, k], values [..., k, d] → [..., q, d], [..., q], [..., q]"""
-    s = scores.float()
-    m = s.amax(dim=-1)  # [..., q]
-    e = (s - m.masked_fill(m == float("-inf"), 0.0)[..., None]).exp()  # [..., q, k]
-    return (e.to(values.dtype) @ values).float(), e.sum(dim=-1), m
-
-
 def shared_prefix_attention(
     module: torch.nn.Module,
     query: Tensor,
@@ -127,14 +119,15 @@ def shared_prefix_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[Tensor, None]:
-    """Attention of B rows over [their prompt's keys ; their own keys], the prompt part stacked per prompt
-    (Hydragen, arXiv 2402.05099, §3.1, eq. 2–3; see the module docstring). Called by transformers' attention
-    modules when the config selects :data:`KERNEL`; ``key``/``value`` are the rows' own, the prompt's come from
-    ``kwargs["shared_prefix"]`` (the cache) at ``module.layer_idx``. Query token i of t sits at own position
-    n − t + i and sees own positions ≤ it.
+    """Attention of B rows over [their prompt's keys ; their own keys], the prompt's scores from one matmul per prompt
+    and K/V head over the G rows' stacked queries (Hydragen, arXiv 2402.05099, §3.1: the softmax over the two key
+    blocks, eq. 2–3, taken here as one softmax over both blocks' scores). Called by transformers' attention modules
+    when the config selects :data:`KERNEL`; ``key``/``value`` are the rows' own (the cache's ``update``), the
+    prompt's come from ``kwargs["shared_prefix"]`` (the cache) at ``module.layer_idx``. Query token i of t sits at
+    own position n − t + i and sees own positions ≤ it.
 
     Shape:
-        query [B, H, t, d]; key, value [B, H_kv, n, d]
+        query [B, H, t, d], B = P·G, H = H_kv·g; key, value [P, H_kv, G, n, d]
         returns [B, t, H, d] (what transformers' kernels return), None
     """
     cache = kwargs.get("shared_prefix")
@@ -147,26 +140,23 @@ def shared_prefix_attention(
         raise RuntimeError(f"attention kernel {KERNEL!r}: no logit soft-capping, attention sinks or dropout")
     layer: SharedPrefixLayer = cache.layers[module.layer_idx]
     B, H, t, d = query.shape
-    P, Hkv = layer.prompt_keys.shape[:2]
+    P, Hkv, L = layer.prompt_keys.shape[:3]
     G, g, n = layer.group, H // Hkv, key.shape[-2]
     scale = d**-0.5 if scaling is None else scaling
-    # the prompt part: the G rows' queries of prompt p as one [G·g·t, d] block per K/V head
-    q_prompt = query.reshape(P, G, Hkv, g * t, d).transpose(1, 2).reshape(P, Hkv, G * g * t, d)
-    s_prompt = (q_prompt @ layer.prompt_keys.transpose(-1, -2)) * scale + layer.bias  # [P, H_kv, G·g·t, L]
-    prompt_part = _partial(s_prompt, layer.prompt_values)  # per prompt: [P, H_kv, G·g·t, d], [P, H_kv, G·g·t] x2
-    o_p, l_p, m_p = (x.unflatten(2, (G, g * t)).transpose(1, 2).flatten(0, 1) for x in prompt_part)
-    # the own part, per row: [g·t, d] queries against n own keys, causal over the t new tokens
-    s_own = (query.reshape(B, Hkv, g * t, d) @ key.transpose(-1, -2)) * scale  # [B, H_kv, g·t, n]
+    # queries grouped by prompt and K/V head: [P, G, H_kv, g, t, d] → [P, H_kv, G, g·t, d]
+    q = (query * scale).reshape(P, G, Hkv, g, t, d).transpose(1, 2).reshape(P, Hkv, G, g * t, d)
+    prompt_scores = q.reshape(P, Hkv, G * g * t, d) @ layer.prompt_keys.transpose(-1, -2)  # [P, H_kv, G·g·t, L]
+    prompt_scores = prompt_scores.view(P, Hkv, G, g * t, L) + layer.bias
+    own_scores = q @ key.transpose(-1, -2)  # [P, H_kv, G, g·t, n]
     if layer.own_bias is not None:  # the training forward: padding after a completion's end
-        s_own = s_own + layer.own_bias
+        own_scores = own_scores + layer.own_bias
     if t > 1:
         seen = torch.arange(n, device=query.device) <= torch.arange(n - t, n, device=query.device)[:, None]  # [t, n]
-        s_own = s_own.masked_fill(~seen.repeat(g, 1), float("-inf"))
-    o_s, l_s, m_s = _partial(s_own, value)  # [B, H_kv, g·t, d], [B, H_kv, g·t] x2
-    m = torch.maximum(m_p, m_s)
-    w_p, w_s = (m_p - m).exp(), (m_s - m).exp()  # [B, H_kv, g·t]
-    out = (o_p * w_p[..., None] + o_s * w_s[..., None]) / (l_p * w_p + l_s * w_s)[..., None]  # [B, H_kv, g·t, d]
-    return out.to(query.dtype).reshape(B, H, t, d).transpose(1, 2), None
+        own_scores = own_scores.masked_fill(~seen.repeat(g, 1), float("-inf"))
+    probs = torch.cat([prompt_scores, own_scores], dim=-1).float().softmax(dim=-1).to(value.dtype)  # [.., L + n]
+    out = (probs[..., :L].reshape(P, Hkv, G * g * t, L) @ layer.prompt_values).view(P, Hkv, G, g * t, d)
+    out = out + probs[..., L:] @ value  # [P, H_kv, G, g·t, d]
+    return out.view(P, Hkv, G, g, t, d).permute(0, 2, 4, 1, 3, 5).reshape(B, t, H, d), None
 
 
 AttentionInterface.register(KERNEL, shared_prefix_attention)
@@ -297,9 +287,10 @@ def completion_logits(
         return first
     share(prefix.cache, prefix.attention_mask, group, 0)
     own = completion_mask[:, : T - 1].to(device=completions.device)  # [n, T-1]
-    own_bias = torch.zeros(own.shape, dtype=first.dtype, device=own.device).masked_fill(own == 0, float("-inf"))
+    dtype = prefix.cache.layers[0].prompt_keys.dtype
+    own_bias = torch.zeros(own.shape, dtype=dtype, device=own.device).masked_fill(own == 0, float("-inf"))
     for layer in prefix.cache.layers:
-        layer.own_bias = own_bias[:, None, None, :]  # [n, 1, 1, T-1]
+        layer.own_bias = own_bias.view(U, 1, group, 1, T - 1)
     positions = prefix.next_position[:, rows][..., None] + torch.arange(T - 1, device=completions.device)
     with kernel(text_attention_configs(model)):
         out = model(
