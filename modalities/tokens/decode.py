@@ -203,15 +203,8 @@ class ReservedLayer(DynamicLayer):
         self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        n = self.keys.shape[-2]
-        m = n + key_states.shape[-2]
-        if m > self._k.shape[-2]:  # past the reserved room: grow as transformers does
-            self._k = torch.cat([self.keys, key_states], dim=-2)
-            self._v = torch.cat([self.values, value_states], dim=-2)
-        else:
-            self._k[..., n:m, :].copy_(key_states)
-            self._v[..., n:m, :].copy_(value_states)
-        self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+        self._k, self.keys = append_positions(self._k, self.keys, key_states)
+        self._v, self.values = append_positions(self._v, self.values, value_states)
         return self.keys, self.values
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
@@ -221,6 +214,20 @@ class ReservedLayer(DynamicLayer):
         self._k = self._k.index_select(0, beam_idx.to(self._k.device))
         self._v = self._v.index_select(0, beam_idx.to(self._v.device))
         self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
+
+
+def append_positions(buffer: Tensor, filled: Tensor, new: Tensor) -> tuple[Tensor, Tensor]:
+    """Write ``new`` after ``filled`` (the filled front of ``buffer`` along positions, dim −2) in place; past the
+    buffer's room, grow by concatenation as transformers does. Returns (the buffer, its filled front).
+
+    Shape: buffer [..., S, d]; filled [..., n, d]; new [..., t, d] → [..., max(S, n + t), d], [..., n + t, d]"""
+    n = filled.shape[-2]
+    m = n + new.shape[-2]
+    if m > buffer.shape[-2]:
+        buffer = torch.cat([filled, new], dim=-2)
+    else:
+        buffer[..., n:m, :].copy_(new)
+    return buffer, buffer[..., :m, :]
 
 
 def reserve_cache(cache: Cache, extra: int) -> None:

@@ -56,6 +56,7 @@ from mmgrpo import compat
 
 from .. import _hf
 from . import prefix_sharing
+from .decode import append_positions
 
 logger = logging.getLogger(__name__)
 _told: set[str] = set()
@@ -93,15 +94,8 @@ class SharedPrefixLayer(DynamicLayer):
         """Append the rows' new keys/values ([B, H_kv, t, d]); the own part so far, [P, H_kv, G, n + t, d]."""
         key_states = key_states.unflatten(0, (-1, self.group)).transpose(1, 2)  # [P, H_kv, G, t, d]
         value_states = value_states.unflatten(0, (-1, self.group)).transpose(1, 2)
-        n = self.keys.shape[-2]
-        m = n + key_states.shape[-2]
-        if m > self._k.shape[-2]:
-            self._k = torch.cat([self.keys, key_states], dim=-2)
-            self._v = torch.cat([self.values, value_states], dim=-2)
-        else:
-            self._k[..., n:m, :].copy_(key_states)
-            self._v[..., n:m, :].copy_(value_states)
-        self.keys, self.values = self._k[..., :m, :], self._v[..., :m, :]
+        self._k, self.keys = append_positions(self._k, self.keys, key_states)
+        self._v, self.values = append_positions(self._v, self.values, value_states)
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
