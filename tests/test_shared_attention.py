@@ -186,3 +186,14 @@ def test_log_prob_forward_through_the_kernel_keeps_log_probs_and_gradients(case)
         budget.backward().assert_close(shared[1][name], cache[1][name], scale=scales[name], msg=name)
     logp_and_grads(True, torch.tensor([5, 0, 3]))  # prompts 1, 0, 1: not group-major
     assert calls == [True]
+
+
+@pytest.mark.cuda
+def test_shared_attention_on_cuda_draws_the_expanded_tokens():
+    """On CUDA: the shared kernel's keyed draws and log-probs equal the expanded cache's on a tiny text decoder."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    adapter = _text_adapter("llama")
+    adapter.model.cuda()
+    expanded, shared = _expanded_and_shared(adapter, TEXT_ROWS, 4, noise.NoiseKeys(0, 2, (0, 1), 4))
+    _assert_same_draws(adapter, expanded, shared)
