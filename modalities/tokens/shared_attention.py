@@ -10,20 +10,22 @@ the keys, the shared prefix and each row's own suffix, and merges the two partia
     lse_x = log Σ_{k ∈ K_x} exp(q·k · scale)                                            (Hydragen §3.1, eq. 2–3)
 
 so the queries of all G rows of a prompt are stacked into one matrix against the prompt's keys (one matmul per
-prompt and K/V head instead of G matrix–vector products), and only the suffix part is per row. Exact in exact
+prompt and K/V head instead of G matrix–vector products), and only the suffix part is per row. The merge is the
+softmax over both key blocks; :func:`shared_prefix_attention` takes it as one softmax over [prompt scores ; own
+scores], which needs fewer small ops per call than two partial softmaxes and their log-sum-exp weights. Exact in exact
 arithmetic; in floating point it differs from the expanded cache's kernel by rounding
 (tests/test_shared_attention.py checks the keyed tokens and log-probs against the expanded cache on tiny models
 of each architecture).
 
 How it plugs into transformers without touching the model: the prompt cache is not expanded; each full-attention
 layer of it becomes a :class:`SharedPrefixLayer` (the prompt's keys/values [P, H_kv, L, d] and a buffer for the
-rows' own keys/values [B, H_kv, T, d]), and each decoding step runs the model with the attention kernel
-:data:`KERNEL`, registered with transformers' ``AttentionInterface`` (public: ``AttentionInterface.register``),
-which transformers calls with the layer's query, the rows' own keys/values (what the cache's ``update`` returns)
-and the forward's keyword arguments, where ``shared_prefix`` carries the cache. A kernel transformers has no mask
-function for gets no mask (``masking_utils._preprocess_mask_arguments``), so no [B, 1, 1, L + t] mask is built per
-step either: the prompt's padding is one additive bias per prompt, the suffix needs none (one query per row, every
-own position visible).
+rows' own keys/values, grouped by prompt, [P, H_kv, G, T, d]), and each decoding step runs the model with the
+attention kernel :data:`KERNEL`, registered with transformers' ``AttentionInterface`` (public:
+``AttentionInterface.register``), which transformers calls with the layer's query, the rows' own keys/values (what
+the cache's ``update`` returns) and the forward's keyword arguments, where ``shared_prefix`` carries the cache. A
+kernel transformers has no mask function for gets no mask (``masking_utils._preprocess_mask_arguments``), so no
+[B, 1, 1, L + t] mask is built per step either: the prompt's padding is one additive bias per prompt, the suffix needs
+none (one query per row, every own position visible).
 
 The split-attention log-prob forward (:func:`completion_logits`) has the same shape of work: each of the U·G
 completions continues its prompt, and :func:`.prefix_sharing.completion_logits` copies the prompt's keys/values G

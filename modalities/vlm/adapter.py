@@ -117,7 +117,7 @@ class VLMArgs:
     shared_prefix_attention: bool = True
     """Attention over a shared prompt reads its keys/values once for the group, not G copies: the eager KV-expanded
     sampler keeps each prompt's cache once and every decoding step stacks the G rows' queries against their prompt's
-    keys in one matmul, merged with each row's own keys by log-sum-exp (Hydragen, arXiv 2402.05099); the
+    keys in one matmul, under one softmax with each row's own keys (Hydragen, arXiv 2402.05099); the
     split-attention log-prob forward does the same for completions in group-major order (no G-fold copy of the
     prompt's keys/values, nor its summing backward). modalities/tokens/shared_attention.py. The same tokens,
     log-probs and gradients up to float rounding. Falls back to the expanded cache (said once at INFO level) for
