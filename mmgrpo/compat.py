@@ -115,8 +115,8 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
         "transformers",
         "transformers:PretrainedConfig()._attn_implementation",
         "modalities/tokens/shared_attention.py (kernel)",
-        "the decode step's switch of the text layers to the shared-prefix kernel and back; missing: the option "
-        "falls back to the expanded cache at load",
+        "the switch of the text layers to the shared-prefix kernel and back, per decode step and per log-prob "
+        "forward; missing: the kernel reads as unsupported and the expanded layout runs",
         accessor="set_attn_implementation",
     ),
     Touchpoint(
