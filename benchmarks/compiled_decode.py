@@ -68,11 +68,62 @@ def _side_by_side(adapter, sample: Callable, inputs: list, repeats: int) -> tupl
     return first, times, same
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _timed(fn: Callable, *args, **kwargs) -> tuple[float, torch.Tensor]:
-    """Seconds of ``fn(*args, **kwargs)`` and the first tensor it returns (the drawn tokens)."""
+    """Seconds of ``fn(*args, **kwargs)`` and the first tensor it returns (the drawn tokens), the device synchronised
+    before and after."""
+    _sync()
     start = time.perf_counter()
     tokens = fn(*args, **kwargs)[0]
+    _sync()
     return time.perf_counter() - start, tokens
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Bytes/s of a large device-to-device copy on CUDA (bytes read + written, median of 10 after 3 warm-ups); None on
+    the CPU. The ceiling a decode step's weight reads are held against."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(2**28, device=device)  # 1 GiB of fp32
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def _place(adapter, device: torch.device, dtype: torch.dtype) -> None:
+    """The policy on ``device`` in ``dtype`` (eval mode)."""
+    adapter._unwrapped().to(device=device, dtype=dtype).eval()
+
+
+def _weights_read(adapter, row: dict, bandwidth: float | None) -> dict:
+    """The decode token against the time to read the weights once (bytes of the parameters / ``bandwidth``): a decode
+    step at batch ``rows`` reads every weight at least once, so this is its floor (issue 52: within 3x on a GPU)."""
+    if bandwidth is None:
+        return row
+    params = list(adapter._unwrapped().parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
+    read_ms = weight_bytes / bandwidth * 1e3
+    best = min(row["eager_s"], row["compiled_s"]) / row["new_tokens"] * 1e3
+    return row | {
+        "weights_mb": round(weight_bytes / 2**20, 1),
+        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+        "weights_read_ms": round(read_ms, 4),
+        "eager_token_ms": round(row["eager_s"] / row["new_tokens"] * 1e3, 3),
+        "compiled_token_ms": round(row["compiled_s"] / row["new_tokens"] * 1e3, 3),
+        "best_token_over_weights_read": round(best / read_ms, 2),
+    }
 
 
 def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float, times: dict, same: list) -> dict:
@@ -127,20 +178,23 @@ def measure_ar_image(repeats: int, G: int) -> dict:
     return _row("tiny-janus (CFG)", adapter, 2 * G, adapter.T, lengths, first, times, same)
 
 
-def measure(name: str, repeats: int, T: int, G: int) -> dict:
-    """Eager vs compiled sampling of ``name`` (the module docstring)."""
+def measure(
+    name: str, repeats: int, T: int, G: int, device: torch.device, dtype: torch.dtype, bandwidth: float | None
+) -> dict:
+    """Eager vs compiled sampling of ``name`` (the module docstring) on ``device`` in ``dtype`` (the Whisper and Janus
+    rows: the CPU in fp32 only)."""
     if name in ("tiny-whisper", "whisper-tiny.en"):
         return measure_whisper(name, repeats, T, G)
     if name == "tiny-janus":
         return measure_ar_image(repeats, G)
     adapter = build_vlm_adapter({"name_or_path": name, "max_new_tokens": T, "min_new_tokens": T})
-    adapter._unwrapped().eval()
+    _place(adapter, device, dtype)
     pairs = _prompt_pairs(adapter.is_multimodal)
     encs = [[adapter.encode_prompt(r) for r in rows] for rows in pairs]
     lengths = [adapter.collate(e)["input_ids"].shape[1] for e in encs]
     keys = noise.NoiseKeys(0, 0, (0, 1), G)
     first, times, same = _side_by_side(adapter, lambda e: _timed(adapter.sample, e, G, False, keys), encs, repeats)
-    return _row(name, adapter, 2 * G, T, lengths, first, times, same)
+    return _weights_read(adapter, _row(name, adapter, 2 * G, T, lengths, first, times, same), bandwidth)
 
 
 def main() -> None:
@@ -152,21 +206,28 @@ def main() -> None:
         "--models", nargs="+", default=["tiny-qwen2.5-vl", "smollm2-135m-instruct", "tiny-whisper", "tiny-janus"]
     )
     p.add_argument("--out", default="runs/compiled_decode.json")
+    p.add_argument("--device", default="cpu", help="cpu | cuda: the text/VLM rows' device (Whisper, Janus: the CPU)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the text/VLM rows' weights and compute")
     a = p.parse_args()
+    device, dtype = torch.device(a.device), {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is false here; use --device cpu")
+    bandwidth = copy_bandwidth(device)
     print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, compiler: "
-        f"{compiled_decode.compiler_problem(torch.device('cpu')) or 'ok'}"
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}, {a.dtype}, compiler: "
+        f"{compiled_decode.compiler_problem(device) or 'ok'}"
+        + (f", copy bandwidth {bandwidth / 1e9:.0f} GB/s" if bandwidth else "")
     )
     results = []
     for name in a.models:
         try:
-            results.append(measure(name, a.repeats, a.new_tokens, a.group))
+            results.append(measure(name, a.repeats, a.new_tokens, a.group, device, dtype, bandwidth))
         except Exception as err:  # a real model not set up here: say so, measure the others
             print(f"{name}: skipped ({type(err).__name__}: {str(err).splitlines()[0]})")
             continue
-        print(json.dumps(results[-1]))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(results, indent=1))
+        print(json.dumps(results[-1]), flush=True)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(results, indent=1))  # after each model: a step cut short keeps the rest
 
 
 if __name__ == "__main__":

@@ -6,7 +6,14 @@
 #   2. a short benchmarks/real_vs_trl.py (SmolLM2-135M-Instruct, both toolkits, 1 seed) when the real weights are set
 #      up (scripts/setup_real_models.sh; MMGRPO_REAL_MODELS) and trl imports;
 #   3. the SmolVLM 8:1 comparison against TRL's GPU rule, short (benchmarks/vs_trl.py --arch idefics3 --ratios 8,
-#      1 repeat) when trl imports.
+#      1 repeat) when trl imports;
+#   4. the decode step on CUDA, compiled (CUDA graphs) vs eager, in bf16 at batch 16 (benchmarks/compiled_decode.py
+#      --device cuda --dtype bf16: SmolLM2 when set up, the tiny Qwen2.5-VL), each token against the time to read
+#      the weights once at the measured copy bandwidth.
+# GPU_CHECK_SMOLLM2_SKELETON=DIR (a folder with SmolLM2-135M-Instruct's config.json and tokenizer files, no weights):
+# where the real weights cannot be brought to the machine, the model is built from that config with random weights
+# (the same architecture, sizes and tokenizer; every timed run decodes a fixed number of tokens or to the length
+# cap, so the timings hold, the accuracies do not) and recorded as such in the JSON.
 # Python: $PYTHON, else .venv/bin/python when it imports torch and mmgrpo, else the machine's python3 with the
 # packages installed there (the project's pins cannot be installed without a network); mmgrpo is then imported from
 # this checkout (a path finder for its package-dir mapping, no pip). The versions that ran are printed and recorded.
@@ -27,7 +34,7 @@ if [ -z "$PY" ]; then
   fi
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
-  echo "gpu_check: no CUDA device ($PY: torch.cuda.is_available() is false or torch does not import): skipped pytest -m cuda, benchmarks/real_vs_trl.py and the SmolVLM 8:1 comparison (vs_trl.py --arch idefics3)"
+  echo "gpu_check: no CUDA device ($PY: torch.cuda.is_available() is false or torch does not import): skipped pytest -m cuda, benchmarks/real_vs_trl.py, the SmolVLM 8:1 comparison (vs_trl.py --arch idefics3) and the CUDA decode step (compiled_decode.py --device cuda)"
   exit 0
 fi
 
@@ -70,6 +77,29 @@ print("gpu_check: ran with " + ", ".join(f"{k} {x}" for k, x in v.items()), flus
 open(sys.argv[1], "w").write(json.dumps(v, indent=1))
 EOF
 
+REAL=${MMGRPO_REAL_MODELS:-$HOME/.cache/mmgrpo/real}
+if [ -n "${GPU_CHECK_SMOLLM2_SKELETON:-}" ] && [ ! -d "$REAL/smollm2-135m-instruct" ]; then
+  REAL=$OUT/real
+  "$PY" - "$GPU_CHECK_SMOLLM2_SKELETON" "$REAL/smollm2-135m-instruct" "$OUT/versions.json" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+src, dst, versions = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.float32)
+model.save_pretrained(dst)
+for f in src.iterdir():
+    if f.name not in ("config.json", "model.safetensors"):
+        shutil.copy(f, dst / f.name)
+v = json.loads(versions.read_text())
+v["smollm2_weights"] = f"random init from {src}/config.json (the real weights could not be brought here)"
+versions.write_text(json.dumps(v, indent=1))
+print(f"gpu_check: SmolLM2-135M-Instruct built from its config with random weights in {dst}", flush=True)
+EOF
+fi
+export MMGRPO_REAL_MODELS=$REAL
+
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 run_step() {  # name, seconds at most, command...: its exit status, seconds and log under $OUT
   local name=$1 limit=$2; shift 2
@@ -83,9 +113,12 @@ run_step() {  # name, seconds at most, command...: its exit status, seconds and 
   echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"timed_out\": $([ $rc = 124 ] || [ $rc = 137 ] && echo true || echo false), \"command\": \"$*\"}" > "$OUT/$name.step.json"
 }
 
-run_step cuda_tests 270 "$PY" -m pytest tests -m cuda -q -rs -p no:cacheprovider --junitxml="$OUT/cuda_tests.xml"
+# only the files holding cuda tests: collecting the whole suite would import what the machine may lack (the demo's
+# browser, math-verify), and one collection error stops a pytest run
+CUDA_FILES=$(grep -l "mark.cuda" tests/test_*.py)
+run_step cuda_tests 270 "$PY" -m pytest $CUDA_FILES -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors \
+  --junitxml="$OUT/cuda_tests.xml"
 HAVE_TRL=$("$PY" -c "import trl" >/dev/null 2>&1 && echo 1 || echo 0)
-REAL=${MMGRPO_REAL_MODELS:-$HOME/.cache/mmgrpo/real}
 if [ "$HAVE_TRL" = 1 ] && [ -d "$REAL/smollm2-135m-instruct" ]; then
   run_step real_vs_trl 100 "$PY" benchmarks/real_vs_trl.py --out "$OUT/real_vs_trl" --seeds 0 --steps 4 \
     --eval-every 4 --eval-rows 20 --device cuda
@@ -99,6 +132,11 @@ else
   echo '{"rc": null, "skipped": "trl does not import here"}' > "$OUT/smolvlm_8to1.step.json"
 fi
 
+MODELS="tiny-qwen2.5-vl"
+[ -d "$REAL/smollm2-135m-instruct" ] && MODELS="smollm2-135m-instruct $MODELS"
+run_step decode_cuda 90 "$PY" benchmarks/compiled_decode.py --device cuda --dtype bf16 --repeats 3 --new-tokens 32 \
+  --group 8 --models $MODELS --out "$OUT/decode_cuda.json"
+
 "$PY" - "$OUT" "$(( $(date +%s) - START ))" <<'EOF'
 import json, sys
 import xml.etree.ElementTree as ET
@@ -107,7 +145,7 @@ from pathlib import Path
 out, wall = Path(sys.argv[1]), int(sys.argv[2])
 result = {"versions": json.loads((out / "versions.json").read_text()), "wall_s": wall, "steps": {}}
 for name, found in (("cuda_tests", None), ("real_vs_trl", "real_vs_trl/real_vs_trl.json"),
-                    ("smolvlm_8to1", "smolvlm_8to1/vs_trl.json")):
+                    ("smolvlm_8to1", "smolvlm_8to1/vs_trl.json"), ("decode_cuda", "decode_cuda.json")):
     step = json.loads((out / f"{name}.step.json").read_text())
     if found and (out / found).exists():
         step["result"] = json.loads((out / found).read_text())
