@@ -40,8 +40,9 @@ CONFIG = ROOT / "configs" / "real_smollm2_arithmetic.yaml"
 TOOLKITS = ("mmgrpo", "trl")
 
 
-def _config(seed: int, steps: int, out: Path):
-    """The run's mmgrpo config: the shipped YAML with the seed and step count, no checkpoints, no own evaluation."""
+def _config(seed: int, steps: int, out: Path, extra: list[str] = ()):
+    """The run's mmgrpo config: the shipped YAML with the seed and step count, no checkpoints, no own evaluation, then
+    ``extra`` overrides (``--set``: mmgrpo's options, e.g. ``model.args.compile_decode=true``)."""
     from mmgrpo.loader import load_config
 
     return load_config(
@@ -54,6 +55,7 @@ def _config(seed: int, steps: int, out: Path):
             "eval.after=false",
             "checkpoint.save_final=false",
             "logging.plot=false",
+            *extra,
         ],
     )
 
@@ -256,7 +258,9 @@ def run_trl(cfg, task, device: str, every: int, meter: Meter, out: Path) -> dict
     }
 
 
-def worker(toolkit: str, seed: int, steps: int, every: int, device: str, result: Path, eval_rows: int | None) -> None:
+def worker(
+    toolkit: str, seed: int, steps: int, every: int, device: str, result: Path, eval_rows: int | None, extra: list[str]
+) -> None:
     import datasets  # noqa: F401  (the same imports in both workers)
     import torch
     import trl  # noqa: F401
@@ -266,7 +270,7 @@ def worker(toolkit: str, seed: int, steps: int, every: int, device: str, result:
 
     torch.manual_seed(seed)
     out = result.parent / f"{toolkit}_{seed}"
-    cfg = _config(seed, steps, out)
+    cfg = _config(seed, steps, out, extra)
     task = _task(cfg)
     meter = Meter(device, eval_rows)
     start = time.perf_counter()
@@ -368,6 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--toolkits", nargs="+", choices=TOOLKITS, default=list(TOOLKITS))
     p.add_argument("--budget-s", type=float, default=None, help="launch no new run after this many seconds")
     p.add_argument("--eval-rows", type=int, default=None, help="held-out rows (default 100)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an mmgrpo config override for its runs (repeatable), e.g. model.args.compile_decode=true; the model, "
+        "data and GRPO settings both toolkits share come from the config and are not to be changed here",
+    )
     p.add_argument("--worker", choices=TOOLKITS, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -377,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.worker:
-        worker(a.worker, a.seed, a.steps, a.eval_every, a.device, a.result, a.eval_rows)
+        worker(a.worker, a.seed, a.steps, a.eval_every, a.device, a.result, a.eval_rows, a.set)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
     runs, start = [], time.perf_counter()
@@ -393,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, __file__, "--worker", tk, "--seed", str(seed), "--result", str(result)]
             cmd += ["--steps", str(a.steps), "--eval-every", str(a.eval_every), "--device", a.device]
             cmd += [] if a.eval_rows is None else ["--eval-rows", str(a.eval_rows)]
+            cmd += [x for kv in a.set for x in ("--set", kv)]
             proc = subprocess.run(cmd, env=env)
             if proc.returncode != 0:
                 print(f"{tk} seed {seed} failed (exit {proc.returncode})", flush=True)
