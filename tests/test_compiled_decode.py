@@ -149,6 +149,66 @@ def test_cuda_graph_step_draws_the_eager_tokens():
     _assert_same_draws(adapter, eager, compiled)
 
 
+def test_auto_asks_for_the_compiled_step_on_cuda_only(monkeypatch):
+    """``compile_decode: auto`` (the default): compiled where the policy is on CUDA and torch.compile runs; ``true``
+    anywhere; ``false`` nowhere."""
+    monkeypatch.setattr(compiled_decode, "dynamo_supported", lambda: True)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert [compiled_decode.wanted("auto", d) for d in (cpu, cuda)] == [False, True]
+    assert [compiled_decode.wanted(True, d) for d in (cpu, cuda)] == [True, True]
+    assert [compiled_decode.wanted(False, d) for d in (cpu, cuda)] == [False, False]
+    monkeypatch.setattr(compiled_decode, "dynamo_supported", lambda: False)
+    assert not compiled_decode.wanted("auto", cuda)
+    compiled_decode.check_args("auto")  # auto where torch.compile cannot run: the eager loop, no refusal
+    with pytest.raises(ConfigError, match=r"compile_decode: torch.compile is not supported.*false"):
+        compiled_decode.check_args(True)
+
+
+def test_auto_is_the_default_and_runs_the_eager_loop_on_the_cpu_without_a_word(tiny_vlm_path, caplog):
+    """Every token family's default is ``auto``; on the CPU it samples with the eager loop (no compilation) and
+    says nothing at WARNING level. ``kv_expand_rollout: false`` is refused with ``true`` only."""
+    from mmgrpo.modalities.ar_image.adapter import ARImageArgs
+    from mmgrpo.modalities.speech.adapter import WhisperArgs
+    from mmgrpo.modalities.speech.audio_llm import AudioLLMArgs
+    from mmgrpo.modalities.vlm.adapter import VLMArgs
+
+    assert {cls.compile_decode for cls in (VLMArgs, WhisperArgs, ARImageArgs, AudioLLMArgs)} == {"auto"}
+    adapter = build_vlm_adapter({"name_or_path": tiny_vlm_path, "max_new_tokens": 3})
+    with caplog.at_level(logging.WARNING):
+        adapter.rollout(_image_rows(), 2, noise.NoiseKeys(0, 0, (0, 1), 2))
+    assert adapter.compiled.compilations == 0 and not caplog.records
+    build_vlm_adapter({"name_or_path": tiny_vlm_path, "kv_expand_rollout": False})  # auto: no refusal
+
+
+def test_compile_decode_takes_true_false_or_auto_in_a_config(tiny_vlm_path):
+    """The option's values in a config: true, false and auto load; anything else is one line naming the choices."""
+    from mmgrpo.config import from_dict
+    from mmgrpo.modalities.vlm.adapter import VLMArgs
+
+    for value in (True, False, "auto"):
+        assert from_dict(VLMArgs, {"compile_decode": value}).compile_decode == value
+    with pytest.raises(ConfigError, match=r"compile_decode.*(auto|true or false)"):
+        from_dict(VLMArgs, {"compile_decode": "yes"})
+
+
+@pytest.mark.cuda
+def test_auto_takes_the_cuda_graph_step_on_cuda():
+    """On CUDA the default (``auto``) samples with the compiled step: one compilation, the eager loop's tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch._dynamo.reset()
+    adapter = _text_adapter("llama")
+    adapter.model.cuda()
+    adapter.args.old_logprobs = "sampler"
+    keys = noise.NoiseKeys(0, 2, (0, 1), 4)
+    assert adapter.args.compile_decode == "auto"
+    auto = adapter.rollout(TEXT_ROWS, 4, keys)
+    assert adapter.compiled.compilations == 1
+    adapter.args.compile_decode = False
+    eager = adapter.rollout(TEXT_ROWS, 4, keys)
+    _assert_same_draws(adapter, eager, auto)
+
+
 class _GraphKeeper(compiled_decode.CompiledDecoder):
     """The compiled decoder, keeping every graph it is given (eager backend)."""
 

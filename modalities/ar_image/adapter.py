@@ -105,11 +105,12 @@ class ARImageArgs:
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
     freeze_vq: bool = True
     """Keep the VQ auto-encoder and the understanding vision tower frozen (they are not part of the policy)."""
-    compile_decode: bool = False
+    compile_decode: bool | Literal["auto"] = "auto"
     """The sampler's per-token step (both CFG branches, the head and the guidance) runs compiled over a static KV
     cache sized for the group (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/ar_image/
-    compiled_step.py): the same keyed draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by
-    default (docs/benchmarks.md); falls back to the eager loop with a warning without a C++ compiler or under FSDP."""
+    compiled_step.py): the same keyed draws up to float rounding, one graph per (B, 64-token bucket of L + T). auto:
+    on where the policy is on CUDA, off on the CPU (the vlm adapter's option; docs/benchmarks.md); true falls back to
+    the eager loop with a warning without a C++ compiler or under FSDP."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 

@@ -99,11 +99,12 @@ class WhisperArgs:
     """Rows per no-grad forward when computing old/reference log-probs."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to from_pretrained: sdpa | eager | flash_attention_2."""
-    compile_decode: bool = False
+    compile_decode: bool | Literal["auto"] = "auto"
     """The sampler's per-token decoder step runs compiled over static self- and cross-attention caches sized for the
     group (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/speech/compiled_step.py): the same keyed
-    draws up to float rounding, one graph per (B, 64-token bucket of prefix + T). Off by default (docs/benchmarks.md);
-    falls back to the eager loop with a warning without a C++ compiler or under FSDP."""
+    draws up to float rounding, one graph per (B, 64-token bucket of prefix + T). auto: on where the policy is on
+    CUDA, off on the CPU (the vlm adapter's option; docs/benchmarks.md); true falls back to the eager loop with a
+    warning without a C++ compiler or under FSDP."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""
 

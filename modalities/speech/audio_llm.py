@@ -81,7 +81,7 @@ class AudioLLMArgs:
     """Recompute each decoder and audio-encoder layer in the backward pass instead of keeping its activations
     (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
     working through one packed forward per minibatch (needs sdpa or eager attention)."""
-    compile_decode: bool = False
+    compile_decode: bool | Literal["auto"] = "auto"
     """The sampler's per-token step compiled over a static KV cache (the vlm adapter's option of that name)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for from_pretrained."""

@@ -108,12 +108,14 @@ class VLMArgs:
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; the same
     distribution as HF generate (its very draws with sample_draw: multinomial). False:
     generate(num_return_sequences=G), which prefills every prompt G times."""
-    compile_decode: bool = False
+    compile_decode: bool | Literal["auto"] = "auto"
     """The KV-expanded sampler's per-token step runs compiled over a static KV cache sized for the group
     (torch.compile: inductor on CPU, CUDA graphs on CUDA; modalities/tokens/compiled_decode.py): the same keyed
-    draws up to float rounding, one graph per (B, 64-token bucket of L + T). Off by default: on this CPU it is no
-    faster (docs/benchmarks.md). Needs kv_expand_rollout; falls back to the eager loop with a warning without a
-    C++ compiler, under FSDP or for sliding-window caches."""
+    draws up to float rounding, one graph per (B, 64-token bucket of L + T), each compiled once (~40 s for
+    SmolLM2-135M on an H200). auto: on where the policy is on CUDA (there a decode token went from 42 to 5.7 ms),
+    off on the CPU (no faster there; docs/benchmarks.md). true compiles on the CPU too and warns when it cannot
+    run: without a C++ compiler, under FSDP or for sliding-window caches (auto then says so at INFO level). Needs
+    kv_expand_rollout."""
     shared_prefix_attention: bool = True
     """Attention over a shared prompt reads its keys/values once for the group, not G copies: the eager KV-expanded
     sampler keeps each prompt's cache once and every decoding step stacks the G rows' queries against their prompt's
@@ -769,7 +771,7 @@ def load_vlm_model(a: VLMArgs, ctx: BuildContext) -> tuple[torch.nn.Module, Any,
         raise ConfigError(
             f"model.args.min_new_tokens: must be in [0, max_new_tokens={a.max_new_tokens}], got {a.min_new_tokens}"
         )
-    if a.compile_decode and not a.kv_expand_rollout:
+    if a.compile_decode is True and not a.kv_expand_rollout:
         raise ConfigError("model.args.compile_decode compiles the KV-expanded sampler: set kv_expand_rollout: true")
     model, processor = _load(a.name_or_path, a, _hf.DTYPES[ctx.dtype], ctx.seed)
     if a.freeze_vision:
