@@ -33,8 +33,9 @@ loop elsewhere: on the one GPU measured (an H200, SmolLM2-135M in bf16, 16 rows)
 (docs/benchmarks.md, "The first run: one NVIDIA H200"). Its price is one compilation per (B, bucket), ~40 s for
 SmolLM2 on that GPU. ``true`` compiles on the CPU too; ``false`` never.
 
-Not covered (the eager loop runs, with a one-time warning naming the reason; under ``auto``, an INFO line): caches with sliding-window or other
-non-plain layers, sharded weights (FSDP: each forward is a collective), a missing C++ compiler for inductor on CPU.
+Not covered (the eager loop runs, with a one-time warning naming the reason; under ``auto``, an INFO line): caches
+with sliding-window or other non-plain layers, sharded weights (FSDP: each forward is a collective), a missing C++
+compiler for inductor on CPU.
 
 The other token families reuse the same machinery (:class:`CompiledDecoder`: pooled static caches, the step compiled
 once per shape and counted, :func:`load_prefix`, the fallback warning) with their own step function:
