@@ -8,8 +8,9 @@
 #   3. the SmolVLM 8:1 comparison against TRL's GPU rule, short (benchmarks/vs_trl.py --arch idefics3 --ratios 8,
 #      1 repeat) when trl imports;
 #   4. the decode step on CUDA, compiled (CUDA graphs) vs eager, in bf16 at batch 16 (benchmarks/compiled_decode.py
-#      --device cuda --dtype bf16: SmolLM2 when set up, the tiny Qwen2.5-VL), each token against the time to read
-#      the weights once at the measured copy bandwidth.
+#      --device cuda --dtype bf16: SmolLM2 when set up, the tiny Qwen2.5-VL): each decoding step timed alone too, and
+#      against the time to read the weights once at the measured copy bandwidth; inductor's count of graphs run
+#      without CUDA graphs, the reason in the log (perf_hints).
 # GPU_CHECK_SMOLLM2_SKELETON=DIR (a folder with SmolLM2-135M-Instruct's config.json and tokenizer files, no weights):
 # where the real weights cannot be brought to the machine, the model is built from that config with random weights
 # (the same architecture, sizes and tokenizer; every timed run decodes a fixed number of tokens or to the length

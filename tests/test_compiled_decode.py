@@ -202,8 +202,10 @@ def test_auto_takes_the_cuda_graph_step_on_cuda():
     adapter.args.old_logprobs = "sampler"
     keys = noise.NoiseKeys(0, 2, (0, 1), 4)
     assert adapter.args.compile_decode == "auto"
+    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
     auto = adapter.rollout(TEXT_ROWS, 4, keys)
     assert adapter.compiled.compilations == 1
+    assert torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0) == skips, "ran without CUDA graphs"
     adapter.args.compile_decode = False
     eager = adapter.rollout(TEXT_ROWS, 4, keys)
     _assert_same_draws(adapter, eager, auto)
