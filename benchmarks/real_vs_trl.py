@@ -150,14 +150,21 @@ def run_mmgrpo(cfg, task, device: str, every: int, meter: Meter) -> dict:
     new_tokens = cfg.model.args["max_new_tokens"]
     meter.evaluate(0, model, tokenizer, task, new_tokens)
     _peak_reset(device)
+    phases = []  # per step: the trainer's own split of its wall time (rollout, reward, update)
     for step in range(cfg.steps):
         meter.begin()
         metrics = trainer.train_step(step)
         meter.end()
         meter.rewards.append(_reward_of(metrics))
+        if isinstance(metrics, dict):
+            phases.append({k[5:]: round(float(v), 4) for k, v in metrics.items() if k in PHASES})
         if (step + 1) % every == 0 or step + 1 == cfg.steps:
             meter.evaluate(step + 1, model, tokenizer, task, new_tokens)
-    return {"prompt_ids": prompt_ids, "device_seen": str(next(model.parameters()).device)}
+    return {"prompt_ids": prompt_ids, "device_seen": str(next(model.parameters()).device), "phases": phases}
+
+
+PHASES = ("perf/rollout_s", "perf/reward_s", "perf/update_s")
+"""mmgrpo's per-step wall-time split (``Trainer.train_step``), recorded per step in its runs' JSON."""
 
 
 def _reward_of(metrics) -> float | None:
