@@ -121,7 +121,7 @@ run_step cuda_tests 270 "$PY" -m pytest $CUDA_FILES -m cuda -q -rs -p no:cachepr
   --junitxml="$OUT/cuda_tests.xml"
 HAVE_TRL=$("$PY" -c "import trl" >/dev/null 2>&1 && echo 1 || echo 0)
 if [ "$HAVE_TRL" = 1 ] && [ -d "$REAL/smollm2-135m-instruct" ]; then
-  run_step real_vs_trl 100 "$PY" benchmarks/real_vs_trl.py --out "$OUT/real_vs_trl" --seeds 0 --steps 4 \
+  run_step real_vs_trl 150 "$PY" benchmarks/real_vs_trl.py --out "$OUT/real_vs_trl" --seeds 0 --steps 4 \
     --eval-every 4 --eval-rows 20 --device cuda
 else
   echo "{\"rc\": null, \"skipped\": \"trl importable: $HAVE_TRL; SmolLM2 weights in $REAL: $([ -d "$REAL/smollm2-135m-instruct" ] && echo yes || echo no) (scripts/setup_real_models.sh)\"}" > "$OUT/real_vs_trl.step.json"
