@@ -137,16 +137,28 @@ def test_inductor_step_draws_the_eager_tokens_on_the_tiny_vlm(tiny_vlm_path):
     assert adapter.compiled.compilations == 1
 
 
-@pytest.mark.cuda
-def test_cuda_graph_step_draws_the_eager_tokens():
-    """On CUDA (inductor with CUDA graphs): the eager loop's keyed tokens on a tiny text decoder."""
+def _cuda_llama():
+    """The tiny Llama on CUDA with fresh compilation state (skips without CUDA)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     torch._dynamo.reset()
     adapter = _text_adapter("llama")
     adapter.model.cuda()
+    return adapter
+
+
+def _cudagraph_skips() -> int:
+    """Graphs inductor has run without CUDA graphs so far in this process."""
+    return torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_step_draws_the_eager_tokens():
+    """On CUDA (inductor with CUDA graphs): the eager loop's keyed tokens on a tiny text decoder."""
+    adapter, skips = _cuda_llama(), _cudagraph_skips()
     eager, compiled = _eager_and_compiled(adapter, TEXT_ROWS, 4, noise.NoiseKeys(0, 2, (0, 1), 4), "inductor")
     _assert_same_draws(adapter, eager, compiled)
+    assert _cudagraph_skips() == skips, "the step ran without CUDA graphs (perf_hints log says why)"
 
 
 def test_auto_asks_for_the_compiled_step_on_cuda_only(monkeypatch):
@@ -193,19 +205,15 @@ def test_compile_decode_takes_true_false_or_auto_in_a_config(tiny_vlm_path):
 
 @pytest.mark.cuda
 def test_auto_takes_the_cuda_graph_step_on_cuda():
-    """On CUDA the default (``auto``) samples with the compiled step: one compilation, the eager loop's tokens."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    torch._dynamo.reset()
-    adapter = _text_adapter("llama")
-    adapter.model.cuda()
+    """On CUDA the default (``auto``) samples with the compiled step: one compilation, as CUDA graphs, the eager
+    loop's tokens."""
+    adapter, skips = _cuda_llama(), _cudagraph_skips()
     adapter.args.old_logprobs = "sampler"
     keys = noise.NoiseKeys(0, 2, (0, 1), 4)
     assert adapter.args.compile_decode == "auto"
-    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
     auto = adapter.rollout(TEXT_ROWS, 4, keys)
     assert adapter.compiled.compilations == 1
-    assert torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0) == skips, "ran without CUDA graphs"
+    assert _cudagraph_skips() == skips, "the step ran without CUDA graphs (perf_hints log says why)"
     adapter.args.compile_decode = False
     eager = adapter.rollout(TEXT_ROWS, 4, keys)
     _assert_same_draws(adapter, eager, auto)
