@@ -102,6 +102,27 @@ def test_recompilation_is_bounded_by_length_buckets():
     assert adapter.compiled.compilations == 2 and len(adapter.compiled.caches) == 2
 
 
+def test_static_caches_kept_are_bounded_least_recently_used_first():
+    """Prompts over three buckets: at most ``MAX_CACHES`` static caches are kept, the least recently used dropped
+    first; a bucket met again gets a fresh cache and still draws the eager loop's tokens."""
+    torch._dynamo.reset()
+    adapter = _text_adapter("qwen2")
+    adapter.args.compile_decode, adapter.args.max_new_tokens, adapter.args.old_logprobs = True, 4, "sampler"
+    adapter.compiled = compiled_decode.CompiledDecoder(backend="eager", bucket=16)
+    rows = {n: [{"prompt": "Why " + "really " * n + "?"}] for n in (1, 14, 30)}  # three buckets of 16
+    G, seen = 2, []
+    for i, n in enumerate([1, 14, 30, 14, 1]):
+        adapter.rollout(rows[n], G, noise.NoiseKeys(0, i, (0,), G))
+        seen.append(sorted(key[2] for key in adapter.compiled.caches))  # S of the caches kept
+    a, (b, c) = seen[0][0], seen[2]  # the three cache lengths (S), short to long
+    assert compiled_decode.MAX_CACHES == 2 and a < b < c, seen
+    assert seen == [[a], [a, b], [b, c], [b, c], [a, b]], seen  # the least recently used went each time
+    keys = noise.NoiseKeys(0, 7, (0,), G)
+    compiled = adapter.rollout(rows[30], G, keys)  # its cache went at the last rollout: made again
+    adapter.args.compile_decode = False
+    _assert_same_draws(adapter, adapter.rollout(rows[30], G, keys), compiled)
+
+
 def test_bucket_length():
     assert [compiled_decode.bucket_length(n, 64) for n in (1, 63, 64, 65, 200)] == [64, 64, 64, 128, 256]
 

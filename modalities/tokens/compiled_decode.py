@@ -24,8 +24,11 @@ tokens on the tiny models).
 Recompilation is bounded: the graph depends on (B, S, dtype, device) only, so a new prompt length inside a bucket
 reuses the graph. The static caches are kept per shape and overwritten in place (:class:`CompiledDecoder` owns them:
 ``StaticLayer`` marks its buffers as static addresses, which CUDA graphs replay from; no allocation per rollout). The
-memory kept is one cache per (B, bucket) seen: 2·layers·B·H_kv·S·d values each. :attr:`CompiledDecoder.compilations`
-counts the graphs compiled (a backend wrapper).
+memory kept is one cache per (B, bucket) in use, 2·layers·B·H_kv·S·d values each, at most :data:`MAX_CACHES` of a
+kind: the least recently used goes first (a 7B model's cache at B = 64, S = 1024 is ~4 GB, and prompts spread over
+many buckets would otherwise keep one each for the whole run). A bucket met again after its cache went gets a new
+one; CUDA graph trees then record the graph again for the new addresses (a recording, not a compilation).
+:attr:`CompiledDecoder.compilations` counts the graphs compiled (a backend wrapper).
 
 ``compile_decode: auto`` (the default) takes the compiled step where the policy sits on a CUDA device and the eager
 loop elsewhere: on the one GPU measured (an H200, SmolLM2-135M in bf16, 16 rows) the graph cut a decode token from
@@ -74,6 +77,10 @@ CompileDecode = bool | Literal["auto"]
 
 logger = logging.getLogger(__name__)
 
+MAX_CACHES = 2
+"""Static caches of one kind (self-attention, Whisper's cross-attention) kept across rollouts, least recently used
+dropped first (the module docstring)."""
+
 BUCKET = 64
 """Static cache lengths are multiples of this many positions: prompts whose L + T fall in one bucket share a graph."""
 
@@ -119,7 +126,8 @@ class CompiledDecoder:
     compilations: int = 0
     """Graphs compiled so far (every recompilation and graph-break piece counts one)."""
     caches: dict[tuple, Cache] = field(default_factory=dict)
-    """Static caches by (kind, B, S, layers, dtype, device), overwritten in place for each rollout."""
+    """Static caches by (kind, B, S, layers, dtype, device), overwritten in place for each rollout; in order of last
+    use, at most :data:`MAX_CACHES` of a kind."""
     buffers: dict[tuple, Tensor] = field(default_factory=dict)
     """Other static step inputs by (kind, shape, dtype, device) (:meth:`static_buffer`)."""
     _steps: dict[tuple, Callable] = field(default_factory=dict)
@@ -154,12 +162,15 @@ class CompiledDecoder:
         buffers keep their addresses across rollouts (:func:`load_prefix` overwrites them)."""
         k0 = like[0][0]
         key = (kind, B, S, len(like), k0.dtype, k0.device)
-        cache = self.caches.get(key)
+        cache = self.caches.pop(key, None)
         if cache is None:
+            same_kind = [k for k in self.caches if k[0] == kind]  # oldest use first
+            for old in same_kind[: max(len(same_kind) - MAX_CACHES + 1, 0)]:
+                del self.caches[old]
             cache = Cache(layers=[StaticLayer(max_cache_len=S) for _ in like])
             for layer, (k, v) in zip(cache.layers, like, strict=True):
                 layer.lazy_initialization(k[:1].expand(B, -1, -1, -1), v[:1].expand(B, -1, -1, -1))
-            self.caches[key] = cache
+        self.caches[key] = cache  # re-inserted: the dict's order is the order of last use
         return cache
 
     def static_buffer(self, value: Tensor, kind: str) -> Tensor:
