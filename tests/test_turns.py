@@ -564,29 +564,3 @@ def test_the_demo_shows_a_multi_turn_answer_with_its_observation_images(tiny_vlm
     assert len(gr.Chatbot().postprocess(messages).root) == 4
     record = samples.write_samples(tmp_path / "run", "after", [(row, out)])[0]  # the run's held-out samples too
     assert record["output"] == str(out) and (tmp_path / "run" / record["turns"][1]["images"][0]).is_file()
-
-
-def test_text_only_trajectories_take_the_shared_prompt_kernel_with_the_same_log_probs(tiny_vlm_path, monkeypatch):
-    """Trajectories whose observations are text (here: an unknown tool's error, then a sampled turn) are scored with
-    the prompt's keys read once per group (``shared_prefix_attention``); the log-probs equal the index-selected
-    forward's and the sampler's."""
-    from mmgrpo.modalities.tokens import shared_attention
-
-    adapter = _adapter(tiny_vlm_path, max_new_tokens=6)
-    adapter.args.old_logprobs = "sampler"
-    script(adapter, {b: ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>'] for b in range(6)}, real_after=1)
-    torch.manual_seed(0)
-    rollout = adapter.rollout(_rows(2), group_size=3)
-    assert not any(rollout.state.media) and (rollout.turn_of_token == 1).any(dim=1).all()
-    calls = []
-    kernel = shared_attention.completion_logits
-    monkeypatch.setattr(shared_attention, "completion_logits", lambda *a, **k: calls.append(a[2]) or kernel(*a, **k))
-    shared = adapter.logprobs(rollout, torch.arange(6)).detach()  # [6, T]
-    assert calls == [3]  # one forward, G = 3 rows stacked per prompt
-    adapter.args.shared_prefix_attention = False
-    expanded = adapter.logprobs(rollout, torch.arange(6)).detach()
-    assert calls == [3]
-    m = rollout.mask.bool()
-    adapter_reductions(adapter).assert_logprobs_close(shared[m], expanded[m])
-    turn1 = m & (rollout.turn_of_token == 1)
-    adapter_reductions(adapter).assert_logprobs_close(shared[turn1], rollout.old_logprobs[turn1])

@@ -255,17 +255,6 @@ class SharedPrefixStepper(prefix_sharing.PrefixStepper):
 # ---------------------------------------------------------------------------------------------- training
 
 
-def shared_group(model: torch.nn.Module, rows: Tensor, prompts: int, *, on: bool, packed: bool) -> int | None:
-    """G when a log-prob forward of completions ``rows`` (their prompt indices) takes the shared kernel: the option is
-    ``on``, the cache layout runs (not checkpointed, nor packed with ``packed``), the model is supported and the
-    completions are in group-major order; else None (the prompt's keys/values index-selected per completion)."""
-    if not on or prefix_sharing.checkpointing(model):
-        return None
-    if (packed and prefix_sharing.packs(model)) or unsupported_reason(model):
-        return None
-    return group_of(rows, prompts)
-
-
 def group_of(rows: Tensor, prompts: int) -> int | None:
     """G when completion i continues prompt i // G for every i (a rollout's group-major order), else None."""
     n = rows.numel()

@@ -71,7 +71,7 @@ from mmgrpo.media import IMAGE_PLACEHOLDER
 from mmgrpo.multiturn import tool_specs
 from mmgrpo.types import Rollout, Transcript
 
-from . import prefix_sharing, shared_attention
+from . import prefix_sharing
 from .logprobs import head_outputs_hidden
 from .sampler import TokenSampler
 
@@ -893,13 +893,14 @@ def trajectory_logits(
         if not any(media) and adapter.shares_prefix(model, "log-prob forward", adapter.args.prefix_sharing):
             unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
             batch = adapter.collate([state.encodings[p] for p in unique.tolist()])
-            comp_t, valid_t, a = comp[:, :t].to(device), valid[:, :t].to(device), adapter.args
-            on, packed = a.shared_prefix_attention, a.packed_training
-            if group := shared_attention.shared_group(model, rows, len(unique), on=on, packed=packed):
-                out = shared_attention.completion_logits(model, batch, group, comp_t, valid_t)  # queries per prompt
-            else:  # the prompt's keys/values index-selected per trajectory, or the packed forward
-                out = prefix_sharing.completion_logits(model, batch, rows.to(device), comp_t, valid_t, packed)
-            # out: [n, t, V | H]
+            out = prefix_sharing.completion_logits(
+                model,
+                batch,
+                rows.to(device),
+                comp[:, :t].to(device),
+                valid[:, :t].to(device),
+                adapter.args.packed_training,
+            )  # [n, t, V | H]
         else:
             if any(media) and adapter.args.prefix_sharing:
                 prefix_sharing.warn_fallback_once(

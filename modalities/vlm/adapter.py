@@ -582,8 +582,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
                 batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
                 comp, mask = comp.to(self.device), self._completion_mask(comp)
-                on, packed = self.args.shared_prefix_attention, self.args.packed_training
-                if group := shared_attention.shared_group(model, rows, len(unique), on=on, packed=packed):
+                if group := self._shared_group(model, rows, len(unique)):  # queries stacked per prompt
                     out = shared_attention.completion_logits(model, batch, group, comp, mask)
                 else:  # the prompt's keys/values index-selected per completion, or the packed forward
                     out = prefix_sharing.completion_logits(
@@ -593,6 +592,16 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 batch = self.collate([state.cache.encodings[p] for p in prompts.tolist()], comp)
                 out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
         return comp, out
+
+    def _shared_group(self, model: torch.nn.Module, rows: Tensor, prompts: int) -> int | None:
+        """G when the log-prob forward takes the shared kernel (``shared_prefix_attention``): the cache layout (not
+        checkpointed or packed), a model it supports, completions in group-major order; else None."""
+        a = self.args
+        if not a.shared_prefix_attention or prefix_sharing.checkpointing(model):
+            return None
+        if (a.packed_training and prefix_sharing.packs(model)) or shared_attention.unsupported_reason(model):
+            return None
+        return shared_attention.group_of(rows, prompts)
 
     def _early_bans(self) -> tuple[list[int], int]:
         return self.eos_ids.tolist(), self.args.min_new_tokens  # no EOS before min_new_tokens
