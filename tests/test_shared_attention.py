@@ -188,6 +188,26 @@ def test_log_prob_forward_through_the_kernel_keeps_log_probs_and_gradients(case)
     assert calls == [True]
 
 
+def test_completions_longer_than_half_the_prompt_keep_the_index_selected_layout():
+    """The training forward takes the kernel only while T ≤ TRAINING_MAX_RATIO·L (past that, SDPA over the
+    index-selected prompt is faster: the constant's docstring); the log-probs are the same either way."""
+    adapter = _text_adapter("llama", **TEXT_ARCHITECTURES["llama"])
+    L = adapter.collate([adapter._encode_prompt(r) for r in TEXT_ROWS])["input_ids"].shape[1]
+    calls, kernel_forward = [], shared_attention.completion_logits
+    logp = {}
+    for T in (int(shared_attention.TRAINING_MAX_RATIO * L), int(shared_attention.TRAINING_MAX_RATIO * L) + 1):
+        state = _state(adapter, TEXT_ROWS, G=2, T=T)
+        for on in (True, False):
+            adapter.args.shared_prefix_attention = on
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(
+                    shared_attention, "completion_logits", lambda *a, T=T: calls.append(T) or kernel_forward(*a)
+                )
+                logp[T, on] = _logp_and_grads(adapter, state, torch.arange(4), shared=True)[0]
+        model_reductions(adapter._unwrapped()).assert_logprobs_close(logp[T, True], logp[T, False])
+    assert calls == [int(shared_attention.TRAINING_MAX_RATIO * L)], (calls, L)  # the longer T: not the kernel
+
+
 @pytest.mark.cuda
 def test_shared_attention_on_cuda_draws_the_expanded_tokens():
     """On CUDA: the shared kernel's keyed draws and log-probs equal the expanded cache's on a tiny text decoder."""

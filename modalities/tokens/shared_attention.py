@@ -69,6 +69,14 @@ KERNEL = "mmgrpo_shared_prefix"
 KERNELS = ("sdpa", "eager")
 """The attention kernels the shared decode replaces (both compute plain softmax attention with the model's scaling)."""
 
+TRAINING_MAX_RATIO = 0.5
+"""The training forward takes the kernel only while completions are at most this many tokens per prompt token
+(T ≤ 0.5·L). It materialises each prompt's [G·g·T, L + T] scores (the own block whole, then masked) where SDPA over
+the index-selected prompt fuses them, so its gain (the prompt's keys and values read once, not copied G times) shrinks
+as T grows against L. Forward + backward on the tiny Qwen2.5-VL, L = 43, G = 8, one thread (expanded ÷ shared time):
+0.98 at T = 16, 0.85 at 64, 0.73 at 128, 0.49 at 256; at 8:1 (T = 16, L = 128) the kernel gained (docs/benchmarks.md).
+The decode step (one query per row) takes it at any T."""
+
 
 class SharedPrefixLayer(DynamicLayer):
     """One full-attention layer of the shared cache: the prompts' keys/values once, each row's own after them.

@@ -120,8 +120,9 @@ class VLMArgs:
     """Attention over a shared prompt reads its keys/values once for the group, not G copies: the eager KV-expanded
     sampler keeps each prompt's cache once and every decoding step stacks the G rows' queries against their prompt's
     keys in one matmul, under one softmax with each row's own keys (Hydragen, arXiv 2402.05099); the
-    split-attention log-prob forward does the same for completions in group-major order (no G-fold copy of the
-    prompt's keys/values, nor its summing backward). modalities/tokens/shared_attention.py. The same tokens,
+    split-attention log-prob forward does the same for completions in group-major order no longer than half the
+    prompt (no G-fold copy of the prompt's keys/values, nor its summing backward; longer ones run faster through
+    SDPA over the copies: shared_attention.TRAINING_MAX_RATIO). modalities/tokens/shared_attention.py. The same tokens,
     log-probs and gradients up to float rounding. Falls back to the expanded cache (said once at INFO level) for
     sliding windows, soft-capping, flash/flex kernels and sharded weights; compile_decode, gradient checkpointing and
     packed_training take precedence."""
@@ -582,7 +583,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
                 batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
                 comp, mask = comp.to(self.device), self._completion_mask(comp)
-                if group := self._shared_group(model, rows, len(unique)):  # queries stacked per prompt
+                if group := self._shared_group(model, rows, len(unique), batch["input_ids"].shape[1], T):
                     out = shared_attention.completion_logits(model, batch, group, comp, mask)
                 else:  # the prompt's keys/values index-selected per completion, or the packed forward
                     out = prefix_sharing.completion_logits(
@@ -593,11 +594,14 @@ class VLMAdapter(EngineSampling, TokenPolicy):
                 out = model(**batch, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]  # [n, T, V | H]
         return comp, out
 
-    def _shared_group(self, model: torch.nn.Module, rows: Tensor, prompts: int) -> int | None:
+    def _shared_group(self, model: torch.nn.Module, rows: Tensor, prompts: int, L: int, T: int) -> int | None:
         """G when the log-prob forward takes the shared kernel (``shared_prefix_attention``): the cache layout (not
-        checkpointed or packed), a model it supports, completions in group-major order; else None."""
+        checkpointed or packed), a model it supports, completions in group-major order and no longer than
+        ``shared_attention.TRAINING_MAX_RATIO`` of the prompt's L positions (T of them); else None."""
         a = self.args
         if not a.shared_prefix_attention or prefix_sharing.checkpointing(model):
+            return None
+        if T > shared_attention.TRAINING_MAX_RATIO * L:  # long completions: index-selected prompt + fused SDPA wins
             return None
         if (a.packed_training and prefix_sharing.packs(model)) or shared_attention.unsupported_reason(model):
             return None
