@@ -569,6 +569,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, opt, where)
             except ConfigError as e:
                 errors.append(str(e))
+        scalars = [o for o in options if o is bool or typing.get_origin(o) is typing.Literal]
+        if len(scalars) == len([o for o in options if o is not type(None)]) > 1:  # e.g. bool | Literal["auto"]
+            allowed = [x for o in scalars for x in ((True, False) if o is bool else typing.get_args(o))]
+            names = ", ".join(str(x).lower() if isinstance(x, bool) else str(x) for x in allowed)
+            raise ConfigError(f"{where}: {value!r} is not allowed; choose one of: {names}")
         raise ConfigError(errors[0])
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
