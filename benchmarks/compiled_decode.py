@@ -140,6 +140,11 @@ def copy_bandwidth(device: torch.device) -> float | None:
     return 2 * src.numel() * src.element_size() / statistics.median(times)
 
 
+def _cudagraph_skips() -> int:
+    """Graphs inductor has run without CUDA graphs so far in this process (the reason: the perf_hints log)."""
+    return torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+
+
 def _place(adapter, device: torch.device, dtype: torch.dtype) -> None:
     """The policy on ``device`` in ``dtype`` (eval mode)."""
     adapter._unwrapped().to(device=device, dtype=dtype).eval()
@@ -150,8 +155,7 @@ def _weights_read(adapter, row: dict, bandwidth: float | None) -> dict:
     step at batch ``rows`` reads every weight at least once, so this is its floor (issue 52: within 3x on a GPU)."""
     if bandwidth is None:
         return row
-    params = list(adapter._unwrapped().parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
+    weight_bytes = sum(p.numel() * p.element_size() for p in adapter._unwrapped().parameters())  # tied ones once
     read_ms = weight_bytes / bandwidth * 1e3
     best = min(row["eager_step_ms"], row["compiled_step_ms"])
     return row | {
@@ -169,7 +173,6 @@ def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float
     tokens = rows * T
     eager, comp = statistics.median(times["eager"]), statistics.median(times["compiled"])
     steps = {arm: statistics.median(times[f"{arm}_steps"]) * 1e3 for arm in ("eager", "compiled")}
-    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
     return {
         "model": name,
         "rows": rows,
@@ -182,7 +185,6 @@ def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float
         "speedup": round(eager / comp, 3),
         "eager_step_ms": round(steps["eager"], 3),  # one decoding step alone (STEP_SECONDS), median
         "compiled_step_ms": round(steps["compiled"], 3),
-        "cudagraph_skips": skips,  # inductor's count of graphs it ran without CUDA graphs (the reason: perf_hints log)
         "first_compiled_call_s": round(first, 2),
         "buckets": sorted({compiled_decode.bucket_length(n + T) for n in lengths}),
         "compilations": adapter.compiled.compilations,
@@ -266,11 +268,13 @@ def main() -> None:
     )
     results = []
     for name in a.models:
+        skips = _cudagraph_skips()
         try:
             results.append(measure(name, a.repeats, a.new_tokens, a.group, device, dtype, bandwidth))
         except Exception as err:  # a real model not set up here: say so, measure the others
             print(f"{name}: skipped ({type(err).__name__}: {str(err).splitlines()[0]})")
             continue
+        results[-1]["cudagraph_skips"] = _cudagraph_skips() - skips  # this model's graphs run without CUDA graphs
         print(json.dumps(results[-1]), flush=True)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(results, indent=1))  # after each model: a step cut short keeps the rest

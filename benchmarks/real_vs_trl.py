@@ -157,7 +157,7 @@ def run_mmgrpo(cfg, task, device: str, every: int, meter: Meter) -> dict:
         meter.end()
         meter.rewards.append(_reward_of(metrics))
         if isinstance(metrics, dict):
-            phases.append({k[5:]: round(float(v), 4) for k, v in metrics.items() if k in PHASES})
+            phases.append({k.removeprefix("perf/"): round(float(v), 4) for k, v in metrics.items() if k in PHASES})
         if (step + 1) % every == 0 or step + 1 == cfg.steps:
             meter.evaluate(step + 1, model, tokenizer, task, new_tokens)
     return {"prompt_ids": prompt_ids, "device_seen": str(next(model.parameters()).device), "phases": phases}
