@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmgrpo import compat, noise
-from mmgrpo.modalities.tokens import shared_attention
+from mmgrpo.modalities.tokens import prefix_sharing, shared_attention
 from mmgrpo.modalities.tokens.shared_attention import SharedPrefixLayer, shared_prefix_attention
 from tests import adapter_cases
 from tests.numerics import gradient_scales, model_reductions
@@ -150,7 +150,7 @@ def test_sliding_windows_and_soft_capping_fall_back_saying_why_once(caplog):
     assert "sliding" in shared_attention.unsupported_reason(gemma3.model)
     gemma2 = _text_adapter("gemma2", **TEXT_ARCHITECTURES["gemma2"])
     assert shared_attention.unsupported_reason(gemma2.model) is not None
-    shared_attention._told.clear()
+    prefix_sharing._told.clear()
     with caplog.at_level(logging.INFO):
         expanded, shared = _expanded_and_shared(gemma3, TEXT_ROWS, 2, noise.NoiseKeys(0, 0, (0, 1), 2), shares=False)
     assert torch.equal(expanded.state.completion_ids, shared.state.completion_ids)

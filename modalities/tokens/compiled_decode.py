@@ -70,7 +70,7 @@ from mmgrpo.config import ConfigError
 
 from .. import _hf
 from .decode import SamplingSpec, sampling_scores
-from .prefix_sharing import core_model, position_arg, prefill, warn_fallback_once
+from .prefix_sharing import core_model, info_once, position_arg, prefill, warn_fallback_once
 
 CompileDecode = bool | Literal["auto"]
 """``model.args.compile_decode``: true | false | auto (compiled where the policy is on CUDA; :func:`wanted`)."""
@@ -302,20 +302,10 @@ def use_compiled(setting: CompileDecode, model: torch.nn.Module, synced: bool) -
     reason = fallback_reason(model, synced)
     if reason is not None:
         if setting == "auto":
-            info_once(f"compiled decode (compile_decode: auto) is not used: {reason}")
+            info_once(logger, f"compiled decode (compile_decode: auto) is not used: {reason}")
         else:
             warn_fallback(reason)
     return reason is None
-
-
-_told: set[str] = set()
-
-
-def info_once(message: str) -> None:
-    """Log ``message`` once per process at INFO level."""
-    if message not in _told:
-        _told.add(message)
-        logger.info(message)
 
 
 def warn_fallback(reason: str) -> None:

@@ -99,6 +99,7 @@ SLIDING_MODEL_TYPES = frozenset({"gemma2", "gemma3_text"})
 BIDIRECTIONAL_IMAGE_MODEL_TYPES = frozenset({"gemma3"})
 PACKED_KERNELS = frozenset({"sdpa", "eager"})  # attention kernels that take a custom 4-D mask as given
 _warned: set[str] = set()
+_told: set[str] = set()  # messages said once at INFO level (:func:`info_once`)
 
 
 def core_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -173,6 +174,14 @@ def _all_full(text_config) -> bool:
     """Whether the config lists its layers and every one is full attention (Qwen3: a window size, never used)."""
     layer_types = getattr(text_config, "layer_types", None)
     return bool(layer_types) and all(t == "full_attention" for t in layer_types)
+
+
+def info_once(log: logging.Logger, message: str) -> None:
+    """Log ``message`` once per process at INFO level through ``log``: the fallbacks of shortcuts that are on by
+    default (said, not warned)."""
+    if message not in _told:
+        _told.add(message)
+        log.info(message)
 
 
 def warn_fallback_once(what: str, reason: str) -> None:

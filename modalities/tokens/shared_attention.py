@@ -61,7 +61,6 @@ from . import prefix_sharing
 from .decode import append_positions
 
 logger = logging.getLogger(__name__)
-_told: set[str] = set()
 
 KERNEL = "mmgrpo_shared_prefix"
 """The name of :func:`shared_prefix_attention` in transformers' ``AttentionInterface``."""
@@ -201,9 +200,8 @@ def use_shared(on: bool, model: torch.nn.Module, synced: bool) -> bool:
     if not on:
         return False
     reason = "sharded weights (FSDP): not tested there" if synced else unsupported_reason(model)
-    if reason is not None and reason not in _told:  # on by default: said once, not as a warning
-        _told.add(reason)
-        logger.info("shared_prefix_attention: the expanded cache runs instead because %s", reason)
+    if reason is not None:  # on by default: said once, not as a warning
+        prefix_sharing.info_once(logger, f"shared_prefix_attention: the expanded cache runs instead because {reason}")
     return reason is None
 
 
