@@ -7,6 +7,8 @@
 #      up (scripts/setup_real_models.sh; MMGRPO_REAL_MODELS) and trl imports;
 #   3. the SmolVLM 8:1 comparison against TRL's GPU rule, short (benchmarks/vs_trl.py --arch idefics3 --ratios 8,
 #      1 repeat) when trl imports;
+#   3b. where mmgrpo's SmolLM2 step spends its time (benchmarks/step_profile.py: the phases timed with the device
+#      synchronised, kernel launches and the GPU's busy share per phase, inductor's CUDA-graph counters);
 #   4. the decode step on CUDA, compiled (CUDA graphs) vs eager, in bf16 at batch 16 (benchmarks/compiled_decode.py
 #      --device cuda --dtype bf16: SmolLM2 when set up, the tiny Qwen2.5-VL): each decoding step timed alone too, and
 #      against the time to read the weights once at the measured copy bandwidth; inductor's count of graphs run
@@ -35,7 +37,7 @@ if [ -z "$PY" ]; then
   fi
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
-  echo "gpu_check: no CUDA device ($PY: torch.cuda.is_available() is false or torch does not import): skipped pytest -m cuda, benchmarks/real_vs_trl.py, the SmolVLM 8:1 comparison (vs_trl.py --arch idefics3) and the CUDA decode step (compiled_decode.py --device cuda)"
+  echo "gpu_check: no CUDA device ($PY: torch.cuda.is_available() is false or torch does not import): skipped pytest -m cuda, benchmarks/real_vs_trl.py, the step profile (step_profile.py), the SmolVLM 8:1 comparison (vs_trl.py --arch idefics3) and the CUDA decode step (compiled_decode.py --device cuda)"
   exit 0
 fi
 
@@ -126,6 +128,11 @@ if [ "$HAVE_TRL" = 1 ] && [ -d "$REAL/smollm2-135m-instruct" ]; then
 else
   echo "{\"rc\": null, \"skipped\": \"trl importable: $HAVE_TRL; SmolLM2 weights in $REAL: $([ -d "$REAL/smollm2-135m-instruct" ] && echo yes || echo no) (scripts/setup_real_models.sh)\"}" > "$OUT/real_vs_trl.step.json"
 fi
+if [ -d "$REAL/smollm2-135m-instruct" ]; then
+  run_step step_profile 90 "$PY" benchmarks/step_profile.py --warmup 2 --steps 2 --trace --out "$OUT/step_profile"
+else
+  echo "{\"rc\": null, \"skipped\": \"no SmolLM2 in $REAL (scripts/setup_real_models.sh)\"}" > "$OUT/step_profile.step.json"
+fi
 if [ "$HAVE_TRL" = 1 ]; then
   run_step smolvlm_8to1 100 "$PY" benchmarks/vs_trl.py --arch idefics3 --ratios 8 --repeats 1 --warmup 1 --steps 2 \
     --threads 4 --out "$OUT/smolvlm_8to1"
@@ -146,7 +153,8 @@ from pathlib import Path
 out, wall = Path(sys.argv[1]), int(sys.argv[2])
 result = {"versions": json.loads((out / "versions.json").read_text()), "wall_s": wall, "steps": {}}
 for name, found in (("cuda_tests", None), ("real_vs_trl", "real_vs_trl/real_vs_trl.json"),
-                    ("smolvlm_8to1", "smolvlm_8to1/vs_trl.json"), ("decode_cuda", "decode_cuda.json")):
+                    ("step_profile", "step_profile/step_profile.json"), ("smolvlm_8to1", "smolvlm_8to1/vs_trl.json"),
+                    ("decode_cuda", "decode_cuda.json")):
     step = json.loads((out / f"{name}.step.json").read_text())
     if found and (out / found).exists():
         step["result"] = json.loads((out / found).read_text())
