@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(a.worker, a.seed, a.steps, a.eval_every, a.device, a.result, a.eval_rows, a.set)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    runs, start = [], time.perf_counter()
+    runs, failed, start = [], [], time.perf_counter()
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     for i, seed in enumerate(a.seeds):
         order = a.toolkits if i % 2 == 0 else a.toolkits[::-1]
@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run(cmd, env=env)
             if proc.returncode != 0:
                 print(f"{tk} seed {seed} failed (exit {proc.returncode})", flush=True)
+                failed.append(f"{tk} seed {seed}")
                 continue
             runs.append(json.loads(result.read_text()))
     if not runs:
@@ -427,10 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     checked = sum(r.get("trl_prompts_checked", 0) for r in runs)
     text = markdown(table, target, a.device, a.steps)
     text += f"\nprompt token ids equal in both toolkits: {same} (TRL's fed prompts checked: {checked})\n"
-    (a.out / "real_vs_trl.json").write_text(json.dumps({"target": target, "table": table, "runs": runs}, indent=1))
+    text += f"\nFAILED (not in the table): {', '.join(failed)}\n" if failed else ""
+    result = {"target": target, "table": table, "runs": runs, "failed": failed}
+    (a.out / "real_vs_trl.json").write_text(json.dumps(result, indent=1))
     (a.out / "real_vs_trl.md").write_text(text)
     print(text)
-    return 0
+    return 1 if failed else 0  # a failed run fails the comparison (the table holds the others)
 
 
 if __name__ == "__main__":

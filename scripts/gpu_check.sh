@@ -21,7 +21,10 @@
 # packages installed there (the project's pins cannot be installed without a network); mmgrpo is then imported from
 # this checkout (a path finder for its package-dir mapping, no pip). The versions that ran are printed and recorded.
 # Without CUDA it prints one line saying what it skipped and exits 0; with CUDA it exits 1 when a cuda test failed.
-# Options (environment): GPU_CHECK_OUT (output folder), GPU_CHECK_BUDGET_S (480), PYTHON.
+# Options (environment): GPU_CHECK_OUT (output folder), GPU_CHECK_BUDGET_S (480), PYTHON; for a second, shorter call
+# in the same lease: GPU_CHECK_ONLY (the steps to run, by name: "cuda_tests step_profile"), GPU_CHECK_PYTEST_K
+# (pytest -k of the cuda tests), GPU_CHECK_PROFILE_ARGS (more arguments of step_profile.py, e.g. --variant ...) and
+# GPU_CHECK_PROFILE_LIMIT_S (its seconds, 90).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${GPU_CHECK_OUT:-runs/gpu_check}
@@ -107,6 +110,9 @@ left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 run_step() {  # name, seconds at most, command...: its exit status, seconds and log under $OUT
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s) rc
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+    echo "{\"rc\": null, \"skipped\": \"not in GPU_CHECK_ONLY ($GPU_CHECK_ONLY)\"}" > "$OUT/$name.step.json"; return
+  fi
   [ "$(left)" -lt "$limit" ] && limit=$(left)
   if [ "$limit" -le 10 ]; then
     echo "{\"rc\": null, \"skipped\": \"the ${BUDGET}s budget is spent\"}" > "$OUT/$name.step.json"; return
@@ -120,7 +126,7 @@ run_step() {  # name, seconds at most, command...: its exit status, seconds and 
 # browser, math-verify), and one collection error stops a pytest run
 CUDA_FILES=$(grep -l "mark.cuda" tests/test_*.py)
 run_step cuda_tests 270 "$PY" -m pytest $CUDA_FILES -m cuda -q -rs -p no:cacheprovider --continue-on-collection-errors \
-  --junitxml="$OUT/cuda_tests.xml"
+  --junitxml="$OUT/cuda_tests.xml" ${GPU_CHECK_PYTEST_K:+-k "$GPU_CHECK_PYTEST_K"}
 HAVE_TRL=$("$PY" -c "import trl" >/dev/null 2>&1 && echo 1 || echo 0)
 if [ "$HAVE_TRL" = 1 ] && [ -d "$REAL/smollm2-135m-instruct" ]; then
   run_step real_vs_trl 150 "$PY" benchmarks/real_vs_trl.py --out "$OUT/real_vs_trl" --seeds 0 --steps 4 \
@@ -129,7 +135,8 @@ else
   echo "{\"rc\": null, \"skipped\": \"trl importable: $HAVE_TRL; SmolLM2 weights in $REAL: $([ -d "$REAL/smollm2-135m-instruct" ] && echo yes || echo no) (scripts/setup_real_models.sh)\"}" > "$OUT/real_vs_trl.step.json"
 fi
 if [ -d "$REAL/smollm2-135m-instruct" ]; then
-  run_step step_profile 90 "$PY" benchmarks/step_profile.py --warmup 2 --steps 2 --trace --out "$OUT/step_profile"
+  run_step step_profile "${GPU_CHECK_PROFILE_LIMIT_S:-90}" "$PY" benchmarks/step_profile.py --warmup 2 --steps 2 --trace --out "$OUT/step_profile" \
+    ${GPU_CHECK_PROFILE_ARGS:-}
 else
   echo "{\"rc\": null, \"skipped\": \"no SmolLM2 in $REAL (scripts/setup_real_models.sh)\"}" > "$OUT/step_profile.step.json"
 fi

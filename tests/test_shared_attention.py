@@ -215,5 +215,45 @@ def test_shared_attention_on_cuda_draws_the_expanded_tokens():
         pytest.skip("needs CUDA")
     adapter = _text_adapter("llama")
     adapter.model.cuda()
+    adapter.args.compile_decode = False  # on CUDA `auto` would take the compiled static-cache step instead
     expanded, shared = _expanded_and_shared(adapter, TEXT_ROWS, 4, noise.NoiseKeys(0, 2, (0, 1), 4))
     _assert_same_draws(adapter, expanded, shared)
+
+
+LAYOUTS = {
+    "kernel": {"shared_prefix_attention": True},
+    "cache": {"shared_prefix_attention": False},
+    "packed": {"shared_prefix_attention": False, "packed_training": True},
+    "naive": {"prefix_sharing": False},
+}
+"""The training forward's layouts: the shared kernel (T ≤ TRAINING_MAX_RATIO·L), the index-selected cache, the packed
+cache-free forward, the plain [prompt ; completion] forward."""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_log_prob_layout_on_cuda_gives_the_cpu_log_probs(layout):
+    """The training forward of every layout runs on CUDA (the policy's inputs follow it there: a CPU completion mask
+    once stopped the cache layout) and gives the CPU's log-probs with fp32 matmuls on both."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    adapter = _text_adapter("llama", **TEXT_ARCHITECTURES["llama"])
+    for name, value in LAYOUTS[layout].items():
+        setattr(adapter.args, name, value)
+    state, index = _state(adapter, TEXT_ROWS, G=2, T=3), torch.arange(4)
+    calls, kernel_forward = [], shared_attention.completion_logits
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(shared_attention, "completion_logits", lambda *a: calls.append(1) or kernel_forward(*a))
+            with torch.no_grad():
+                on_cpu = adapter._token_logprobs(adapter._unwrapped(), state, index)  # [n, T]
+                adapter._unwrapped().cuda()
+                on_cuda = adapter._token_logprobs(adapter._unwrapped(), state, index)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert on_cuda.device.type == "cuda"
+    assert len(calls) == (2 if layout == "kernel" else 0), calls  # the layout asked for ran on both devices
+    mask = adapter._completion_mask(state.completion_ids[index]).bool()
+    assert float((on_cpu - on_cuda.cpu()).abs()[mask].max()) < 1e-3

@@ -582,7 +582,8 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             if self.shares_prefix(model, "log-prob forward", self.args.prefix_sharing):
                 unique, rows = torch.unique(prompts, return_inverse=True)  # U prompts, each encoded once; rows [n]
                 batch = self.collate([state.cache.encodings[p] for p in unique.tolist()])
-                comp, mask = comp.to(self.device), self._completion_mask(comp)
+                comp = comp.to(self.device)
+                mask = self._completion_mask(comp)  # [n, T] on the policy's device, as comp
                 if group := self._shared_group(model, rows, len(unique), batch["input_ids"].shape[1], T):
                     out = shared_attention.completion_logits(model, batch, group, comp, mask)
                 else:  # the prompt's keys/values index-selected per completion, or the packed forward
