@@ -221,8 +221,8 @@ def test_shared_attention_on_cuda_draws_the_expanded_tokens():
 
 
 LAYOUTS = {
-    "kernel": {"shared_prefix_attention": True},
-    "cache": {"shared_prefix_attention": False},
+    "kernel": {"shared_prefix_attention": True, "packed_training": False},
+    "cache": {"shared_prefix_attention": False, "packed_training": False},
     "packed": {"shared_prefix_attention": False, "packed_training": True},
     "naive": {"prefix_sharing": False},
 }

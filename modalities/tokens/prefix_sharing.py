@@ -291,23 +291,23 @@ def completion_logits(
     rows: Tensor,
     completions: Tensor,
     completion_mask: Tensor,
-    packed: bool = False,
+    packed: bool | str = False,
 ) -> Tensor:
     """Logits that score ``completions``: the split-attention equivalent of the naive [prompt ; completion] forward.
 
     The U prompts in ``batch`` are encoded once; completion i continues prompt ``rows[i]``. The logit at the last
     prompt position predicts token 0; completion tokens 0..T-2 (attending to their prompt and causally to each
-    other) predict tokens 1..T-1, so token T-1 is never fed. Under gradient checkpointing, or with ``packed``
-    (``model.args.packed_training``) where the attention kernel takes a custom mask, the same logits come from one
-    packed cache-free forward (:func:`packed_completion_logits`): faster when a prompt's G·T completion tokens are
-    no longer than the prompt, slower beyond (docs/benchmarks.md, "The training forward in isolation").
+    other) predict tokens 1..T-1, so token T-1 is never fed. Under gradient checkpointing, or where ``packed``
+    (``model.args.packed_training``: true | false | auto) packs (:func:`packs`), the same logits come from one
+    packed cache-free forward (:func:`packed_completion_logits`): on a CPU faster when a prompt's G·T completion
+    tokens are no longer than the prompt, slower beyond (docs/benchmarks.md, "The training forward in isolation").
 
     Shape:
         batch: left-padded prompts, input_ids/attention_mask [U, L] (+ media tensors)
         rows: [n] prompt row of each completion; completions, completion_mask: [n, T]
         returns logits [n, T, V] (the model's dtype)
     """
-    if checkpointing(model) or (packed and packs(model)):
+    if checkpointing(model) or packs(model, packed):
         return packed_completion_logits(model, batch, rows, completions, completion_mask)
     prefix = prefill(model, batch).select(rows)
     first = prefix.last_logits[:, None]  # [n, 1, V]
@@ -326,12 +326,27 @@ def unpacked_kernel(model: torch.nn.Module) -> str | None:
     return None if kernel in PACKED_KERNELS else kernel
 
 
-def packs(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s attention kernel takes the packed forward's 4-D mask; if not, warns once that
-    ``packed_training`` falls back to the cache layout."""
+def packs(model: torch.nn.Module, setting: bool | str = True) -> bool:
+    """Whether the split-attention log-prob forward packs (one cache-free forward, :func:`packed_completion_logits`)
+    under ``model.args.packed_training`` = ``setting``: ``true`` where ``model``'s attention kernel takes the packed
+    forward's 4-D mask (else the cache layout, warned once); ``auto`` the same where the policy sits on a CUDA device
+    (said once at INFO level when the kernel takes no mask) and never on the CPU; ``false`` never.
+
+    Why ``auto`` packs on CUDA only: a small model's training step there is launch-bound, and the cache layout runs the
+    decoder twice (the prompts' prefill, then the completions over its cache), the packed forward once. On an H200
+    with SmolLM2-135M (16 completions of 32 tokens to 2 prompts of ~40, fp32), the profiled update went from 335 to
+    173 ms, its kernel launches from 9,488 to 4,795 (``benchmarks/step_profile.py``). On a 2-core CPU the cache layout
+    is faster once a prompt's G·T completion tokens outnumber its own (docs/benchmarks.md, "The training forward in
+    isolation")."""
+    if setting is False or (setting == "auto" and next(model.parameters()).device.type != "cuda"):
+        return False
     kernel = unpacked_kernel(model)
     if kernel is not None:
-        warn_fallback_once("packed_training", f"{kernel!r} attention takes no custom 4-D mask (sdpa or eager does)")
+        reason = f"{kernel!r} attention takes no custom 4-D mask (sdpa or eager does)"
+        if setting == "auto":
+            info_once(logger, f"packed_training (auto) is not used: {reason}")
+        else:
+            warn_fallback_once("packed_training", reason)
     return kernel is None
 
 

@@ -97,13 +97,15 @@ class VLMArgs:
     """Recompute each decoder and vision layer in the backward pass instead of keeping its activations
     (transformers' activation checkpointing, non-reentrant): less memory, one more forward. Prompt sharing keeps
     working (one packed forward per minibatch, modalities/tokens/prefix_sharing.py)."""
-    packed_training: bool = False
+    packed_training: bool | Literal["auto"] = "auto"
     """The split-attention log-prob forward packs each prompt and its completions into one row under a block mask
-    (one cache-free forward, as under gradient checkpointing) instead of continuing the prompt's KV cache: no G-fold
-    copy of the prompt's keys/values per layer, but masked slot × slot attention that grows with (G·T)². Faster when
-    a prompt's G·(T−1) completion tokens are no longer than the prompt (short answers to long prompts), slower beyond
-    (docs/benchmarks.md, "The training forward in isolation"). Needs sdpa or eager attention (else the cache layout,
-    with a warning)."""
+    (one cache-free forward, as under gradient checkpointing) instead of continuing the prompt's KV cache: the
+    decoder runs once, not twice (prefill, then the completions), with no G-fold copy of the prompt's keys/values per
+    layer, but masked slot × slot attention that grows with (G·T)². auto: packed where the policy is on CUDA, where
+    a small model's step is launch-bound (SmolLM2-135M on an H200: the update 335 → 173 ms, half the kernel
+    launches), not on the CPU, where packing is faster only while a prompt's G·(T−1) completion tokens are no longer
+    than the prompt (docs/benchmarks.md, "The training forward in isolation"). Needs sdpa or eager attention (else
+    the cache layout; warned under true, said once at INFO level under auto)."""
     kv_expand_rollout: bool = True
     """Sampling prefills each prompt once (vision encoder included) and expands its KV cache G ways; the same
     distribution as HF generate (its very draws with sample_draw: multinomial). False:
@@ -604,7 +606,7 @@ class VLMAdapter(EngineSampling, TokenPolicy):
             return None
         if T > shared_attention.TRAINING_MAX_RATIO * L:  # long completions: index-selected prompt + fused SDPA wins
             return None
-        if (a.packed_training and prefix_sharing.packs(model)) or shared_attention.unsupported_reason(model):
+        if prefix_sharing.packs(model, a.packed_training) or shared_attention.unsupported_reason(model):
             return None
         return shared_attention.group_of(rows, prompts)
 
