@@ -113,7 +113,9 @@ def _phase_stats(prof, ranges: dict, steps_window: list[tuple[float, float]]) ->
     kernels = [
         (e.time_range.start, e.time_range.elapsed_us())
         for e in events
-        if e.device_type != torch.autograd.DeviceType.CPU and e.time_range.elapsed_us() > 0
+        if e.device_type != torch.autograd.DeviceType.CPU
+        and e.time_range.elapsed_us() > 0
+        and e.name not in (*PHASES, "train_step")  # the marked ranges' own spans on the device timeline
     ]
 
     def inside(t: float, spans: list) -> bool:  # spans sorted by start, not overlapping
