@@ -48,25 +48,39 @@ def _prompt_pairs(image: bool) -> list[list[dict]]:
     return [[dict(r, prompt=pad + r["prompt"]) for r in rows] for pad in _PADS]
 
 
+ARMS = ["eager", "compiled"]
+"""The arms timed side by side; ``--guarded-arm`` adds ``guarded``: the compiled step with its Dynamo guards evaluated
+on every call (``compiled_decode.SKIP_GUARDS = False``), against ``compiled``'s first call of each signature only."""
+
+
+def _set_arm(adapter, arm: str) -> None:
+    adapter.args.compile_decode = arm != "eager"
+    compiled_decode.SKIP_GUARDS = arm != "guarded"
+
+
 def _side_by_side(adapter, sample: Callable, inputs: list, repeats: int) -> tuple[float, dict, list[int]]:
-    """Time ``sample(inputs[i], compiled)`` (seconds, tokens) with ``compile_decode`` off and on, alternating: the
-    first compiled call (compilation) apart, the order flipped every repeat. Returns the first compiled call's
-    seconds, the times of each arm and, per repeat, how many rows drew the same tokens in both."""
-    for compiled in (False, True):
-        adapter.args.compile_decode = compiled
-        first = sample(inputs[0])[0]  # eager: warm-up; compiled: compiles
-    times: dict[str, list[float]] = {"eager": [], "compiled": [], "eager_steps": [], "compiled_steps": []}
+    """Time ``sample(inputs[i])`` (seconds, tokens) in each of :data:`ARMS` (eager: ``compile_decode`` off;
+    compiled: on), alternating: the first compiled call (compilation) apart, the order rotated every repeat. Returns
+    the first compiled call's seconds, the times of each arm and, per repeat, how many rows drew the same tokens in
+    the eager and the compiled arm."""
+    for arm in ARMS:
+        _set_arm(adapter, arm)
+        if arm != "guarded":
+            first = sample(inputs[0])[0]  # eager: warm-up; compiled: compiles
+    times: dict[str, list[float]] = {k: [] for arm in ARMS for k in (arm, f"{arm}_steps")}
     same = []
     for r in range(repeats):
         out = {}
-        for compiled in [False, True] if r % 2 == 0 else [True, False]:
-            adapter.args.compile_decode = compiled
+        for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
+            _set_arm(adapter, arm)
             STEP_SECONDS.clear()
-            seconds, out[compiled] = sample(inputs[r % len(inputs)])
-            times["compiled" if compiled else "eager"].append(seconds)
-            times["compiled_steps" if compiled else "eager_steps"] += STEP_SECONDS
-        rows_equal = (out[False] == out[True]).all(-1) if out[False].shape == out[True].shape else torch.zeros(1)
+            seconds, out[arm] = sample(inputs[r % len(inputs)])
+            times[arm].append(seconds)
+            times[f"{arm}_steps"] += STEP_SECONDS
+        a, b = out["eager"], out["compiled"]
+        rows_equal = (a == b).all(-1) if a.shape == b.shape else torch.zeros(1)
         same.append(int(rows_equal.sum()))  # tokens [B, T] -> rows whose T tokens all agree
+    _set_arm(adapter, "compiled")
     return first, times, same
 
 
@@ -172,7 +186,7 @@ def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float
     """The result row of one model (the module docstring)."""
     tokens = rows * T
     eager, comp = statistics.median(times["eager"]), statistics.median(times["compiled"])
-    steps = {arm: statistics.median(times[f"{arm}_steps"]) * 1e3 for arm in ("eager", "compiled")}
+    steps = {arm: statistics.median(times[f"{arm}_steps"]) * 1e3 for arm in ARMS}
     return {
         "model": name,
         "rows": rows,
@@ -185,6 +199,7 @@ def _row(name: str, adapter, rows: int, T: int, lengths: list[int], first: float
         "speedup": round(eager / comp, 3),
         "eager_step_ms": round(steps["eager"], 3),  # one decoding step alone (STEP_SECONDS), median
         "compiled_step_ms": round(steps["compiled"], 3),
+        **({"guarded_step_ms": round(steps["guarded"], 3)} if "guarded" in steps else {}),  # guards every call
         "first_compiled_call_s": round(first, 2),
         "buckets": sorted({compiled_decode.bucket_length(n + T) for n in lengths}),
         "compilations": adapter.compiled.compilations,
@@ -253,7 +268,10 @@ def main() -> None:
     p.add_argument("--out", default="runs/compiled_decode.json")
     p.add_argument("--device", default="cpu", help="cpu | cuda: the text/VLM rows' device (Whisper, Janus: the CPU)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the text/VLM rows' weights and compute")
+    p.add_argument("--guarded-arm", action="store_true", help="also time the compiled step guarded on every call")
     a = p.parse_args()
+    if a.guarded_arm:
+        ARMS.append("guarded")
     device, dtype = torch.device(a.device), {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is false here; use --device cpu")

@@ -123,6 +123,51 @@ def test_static_caches_kept_are_bounded_least_recently_used_first():
     _assert_same_draws(adapter, adapter.rollout(rows[30], G, keys), compiled)
 
 
+def test_signature_tells_apart_what_the_guards_would():
+    """:func:`compiled_decode.signature`: equal for the next token's call (same model, cache, shapes, modes); not
+    for a new shape, another cache object, grad mode, the model's training flag or another number."""
+    model, cache, other = torch.nn.Linear(2, 2), object(), object()
+    tokens, mask = torch.zeros(4, 1, dtype=torch.long), torch.ones(4, 64)
+    base = compiled_decode.signature((model, cache, tokens, mask, 5.0))
+    assert compiled_decode.signature((model, cache, tokens + 1, mask * 0, 5.0)) == base  # values are not guarded
+    assert compiled_decode.signature((model, cache, tokens, torch.ones(4, 128), 5.0)) != base  # a new bucket
+    assert compiled_decode.signature((model, other, tokens, mask, 5.0)) != base
+    assert compiled_decode.signature((model, cache, tokens, mask, 3.0)) != base
+    assert compiled_decode.signature((model, cache, tokens, mask.double(), 5.0)) != base
+    with torch.no_grad():
+        assert compiled_decode.signature((model, cache, tokens, mask, 5.0)) != base
+    model.eval()
+    assert compiled_decode.signature((model, cache, tokens, mask, 5.0)) != base
+
+
+def test_guards_run_on_each_signature_first_call_only(monkeypatch):
+    """The compiled step evaluates its Dynamo guards on the first call of a signature and skips them after (a stance
+    asked for on every later call), so a new bucket is still told apart: its first call is guarded and compiles,
+    and the keyed tokens stay the eager loop's."""
+    torch._dynamo.reset()
+    stances = []
+    set_stance = torch.compiler.set_stance
+    monkeypatch.setattr(
+        torch.compiler,
+        "set_stance",
+        lambda *a, **k: stances.append(k.get("skip_guard_eval_unsafe")) or set_stance(*a, **k),
+    )
+    adapter = _text_adapter("qwen2")
+    adapter.args.max_new_tokens, G = 5, 2
+    short, long = [{"prompt": "Why?"}], [{"prompt": "Why " + "really " * 14 + "?"}]
+    keys = noise.NoiseKeys(0, 0, (0,), G)
+    eager = {n: _eager_and_compiled(adapter, rows, G, keys, "eager")[0] for n, rows in (("s", short), ("l", long))}
+    adapter.args.compile_decode = True
+    adapter.compiled = compiled_decode.CompiledDecoder(backend="eager", bucket=16)
+    for i, (rows, name) in enumerate(((short, "s"), (long, "l"), (short, "s"), (long, "l"))):
+        stances.clear()
+        drawn = adapter.rollout(rows, G, keys)
+        _assert_same_draws(adapter, eager[name], drawn)
+        # 4 steps: a bucket's first rollout guards its first step (a new static cache); later ones reuse the cache
+        assert stances == [True] * (3 if i < 2 else 4), (i, stances)
+    assert adapter.compiled.compilations == 2  # one per bucket, though guards were skipped between
+
+
 def test_bucket_length():
     assert [compiled_decode.bucket_length(n, 64) for n in (1, 63, 64, 65, 200)] == [64, 64, 64, 128, 256]
 
