@@ -16,9 +16,9 @@ After ``--warmup`` steps (the first compiles the decode graph under ``compile_de
 Per phase: wall seconds, the CPU-side launches (``cudaLaunchKernel``-style runtime calls and CUDA-graph launches), the
 GPU's summed kernel time, and so how much of the wall time the GPU was busy (a launch-bound phase has a low share).
 Also: the 25 operators with the most CPU time, the 15 with the most device time, the inductor counters (CUDA-graph
-skips with their reasons, graphs compiled). Writes ``step_profile.json`` (and ``trace.json.gz`` with ``--trace``) under
-``--out`` and prints a summary. ``--variant NAME:KEY=VALUE,...`` profiles other settings in the same process after
-the default one (e.g. the training forward's layouts).
+skips with their reasons, graphs compiled). Writes ``step_profile.json`` (and ``trace_<variant>.json.gz`` with
+``--trace``) under ``--out`` and prints a summary. ``--variant NAME:KEY=VALUE,...`` profiles other settings in the same
+process after the default one (e.g. the training forward's layouts).
 """
 
 from __future__ import annotations
