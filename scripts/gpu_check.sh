@@ -5,11 +5,11 @@
 #      keyed rollouts on CUDA draw the CPU's tokens, the fused head on CUDA, the colocated vLLM engine if vllm imports;
 #   2. a short benchmarks/real_vs_trl.py (SmolLM2-135M-Instruct, both toolkits, 1 seed) when the real weights are set
 #      up (scripts/setup_real_models.sh; MMGRPO_REAL_MODELS) and trl imports;
-#   3. the SmolVLM 8:1 comparison against TRL's GPU rule, short (benchmarks/vs_trl.py --arch idefics3 --ratios 8,
+#   3. where mmgrpo's SmolLM2 step spends its time (benchmarks/step_profile.py: the phases timed with the device
+#      synchronised, kernel launches and the GPU's busy share per phase, a Chrome trace) when SmolLM2 is there;
+#   4. the SmolVLM 8:1 comparison against TRL's GPU rule, short (benchmarks/vs_trl.py --arch idefics3 --ratios 8,
 #      1 repeat) when trl imports;
-#   3b. where mmgrpo's SmolLM2 step spends its time (benchmarks/step_profile.py: the phases timed with the device
-#      synchronised, kernel launches and the GPU's busy share per phase, inductor's CUDA-graph counters);
-#   4. the decode step on CUDA, compiled (CUDA graphs) vs eager, in bf16 at batch 16 (benchmarks/compiled_decode.py
+#   5. the decode step on CUDA, compiled (CUDA graphs) vs eager, in bf16 at batch 16 (benchmarks/compiled_decode.py
 #      --device cuda --dtype bf16: SmolLM2 when set up, the tiny Qwen2.5-VL): each decoding step timed alone too, and
 #      against the time to read the weights once at the measured copy bandwidth; inductor's count of graphs run
 #      without CUDA graphs, the reason in the log (perf_hints).

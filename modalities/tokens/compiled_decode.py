@@ -191,7 +191,8 @@ SKIP_GUARDS = True
 A/B arm of ``benchmarks/compiled_decode.py --guarded-arm``)."""
 
 SIGNATURES_KEPT = 64
-"""Input signatures :func:`guards_once` remembers (the most recent; an older one is guarded again when it returns)."""
+"""Input signatures :func:`guards_once` remembers (the first seen go first; a dropped one is guarded again on its next
+call, once)."""
 
 
 def signature(args: tuple) -> tuple:
